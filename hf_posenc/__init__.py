@@ -1,0 +1,24 @@
+"""hf_posenc: change and extend the positional encoding of pretrained Hugging Face models.
+
+    import hf_posenc
+    model = hf_posenc.patch(model, "yarn", factor=4.0)
+    hf_posenc.get_config(model); hf_posenc.unpatch(model)
+    model = hf_posenc.from_pretrained("path", posenc={"method": "pi", "factor": 2.0})
+"""
+
+from ._version import __version__
+from .config import PosEncConfig
+from .loading import from_pretrained
+from .patching import get_config, is_patched, patch, unpatch
+from .registry import list_methods
+
+__all__ = [
+    "PosEncConfig",
+    "__version__",
+    "from_pretrained",
+    "get_config",
+    "is_patched",
+    "list_methods",
+    "patch",
+    "unpatch",
+]

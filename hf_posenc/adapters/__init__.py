@@ -1,0 +1,54 @@
+"""Family adapters, found by ``config.model_type`` first and by what the model contains second."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..methods import MethodSpec
+from .base import Adapter, PatchRecord
+from .rope_decoder import RopeDecoderAdapter
+
+ADAPTERS: list[Adapter] = [RopeDecoderAdapter()]
+
+
+def supported_families() -> dict[str, list[str]]:
+    """Adapter name -> model types tested explicitly (others may be found generically)."""
+    return {a.name: list(a.model_types) for a in ADAPTERS}
+
+
+def _describe_supported() -> str:
+    parts = []
+    for a in ADAPTERS:
+        parts.append(f"{a.name}: {', '.join(a.model_types)}" + (f" ({a.generic_note})" if a.generic_note else ""))
+    return "; ".join(parts)
+
+
+def find_adapter(model: nn.Module, spec: MethodSpec) -> Adapter:
+    """The adapter for ``model`` that takes ``spec``; a ValueError naming what is supported otherwise."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if config is None:
+        raise ValueError(f"{type(model).__name__} has no `.config`: hf_posenc patches transformers models only.")
+    candidates = [a for a in ADAPTERS if model_type in a.model_types] or [a for a in ADAPTERS if a.matches(model)]
+    if not candidates:
+        raise ValueError(
+            f"unsupported architecture: model_type={model_type!r} ({type(model).__name__}). "
+            f"Supported families: {_describe_supported()}."
+        )
+    for adapter in candidates:
+        if spec.kind in adapter.kinds and adapter.matches(model):
+            return adapter
+    takes = sorted({a.name for a in candidates})
+    raise ValueError(
+        f"method {spec.name!r} ({spec.kind}) does not apply to model_type={model_type!r}, "
+        f"which hf_posenc handles as {takes}; methods for it: {', '.join(methods_for(candidates[0]))}."
+    )
+
+
+def methods_for(adapter: Adapter) -> list[str]:
+    from ..methods import METHODS
+
+    return sorted(name for name, spec in METHODS.items() if spec.kind in adapter.kinds)
+
+
+__all__ = ["ADAPTERS", "Adapter", "PatchRecord", "find_adapter", "methods_for", "supported_families"]

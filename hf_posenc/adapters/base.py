@@ -1,0 +1,133 @@
+"""What every adapter implements, and the reversible record of what a patch changed.
+
+An adapter knows where one family of models keeps its positions (a rotary module, a learned
+table, relative-position buckets, attention biases) and how to change them. Every change goes
+through a :class:`PatchRecord`, which remembers the original so that ``unpatch`` restores it
+exactly (as accelerate's hooks do): nothing is ever changed on a class, only on one instance.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..config import CONFIG_KEY, PosEncConfig
+
+_MISSING = object()
+
+
+class PatchRecord:
+    """The undo log of one applied patch on one model instance."""
+
+    def __init__(self, model: nn.Module, config: PosEncConfig, adapter: "Adapter"):
+        self.model = model
+        self.config = config
+        self.adapter = adapter
+        self._undo: list[Callable[[], None]] = []
+        self.config_original: dict[str, Any] = {}  # model-config fields the patch changed, as they were
+
+    # -- recorded changes -------------------------------------------------------------------
+    def set_attr(self, obj: Any, name: str, value: Any) -> None:
+        """Set ``obj.name = value`` (a buffer, a parameter, a submodule or a plain attribute)."""
+        old = obj.__dict__.get(name, _MISSING) if not isinstance(obj, nn.Module) else _module_attr(obj, name)
+        setattr(obj, name, value)
+
+        def undo() -> None:
+            if old is _MISSING:
+                if hasattr(obj, name):
+                    delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+        self._undo.append(undo)
+
+    def set_config(self, name: str, value: Any) -> None:
+        """Change one field of the model's (already isolated) config."""
+        cfg = self.model.config
+        if name not in self.config_original:
+            old = getattr(cfg, name, None)
+            self.config_original[name] = copy.deepcopy(old)
+        self.set_attr(cfg, name, value)
+
+    def add_hook(self, handle: torch.utils.hooks.RemovableHandle) -> None:
+        self._undo.append(handle.remove)
+
+    def on_undo(self, fn: Callable[[], None]) -> None:
+        self._undo.append(fn)
+
+    def isolate_config(self) -> None:
+        """Give the model its own copy of its config, so that a patch never reaches another model
+        built from the same config object. Every submodule that held the old object gets the copy."""
+        old = self.model.config
+        new = copy.deepcopy(old)
+        holders = [m for m in self.model.modules() if getattr(m, "config", None) is old]
+        for m in holders:
+            m.config = new
+
+        def undo() -> None:
+            for m in holders:
+                m.config = old
+
+        self._undo.append(undo)
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    # -- what goes into config.json -------------------------------------------------------------
+    def block(self, native: bool) -> dict[str, Any]:
+        from .. import __version__
+
+        data = self.config.to_dict()
+        data.update(
+            {
+                "family": self.adapter.name,
+                "native": native,
+                "original": {k: v for k, v in self.config_original.items() if k != CONFIG_KEY},
+                "version": __version__,
+            }
+        )
+        return data
+
+
+def _module_attr(module: nn.Module, name: str) -> Any:
+    for store in (module._parameters, module._buffers, module._modules, module.__dict__):
+        if name in store:
+            return store[name]
+    return _MISSING
+
+
+class Adapter:
+    """Base class of the family adapters. Subclasses set ``name``, ``model_types`` (families tested
+    explicitly), ``kinds`` (method kinds they take) and implement ``matches``, ``resolve`` and
+    ``apply``."""
+
+    name: str = "base"
+    model_types: tuple[str, ...] = ()
+    kinds: frozenset[str] = frozenset()
+    generic_note: str = ""
+
+    def matches(self, model: nn.Module) -> bool:
+        """Whether this adapter can patch ``model`` (by model_type or by finding its modules)."""
+        raise NotImplementedError
+
+    def resolve(self, model: nn.Module, config: PosEncConfig) -> PosEncConfig:
+        """Check ``config`` against the model and fill what the model decides (original length...).
+        Must not change the model; raises ValueError naming what is wrong."""
+        raise NotImplementedError
+
+    def apply(self, model: nn.Module, config: PosEncConfig, record: PatchRecord) -> bool:
+        """Apply the resolved config through ``record``; returns whether the result is expressible in
+        the model's native transformers config (so that plain transformers loads it identically)."""
+        raise NotImplementedError
+
+    def prepare_load_config(self, hf_config: Any, block: dict[str, Any]) -> Any:
+        """The config to build a saved, patched checkpoint with before ``patch`` re-applies the block.
+        Default: the original fields recorded in the block are restored (the patch changes no weight
+        shape, so the checkpoint's weights load into the original architecture)."""
+        for key, value in (block.get("original") or {}).items():
+            setattr(hf_config, key, copy.deepcopy(value))
+        return hf_config

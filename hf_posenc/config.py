@@ -1,0 +1,99 @@
+"""PosEncConfig: the spec of one positional-encoding change, validated on creation.
+
+It is what ``patch`` applies and what ``save_pretrained`` records in ``config.json`` under the
+``hf_posenc`` key, so that ``hf_posenc.from_pretrained`` can apply it again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .methods import check_factor, resolve_method, resolve_params
+
+CONFIG_KEY = "hf_posenc"  # the key of the block in config.json
+
+
+@dataclass
+class PosEncConfig:
+    """One positional-encoding change.
+
+    method: a name from ``hf_posenc.list_methods()`` (aliases accepted, stored canonical).
+    factor: the context-extension factor s (>= 1); methods that take none leave it at 1.
+    original_max_position_embeddings: the context length the model was trained on; ``None`` means
+        "read it from the model when patching".
+    params: the method's own knobs; unknown knobs are rejected, defaults are filled in.
+    """
+
+    method: str
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        spec = resolve_method(self.method)
+        self.method = spec.name
+        self.factor = check_factor(spec.name, self.factor, spec.uses_factor)
+        if not isinstance(self.params, dict):
+            raise ValueError(f"params must be a dict of the method's knobs, got {self.params!r}.")
+        self.params = resolve_params(spec, self.factor, dict(self.params))
+        omp = self.original_max_position_embeddings
+        if omp is not None and (isinstance(omp, bool) or not isinstance(omp, int) or omp < 1):
+            raise ValueError(f"original_max_position_embeddings must be a positive integer, got {omp!r}.")
+
+    @property
+    def spec(self):
+        return resolve_method(self.method)
+
+    @classmethod
+    def from_kwargs(cls, method: str, **kwargs: Any) -> "PosEncConfig":
+        """``PosEncConfig.from_kwargs("yarn", factor=4, beta_fast=16)``: method knobs as keywords."""
+        factor = kwargs.pop("factor", None)
+        omp = kwargs.pop("original_max_position_embeddings", None)
+        params = dict(kwargs.pop("params", None) or {})
+        params.update(kwargs)
+        return cls(method=method, factor=factor, original_max_position_embeddings=omp, params=params)
+
+    def replace(self, **changes: Any) -> "PosEncConfig":
+        data = self.to_dict()
+        data.update(changes)
+        return PosEncConfig.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "factor": self.factor,
+            "original_max_position_embeddings": self.original_max_position_embeddings,
+            "params": json.loads(json.dumps(self.params)),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PosEncConfig":
+        if not isinstance(data, dict) or "method" not in data:
+            raise ValueError(f"a PosEncConfig dict needs at least a 'method' key, got {data!r}.")
+        known = {"method", "factor", "original_max_position_embeddings", "params"}
+        extra = sorted(set(data) - known - {"version", "native", "original", "family"})
+        if extra:
+            raise ValueError(f"unknown PosEncConfig field(s) {extra}; allowed: {sorted(known)}.")
+        return cls(**{k: data[k] for k in known if k in data})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PosEncConfig":
+        return cls.from_dict(json.loads(text))
+
+
+def as_config(method_or_config: Any, **kwargs: Any) -> PosEncConfig:
+    """Accept a PosEncConfig, a dict, or a method name plus keywords."""
+    if isinstance(method_or_config, PosEncConfig):
+        if kwargs:
+            raise ValueError(f"pass either a PosEncConfig or keyword arguments, not both (got {sorted(kwargs)}).")
+        return method_or_config
+    if isinstance(method_or_config, dict):
+        if kwargs:
+            raise ValueError(f"pass either a config dict or keyword arguments, not both (got {sorted(kwargs)}).")
+        return PosEncConfig.from_dict(method_or_config)
+    return PosEncConfig.from_kwargs(method_or_config, **kwargs)

@@ -1,0 +1,194 @@
+"""Rotary position embedding (RoPE) frequency schedules.
+
+Every scaling is a pure function with one signature::
+
+    fn(geom: RopeGeometry, factor: float, params: dict, seq_len: int | None) -> (inv_freq, attention_factor)
+
+``inv_freq`` is a float32 tensor of ``dim // 2`` inverse frequencies and ``attention_factor`` the
+factor that multiplies cos/sin (YaRN's "mscale"). Frequencies are always computed in float32.
+
+References
+----------
+- RoPE: Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv:2104.09864.
+- PI: Chen et al., "Extending Context Window of Large Language Models via Positional Interpolation",
+  arXiv:2306.15595 (and kaiokendev's "SuperHOT" linear scaling).
+- NTK-aware scaling: bloc97, "NTK-Aware Scaled RoPE" (r/LocalLLaMA, 2023): base' = base * s^(d/(d-2)).
+- Dynamic NTK: emozilla, "Dynamically Scaled RoPE further increases performance of long context
+  LLaMA with zero fine-tuning" (r/LocalLLaMA, 2023).
+- YaRN: Peng et al., "YaRN: Efficient Context Window Extension of Large Language Models",
+  arXiv:2309.00071, reference code https://github.com/jquesnelle/yarn
+  (``scaled_rope/LlamaYaRNScaledRotaryEmbedding.py`` and ``LlamaDynamicYaRNScaledRotaryEmbedding.py``).
+- Llama 3.1 frequency smoothing: Meta, ``llama/model.py`` ``apply_scaling`` (2024).
+- LongRoPE: Ding et al., "LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens",
+  arXiv:2402.13753.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class RopeGeometry:
+    """What every schedule needs to know about the model.
+
+    base: the model's ``rope_theta``; dim: the rotary dimension (head_dim x partial_rotary_factor);
+    original_max_position_embeddings: the context length the model was trained on (L).
+    """
+
+    base: float
+    dim: int
+    original_max_position_embeddings: int
+
+
+def _exponents(dim: int, device=None) -> torch.Tensor:
+    """2i/d for i = 0 .. d/2 - 1, in float32."""
+    return torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+
+
+def default_inv_freq(base: float, dim: int, device=None) -> torch.Tensor:
+    """theta_i = base^(-2i/d): the original RoPE frequencies (RoFormer, eq. 15)."""
+    return 1.0 / (base ** _exponents(dim, device))
+
+
+def ntk_base(base: float, dim: int, factor: float) -> float:
+    """NTK-aware base change: base' = base * s^(d / (d - 2)) (bloc97, 2023)."""
+    return base * factor ** (dim / (dim - 2))
+
+
+def rope_none(geom: RopeGeometry, factor: float, params: dict[str, Any], seq_len=None, device=None):
+    """No scaling: the model's own frequencies."""
+    return default_inv_freq(geom.base, geom.dim, device), 1.0
+
+
+def rope_linear(geom: RopeGeometry, factor: float, params: dict[str, Any], seq_len=None, device=None):
+    """Position interpolation (Chen et al. 2023): positions divided by s, i.e. every theta_i / s."""
+    inv_freq = default_inv_freq(geom.base, geom.dim, device)
+    inv_freq /= factor
+    return inv_freq, 1.0
+
+
+def rope_ntk(geom: RopeGeometry, factor: float, params: dict[str, Any], seq_len=None, device=None):
+    """Static NTK-aware scaling: the default schedule with base' = base * s^(d/(d-2))."""
+    return default_inv_freq(ntk_base(geom.base, geom.dim, factor), geom.dim, device), 1.0
+
+
+def rope_dynamic_ntk(geom: RopeGeometry, factor: float, params: dict[str, Any], seq_len=None, device=None):
+    """Dynamic NTK (emozilla 2023): for a sequence of length l > L the base becomes
+    base * (s * l / L - (s - 1))^(d/(d-2)); for l <= L the frequencies are the original ones."""
+    L = geom.original_max_position_embeddings
+    seq_len = L if seq_len is None else max(int(seq_len), L)
+    base = geom.base * ((factor * seq_len / L) - (factor - 1)) ** (geom.dim / (geom.dim - 2))
+    return default_inv_freq(base, geom.dim, device), 1.0
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN attention temperature sqrt(1/t) = 0.1 * ln(s) + 1 (Peng et al. 2023, eq. 22)."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_correction_dim(num_rotations: float, dim: int, base: float, length: int) -> float:
+    """Dimension index whose wavelength makes ``num_rotations`` full turns over ``length`` tokens."""
+    return (dim * math.log(length / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
+def yarn_ramp_bounds(beta_fast: float, beta_slow: float, dim: int, base: float, length: int, truncate: bool = True):
+    """The [low, high] dimension range over which YaRN blends interpolation and extrapolation."""
+    low = _yarn_correction_dim(beta_fast, dim, base, length)
+    high = _yarn_correction_dim(beta_slow, dim, base, length)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
+
+
+def _linear_ramp(low: float, high: float, n: int) -> torch.Tensor:
+    if low == high:
+        high += 0.001  # avoid dividing by zero, as the reference code does
+    return torch.clamp((torch.arange(n, dtype=torch.float32) - low) / (high - low), 0, 1)
+
+
+def yarn_inv_freq(geom: RopeGeometry, scale: float, beta_fast: float, beta_slow: float, truncate: bool, device=None):
+    """YaRN "NTK-by-parts" frequencies (Peng et al. 2023, sec. 3.2): dimensions that turn more than
+    beta_fast times over L keep their frequency, those that turn fewer than beta_slow times are
+    interpolated by 1/s, and a linear ramp blends the dimensions in between."""
+    pos_freqs = geom.base ** _exponents(geom.dim, device)
+    extrapolation = 1.0 / pos_freqs
+    interpolation = 1.0 / (scale * pos_freqs)
+    low, high = yarn_ramp_bounds(beta_fast, beta_slow, geom.dim, geom.base, geom.original_max_position_embeddings, truncate)
+    keep = 1 - _linear_ramp(low, high, geom.dim // 2).to(device=device, dtype=torch.float)
+    return interpolation * (1 - keep) + extrapolation * keep
+
+
+def rope_yarn(geom: RopeGeometry, factor: float, params: dict[str, Any], seq_len=None, device=None):
+    """Static YaRN with scale s = factor; attention factor 0.1 ln s + 1 unless given
+    (or DeepSeek's mscale / mscale_all_dim ratio when both are given)."""
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
+        else:
+            attention_factor = yarn_mscale(factor)
+    inv_freq = yarn_inv_freq(geom, factor, params["beta_fast"], params["beta_slow"], params.get("truncate", True), device)
+    return inv_freq, attention_factor
+
+
+def dynamic_yarn_scale(geom: RopeGeometry, factor: float, params: dict[str, Any], seq_len=None) -> float:
+    """Scale used by dynamic YaRN for a sequence of ``seq_len`` tokens: s = l / L once l > L
+    (jquesnelle/yarn ``LlamaDynamicYaRNScaledRotaryEmbedding.forward``); with ``finetuned`` the
+    scale never drops below ``factor`` (the reference's ``finetuned=True`` start state)."""
+    L = geom.original_max_position_embeddings
+    floor = factor if params.get("finetuned") else 1.0
+    if seq_len is None:
+        return floor
+    return max(floor, int(seq_len) / L)
+
+
+def rope_dynamic_yarn(geom: RopeGeometry, factor: float, params: dict[str, Any], seq_len=None, device=None):
+    """Dynamic YaRN (Peng et al. 2023, sec. 3.3; jquesnelle/yarn): YaRN whose scale follows the
+    current length, s = max(1, l / L); mscale = (0.1 ln s + 1) * attn_factor."""
+    scale = dynamic_yarn_scale(geom, factor, params, seq_len)
+    if scale <= 1.0:
+        return default_inv_freq(geom.base, geom.dim, device), 1.0  # the reference starts with mscale 1
+    inv_freq = yarn_inv_freq(geom, scale, params["beta_fast"], params["beta_slow"], True, device)
+    return inv_freq, float(yarn_mscale(scale) * params.get("attn_factor", 1.0))
+
+
+def rope_llama3(geom: RopeGeometry, factor: float, params: dict[str, Any], seq_len=None, device=None):
+    """Llama 3.1 smoothing: wavelengths shorter than L / high_freq_factor keep their frequency, longer
+    than L / low_freq_factor are divided by s, and those in between are blended smoothly."""
+    inv_freq = default_inv_freq(geom.base, geom.dim, device)
+    low, high = params["low_freq_factor"], params["high_freq_factor"]
+    L = geom.original_max_position_embeddings
+    low_freq_wavelen, high_freq_wavelen = L / low, L / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (L / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled), 1.0
+
+
+def longrope_attention_factor(factor: float, original: int) -> float:
+    """LongRoPE's attention factor sqrt(1 + ln s / ln L) (Ding et al. 2024)."""
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def rope_longrope(geom: RopeGeometry, factor: float, params: dict[str, Any], seq_len=None, device=None):
+    """LongRoPE: per-dimension rescale factors lambda_i, theta_i / lambda_i, with the ``long_factor``
+    list for sequences longer than L and ``short_factor`` otherwise."""
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = longrope_attention_factor(factor, geom.original_max_position_embeddings)
+    long = seq_len is not None and int(seq_len) > geom.original_max_position_embeddings
+    ext = torch.tensor(params["long_factor" if long else "short_factor"], dtype=torch.float32, device=device)
+    shape = torch.arange(0, geom.dim, 2, dtype=torch.int64, device=device).float() / geom.dim
+    return 1.0 / (ext * geom.base**shape), attention_factor

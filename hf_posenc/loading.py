@@ -1,0 +1,58 @@
+"""hf_posenc.from_pretrained: load a checkpoint and apply (or re-apply) a positional-encoding patch."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .adapters import ADAPTERS
+from .config import CONFIG_KEY, PosEncConfig, as_config
+from .models import drop_gguf_quantizer, resolve_source
+from .patching import patch
+
+logger = logging.getLogger(__name__)
+
+# keyword arguments of from_pretrained that also matter when reading the config alone
+_CONFIG_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "trust_remote_code", "gguf_file",
+                  "subfolder", "force_download", "proxies")
+
+
+def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = None, **hf_kwargs: Any):
+    """Load a model and apply a positional-encoding change.
+
+    path_or_id: Hub id, local directory, ``.gguf`` file or alias (``smollm2-135m``).
+    posenc: a PosEncConfig, a dict (``{"method": "yarn", "factor": 4}``) or a method name; when None,
+        the ``hf_posenc`` block stored in the checkpoint's ``config.json`` (by ``save_pretrained`` of a
+        patched model) is applied again. A given ``posenc`` replaces a stored one.
+    auto_class: the transformers Auto class to load with (default ``AutoModelForCausalLM``).
+    hf_kwargs: passed to ``auto_class.from_pretrained`` (dtype, device_map, revision, ...).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    requested = as_config(posenc) if posenc is not None else None
+    source = resolve_source(path_or_id)
+    kwargs = {**source.kwargs, **hf_kwargs}
+    auto_class = auto_class or AutoModelForCausalLM
+    hf_config = kwargs.pop("config", None)
+    if hf_config is None:
+        hf_config = AutoConfig.from_pretrained(source.path, **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
+    block = getattr(hf_config, CONFIG_KEY, None)
+    stored = None
+    if block is not None:
+        stored = PosEncConfig.from_dict(block)
+        adapter = next((a for a in ADAPTERS if a.name == block.get("family")), None)
+        if adapter is None:
+            raise ValueError(
+                f"{path_or_id} was patched by a family adapter {block.get('family')!r} that this hf_posenc "
+                f"(adapters: {[a.name for a in ADAPTERS]}) does not have; upgrade hf_posenc."
+            )
+        hf_config = adapter.prepare_load_config(hf_config, block)
+        delattr(hf_config, CONFIG_KEY)
+        if requested is not None:
+            logger.info("replacing the stored patch %s by %s", stored.method, requested.method)
+    model = auto_class.from_pretrained(source.path, config=hf_config, **kwargs)
+    drop_gguf_quantizer(model)
+    spec = requested or stored
+    if spec is not None:
+        patch(model, spec)
+    return model

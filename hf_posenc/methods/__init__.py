@@ -1,0 +1,96 @@
+"""The method registry: every positional-encoding method hf_posenc knows, by canonical name.
+
+A method is described by a :class:`MethodSpec` (its parameters, their defaults and checks); which
+model families can take it is decided by the adapters (``hf_posenc.adapters``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+REQUIRED = object()  # marks a parameter without default
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method. ``params`` maps each knob the method takes to its default (or ``REQUIRED``);
+    ``check`` validates the resolved params and raises ValueError; ``uses_factor`` says whether
+    ``factor`` means something to the method."""
+
+    name: str
+    kind: str  # which adapters may take it: "rope", "learned", "relative_bucket", ...
+    summary: str
+    aliases: tuple[str, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)
+    uses_factor: bool = True
+    check: Callable[[float, dict[str, Any]], None] | None = None
+
+
+METHODS: dict[str, MethodSpec] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register_method(spec: MethodSpec) -> MethodSpec:
+    for key in (spec.name, *spec.aliases):
+        owner = _ALIASES.get(key)
+        if owner is not None and owner != spec.name:
+            raise ValueError(f"method name {key!r} is already taken by {owner!r}")
+        _ALIASES[key] = spec.name
+    METHODS[spec.name] = spec
+    return spec
+
+
+def resolve_method(name: str) -> MethodSpec:
+    """The spec for ``name`` or an alias of it; a ValueError with a did-you-mean otherwise."""
+    if not isinstance(name, str):
+        raise ValueError(f"method must be a string, got {name!r} ({type(name).__name__})")
+    key = name.strip().lower().replace("-", "_")
+    if key in _ALIASES:
+        return METHODS[_ALIASES[key]]
+    close = difflib.get_close_matches(key, list(_ALIASES), n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"unknown method {name!r}.{hint} Known methods: {', '.join(sorted(METHODS))}.")
+
+
+def check_factor(method: str, factor: Any, uses_factor: bool) -> float:
+    if not uses_factor:
+        if factor not in (None, 1, 1.0):
+            raise ValueError(f"method {method!r} takes no factor (got factor={factor!r}); leave it unset.")
+        return 1.0
+    if factor is None:
+        raise ValueError(f"method {method!r} needs a factor (a finite number >= 1, e.g. factor=2.0).")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise ValueError(f"factor must be a number >= 1, got {factor!r} ({type(factor).__name__}).")
+    if not math.isfinite(factor) or factor < 1:
+        raise ValueError(f"factor must be a finite number >= 1, got {factor!r}.")
+    return float(factor)
+
+
+def resolve_params(spec: MethodSpec, factor: float, params: dict[str, Any]) -> dict[str, Any]:
+    """Fill defaults, reject unknown and missing knobs, then run the method's own checks."""
+    unknown = sorted(set(params) - set(spec.params))
+    if unknown:
+        allowed = ", ".join(sorted(spec.params)) or "none"
+        raise ValueError(f"method {spec.name!r} does not take parameter(s) {unknown}; it takes: {allowed}.")
+    out = {}
+    for key, default in spec.params.items():
+        value = params.get(key, default)
+        if value is REQUIRED:
+            raise ValueError(f"method {spec.name!r} needs parameter {key!r}.")
+        out[key] = value
+    if spec.check is not None:
+        spec.check(factor, out)
+    return out
+
+
+def positive_number(name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
+
+
+from . import rope  # noqa: E402,F401  (registers the RoPE methods)

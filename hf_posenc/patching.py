@@ -1,0 +1,75 @@
+"""patch / unpatch / get_config: the one entry point, dispatching to the family adapters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .adapters import PatchRecord, find_adapter
+from .config import CONFIG_KEY, PosEncConfig, as_config
+
+_STATE = "_hf_posenc_record"
+
+
+def _record(model: nn.Module) -> PatchRecord | None:
+    return model.__dict__.get(_STATE)
+
+
+def get_config(model: nn.Module) -> PosEncConfig | None:
+    """The PosEncConfig applied to ``model`` (resolved against it), or None if it is not patched."""
+    rec = _record(model)
+    return rec.config if rec is not None else None
+
+
+def _apply(model: nn.Module, cfg: PosEncConfig) -> None:
+    adapter = find_adapter(model, cfg.spec)
+    resolved = adapter.resolve(model, cfg)
+    record = PatchRecord(model, resolved, adapter)
+    try:
+        record.isolate_config()
+        native = adapter.apply(model, resolved, record)
+        record.set_config(CONFIG_KEY, record.block(native))
+    except BaseException:
+        record.undo()
+        raise
+    model.__dict__[_STATE] = record
+
+
+def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
+    """Change the positional encoding of ``model`` in place and return it.
+
+    ``method`` is a method name (``hf_posenc.list_methods()``) with its knobs as keywords, a
+    :class:`PosEncConfig`, or a dict of one. Only this instance changes. Patching a patched model
+    starts again from the original, so patches never compound; if the new patch is refused, the
+    previous one stays in place.
+
+    >>> hf_posenc.patch(model, "yarn", factor=4.0)          # doctest: +SKIP
+    >>> hf_posenc.patch(model, PosEncConfig("ntk", 2.0))    # doctest: +SKIP
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"patch() needs a transformers model (a torch.nn.Module), got {type(model).__name__}.")
+    cfg = as_config(method, **kwargs)
+    previous = get_config(model)
+    if previous is not None:
+        unpatch(model)
+    try:
+        _apply(model, cfg)
+    except BaseException:
+        if previous is not None:
+            _apply(model, previous)
+        raise
+    return model
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Restore the original positional encoding of ``model`` exactly; a no-op on an unpatched model
+    returns it unchanged."""
+    rec = model.__dict__.pop(_STATE, None)
+    if rec is not None:
+        rec.undo()
+    return model
+
+
+def is_patched(model: nn.Module) -> bool:
+    return _record(model) is not None

@@ -1,0 +1,25 @@
+"""list_methods(): what hf_posenc can do, and to which families."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .adapters import ADAPTERS
+from .methods import METHODS, REQUIRED
+
+
+def list_methods() -> dict[str, dict[str, Any]]:
+    """Every method by canonical name: its aliases, a one-line summary, its knobs with defaults, and
+    the model families (``config.model_type``) it supports."""
+    out = {}
+    for name, spec in sorted(METHODS.items()):
+        families = [t for a in ADAPTERS if spec.kind in a.kinds for t in a.model_types]
+        out[name] = {
+            "aliases": list(spec.aliases),
+            "summary": spec.summary,
+            "kind": spec.kind,
+            "takes_factor": spec.uses_factor,
+            "params": {k: ("<required>" if v is REQUIRED else v) for k, v in spec.params.items()},
+            "families": families,
+        }
+    return out

@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny random decoders of each tested family, built with ``from_config``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+BOOKS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "books")
+ORIGINAL = 64  # max_position_embeddings of the tiny models
+THETA = 50_000.0  # deliberately not 10000: the code must read it from the config
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def tiny_config(family: str, **overrides):
+    kw = dict(
+        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=ORIGINAL, rope_parameters={"rope_type": "default", "rope_theta": THETA},
+        tie_word_embeddings=False,
+    )
+    if family == "qwen3":
+        kw["head_dim"] = 16
+    if family == "mistral":
+        kw["sliding_window"] = None
+    kw.update(overrides)
+    cfg = AutoConfig.for_model(family, **kw)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def tiny_model(family: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides), dtype=torch.float32)
+    return model.eval()
+
+
+def clone_with_config(model, rope_parameters: dict, max_position_embeddings: int):
+    """An independent reference: the same weights, built by transformers from native rope_parameters."""
+    cfg = tiny_config(model.config.model_type, rope_parameters=rope_parameters, max_position_embeddings=max_position_embeddings)
+    ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    ref.load_state_dict(model.state_dict())
+    return ref
+
+
+def ids(n: int, seed: int = 1, batch: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 96, (batch, n), generator=g)
+
+
+@torch.no_grad()
+def logits(model, input_ids):
+    return model(input_ids).logits.float()
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request):
+    return request.param
+
+
+def book_path(name: str = "pg84.txt") -> str:
+    path = os.path.abspath(os.path.join(BOOKS, name))
+    if not os.path.exists(path):
+        pytest.skip(f"shared book {path} not found (expected ../shared/data/books beside the checkout)")
+    return path

