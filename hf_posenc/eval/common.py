@@ -1,0 +1,83 @@
+"""What both evaluations share: loading the model once, the methods to compare, the recorded setup."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import random
+import sys
+from typing import Any
+
+import torch
+
+from ..config import PosEncConfig
+from ..methods import resolve_method
+from ..models import drop_gguf_quantizer, resolve_source
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_model_and_tokenizer(model: str, dtype: str = "float32", device: str = "cpu",
+                             attn_implementation: str | None = None):
+    """Load a causal LM and its tokenizer (Hub id, folder, .gguf file or alias) for evaluation."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    src = resolve_source(model)
+    kwargs: dict[str, Any] = dict(src.kwargs, dtype=DTYPES[dtype])
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    tok = AutoTokenizer.from_pretrained(src.path, **src.kwargs)
+    lm = AutoModelForCausalLM.from_pretrained(src.path, **kwargs).to(device).eval()
+    drop_gguf_quantizer(lm)
+    return lm, tok, src
+
+
+def parse_method_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
+    """``["beta_fast=16", "yarn.beta_slow=2"]`` -> {"*": {"beta_fast": 16}, "yarn": {"beta_slow": 2}}."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--method-param takes KEY=VALUE or METHOD.KEY=VALUE, got {item!r}")
+        key, raw = item.split("=", 1)
+        method, _, key = key.rpartition(".")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out.setdefault(resolve_method(method).name if method else "*", {})[key] = value
+    return out
+
+
+def method_configs(methods: list[str], factor: float | None, params: dict[str, dict[str, Any]]) -> list[PosEncConfig]:
+    """One validated PosEncConfig per method; shared knobs (``KEY=VALUE``) go to the methods that take them."""
+    configs = []
+    for name in methods:
+        spec = resolve_method(name)
+        knobs = {k: v for k, v in params.get("*", {}).items() if k in spec.params}
+        knobs.update(params.get(spec.name, {}))
+        configs.append(PosEncConfig(spec.name, factor if spec.uses_factor else None, params=knobs))
+    return configs
+
+
+def environment() -> dict[str, str]:
+    import transformers
+
+    from .. import __version__
+
+    return {"hf_posenc": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def command_line() -> str:
+    """The command line of this process, for the record (the CLI passes its own, exact one)."""
+    return shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:])

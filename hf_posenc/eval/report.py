@@ -1,0 +1,75 @@
+"""Results as JSON, Markdown tables and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def write_json(data: dict[str, Any], path: str) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+    return path
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.2f}" if abs(v) >= 0.01 or v == 0 else f"{v:.2e}"
+        return str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_lines(series: dict[str, tuple[list[float], list[float]]], title: str, xlabel: str, ylabel: str, path: str,
+               logy: bool = False, vline: float | None = None) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    if vline:
+        ax.axvline(vline, color="grey", linestyle="--", linewidth=1, label="original context")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_heatmap(matrix: list[list[float]], rows: list[str], cols: list[str], title: str, path: str,
+                 xlabel: str = "context length (tokens)", ylabel: str = "needle depth") -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(cols), 1.0 + 0.5 * len(rows)), dpi=120)
+    im = ax.imshow(matrix, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    ax.set_xticks(range(len(cols)), cols)
+    ax.set_yticks(range(len(rows)), rows)
+    for i, row in enumerate(matrix):
+        for j, v in enumerate(row):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, label="accuracy")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,74 @@
+"""``hf-posenc eval passkey``: passkey retrieval accuracy per length and depth, methods side by side."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ..patching import patch, unpatch
+from .common import command_line, environment, load_model_and_tokenizer, method_configs, seed_everything
+from .passkey import FILLER, NEEDLE, PasskeyBuilder, evaluate_passkey
+from .report import markdown_table, plot_heatmap, plot_lines, write_json
+
+
+def run_passkey(*, model: str, methods: list[str], factor: float | None, method_params: dict[str, dict[str, Any]],
+                lengths: list[int], depths: list[float], trials: int = 5, digits: int = 5,
+                scoring: str = "teacher_forced", filler: str = FILLER, needle: str = NEEDLE, seed: int = 0,
+                dtype: str = "float32", device: str = "cpu", attn_implementation: str | None = None,
+                output: str | None = None, progress: bool = True, plots: bool = True,
+                command: str | None = None) -> dict[str, Any]:
+    configs = method_configs(methods, factor, method_params)
+    if any(not 0 <= d <= 1 for d in depths):
+        raise ValueError(f"--depths must lie in [0, 1], got {depths}")
+    seed_everything(seed)
+    lm, tok, src = load_model_and_tokenizer(model, dtype, device, attn_implementation)
+    builder = PasskeyBuilder(tok, filler=filler, needle=needle)
+    results, started = {}, time.time()
+    for cfg in configs:
+        patch(lm, cfg)
+        try:
+            results[cfg.method] = evaluate_passkey(lm, tok, lengths, depths, trials, seed, digits, scoring, builder,
+                                                   progress, desc=cfg.method)
+        finally:
+            unpatch(lm)
+    report = {
+        "task": "passkey",
+        "setup": {
+            "model": model, "model_source": src.label or src.path, "original_context": lm.config.max_position_embeddings,
+            "methods": {c.method: c.to_dict() for c in configs}, "lengths": lengths, "depths": depths,
+            "trials": trials, "digits": digits, "scoring": scoring, "filler": filler, "needle": needle, "seed": seed,
+            "dtype": dtype, "device": device, "command": command or command_line(), "environment": environment(),
+            "seconds": round(time.time() - started, 1),
+        },
+        "results": results,
+    }
+    report["table"] = passkey_table(report)
+    if output:
+        os.makedirs(output, exist_ok=True)
+        write_json(report, os.path.join(output, "passkey.json"))
+        with open(os.path.join(output, "passkey.md"), "w") as f:
+            f.write(report["table"] + "\n")
+        if plots:
+            report["plots"] = passkey_plots(report, output)
+    return report
+
+
+def passkey_table(report: dict[str, Any]) -> str:
+    s = report["setup"]
+    rows = [[m, *(r["by_length"][str(n)] for n in s["lengths"]), r["accuracy"]] for m, r in report["results"].items()]
+    note = (f"Passkey accuracy ({s['scoring']}, {s['trials']} trials x {len(s['depths'])} depths per length), "
+            f"model {s['model']} (original context {s['original_context']}).")
+    return note + "\n\n" + markdown_table(["method", *(f"{n} tokens" for n in s["lengths"]), "overall"], rows)
+
+
+def passkey_plots(report: dict[str, Any], output: str) -> list[str]:
+    s, paths = report["setup"], []
+    for m, r in report["results"].items():
+        matrix = [[r["cells"][f"{n}@{d}"]["accuracy"] for n in s["lengths"]] for d in s["depths"]]
+        paths.append(plot_heatmap(matrix, [f"{d:g}" for d in s["depths"]], [str(n) for n in s["lengths"]],
+                                  f"Passkey accuracy: {m}", os.path.join(output, f"passkey_heatmap_{m}.png")))
+    series = {m: (s["lengths"], [r["by_length"][str(n)] for n in s["lengths"]]) for m, r in report["results"].items()}
+    paths.append(plot_lines(series, "Passkey accuracy vs length", "context length (tokens)", "accuracy",
+                            os.path.join(output, "passkey_vs_length.png"), vline=s["original_context"]))
+    return paths

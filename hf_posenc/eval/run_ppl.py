@@ -1,0 +1,124 @@
+"""``hf-posenc eval ppl``: compare methods by long-context perplexity, side by side on shared data."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from ..patching import patch, unpatch
+from . import data as D
+from .common import command_line, environment, load_model_and_tokenizer, method_configs, seed_everything
+from .perplexity import evaluate_perplexity
+from .report import markdown_table, plot_lines, write_json
+
+
+def gather_documents(text_file=None, text_dir=None, dataset=None, dataset_config=None, split="test",
+                     column="text", limit=None) -> list[D.Document]:
+    docs: list[D.Document] = []
+    for path in text_file or []:
+        docs.append(D.read_text_file(path))
+    for path in text_dir or []:
+        docs.extend(D.read_text_dir(path))
+    if dataset:
+        docs.extend(D.read_dataset(dataset, dataset_config, split, column, limit))
+    if not docs:
+        docs = D.default_corpus()
+    return docs[:limit] if limit else docs
+
+
+def tokenize_documents(tok, docs: list[D.Document], max_tokens: int | None = None) -> list[torch.Tensor]:
+    """Token ids of each document, once for every method and length (cut to ``max_tokens`` when given)."""
+    out = []
+    for d in docs:
+        text = d.text if max_tokens is None else d.text[: max_tokens * 12]  # ~12 chars bound a token from above
+        ids = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+        out.append(torch.tensor(ids[:max_tokens] if max_tokens else ids, dtype=torch.long))
+    return out
+
+
+def run_perplexity(*, model: str, methods: list[str], factor: float | None, method_params: dict[str, dict[str, Any]],
+                   lengths: list[int], docs: list[D.Document], mode: str = "windows", stride: int | None = None,
+                   max_windows: int | None = None, buckets: int = 32, chunk_size: int = 1024, seed: int = 0,
+                   dtype: str = "float32", device: str = "cpu", attn_implementation: str | None = None,
+                   output: str | None = None, progress: bool = True, plots: bool = True,
+                command: str | None = None) -> dict[str, Any]:
+    configs = method_configs(methods, factor, method_params)  # validate before the slow load
+    if not lengths or any(n < 2 for n in lengths):
+        raise ValueError(f"--lengths must be token counts >= 2, got {lengths}")
+    seed_everything(seed)
+    lm, tok, src = load_model_and_tokenizer(model, dtype, device, attn_implementation)
+    need = None
+    if max_windows and mode == "windows":
+        need = max(lengths) * max_windows
+    elif max_windows:
+        need = max(lengths) + (stride or max(lengths)) * max_windows
+    token_docs = tokenize_documents(tok, docs, need)
+    native = lm.config.max_position_embeddings
+    results: dict[str, Any] = {}
+    started = time.time()
+    for cfg in configs:
+        patch(lm, cfg)
+        try:
+            results[cfg.method] = evaluate_perplexity(
+                lm, token_docs, lengths, [d.name for d in docs], mode, stride, max_windows, buckets, chunk_size,
+                progress, desc=cfg.method)
+        finally:
+            unpatch(lm)
+    report = {
+        "task": "perplexity",
+        "setup": {
+            "model": model, "model_source": src.label or src.path, "original_context": native,
+            "methods": {c.method: c.to_dict() for c in configs}, "lengths": lengths, "mode": mode,
+            "stride": stride, "max_windows": max_windows, "documents": [d.name for d in docs],
+            "document_tokens": [len(t) for t in token_docs], "seed": seed, "dtype": dtype, "device": device,
+            "attn_implementation": attn_implementation or lm.config._attn_implementation, "command": command or command_line(),
+            "environment": environment(), "seconds": round(time.time() - started, 1),
+        },
+        "results": results,
+    }
+    report["table"] = ppl_table(report)
+    if output:
+        os.makedirs(output, exist_ok=True)
+        write_json(report, os.path.join(output, "perplexity.json"))
+        with open(os.path.join(output, "perplexity.md"), "w") as f:
+            f.write(report["table"] + "\n")
+        if plots:
+            report["plots"] = ppl_plots(report, output)
+    return report
+
+
+def ppl_table(report: dict[str, Any]) -> str:
+    lengths = report["setup"]["lengths"]
+    rows = []
+    for method, per_len in report["results"].items():
+        row: list[Any] = [method]
+        for n in lengths:
+            r = per_len[str(n)]
+            ci = r["ci95"]
+            row.append(f"{r['ppl']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
+        rows.append(row)
+    note = (f"Perplexity (token-weighted; [95% interval of the per-document mean] with >= 2 documents), "
+            f"{report['setup']['mode']} mode, model {report['setup']['model']} "
+            f"(original context {report['setup']['original_context']}).")
+    return note + "\n\n" + markdown_table(["method"] + [f"{n} tokens" for n in lengths], rows)
+
+
+def ppl_plots(report: dict[str, Any], output: str) -> list[str]:
+    setup, paths = report["setup"], []
+    lengths = setup["lengths"]
+    series = {m: (lengths, [r[str(n)]["ppl"] for n in lengths]) for m, r in report["results"].items()}
+    paths.append(plot_lines(series, f"Perplexity vs context length ({setup['model']})", "context length (tokens)",
+                            "perplexity", os.path.join(output, "ppl_vs_length.png"), logy=True,
+                            vline=setup["original_context"]))
+    for n in lengths:
+        curves = {}
+        for m, r in report["results"].items():
+            pts = r[str(n)]["curve"]
+            curves[m] = ([(p["from"] + p["to"]) / 2 for p in pts], [p["nll"] for p in pts])
+        vline = setup["original_context"] if setup["original_context"] < n else None
+        paths.append(plot_lines(curves, f"Loss by position, {n}-token windows", "position in window",
+                                "mean NLL (nats)", os.path.join(output, f"loss_by_position_{n}.png"), vline=vline))
+    return paths

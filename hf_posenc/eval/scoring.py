@@ -1,0 +1,64 @@
+"""Per-token losses without materialising [length x vocab] logits.
+
+The model body runs once over the sequence; the LM head then runs over chunks of the final hidden
+states, so that only ``chunk_size x vocab`` logits exist at a time (in float32).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _head(model):
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no LM head (get_output_embeddings() is None): not a causal LM.")
+    return head
+
+
+def _finish_logits(model, logits: torch.Tensor) -> torch.Tensor:
+    """Apply the output transforms some families put after the head (Granite's scaling, Gemma's softcap)."""
+    cfg = model.config
+    scale = getattr(cfg, "logits_scaling", None)
+    if scale:
+        logits = logits / scale
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+@torch.no_grad()
+def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """Final hidden states [batch, T, hidden] of the model body (after its last norm)."""
+    body = model.base_model
+    out = body(input_ids=input_ids, use_cache=False)
+    return out.last_hidden_state
+
+
+@torch.no_grad()
+def token_nll(model, input_ids: torch.Tensor, chunk_size: int = 1024, start: int = 1) -> torch.Tensor:
+    """Negative log-likelihood (float32, nats) of tokens ``start .. T-1`` of each row of ``input_ids``
+    given the tokens before them; shape [batch, T - start]."""
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if not 1 <= start < input_ids.shape[1]:
+        raise ValueError(f"start must be in [1, {input_ids.shape[1] - 1}], got {start}")
+    hidden = final_hidden(model, input_ids)
+    head = _head(model)
+    labels = input_ids[:, start:].to(hidden.device)
+    preds = hidden[:, start - 1 : -1]
+    out = torch.empty(labels.shape, dtype=torch.float32)
+    for s in range(0, labels.shape[1], chunk_size):
+        logits = _finish_logits(model, head(preds[:, s : s + chunk_size]).float())
+        nll = F.cross_entropy(logits.transpose(1, 2), labels[:, s : s + chunk_size], reduction="none")
+        out[:, s : s + chunk_size] = nll.cpu()
+    return out
+
+
+@torch.no_grad()
+def last_logits(model, input_ids: torch.Tensor, n: int) -> torch.Tensor:
+    """float32 logits predicting the tokens after each of the last ``n`` positions: [batch, n, vocab]."""
+    hidden = final_hidden(model, input_ids)
+    return _finish_logits(model, _head(model)(hidden[:, -n:]).float())

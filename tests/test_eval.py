@@ -1,0 +1,164 @@
+"""The evaluation machinery on tiny models: chunked losses, windows, intervals, passkey prompts, the CLI."""
+
+import json
+import math
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import hf_posenc
+from hf_posenc.cli import main
+from hf_posenc.eval.passkey import PasskeyBuilder, evaluate_passkey, score_teacher_forced
+from hf_posenc.eval.perplexity import evaluate_perplexity, plan_windows
+from hf_posenc.eval.scoring import token_nll
+from hf_posenc.eval.stats import mean_ci95
+from hf_posenc.models import resolve_source
+from conftest import book_path, ids, tiny_config, tiny_model
+
+
+def test_chunked_nll_equals_the_naive_loss():
+    model = tiny_model("llama")
+    x = ids(120, batch=2)
+    naive = model(x, labels=x).loss.item()
+    for chunk in (7, 64, 1024):
+        assert token_nll(model, x, chunk_size=chunk).mean().item() == pytest.approx(naive, abs=1e-5)
+    # scoring from a later start keeps only those tokens
+    tail = token_nll(model, x, start=50)
+    assert tail.shape == (2, 70)
+    assert torch.allclose(tail, token_nll(model, x)[:, 49:], atol=1e-5)
+
+
+def test_windows_and_sliding_plans():
+    assert [(w.begin, w.end, w.score_from) for w in plan_windows(250, 100)] == [(0, 100, 1), (100, 200, 1)]
+    sliding = [(w.begin, w.end, w.score_from) for w in plan_windows(250, 100, "sliding", stride=50)]
+    assert sliding == [(0, 100, 1), (50, 150, 50), (100, 200, 50), (150, 250, 50)]
+    assert plan_windows(99, 100) == [] and len(plan_windows(1000, 100, max_windows=3)) == 3
+    with pytest.raises(ValueError, match="stride must be in"):
+        plan_windows(300, 100, "sliding", stride=200)
+
+
+def test_perplexity_numbers_and_errors():
+    model = tiny_model("qwen2")
+    docs = [ids(300, seed=s)[0] for s in range(3)] + [ids(50, seed=9)[0]]
+    res = evaluate_perplexity(model, docs, [64, 128], progress=False)
+    r = res["128"]
+    assert r["windows"] == 6 and r["tokens"] == 6 * 127 and r["skipped_docs"] == ["doc3"]
+    # token-weighted perplexity equals exp(mean NLL) of the same windows computed directly
+    direct = torch.cat([token_nll(model, d[b : b + 128][None])[0] for d in docs[:3] for b in (0, 128)])
+    assert r["ppl"] == pytest.approx(math.exp(direct.mean().item()), rel=1e-5)
+    assert r["ci95"][0] < r["doc_mean_ppl"] < r["ci95"][1]
+    assert len(r["curve"]) == 32 and r["curve"][0]["from"] == 1 and r["curve"][-1]["to"] == 128
+    # sliding with stride = length scores the same tokens as non-overlapping windows
+    slide = evaluate_perplexity(model, docs, [128], mode="sliding", stride=128, progress=False)["128"]
+    assert slide["ppl"] == pytest.approx(r["ppl"], rel=1e-6)
+    with pytest.raises(ValueError, match="too little text for length 400: the longest document has 300 tokens"):
+        evaluate_perplexity(model, docs, [400], progress=False)
+
+
+def test_mean_ci95():
+    m, lo, hi = mean_ci95([1.0, 2.0, 3.0])
+    assert m == 2.0 and hi - m == pytest.approx(4.303 * 1.0 / math.sqrt(3), rel=1e-3) and m - lo == pytest.approx(hi - m)
+    assert mean_ci95([1.0])[1] is None
+
+
+@pytest.fixture(scope="module")
+def bert_tokenizer():
+    """A real local tokenizer (all-MiniLM-L6-v2's WordPiece), to pair with tiny random decoders."""
+    src = resolve_source("all-minilm-l6-v2")
+    return AutoTokenizer.from_pretrained(src.path)
+
+
+def test_passkey_prompt_lengths_and_depths(bert_tokenizer):
+    b = PasskeyBuilder(bert_tokenizer)
+    filler = len(b.filler)
+    for n in (300, 1000):
+        for depth in (0.0, 0.5, 1.0):
+            p = b.build(n, depth, "12345")
+            assert n - filler < p.length <= n
+            text = bert_tokenizer.decode(p.input_ids)
+            at = text.find("12345") / len(text)
+            assert abs(at - depth) < 0.15, (n, depth, at)
+            assert text.rstrip().endswith("what is the pass key? the pass key is")
+    with pytest.raises(ValueError, match="too short for a passkey prompt"):
+        b.build(20, 0.5, "12345")
+    with pytest.raises(ValueError, match="must contain"):
+        PasskeyBuilder(bert_tokenizer, needle="no key here")
+
+
+def test_teacher_forced_scoring_agrees_with_full_logits(bert_tokenizer):
+    model = tiny_model("llama", vocab_size=bert_tokenizer.vocab_size)
+    b = PasskeyBuilder(bert_tokenizer)
+    p = b.build(200, 0.5, "424242")
+    seq = torch.cat([p.input_ids, p.answer_ids[:-1]])[None]
+    full = model(seq).logits[0, -len(p.answer_ids):].argmax(-1)
+    assert score_teacher_forced(model, p) == bool((full == p.answer_ids).all())
+    res = evaluate_passkey(model, bert_tokenizer, [150, 200], [0.0, 1.0], trials=2, seed=3, progress=False)
+    again = evaluate_passkey(model, bert_tokenizer, [150, 200], [0.0, 1.0], trials=2, seed=3, progress=False)
+    assert res == again and len(res["cells"]) == 4 and len(res["samples"]) == 8
+    assert len({s["key"] for s in res["samples"]}) == 8 and all(len(s["key"]) == 5 for s in res["samples"])
+    greedy = evaluate_passkey(model, bert_tokenizer, [150], [0.5], trials=1, seed=3, scoring="greedy", progress=False)
+    assert "output" in greedy["samples"][0] and 0.0 <= greedy["accuracy"] <= 1.0
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, bert_tokenizer):
+    out = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=bert_tokenizer.vocab_size)).save_pretrained(out)
+    bert_tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def test_cli_ppl_end_to_end(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "ppl"
+    rc = main(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,yarn,dynamic", "--factor", "2",
+               "--method-param", "yarn.beta_fast=16", "--text-file", book_path("pg1513.txt"), "--lengths", "64,128",
+               "--max-windows", "2", "--output", str(out), "--no-progress"])
+    assert rc == 0
+    table = capsys.readouterr().out
+    assert "| none |" in table and "| yarn |" in table and "| dynamic_ntk |" in table
+    report = json.loads((out / "perplexity.json").read_text())
+    assert report["setup"]["methods"]["yarn"]["params"]["beta_fast"] == 16
+    assert report["setup"]["command"].startswith("hf-posenc eval ppl --model ") and "yarn.beta_fast=16" in report["setup"]["command"]
+    assert report["results"]["none"]["128"]["windows"] == 2
+    for png in ("ppl_vs_length.png", "loss_by_position_64.png", "loss_by_position_128.png"):
+        assert (out / png).stat().st_size > 1000
+    # same seed, same numbers
+    main(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none", "--text-file", book_path("pg1513.txt"),
+          "--lengths", "64", "--max-windows", "2", "--output", str(tmp_path / "again"), "--no-progress", "--no-plots"])
+    again = json.loads((tmp_path / "again" / "perplexity.json").read_text())
+    assert again["results"]["none"]["64"]["ppl"] == report["results"]["none"]["64"]["ppl"]
+
+
+def test_cli_ppl_reads_a_saved_dataset(tiny_checkpoint, tmp_path):
+    from datasets import Dataset
+
+    text = open(book_path("pg1513.txt"), encoding="utf-8").read()
+    Dataset.from_dict({"text": [text[:40_000], text[40_000:80_000]]}).save_to_disk(tmp_path / "ds")
+    rc = main(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "pi", "--dataset", str(tmp_path / "ds"),
+               "--lengths", "128", "--max-windows", "1", "--output", str(tmp_path / "o"), "--no-progress", "--no-plots"])
+    assert rc == 0
+    report = json.loads((tmp_path / "o" / "perplexity.json").read_text())
+    assert len(report["results"]["pi"]["128"]["docs"]) == 2 and report["results"]["pi"]["128"]["ci95"] is not None
+
+
+def test_cli_passkey_end_to_end(tiny_checkpoint, tmp_path):
+    rc = main(["eval", "passkey", "--model", tiny_checkpoint, "--methods", "none,yarn", "--lengths", "100,200",
+               "--depths", "0,0.5,1", "--trials", "2", "--output", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    report = json.loads((tmp_path / "passkey.json").read_text())
+    assert set(report["results"]) == {"none", "yarn"} and len(report["results"]["yarn"]["cells"]) == 6
+    for png in ("passkey_heatmap_none.png", "passkey_heatmap_yarn.png", "passkey_vs_length.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+
+
+def test_cli_errors_are_clear(tiny_checkpoint, capsys):
+    assert main(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "yran", "--no-progress"]) == 2
+    assert "Did you mean 'yarn'" in capsys.readouterr().err
+    assert main(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none", "--text-file",
+                 book_path("pg1513.txt"), "--lengths", "999999", "--no-progress"]) == 2
+    assert "too little text for length 999999" in capsys.readouterr().err
+    assert main(["eval", "ppl", "--model", tiny_checkpoint, "--factor", "0.5", "--no-progress"]) == 2
+    assert "factor must be a finite number >= 1, got 0.5" in capsys.readouterr().err
