@@ -2,13 +2,11 @@
 
 import json
 import math
-import os
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.eval.passkey import PasskeyBuilder, evaluate_passkey, score_teacher_forced
 from hf_posenc.eval.perplexity import evaluate_perplexity, plan_windows

@@ -1,7 +1,6 @@
 """save_pretrained -> plain transformers / hf_posenc.from_pretrained give back the same logits."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

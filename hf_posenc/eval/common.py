@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..config import PosEncConfig
+from ..patching import patch, unpatch
 from ..methods import resolve_method
 from ..models import drop_gguf_quantizer, resolve_source
 
@@ -81,3 +82,15 @@ def environment() -> dict[str, str]:
 def command_line() -> str:
     """The command line of this process, for the record (the CLI passes its own, exact one)."""
     return shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:])
+
+
+def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, Any]:
+    """Patch ``model`` with each config in turn, run ``evaluate(config)``, and restore the model after each."""
+    results = {}
+    for cfg in configs:
+        patch(model, cfg)
+        try:
+            results[cfg.method] = evaluate(cfg)
+        finally:
+            unpatch(model)
+    return results

@@ -14,6 +14,16 @@ def write_json(data: dict[str, Any], path: str) -> str:
     return path
 
 
+def save_report(report: dict[str, Any], output: str, stem: str, plots=None) -> None:
+    """``<stem>.json`` (everything) and ``<stem>.md`` (the table) in ``output``, then the plots if asked."""
+    os.makedirs(output, exist_ok=True)
+    write_json(report, os.path.join(output, f"{stem}.json"))
+    with open(os.path.join(output, f"{stem}.md"), "w") as f:
+        f.write(report["table"] + "\n")
+    if plots is not None:
+        report["plots"] = plots(report, output)
+
+
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
     def fmt(v: Any) -> str:
         if isinstance(v, float):

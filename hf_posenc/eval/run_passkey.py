@@ -6,10 +6,10 @@ import os
 import time
 from typing import Any
 
-from ..patching import patch, unpatch
-from .common import command_line, environment, load_model_and_tokenizer, method_configs, seed_everything
+from .common import (command_line, environment, for_each_method, load_model_and_tokenizer, method_configs,
+                     seed_everything)
 from .passkey import FILLER, NEEDLE, PasskeyBuilder, evaluate_passkey
-from .report import markdown_table, plot_heatmap, plot_lines, write_json
+from .report import markdown_table, plot_heatmap, plot_lines, save_report
 
 
 def run_passkey(*, model: str, methods: list[str], factor: float | None, method_params: dict[str, dict[str, Any]],
@@ -24,14 +24,9 @@ def run_passkey(*, model: str, methods: list[str], factor: float | None, method_
     seed_everything(seed)
     lm, tok, src = load_model_and_tokenizer(model, dtype, device, attn_implementation)
     builder = PasskeyBuilder(tok, filler=filler, needle=needle)
-    results, started = {}, time.time()
-    for cfg in configs:
-        patch(lm, cfg)
-        try:
-            results[cfg.method] = evaluate_passkey(lm, tok, lengths, depths, trials, seed, digits, scoring, builder,
-                                                   progress, desc=cfg.method)
-        finally:
-            unpatch(lm)
+    started = time.time()
+    results = for_each_method(lm, configs, lambda cfg: evaluate_passkey(
+        lm, tok, lengths, depths, trials, seed, digits, scoring, builder, progress, desc=cfg.method))
     report = {
         "task": "passkey",
         "setup": {
@@ -45,12 +40,7 @@ def run_passkey(*, model: str, methods: list[str], factor: float | None, method_
     }
     report["table"] = passkey_table(report)
     if output:
-        os.makedirs(output, exist_ok=True)
-        write_json(report, os.path.join(output, "passkey.json"))
-        with open(os.path.join(output, "passkey.md"), "w") as f:
-            f.write(report["table"] + "\n")
-        if plots:
-            report["plots"] = passkey_plots(report, output)
+        save_report(report, output, "passkey", passkey_plots if plots else None)
     return report
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from ..patching import patch, unpatch
 from . import data as D
-from .common import command_line, environment, load_model_and_tokenizer, method_configs, seed_everything
+from .common import (command_line, environment, for_each_method, load_model_and_tokenizer, method_configs,
+                     seed_everything)
 from .perplexity import evaluate_perplexity
-from .report import markdown_table, plot_lines, write_json
+from .report import markdown_table, plot_lines, save_report
 
 
 def gather_documents(text_file=None, text_dir=None, dataset=None, dataset_config=None, split="test",
@@ -57,16 +57,10 @@ def run_perplexity(*, model: str, methods: list[str], factor: float | None, meth
         need = max(lengths) + (stride or max(lengths)) * max_windows
     token_docs = tokenize_documents(tok, docs, need)
     native = lm.config.max_position_embeddings
-    results: dict[str, Any] = {}
     started = time.time()
-    for cfg in configs:
-        patch(lm, cfg)
-        try:
-            results[cfg.method] = evaluate_perplexity(
-                lm, token_docs, lengths, [d.name for d in docs], mode, stride, max_windows, buckets, chunk_size,
-                progress, desc=cfg.method)
-        finally:
-            unpatch(lm)
+    results = for_each_method(lm, configs, lambda cfg: evaluate_perplexity(
+        lm, token_docs, lengths, [d.name for d in docs], mode, stride, max_windows, buckets, chunk_size,
+        progress, desc=cfg.method))
     report = {
         "task": "perplexity",
         "setup": {
@@ -81,12 +75,7 @@ def run_perplexity(*, model: str, methods: list[str], factor: float | None, meth
     }
     report["table"] = ppl_table(report)
     if output:
-        os.makedirs(output, exist_ok=True)
-        write_json(report, os.path.join(output, "perplexity.json"))
-        with open(os.path.join(output, "perplexity.md"), "w") as f:
-            f.write(report["table"] + "\n")
-        if plots:
-            report["plots"] = ppl_plots(report, output)
+        save_report(report, output, "perplexity", ppl_plots if plots else None)
     return report
 
 
