@@ -94,3 +94,17 @@ def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, A
         finally:
             unpatch(model)
     return results
+
+
+def shared_setup(model: str, src, lm, configs: list[PosEncConfig], seed: int, dtype: str, device: str,
+                 attn_implementation: str | None, command: str | None, started: float) -> dict[str, Any]:
+    """The part of a report's setup that every evaluation records (what ran, where, and how to rerun it)."""
+    import time
+
+    return {
+        "model": model, "model_source": src.label or src.path, "original_context": lm.config.max_position_embeddings,
+        "methods": {c.method: c.to_dict() for c in configs}, "seed": seed, "dtype": dtype, "device": device,
+        "attn_implementation": attn_implementation or lm.config._attn_implementation,
+        "command": command or command_line(), "environment": environment(),
+        "seconds": round(time.time() - started, 1),
+    }

@@ -6,8 +6,7 @@ import os
 import time
 from typing import Any
 
-from .common import (command_line, environment, for_each_method, load_model_and_tokenizer, method_configs,
-                     seed_everything)
+from .common import for_each_method, load_model_and_tokenizer, method_configs, seed_everything, shared_setup
 from .passkey import FILLER, NEEDLE, PasskeyBuilder, evaluate_passkey
 from .report import markdown_table, plot_heatmap, plot_lines, save_report
 
@@ -30,11 +29,9 @@ def run_passkey(*, model: str, methods: list[str], factor: float | None, method_
     report = {
         "task": "passkey",
         "setup": {
-            "model": model, "model_source": src.label or src.path, "original_context": lm.config.max_position_embeddings,
-            "methods": {c.method: c.to_dict() for c in configs}, "lengths": lengths, "depths": depths,
-            "trials": trials, "digits": digits, "scoring": scoring, "filler": filler, "needle": needle, "seed": seed,
-            "dtype": dtype, "device": device, "command": command or command_line(), "environment": environment(),
-            "seconds": round(time.time() - started, 1),
+            **shared_setup(model, src, lm, configs, seed, dtype, device, attn_implementation, command, started),
+            "lengths": lengths, "depths": depths, "trials": trials, "digits": digits, "scoring": scoring,
+            "filler": filler, "needle": needle,
         },
         "results": results,
     }

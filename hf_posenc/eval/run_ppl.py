@@ -9,8 +9,7 @@ from typing import Any
 import torch
 
 from . import data as D
-from .common import (command_line, environment, for_each_method, load_model_and_tokenizer, method_configs,
-                     seed_everything)
+from .common import for_each_method, load_model_and_tokenizer, method_configs, seed_everything, shared_setup
 from .perplexity import evaluate_perplexity
 from .report import markdown_table, plot_lines, save_report
 
@@ -56,7 +55,6 @@ def run_perplexity(*, model: str, methods: list[str], factor: float | None, meth
     elif max_windows:
         need = max(lengths) + (stride or max(lengths)) * max_windows
     token_docs = tokenize_documents(tok, docs, need)
-    native = lm.config.max_position_embeddings
     started = time.time()
     results = for_each_method(lm, configs, lambda cfg: evaluate_perplexity(
         lm, token_docs, lengths, [d.name for d in docs], mode, stride, max_windows, buckets, chunk_size,
@@ -64,12 +62,9 @@ def run_perplexity(*, model: str, methods: list[str], factor: float | None, meth
     report = {
         "task": "perplexity",
         "setup": {
-            "model": model, "model_source": src.label or src.path, "original_context": native,
-            "methods": {c.method: c.to_dict() for c in configs}, "lengths": lengths, "mode": mode,
-            "stride": stride, "max_windows": max_windows, "documents": [d.name for d in docs],
-            "document_tokens": [len(t) for t in token_docs], "seed": seed, "dtype": dtype, "device": device,
-            "attn_implementation": attn_implementation or lm.config._attn_implementation, "command": command or command_line(),
-            "environment": environment(), "seconds": round(time.time() - started, 1),
+            **shared_setup(model, src, lm, configs, seed, dtype, device, attn_implementation, command, started),
+            "lengths": lengths, "mode": mode, "stride": stride, "max_windows": max_windows,
+            "documents": [d.name for d in docs], "document_tokens": [len(t) for t in token_docs],
         },
         "results": results,
     }
