@@ -29,13 +29,14 @@ def child(args) -> None:
     import torch
 
     from hf_posenc.eval.common import load_model_and_tokenizer
+    from hf_posenc.eval.data import read_text_file
+    from hf_posenc.eval.run_ppl import tokenize_documents
     from hf_posenc.eval.scoring import token_nll
 
     torch.manual_seed(0)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     model, tok, _ = load_model_and_tokenizer(args.model)
-    text = open(args.text_file, encoding="utf-8").read()
-    ids = torch.tensor(tok(text[: args.length * 12], add_special_tokens=False)["input_ids"][: args.length])[None]
+    ids = tokenize_documents(tok, [read_text_file(args.text_file)], args.length)[0][None]
     if ids.shape[1] < args.length:
         raise SystemExit(f"too little text in {args.text_file} for {args.length} tokens ({ids.shape[1]})")
     base = peak_rss_mb()

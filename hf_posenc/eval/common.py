@@ -8,6 +8,7 @@ import platform
 import shlex
 import random
 import sys
+import time
 from typing import Any
 
 import torch
@@ -99,8 +100,6 @@ def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, A
 def shared_setup(model: str, src, lm, configs: list[PosEncConfig], seed: int, dtype: str, device: str,
                  attn_implementation: str | None, command: str | None, started: float) -> dict[str, Any]:
     """The part of a report's setup that every evaluation records (what ran, where, and how to rerun it)."""
-    import time
-
     return {
         "model": model, "model_source": src.label or src.path, "original_context": lm.config.max_position_embeddings,
         "methods": {c.method: c.to_dict() for c in configs}, "seed": seed, "dtype": dtype, "device": device,
