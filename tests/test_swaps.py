@@ -59,9 +59,56 @@ def test_alibi_slopes_as_in_press_et_al():
 
 
 def use_blocks(model, block: int | None) -> None:
-    """Force the blockwise path (query blocks of ``block``) or the shared full mask (None)."""
+    """Query blocks of ``block`` rows, and with a padding mask the blockwise path; None: one block
+    without padding, the shared full mask with it."""
     state = model.model.layers[0].self_attn._hf_posenc_alibi  # one state, shared by all layers
-    state.block, state.full_limit = (block, 0) if block else (1024, 2**28)
+    state.block, state.full_limit = (block, 0) if block else (10**6, 2**28)
+
+
+@pytest.mark.parametrize("family,block", [("llama", 16), ("qwen2", None), ("qwen3", 7), ("mistral", 256)])
+def test_alibi_without_padding_matches_the_reference(family, block):
+    """No padding mask: the bias is a strided view over one line per head, the keys reversed, the queries
+    in causal blocks (block sizes that divide the length, that do not, and one block)."""
+    model = hf_posenc.patch(sdpa_model(family), "alibi")
+    use_blocks(model, block)
+    x = ids(90, batch=2)
+    want = reference(model, x, slopes=alibi_slopes(model.config.num_attention_heads))
+    assert (logits(model, x) - want).abs().max().item() <= 1e-5
+
+
+class _Module:
+    is_causal = True
+
+
+@pytest.mark.parametrize("causal,past,block,kv_heads", [(True, 0, 5, 2), (True, 13, 4, 6), (True, 0, 64, 1),
+                                                         (False, 0, 5, 3)])
+def test_hankel_path_equals_the_full_mask_path_with_gradients(causal, past, block, kv_heads):
+    """Outputs and gradients of the two ALiBi paths agree: no mask (strided bias, reversed keys, causal
+    blocks) and an all-True padding mask (the explicit additive mask), with grouped heads and a cache."""
+    from hf_posenc.adapters.alibi_attention import STATE_ATTR, AlibiState, alibi_attention
+
+    torch.manual_seed(0)
+    h, q, d = 6, 23, 8
+    module = _Module()
+    state = AlibiState(alibi_slopes(h), block=block, causal=causal)
+    state.past = past
+    module.__dict__[STATE_ATTR] = state
+    inputs = [torch.randn(2, h, q, d), torch.randn(2, kv_heads, past + q, d), torch.randn(2, kv_heads, past + q, d)]
+    results = []
+    for mask in (None, torch.ones(2, 1, q, past + q, dtype=torch.bool)):
+        qkv = [t.clone().requires_grad_() for t in inputs]
+        out, _ = alibi_attention(module, *qkv, mask, scaling=d**-0.5)
+        out.square().sum().backward()
+        results.append([out] + [t.grad for t in qkv])
+    if causal:  # and both are ALiBi: written out here
+        pos_q, pos_k = torch.arange(past, past + q), torch.arange(past + q)
+        rel = (pos_q[:, None] - pos_k[None, :]).float()
+        k, v = (t.repeat_interleave(h // kv_heads, 1) for t in inputs[1:])
+        s = inputs[0] @ k.transpose(-1, -2) * d**-0.5 - alibi_slopes(h)[:, None, None] * rel
+        want = torch.softmax(s.masked_fill(rel < 0, float("-inf")), -1) @ v
+        assert (results[0][0].transpose(1, 2) - want).abs().max().item() <= 1e-5
+    for a, b in zip(*results):
+        assert (a - b).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("family,block", [("llama", 16), ("qwen2", None), ("qwen3", 7), ("mistral", None)])

@@ -1,16 +1,25 @@
-"""ALiBi through SDPA without a full ``[heads, L, L]`` mask: causal blocks with additive bias masks.
+"""ALiBi through SDPA without materialising a ``[heads, L, L]`` bias: a Hankel view and causal query blocks.
 
 Registered in transformers' attention and mask registries under the name ``hf_posenc_alibi`` (an
 added entry; no existing function or class changes). A patched model's own (isolated) config selects
 it through ``_attn_implementation``; every other model keeps its implementation.
 
-The additive mask -- the ALiBi bias ``-slope_h * (i - j)``, ``finfo.min`` where the causal or padding
-mask forbids -- is built once per forward call and shared by all layers (and kept for the next call
-when it has the same shape and no padding mask: repeated forwards and training steps reuse it). When
-``heads x q x k`` exceeds ``full_limit`` elements (long contexts: 12k tokens would need GBs), queries
-run in blocks instead, each reading only the keys up to its last position with a mask built for that
-block. Positions are those of the KV cache: query ``i`` of a call is at ``past + i``, key ``j`` at
-``j``, so cached decoding and left padding (masked keys) give the same scores as the full sequence.
+Without a padding mask (training on packed text, perplexity, cached decoding) the ALiBi bias
+``-slope_h * (p - j)`` of query position ``p`` and key ``j`` depends on ``p - j`` only. With the keys
+(and values) read in reverse order, ``j' = K - 1 - j``, it depends on ``p + j'`` only, so the whole
+``[heads, q, K]`` mask is an ``as_strided`` view with strides ``(n, 1, 1)`` over one line of ``n``
+values per head (``bias_line``): no ``L x L`` tensor is built or read from memory, and attention is
+unchanged by the order of its keys. Causal queries then run in blocks of ``block`` rows, each reading
+only the keys up to its last position, so the upper triangle that RoPE's causal kernel skips is
+skipped here too (within one block's diagonal square). Grouped-query heads go to SDPA as they are
+(``enable_gqa``) on CPU, repeated elsewhere.
+
+With a padding mask from the model, the additive mask -- the ALiBi bias, ``finfo.min`` where the
+causal or padding mask forbids -- is built once per forward call and shared by all layers (and
+reused while the mask and shapes stay the same). When ``heads x q x k`` exceeds ``full_limit``
+elements (long contexts: 12k tokens would need GBs), queries run in blocks with a mask built for
+each block. Positions are those of the KV cache: query ``i`` of a call is at ``past + i``, key ``j``
+at ``j``, so cached decoding and left padding (masked keys) give the same scores as the full sequence.
 """
 
 from __future__ import annotations
@@ -26,13 +35,21 @@ _registered = False
 class AlibiState:
     """Slopes, and the number of tokens already cached when the current forward call started."""
 
-    def __init__(self, slopes: torch.Tensor, block: int = 1024, full_limit: int = 2**28, causal: bool | None = None):
+    def __init__(self, slopes: torch.Tensor, block: int = 256, full_limit: int = 2**28, causal: bool | None = None):
         self.slopes = slopes
         self.causal = causal  # None: the attention module's own ``is_causal``
         self.block = block
         self.full_limit = full_limit
         self.past = 0
         self._mask = self._key = self._source = None
+        self._line = self._line_key = None
+
+    def line(self, k: int, n: int, dtype, device, causal: bool) -> torch.Tensor:
+        """``bias_line`` for this call, shared by all layers (and calls) of the same shape."""
+        key = (k, n, dtype, device, causal)
+        if self._line_key != key:
+            self._line, self._line_key = bias_line(self.slopes, k, n, dtype, device, causal), key
+        return self._line
 
     def full_mask(self, attention_mask, b: int, h: int, q: int, k: int, past: int, dtype, device,
                   causal: bool = True) -> torch.Tensor:
@@ -70,11 +87,13 @@ def alibi_attention(module, query, key, value, attention_mask, dropout: float = 
     """An attention function with transformers' signature: returns ``([batch, q, heads, dim], None)``."""
     state: AlibiState = module.__dict__[STATE_ATTR]
     b, h, q, _ = query.shape
-    key, value = _repeat(key, h // key.shape[1]), _repeat(value, h // value.shape[1])
     k_total = key.shape[2]
     past = state.past if state.past + q <= k_total else k_total - q
     device, dtype = query.device, query.dtype
     causal = state.causal if state.causal is not None else bool(getattr(module, "is_causal", True))
+    if attention_mask is None:
+        return _hankel_attention(state, query, key, value, past, causal, dropout, scaling), None
+    key, value = _repeat(key, h // key.shape[1]), _repeat(value, h // value.shape[1])
     if h * q * k_total <= state.full_limit:
         mask = state.full_mask(attention_mask, b, h, q, k_total, past, dtype, device, causal)
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
@@ -87,6 +106,41 @@ def alibi_attention(module, query, key, value, attention_mask, dropout: float = 
         outs.append(F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, :k_end], value[:, :, :k_end],
                                                    attn_mask=mask, dropout_p=dropout, scale=scaling))
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _hankel_attention(state: AlibiState, query, key, value, past: int, causal: bool, dropout: float, scaling):
+    """ALiBi attention with no padding mask: keys reversed, the bias a strided view of ``bias_line``."""
+    h, q, k_total = query.shape[1], query.shape[2], key.shape[2]
+    gqa = query.device.type == "cpu" and key.shape[1] != h
+    if not gqa:
+        key, value = _repeat(key, h // key.shape[1]), _repeat(value, h // value.shape[1])
+    key, value = key.flip(2), value.flip(2)  # key j now at j' = k_total - 1 - j
+    n = past + q + k_total - 1  # p + j' for every query position p and reversed key j'
+    line = state.line(k_total, n, query.dtype, query.device, causal)
+    block = state.block if causal else q
+    outs = []
+    for s in range(0, q, block):
+        e = min(q, s + block)
+        k_end = min(k_total, past + e) if causal else k_total  # causal: later keys are never read
+        first = k_total - k_end  # reversed index of key k_end - 1
+        mask = line.as_strided((1, h, e - s, k_end), (0, n, 1, 1), line.storage_offset() + past + s + first)
+        outs.append(F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, first:], value[:, :, first:],
+                                                   attn_mask=mask, dropout_p=dropout, scale=scaling,
+                                                   enable_gqa=gqa))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    return out.transpose(1, 2).contiguous()
+
+
+def bias_line(slopes, k: int, n: int, dtype, device, causal: bool = True) -> torch.Tensor:
+    """``[heads, n]``: entry ``u`` is the ALiBi bias of query position ``p`` and key ``j = k - 1 - j'`` for
+    every pair with ``p + j' = u``, i.e. ``-slope * (u - (k - 1))`` (``-slope * |u - (k - 1)|`` when not
+    causal); ``finfo.min`` for ``u < k - 1`` (a key after the query) when causal."""
+    rel = torch.arange(n, device=device) - (k - 1)  # = p - j
+    distance = rel.float() if causal else rel.abs().float()
+    bias = (slopes.to(device=device, dtype=torch.float32)[:, None] * -distance).to(dtype)
+    if causal:
+        bias = bias.masked_fill(rel < 0, torch.finfo(dtype).min)
+    return bias.contiguous()
 
 
 def block_mask(slopes, attention_mask, s: int, e: int, k_end: int, past: int, dtype, device,
