@@ -13,7 +13,7 @@ def list_methods() -> dict[str, dict[str, Any]]:
     the model families (``config.model_type``) it supports."""
     out = {}
     for name, spec in sorted(METHODS.items()):
-        families = [t for a in ADAPTERS if a.accepts(spec) for t in a.model_types]
+        families = [t for a in ADAPTERS for t in a.families(spec)]
         out[name] = {
             "aliases": list(spec.aliases),
             "summary": spec.summary,

@@ -168,7 +168,7 @@ def test_factor_below_one_names_the_value():
 
 
 def test_unknown_parameter_lists_allowed():
-    with pytest.raises(ValueError, match=r"does not take parameter\(s\) \['beta_fast'\]; it takes: high_freq_factor, low_freq_factor"):
+    with pytest.raises(ValueError, match=r"does not take parameter\(s\) \['beta_fast'\]; it takes: high_freq_factor, layer_types, low_freq_factor"):
         hf_posenc.patch(tiny_model("llama"), "llama3", factor=2.0, beta_fast=3)
 
 

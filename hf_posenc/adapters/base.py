@@ -120,6 +120,10 @@ class Adapter:
         """Whether this adapter takes the method ``spec``: by its kind, or by name as one of ``swaps``."""
         return spec.kind in self.kinds or spec.name in self.swaps
 
+    def families(self, spec) -> list[str]:
+        """The tested families (``model_types``) that take the method ``spec``."""
+        return list(self.model_types) if self.accepts(spec) else []
+
     def extra_weights(self, model: nn.Module) -> list[str]:
         """State-dict keys of weights the applied patch added (e.g. a learned position table): saved with
         the checkpoint, and loaded into the re-patched model by ``hf_posenc.from_pretrained``."""

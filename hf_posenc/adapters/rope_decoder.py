@@ -2,6 +2,13 @@
 decoder whose config carries flat ``rope_parameters`` and whose rotary module follows the standard
 layout (an ``inv_freq`` buffer, an ``attention_scaling`` factor and a ``rope_type``).
 
+Per-layer-type RoPE (Gemma 3, OLMo 3, ...: ``rope_parameters`` keyed by layer type, one rotary module
+holding ``{type}_inv_freq`` / ``{type}_attention_scaling`` and a ``rope_type`` dict): each type is a
+``RotarySlot`` with its own geometry. A scaling changes the types in its ``layer_types`` knob; by
+default only ``full_attention`` when the model also has other (sliding-window) types -- a window
+never sees a position past its width, so its RoPE has nothing to extend (Gemma 3's own long-context
+recipe scales the global layers only) -- else every type.
+
 How a patch works: the rotary module of *this instance* gets the new ``inv_freq`` and
 ``attention_scaling`` computed by ``hf_posenc.encodings.rope``; its ``rope_type`` is set to
 ``"default"`` so that transformers' own dynamic update stays out of the way. Methods whose
@@ -25,6 +32,7 @@ transformers reads the original length from ``max_position_embeddings``, so it s
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 import math
 from typing import Any
 
@@ -40,17 +48,42 @@ from .decoder_swaps import SWAPS, TABLE_NAME, apply_swap, resolve_swap
 logger = logging.getLogger(__name__)
 
 
-def rotary_modules(model: nn.Module) -> list[nn.Module]:
-    """The standard rotary-embedding modules inside ``model``."""
+@dataclass(frozen=True)
+class RotarySlot:
+    """One set of rotary frequencies: a standard module's own (``layer_type`` None) or those of one layer
+    type in a per-layer-type module (attributes ``{layer_type}_inv_freq``, ...)."""
+
+    module: nn.Module
+    layer_type: str | None = None
+
+    def attr(self, name: str) -> str:
+        return name if self.layer_type is None else f"{self.layer_type}_{name}"
+
+    def get(self, name: str) -> Any:
+        return getattr(self.module, self.attr(name))
+
+    def rope_parameters(self, config: Any) -> dict[str, Any]:
+        rp = config.rope_parameters
+        return rp if self.layer_type is None else rp[self.layer_type]
+
+
+def rotary_slots(model: nn.Module) -> list[RotarySlot]:
+    """The rotary frequency sets inside ``model``: standard modules, and each layer type of per-layer-type
+    modules."""
     found = []
     for m in model.modules():
         if isinstance(m._buffers.get("inv_freq"), torch.Tensor) and hasattr(m, "attention_scaling") and hasattr(m, "rope_type"):
-            found.append(m)
+            found.append(RotarySlot(m))
+        elif isinstance(getattr(m, "rope_type", None), dict) and getattr(m, "layer_types", None):
+            for lt in m.layer_types:
+                if isinstance(m._buffers.get(f"{lt}_inv_freq"), torch.Tensor) and hasattr(m, f"{lt}_attention_scaling"):
+                    found.append(RotarySlot(m, lt))
     return found
 
 
-def rope_geometry(hf_config: Any, original: int) -> R.RopeGeometry:
-    rp = hf_config.rope_parameters
+def rope_geometry(hf_config: Any, original: int, rp: dict[str, Any] | None = None) -> R.RopeGeometry:
+    """The geometry of the RoPE described by ``rp`` (default: the config's flat ``rope_parameters``)."""
+    rp = hf_config.rope_parameters if rp is None else rp
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     partial = rp.get("partial_rotary_factor", None) or getattr(hf_config, "partial_rotary_factor", None) or 1.0
     return R.RopeGeometry(base=float(rp["rope_theta"]), dim=int(head_dim * partial), original_max_position_embeddings=original)
@@ -99,20 +132,21 @@ class LengthAwareRope:
     context after having grown past it. Otherwise (LongRoPE) the short or long set is picked
     per call."""
 
-    def __init__(self, fn, geom: R.RopeGeometry, cfg: PosEncConfig, grow_only: bool):
-        self.fn, self.geom, self.cfg, self.grow_only = fn, geom, cfg, grow_only
+    def __init__(self, fn, geom: R.RopeGeometry, cfg: PosEncConfig, grow_only: bool, slot: RotarySlot):
+        self.fn, self.geom, self.cfg, self.grow_only, self.slot = fn, geom, cfg, grow_only, slot
         self.cached = geom.original_max_position_embeddings
         self.current: int | None = None  # seq_len the module's frequencies were computed for
 
     def _set(self, module: nn.Module, seq_len: int | None, device) -> None:
         inv_freq, attention = self.fn(self.geom, self.cfg.factor, self.cfg.params, seq_len=seq_len, device=device)
-        module.inv_freq = inv_freq.to(device=device, dtype=module.inv_freq.dtype)
-        module.attention_scaling = attention
+        name = self.slot.attr("inv_freq")
+        setattr(module, name, inv_freq.to(device=device, dtype=getattr(module, name).dtype))
+        setattr(module, self.slot.attr("attention_scaling"), attention)
         self.current = seq_len
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         position_ids = kwargs["position_ids"] if "position_ids" in kwargs else args[1]
-        device = module.inv_freq.device
+        device = self.slot.get("inv_freq").device
         seq_len = int(position_ids.max()) + 1
         L = self.geom.original_max_position_embeddings
         if self.grow_only:
@@ -130,52 +164,85 @@ class LengthAwareRope:
 
 class RopeDecoderAdapter(Adapter):
     name = "rope_decoder"
-    model_types = ("llama", "qwen2", "qwen3", "mistral")
+    model_types = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
+    layered_types = ("gemma3_text",)  # per-layer-type RoPE: scalings only, no swaps yet
     kinds = frozenset({"rope", "none"})
     swaps = SWAPS  # away from RoPE (the sinusoid is registered as an "absolute" method)
-    generic_note = "and other decoders with standard rotary embeddings and flat rope_parameters, found generically"
+    generic_note = ("and other decoders with standard rotary embeddings, flat or per-layer-type rope_parameters, "
+                    "found generically")
 
     def extra_weights(self, model: nn.Module) -> list[str]:
         return [k for k in model.state_dict() if f"{TABLE_NAME}." in k]
 
-    def matches(self, model: nn.Module) -> bool:
-        rp = getattr(model.config, "rope_parameters", None)
-        if not isinstance(rp, dict) or "rope_theta" not in rp:
-            return False
-        mods = rotary_modules(model)
-        return bool(mods) and all(isinstance(m.rope_type, str) for m in mods)
+    def families(self, spec) -> list[str]:
+        found = super().families(spec)
+        return [t for t in found if t not in self.layered_types] if spec.name in self.swaps else found
 
-    def _check_layout(self, model: nn.Module) -> list[nn.Module]:
+    def matches(self, model: nn.Module) -> bool:
+        try:
+            self._check_layout(model)
+        except ValueError:
+            return False
+        return True
+
+    def _check_layout(self, model: nn.Module) -> list[RotarySlot]:
         config = model.config
         rp = getattr(config, "rope_parameters", None)
-        if not isinstance(rp, dict) or "rope_theta" not in rp:
-            raise ValueError(
-                f"model_type={config.model_type!r} has no flat `rope_parameters` with a rope_theta "
-                f"(got {rp!r}); per-layer-type RoPE (e.g. Gemma 2/3 sliding/full) is not supported yet."
-            )
-        mods = rotary_modules(model)
-        if not mods:
+        slots = rotary_slots(model)
+        layered = [s for s in slots if s.layer_type is not None]
+        if not slots:
             raise ValueError(f"no rotary embedding module (with an inv_freq buffer) found in {type(model).__name__}.")
-        for m in mods:
-            if getattr(m, "config", config) is not config:
+        if layered and len(layered) != len(slots):
+            raise ValueError(f"{type(model).__name__} mixes per-layer-type and single rotary modules: not supported.")
+        for s in slots:
+            if getattr(s.module, "config", config) is not config:
                 raise ValueError(
-                    f"{type(m).__name__} uses a config other than the model's: composite models are not supported yet."
+                    f"{type(s.module).__name__} uses a config other than the model's: composite models are not supported yet."
                 )
-        return mods
+            params = s.rope_parameters(config) if isinstance(rp, dict) and (s.layer_type is None or s.layer_type in rp) else None
+            if not isinstance(params, dict) or "rope_theta" not in params:
+                where = "rope_parameters" if s.layer_type is None else f"rope_parameters[{s.layer_type!r}]"
+                raise ValueError(f"model_type={config.model_type!r}: {where} has no rope_theta (got {rp!r}).")
+        if not layered and not all(isinstance(s.module.rope_type, str) for s in slots):
+            raise ValueError(f"{type(slots[0].module).__name__} has an unexpected rope_type layout.")
+        return slots
 
-    def original_length(self, config: Any) -> int | None:
-        """The length the checkpoint was trained on: the scaling already recorded in its config, if any,
-        else ``max_position_embeddings``."""
-        rp = config.rope_parameters
+    def _selected(self, model: nn.Module, slots: list[RotarySlot], cfg: PosEncConfig) -> list[RotarySlot]:
+        """The slots a scaling changes: ``layer_types`` (default: see the module docstring)."""
+        wanted = cfg.params.get("layer_types")
+        if slots[0].layer_type is None:
+            if wanted is not None:
+                raise ValueError(f"layer_types={wanted!r}: model_type={model.config.model_type!r} has one RoPE for all "
+                                 "layers; layer_types applies to per-layer-type RoPE (Gemma 3, OLMo 3, ...). Omit it.")
+            return slots
+        types = [s.layer_type for s in slots]
+        if wanted is None:
+            wanted = ["full_attention"] if "full_attention" in types and len(set(types)) > 1 else sorted(set(types))
+        unknown = sorted(set(wanted) - set(types))
+        if unknown:
+            raise ValueError(f"layer_types has {unknown}, which this model does not have; its RoPE layer types: "
+                             f"{sorted(set(types))}.")
+        return [s for s in slots if s.layer_type in wanted]
+
+    def original_length(self, config: Any, rp: dict[str, Any] | None = None) -> int | None:
+        """The length the checkpoint was trained on: the scaling already recorded in ``rp`` (default: the
+        config's flat rope_parameters), if any, else ``max_position_embeddings``."""
+        rp = config.rope_parameters if rp is None else rp
         if rp.get("rope_type", "default") not in ("default", "dynamic") and rp.get("original_max_position_embeddings"):
             return int(rp["original_max_position_embeddings"])
         omp = getattr(config, "max_position_embeddings", None)
         return int(omp) if omp else None
 
     def resolve(self, model: nn.Module, cfg: PosEncConfig) -> PosEncConfig:
-        mods = self._check_layout(model)
+        slots = self._check_layout(model)
         config = model.config
-        recorded = self.original_length(config)
+        layered = slots[0].layer_type is not None
+        if layered and cfg.method in SWAPS:
+            raise ValueError(f"{cfg.method!r} (a family swap) on per-layer-type RoPE (model_type="
+                             f"{config.model_type!r}) is not supported yet; RoPE scalings are.")
+        selected = self._selected(model, slots, cfg) if cfg.spec.kind == "rope" else slots
+        rp0 = selected[0].rope_parameters(config)
+        recorded = self.original_length(config, rp0)
         L = cfg.original_max_position_embeddings
         if L is None:
             if recorded is None:
@@ -184,10 +251,10 @@ class RopeDecoderAdapter(Adapter):
                     "has no max_position_embeddings; pass original_max_position_embeddings=<trained context length>."
                 )
             L = recorded
-        elif recorded is not None and config.rope_parameters.get("rope_type", "default") not in ("default",) and L != recorded:
+        elif recorded is not None and rp0.get("rope_type", "default") not in ("default",) and L != recorded:
             raise ValueError(
                 f"original_max_position_embeddings={L} conflicts with the checkpoint, which records "
-                f"{recorded} as its original context (rope_type={config.rope_parameters.get('rope_type')!r}); "
+                f"{recorded} as its original context (rope_type={rp0.get('rope_type')!r}); "
                 f"omit it or pass {recorded}."
             )
         elif recorded is not None and L > recorded:
@@ -198,53 +265,67 @@ class RopeDecoderAdapter(Adapter):
             )
         if cfg.method in SWAPS:
             return resolve_swap(model, cfg, L)
-        geom = rope_geometry(config, L)
-        n = mods[0].inv_freq.shape[-1]
-        if n != geom.dim // 2:
-            raise ValueError(
-                f"{type(mods[0]).__name__} holds {n} frequencies but head_dim x partial_rotary_factor gives "
-                f"{geom.dim // 2}: unsupported rotary layout for model_type={config.model_type!r}."
-            )
         params = dict(cfg.params)
-        if cfg.method == "longrope":
-            half = geom.dim // 2
-            params["short_factor"] = list(params["short_factor"] or [1.0] * half)
-            params["long_factor"] = list(params["long_factor"] or [cfg.factor] * half)
-            for key in ("short_factor", "long_factor"):
-                if len(params[key]) != half:
-                    raise ValueError(f"{key} must have {half} entries (rotary dim / 2) for this model, got {len(params[key])}.")
-        if config.rope_parameters.get("rope_type", "default") != "default":
-            logger.warning(
-                "model already uses rope_type=%r; hf_posenc replaces it with %r computed from rope_theta=%s and "
-                "original context %d.", config.rope_parameters["rope_type"], cfg.method, geom.base, L,
-            )
+        if layered and cfg.spec.kind == "rope":
+            params["layer_types"] = sorted({s.layer_type for s in selected})
+        for s in selected:
+            geom = rope_geometry(config, L, s.rope_parameters(config))
+            n = s.get("inv_freq").shape[-1]
+            if n != geom.dim // 2:
+                raise ValueError(
+                    f"{type(s.module).__name__} holds {n} frequencies but head_dim x partial_rotary_factor gives "
+                    f"{geom.dim // 2}: unsupported rotary layout for model_type={config.model_type!r}."
+                )
+            if cfg.method == "longrope":
+                half = geom.dim // 2
+                params["short_factor"] = list(params["short_factor"] or [1.0] * half)
+                params["long_factor"] = list(params["long_factor"] or [cfg.factor] * half)
+                for key in ("short_factor", "long_factor"):
+                    if len(params[key]) != half:
+                        raise ValueError(f"{key} must have {half} entries (rotary dim / 2) for this model, "
+                                         f"got {len(params[key])}.")
+            old = s.rope_parameters(config).get("rope_type", "default")
+            if old != "default":
+                logger.warning(
+                    "model already uses rope_type=%r%s; hf_posenc replaces it with %r computed from rope_theta=%s and "
+                    "original context %d.", old, f" for {s.layer_type}" if s.layer_type else "", cfg.method,
+                    geom.base, L,
+                )
         return PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None, L, params)
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> bool:
-        mods = self._check_layout(model)
+        slots = self._check_layout(model)
         if cfg.method in SWAPS:
-            apply_swap(model, cfg, mods, record)
+            apply_swap(model, cfg, [s.module for s in slots], record)
             return False
         config = model.config
-        base_rp = dict(config.rope_parameters)
-        geom = rope_geometry(config, cfg.original_max_position_embeddings)
+        selected = self._selected(model, slots, cfg) if cfg.spec.kind == "rope" else slots
         fn = ROPE_FUNCTIONS[cfg.method]
-        for m in mods:
-            device, dtype = m.inv_freq.device, m.inv_freq.dtype
+        natives = {}
+        for s in selected:
+            m, base_rp = s.module, s.rope_parameters(config)
+            geom = rope_geometry(config, cfg.original_max_position_embeddings, base_rp)
+            device, dtype = s.get("inv_freq").device, s.get("inv_freq").dtype
             inv_freq, attention = fn(geom, cfg.factor, cfg.params, seq_len=None, device=device)
-            record.set_attr(m, "inv_freq", inv_freq.to(device=device, dtype=dtype))
-            if isinstance(m._buffers.get("original_inv_freq"), torch.Tensor):
-                record.set_attr(m, "original_inv_freq", inv_freq.clone().to(device=device, dtype=dtype))
-            record.set_attr(m, "attention_scaling", attention)
-            record.set_attr(m, "rope_type", "default")
+            record.set_attr(m, s.attr("inv_freq"), inv_freq.to(device=device, dtype=dtype))
+            if isinstance(m._buffers.get(s.attr("original_inv_freq")), torch.Tensor):
+                record.set_attr(m, s.attr("original_inv_freq"), inv_freq.clone().to(device=device, dtype=dtype))
+            record.set_attr(m, s.attr("attention_scaling"), attention)
             if cfg.method in DYNAMIC:
-                hook = LengthAwareRope(fn, geom, cfg, grow_only=cfg.method != "longrope")
+                hook = LengthAwareRope(fn, geom, cfg, grow_only=cfg.method != "longrope", slot=s)
                 record.add_hook(m.register_forward_pre_hook(hook, with_kwargs=True))
-        native = native_rope_parameters(cfg, geom, base_rp)
+            natives[s.layer_type] = native_rope_parameters(cfg, geom, base_rp)
+        for m in {id(s.module): s.module for s in selected}.values():  # transformers' dynamic update stays out
+            types = [s.layer_type for s in selected if s.module is m]
+            record.set_attr(m, "rope_type", "default" if types == [None] else {**m.rope_type, **dict.fromkeys(types, "default")})
         if cfg.method != "none":
             L = cfg.original_max_position_embeddings
             new_max = L if cfg.method == "dynamic_ntk" else int(math.ceil(cfg.factor * L))
             record.set_config("max_position_embeddings", new_max)
-        if native is not None and native != base_rp:
+        if any(n is None for n in natives.values()):
+            return False
+        base = config.rope_parameters
+        native = natives[None] if None in natives else {**base, **natives}
+        if native != base:
             record.set_config("rope_parameters", native)
-        return native is not None
+        return True

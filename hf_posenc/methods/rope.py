@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..encodings import rope as R
@@ -50,7 +51,24 @@ ROPE_FUNCTIONS = {}
 DYNAMIC = {"dynamic_ntk", "dynamic_yarn", "longrope"}
 
 
+def check_layer_types(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"layer_types must be a non-empty list of layer-type names (e.g. ['full_attention']), got "
+                         f"{value!r}.")
+
+
 def _add(spec: MethodSpec, fn) -> None:
+    if spec.kind == "rope":  # every scaling takes layer_types: which RoPE of a per-layer-type model it changes
+        own = spec.check
+
+        def check(factor: float, p: dict[str, Any]) -> None:
+            check_layer_types(p["layer_types"])
+            if own is not None:
+                own(factor, p)
+
+        spec = dataclasses.replace(spec, params={**spec.params, "layer_types": None}, check=check)
     register_method(spec)
     ROPE_FUNCTIONS[spec.name] = fn
 
