@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .adapters.base import text_config
 from .config import CONFIG_KEY
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -186,15 +187,17 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         pipeline_tag=pipeline_tag(model),
     )
     auto_class = type(model).__name__  # the class transformers builds it with (LlamaForCausalLM, BertModel, ...)
-    original = cfg.original_max_position_embeddings or block.get("original", {}).get("max_position_embeddings")
+    lm_config, prefix = text_config(model.config)
+    original = (cfg.original_max_position_embeddings
+                or block.get("original", {}).get(prefix + "max_position_embeddings"))
     card = ModelCard.from_template(
         data, template_path=template_path(),
         model_name=name, repo_id=repo_id or f"path/to/{name}", base_model=base.repo_id,
         method=cfg.method, method_summary=resolve_method(cfg.method).summary, factor=cfg.factor,
         params={k: v for k, v in cfg.params.items() if v is not None},
-        original_context=original, new_context=getattr(model.config, "max_position_embeddings", None),
+        original_context=original, new_context=getattr(lm_config, "max_position_embeddings", None),
         family=block.get("family"), native=bool(block.get("native")),
-        rope_parameters=getattr(model.config, "rope_parameters", None),
+        rope_parameters=getattr(lm_config, "rope_parameters", None),
         changes_weights=bool(block.get("changes_weights")), trained=trained, auto_class=auto_class,
         command=command or command_line(), environment=environment(), eval_sections=_eval_sections(reports),
         in_model_index=bool(results),

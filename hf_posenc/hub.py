@@ -64,9 +64,10 @@ def save_pretrained(model, save_directory: str, tokenizer=None, *, eval_results:
 
 def context_length(model) -> int | None:
     """Tokens the patched model takes: its learned table's positions, else ``max_position_embeddings``."""
+    from .adapters.base import text_config
     from .adapters.learned_absolute import table_positions
 
-    return table_positions(model) or getattr(model.config, "max_position_embeddings", None)
+    return table_positions(model) or getattr(text_config(model.config)[0], "max_position_embeddings", None)
 
 
 def save_tokenizer(tokenizer, save_directory: str, length: int | None) -> None:

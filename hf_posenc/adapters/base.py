@@ -46,12 +46,12 @@ class PatchRecord:
         self._undo.append(undo)
 
     def set_config(self, name: str, value: Any) -> None:
-        """Change one field of the model's (already isolated) config."""
-        cfg = self.model.config
+        """Change one field of the model's (already isolated) config; ``text_config.rope_parameters``
+        names a field of a sub-config (composite models)."""
+        owner, field = config_field(self.model.config, name)
         if name not in self.config_original:
-            old = getattr(cfg, name, None)
-            self.config_original[name] = copy.deepcopy(old)
-        self.set_attr(cfg, name, value)
+            self.config_original[name] = copy.deepcopy(getattr(owner, field, None))
+        self.set_attr(owner, field, value)
 
     def add_hook(self, handle: torch.utils.hooks.RemovableHandle) -> None:
         self._undo.append(handle.remove)
@@ -61,16 +61,21 @@ class PatchRecord:
 
     def isolate_config(self) -> None:
         """Give the model its own copy of its config, so that a patch never reaches another model
-        built from the same config object. Every submodule that held the old object gets the copy."""
+        built from the same config object. Every submodule that held the old object (or one of its
+        sub-configs: the language model of a composite model) gets the copy."""
         old = self.model.config
         new = copy.deepcopy(old)
-        holders = [m for m in self.model.modules() if getattr(m, "config", None) is old]
-        for m in holders:
-            m.config = new
+        pairs = {id(old): new}
+        for name in getattr(old, "sub_configs", None) or {}:
+            if getattr(old, name, None) is not None:
+                pairs[id(getattr(old, name))] = getattr(new, name)
+        holders = [(m, m.config) for m in self.model.modules() if id(getattr(m, "config", None)) in pairs]
+        for m, held in holders:
+            m.config = pairs[id(held)]
 
         def undo() -> None:
-            for m in holders:
-                m.config = old
+            for m, held in holders:
+                m.config = held
 
         self._undo.append(undo)
 
@@ -92,6 +97,28 @@ class PatchRecord:
             }
         )
         return data
+
+
+def config_field(config: Any, name: str) -> tuple[Any, str]:
+    """The config object that holds ``name`` and the field's own name: ``"text_config.rope_parameters"``
+    -> (config.text_config, "rope_parameters")."""
+    *path, field = name.split(".")
+    for part in path:
+        config = getattr(config, part)
+    return config, field
+
+
+def text_config(config: Any) -> tuple[Any, str]:
+    """The (sub-)config that describes the language model, and its path prefix from ``config``: ``(config,
+    "")`` for a plain model, ``(config.text_config, "text_config.")`` for a composite one (LLaVA, Gemma 3
+    with vision, ...)."""
+    getter = getattr(config, "get_text_config", None)
+    sub = getter(decoder=True) if callable(getter) else config
+    if sub is not config:
+        for name in getattr(config, "sub_configs", None) or {}:
+            if getattr(config, name, None) is sub:
+                return sub, f"{name}."
+    return config, ""
 
 
 def _module_attr(module: nn.Module, name: str) -> Any:
@@ -153,5 +180,6 @@ class Adapter:
         Default: the original fields recorded in the block are restored (the patch changes no weight
         shape, so the checkpoint's weights load into the original architecture)."""
         for key, value in (block.get("original") or {}).items():
-            setattr(hf_config, key, copy.deepcopy(value))
+            owner, field = config_field(hf_config, key)
+            setattr(owner, field, copy.deepcopy(value))
         return hf_config

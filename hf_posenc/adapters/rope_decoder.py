@@ -42,7 +42,7 @@ from torch import nn
 from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..methods.rope import DYNAMIC, ROPE_FUNCTIONS
-from .base import Adapter, PatchRecord
+from .base import Adapter, PatchRecord, text_config
 from .decoder_swaps import SWAPS, TABLE_NAME, apply_swap, resolve_swap
 
 logger = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ class RopeDecoderAdapter(Adapter):
         return True
 
     def _check_layout(self, model: nn.Module) -> list[RotarySlot]:
-        config = model.config
+        config, _ = text_config(model.config)
         rp = getattr(config, "rope_parameters", None)
         slots = rotary_slots(model)
         layered = [s for s in slots if s.layer_type is not None]
@@ -197,7 +197,8 @@ class RopeDecoderAdapter(Adapter):
         for s in slots:
             if getattr(s.module, "config", config) is not config:
                 raise ValueError(
-                    f"{type(s.module).__name__} uses a config other than the model's: composite models are not supported yet."
+                    f"{type(s.module).__name__} uses a config other than the model's language-model config: this "
+                    "layout is not supported."
                 )
             params = s.rope_parameters(config) if isinstance(rp, dict) and (s.layer_type is None or s.layer_type in rp) else None
             if not isinstance(params, dict) or "rope_theta" not in params:
@@ -235,11 +236,14 @@ class RopeDecoderAdapter(Adapter):
 
     def resolve(self, model: nn.Module, cfg: PosEncConfig) -> PosEncConfig:
         slots = self._check_layout(model)
-        config = model.config
+        config, prefix = text_config(model.config)
         layered = slots[0].layer_type is not None
         if layered and cfg.method in SWAPS:
             raise ValueError(f"{cfg.method!r} (a family swap) on per-layer-type RoPE (model_type="
                              f"{config.model_type!r}) is not supported yet; RoPE scalings are.")
+        if prefix and cfg.method in SWAPS:
+            raise ValueError(f"{cfg.method!r} (a family swap) on a composite model ({model.config.model_type!r} with "
+                             f"its language model in {prefix[:-1]}) is not supported yet; RoPE scalings are.")
         selected = self._selected(model, slots, cfg) if cfg.spec.kind == "rope" else slots
         rp0 = selected[0].rope_parameters(config)
         recorded = self.original_length(config, rp0)
@@ -298,7 +302,7 @@ class RopeDecoderAdapter(Adapter):
         if cfg.method in SWAPS:
             apply_swap(model, cfg, [s.module for s in slots], record)
             return False
-        config = model.config
+        config, prefix = text_config(model.config)
         selected = self._selected(model, slots, cfg) if cfg.spec.kind == "rope" else slots
         fn = ROPE_FUNCTIONS[cfg.method]
         natives = {}
@@ -321,11 +325,11 @@ class RopeDecoderAdapter(Adapter):
         if cfg.method != "none":
             L = cfg.original_max_position_embeddings
             new_max = L if cfg.method == "dynamic_ntk" else int(math.ceil(cfg.factor * L))
-            record.set_config("max_position_embeddings", new_max)
+            record.set_config(prefix + "max_position_embeddings", new_max)
         if any(n is None for n in natives.values()):
             return False
         base = config.rope_parameters
         native = natives[None] if None in natives else {**base, **natives}
         if native != base:
-            record.set_config("rope_parameters", native)
+            record.set_config(prefix + "rope_parameters", native)
         return True

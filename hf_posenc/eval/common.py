@@ -114,7 +114,9 @@ def original_context(model) -> int | None:
     cfg = get_config(model)
     if cfg is not None and cfg.original_max_position_embeddings:
         return cfg.original_max_position_embeddings
-    return getattr(model.config, "max_position_embeddings", None)
+    from ..adapters.base import text_config
+
+    return getattr(text_config(model.config)[0], "max_position_embeddings", None)
 
 
 def shared_setup(model: str, src, lm, configs: list[PosEncConfig], seed: int, dtype: str, device: str,
