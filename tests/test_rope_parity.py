@@ -121,6 +121,18 @@ def test_dynamic_yarn_follows_the_paper(family, length):
         assert mscale > 1.0  # the long case really scales
 
 
+def test_none_keeps_the_checkpoints_own_scaling():
+    """``none`` is the baseline: a checkpoint that already scales its RoPE (Llama 3.1) keeps that scaling."""
+    rp = {"rope_type": "llama3", "rope_theta": THETA, "factor": 8.0, "original_max_position_embeddings": 32,
+          "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    model = tiny_model("llama", rope_parameters=dict(rp))
+    x = ids(100)
+    before = logits(model, x)
+    hf_posenc.patch(model, "none")
+    assert torch.equal(logits(model, x), before)
+    assert model.config.rope_parameters == rp and model.config.max_position_embeddings == ORIGINAL
+
+
 def test_none_is_identity(family):
     model = tiny_model(family)
     x = ids(100)

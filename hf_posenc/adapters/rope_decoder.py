@@ -162,6 +162,52 @@ class LengthAwareRope:
                 self._set(module, want, device)
 
 
+def softmax_rescalers(model: nn.Module) -> list[tuple[nn.Module, Any]]:
+    """(attention module, its modeling file's ``yarn_apply_mscale``) for models whose attention scale depends on
+    the RoPE parameters. A module with such a function but without ``qk_head_dim`` and ``scaling`` is refused:
+    its scale could not be set as transformers sets it."""
+    import sys
+
+    found = []
+    for m in model.modules():
+        fn = getattr(sys.modules.get(type(m).__module__), "yarn_apply_mscale", None)
+        if fn is None or not type(m).__name__.endswith("Attention"):
+            continue
+        if not (hasattr(m, "qk_head_dim") and isinstance(getattr(m, "scaling", None), float)):
+            raise ValueError(f"{type(m).__name__} scales its attention from the RoPE parameters in a way hf_posenc "
+                             "does not know; this model is not supported yet.")
+        found.append((m, fn))
+    return found
+
+
+def native_mismatch(config: Any, changes: dict[str, Any], ours: dict[RotarySlot, tuple[torch.Tensor, float]]) -> str:
+    """Why transformers would not rebuild our frequencies from the config fields in ``changes`` ("" when it
+    would): the config is rebuilt as a reload from config.json rebuilds it (``from_dict``: its own
+    standardisation runs, e.g. Phi-3 turns ``yarn`` into ``longrope``), each patched rotary module is
+    built afresh from it, and its frequencies and attention scaling are compared with ours."""
+    data = {**config.to_dict(), **changes}
+    try:
+        rebuilt = type(config).from_dict(data)
+    except Exception as err:  # a config class that refuses the values: not native
+        return f"{type(config).__name__} does not accept them ({type(err).__name__}: {err})"
+    modules = {}
+    for slot, (inv_freq, attention) in ours.items():
+        cls = type(slot.module)
+        if cls not in modules:
+            try:
+                modules[cls] = cls(rebuilt)
+            except Exception as err:
+                return f"{cls.__name__} cannot be built from them ({type(err).__name__}: {err})"
+        fresh = modules[cls]
+        theirs = getattr(fresh, slot.attr("inv_freq")).float().cpu()
+        mine = inv_freq.float().cpu()
+        if theirs.shape != mine.shape or not bool(((theirs - mine).abs() <= 1e-6 * mine.abs() + 1e-12).all()):
+            return f"{cls.__name__} would compute other frequencies from them"
+        if not math.isclose(float(getattr(fresh, slot.attr("attention_scaling"))), float(attention), rel_tol=1e-6):
+            return f"{cls.__name__} would compute another attention scaling from them"
+    return ""
+
+
 class RopeDecoderAdapter(Adapter):
     name = "rope_decoder"
     model_types = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
@@ -241,6 +287,9 @@ class RopeDecoderAdapter(Adapter):
         if layered and cfg.method in SWAPS:
             raise ValueError(f"{cfg.method!r} (a family swap) on per-layer-type RoPE (model_type="
                              f"{config.model_type!r}) is not supported yet; RoPE scalings are.")
+        if cfg.method in SWAPS and softmax_rescalers(model):
+            raise ValueError(f"{cfg.method!r} (a family swap) on model_type={config.model_type!r}, whose attention scale "
+                             "depends on its RoPE parameters, is not supported yet; RoPE scalings are.")
         if prefix and cfg.method in SWAPS:
             raise ValueError(f"{cfg.method!r} (a family swap) on a composite model ({model.config.model_type!r} with "
                              f"its language model in {prefix[:-1]}) is not supported yet; RoPE scalings are.")
@@ -269,6 +318,8 @@ class RopeDecoderAdapter(Adapter):
             )
         if cfg.method in SWAPS:
             return resolve_swap(model, cfg, L)
+        if cfg.method == "none":  # the checkpoint as it is, its own scaling (Llama 3.1's, a YaRN config's) included
+            return PosEncConfig("none", None, L, dict(cfg.params))
         params = dict(cfg.params)
         if layered and cfg.spec.kind == "rope":
             params["layer_types"] = sorted({s.layer_type for s in selected})
@@ -302,10 +353,12 @@ class RopeDecoderAdapter(Adapter):
         if cfg.method in SWAPS:
             apply_swap(model, cfg, [s.module for s in slots], record)
             return False
+        if cfg.method == "none":
+            return True
         config, prefix = text_config(model.config)
         selected = self._selected(model, slots, cfg) if cfg.spec.kind == "rope" else slots
         fn = ROPE_FUNCTIONS[cfg.method]
-        natives = {}
+        natives, ours = {}, {}
         for s in selected:
             m, base_rp = s.module, s.rope_parameters(config)
             geom = rope_geometry(config, cfg.original_max_position_embeddings, base_rp)
@@ -319,17 +372,40 @@ class RopeDecoderAdapter(Adapter):
                 hook = LengthAwareRope(fn, geom, cfg, grow_only=cfg.method != "longrope", slot=s)
                 record.add_hook(m.register_forward_pre_hook(hook, with_kwargs=True))
             natives[s.layer_type] = native_rope_parameters(cfg, geom, base_rp)
+            ours[s] = (inv_freq, attention)
         for m in {id(s.module): s.module for s in selected}.values():  # transformers' dynamic update stays out
             types = [s.layer_type for s in selected if s.module is m]
             record.set_attr(m, "rope_type", "default" if types == [None] else {**m.rope_type, **dict.fromkeys(types, "default")})
+        changes = {}
         if cfg.method != "none":
             L = cfg.original_max_position_embeddings
-            new_max = L if cfg.method == "dynamic_ntk" else int(math.ceil(cfg.factor * L))
-            record.set_config(prefix + "max_position_embeddings", new_max)
+            changes["max_position_embeddings"] = L if cfg.method == "dynamic_ntk" else int(math.ceil(cfg.factor * L))
+            record.set_config(prefix + "max_position_embeddings", changes["max_position_embeddings"])
         if any(n is None for n in natives.values()):
             return False
         base = config.rope_parameters
-        native = natives[None] if None in natives else {**base, **natives}
-        if native != base:
-            record.set_config(prefix + "rope_parameters", native)
+        changes["rope_parameters"] = natives[None] if None in natives else {**base, **natives}
+        if hasattr(config, "original_max_position_embeddings"):  # Phi-3, DeepSeek-V3: transformers reads this one
+            changes["original_max_position_embeddings"] = cfg.original_max_position_embeddings
+        if hasattr(config, "head_dim") and config.head_dim is None:  # (Mixtral) transformers' scaled types read it
+            changes["head_dim"] = config.hidden_size // config.num_attention_heads
+        reason = native_mismatch(config, changes, ours)
+        if reason:
+            logger.warning("%s is not saved as native rope_parameters for model_type=%r: %s; hf_posenc.from_pretrained "
+                           "re-applies it.", cfg.method, config.model_type, reason)
+            self._rescale_softmax(model, {}, record)
+            return False
+        self._rescale_softmax(model, changes["rope_parameters"], record)
+        for name, value in changes.items():
+            if name != "max_position_embeddings" and value != getattr(config, name, None):
+                record.set_config(prefix + name, value)
         return True
+
+    @staticmethod
+    def _rescale_softmax(model: nn.Module, rope_parameters: dict[str, Any], record: PatchRecord) -> None:
+        """Attention modules whose softmax scale transformers derives from ``rope_parameters`` at build time
+        (DeepSeek-V2/V3 and other MLA models: YaRN's ``mscale_all_dim`` squared) get the scale transformers
+        would give them for the new parameters; ``{}`` (not native: our frequencies carry the whole
+        temperature) gives the plain ``qk_head_dim ** -0.5``."""
+        for m, fn in softmax_rescalers(model):
+            record.set_attr(m, "scaling", fn(rope_parameters, m.qk_head_dim ** (-0.5)))

@@ -1,0 +1,100 @@
+"""Decoders outside the tested list, found by their rotary layout: YaRN x2 saved and loaded back. Where the
+block says native, plain transformers must rebuild the same logits from config.json; where it does not
+(transformers would read the parameters otherwise), hf_posenc.from_pretrained must. Plus the families
+whose config needs care: Phi-3 (turns "yarn" into "longrope", keeps its own original length), Mixtral
+(head_dim None), DeepSeek-V3 (attention scale derived from YaRN's mscale_all_dim)."""
+
+import logging
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import hf_posenc
+from conftest import ORIGINAL, ids
+
+SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=ORIGINAL, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+EXTRA = {
+    "deepseek_v3": dict(num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, kv_lora_rank=16,
+                        q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        first_k_dense_replace=1, n_group=1, topk_group=1),
+}
+GENERIC = ["gemma", "gemma2", "phi", "phi3", "stablelm", "gpt_neox", "granite", "olmo", "cohere", "cohere2",
+           "starcoder2", "glm", "glm4", "qwen2_moe", "qwen3_moe", "mixtral", "falcon", "persimmon", "nemotron",
+           "smollm3", "exaone4", "ernie4_5", "seed_oss", "arcee", "apertus", "granitemoe", "gpt_oss",
+           "deepseek_v3"]
+
+
+def build(model_type, seed=0, **overrides):
+    cfg = AutoConfig.for_model(model_type, **{**SMALL, **EXTRA.get(model_type, {}), **overrides})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def out(model, x):
+    return model(x).logits
+
+
+@pytest.mark.parametrize("model_type", GENERIC)
+def test_generic_family_yarn_saves_and_loads_back(model_type, tmp_path):
+    model = build(model_type)
+    x = ids(150) % 90 + 3
+    before = out(model, x)
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    got = out(model, x)
+    assert (got - before).abs().max().item() > 1e-6  # it changed the model
+    model.save_pretrained(tmp_path)
+    if model.config.hf_posenc["native"]:
+        again = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
+        assert again.config.rope_parameters["rope_type"] == "yarn"
+    else:
+        again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32, attn_implementation="eager").eval()
+    assert (out(again, x) - got).abs().max().item() <= 1e-5
+    hf_posenc.unpatch(model)
+    assert torch.equal(out(model, x), before)
+
+
+def test_phi3_yarn_is_not_written_natively_and_longrope_is(tmp_path, caplog):
+    model = build("phi3")  # Phi3Config keeps original_max_position_embeddings (4096) outside rope_parameters
+    with caplog.at_level(logging.WARNING):
+        hf_posenc.patch(model, "yarn", factor=2.0)
+    assert not model.config.hf_posenc["native"] and "Phi3Config does not accept them" in caplog.text
+    assert model.config.rope_parameters["rope_type"] == "default"  # plain transformers would run longrope
+    hf_posenc.patch(model, "longrope", factor=2.0)
+    assert model.config.hf_posenc["native"]
+    assert model.config.original_max_position_embeddings == ORIGINAL  # the value transformers reads
+    x = ids(150) % 90 + 3
+    model.save_pretrained(tmp_path)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
+    assert (out(plain, x) - out(model, x)).abs().max().item() <= 1e-5
+
+
+def test_mixtral_gets_an_explicit_head_dim_so_that_transformers_can_load_yarn():
+    model = build("mixtral")
+    assert model.config.head_dim is None
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    assert model.config.hf_posenc["native"] and model.config.head_dim == 16
+
+
+@pytest.mark.parametrize("knobs", [{}, {"mscale": 1.0, "mscale_all_dim": 1.0}])
+def test_deepseek_attention_scale_follows_mscale_all_dim(knobs):
+    model = build("deepseek_v3")
+    attn = model.model.layers[0].self_attn
+    base = attn.scaling
+    hf_posenc.patch(model, "yarn", factor=4.0, **knobs)
+    if knobs:  # softmax scale * mscale(s, mscale_all_dim)^2, with mscale = 0.1 ln s + 1 (DeepSeek-V2's YaRN)
+        assert attn.scaling == pytest.approx(base * (0.1 * torch.log(torch.tensor(4.0)).item() + 1.0) ** 2, rel=1e-6)
+    else:
+        assert attn.scaling == base
+    native = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32).eval()
+    native.load_state_dict(model.state_dict())
+    assert native.model.layers[0].self_attn.scaling == attn.scaling
+    x = ids(150) % 90 + 3
+    assert (out(native, x) - out(model, x)).abs().max().item() <= 1e-5
+    hf_posenc.unpatch(model)
+    assert attn.scaling == base
+    with pytest.raises(ValueError, match="attention scale depends on its RoPE parameters"):
+        hf_posenc.patch(model, "alibi")
