@@ -1,4 +1,4 @@
-"""Decoders outside the tested list, found by their rotary layout: YaRN x2 saved and loaded back. Where the
+"""Decoders outside the tested list, found by their rotary layout: each RoPE scaling x2 saved and loaded back. Where the
 block says native, plain transformers must rebuild the same logits from config.json; where it does not
 (transformers would read the parameters otherwise), hf_posenc.from_pretrained must. Plus the families
 whose config needs care: Phi-3 (turns "yarn" into "longrope", keeps its own original length), Mixtral
@@ -38,18 +38,19 @@ def out(model, x):
     return model(x).logits
 
 
+@pytest.mark.parametrize("method", ["yarn", "pi", "ntk", "dynamic_ntk", "llama3", "longrope"])
 @pytest.mark.parametrize("model_type", GENERIC)
-def test_generic_family_yarn_saves_and_loads_back(model_type, tmp_path):
+def test_generic_family_saves_and_loads_back(model_type, method, tmp_path):
     model = build(model_type)
     x = ids(150) % 90 + 3
     before = out(model, x)
-    hf_posenc.patch(model, "yarn", factor=2.0)
+    hf_posenc.patch(model, method, factor=2.0)
     got = out(model, x)
     assert (got - before).abs().max().item() > 1e-6  # it changed the model
     model.save_pretrained(tmp_path)
     if model.config.hf_posenc["native"]:
         again = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
-        assert again.config.rope_parameters["rope_type"] == "yarn"
+        assert again.config.rope_parameters == model.config.rope_parameters
     else:
         again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32, attn_implementation="eager").eval()
     assert (out(again, x) - got).abs().max().item() <= 1e-5
