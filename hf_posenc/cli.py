@@ -40,7 +40,8 @@ def _common(p: argparse.ArgumentParser, default_methods: str) -> None:
     g.add_argument("--factor", type=float, default=2.0,
                    help="context-extension factor for every method that takes one.")
     g.add_argument("--method-param", action="append", metavar="[METHOD.]KEY=VALUE",
-                   help="a method knob, e.g. beta_fast=16 (every method that takes it) or yarn.beta_fast=16; repeatable.")
+                   help="a method knob, e.g. beta_fast=16 (every method that takes it) or yarn.beta_fast=16; values "
+                        "are read as JSON, e.g. 'layer_types=[\"full_attention\"]' (per-layer-type RoPE); repeatable.")
     g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16.")
     g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda.")
     g.add_argument("--attn-implementation", default=None,
@@ -140,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--original-max-position-embeddings", type=int, default=None,
                    help="the context the model was trained for, when its config does not say it right.")
     g.add_argument("--method-param", action="append", metavar="KEY=VALUE",
-                   help="a knob of the method, e.g. beta_fast=16; repeatable.")
+                   help="a knob of the method, e.g. beta_fast=16 or 'layer_types=[\"full_attention\"]' (values are "
+                        "read as JSON); repeatable.")
     g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (also the dtype saved).")
     g.add_argument("--device", default="cpu", help="torch device for the evaluation.")
     g.add_argument("--output", required=True, help="folder to save the patched checkpoint, tokenizer and model card in.")
