@@ -85,3 +85,23 @@ def tiny_checkpoint(tmp_path_factory, bert_tokenizer):
     AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=bert_tokenizer.vocab_size)).save_pretrained(out)
     bert_tokenizer.save_pretrained(out)
     return str(out)
+
+
+def load_real(alias: str, **kwargs):
+    """A real installed model (``hf_posenc.models`` alias) in fp32, eval mode, with its own tokenizer."""
+    import hf_posenc
+    from transformers import AutoTokenizer
+
+    from hf_posenc.models import resolve_source
+
+    model = hf_posenc.from_pretrained(alias, dtype=torch.float32, **kwargs).eval()
+    src = resolve_source(alias)
+    return model, AutoTokenizer.from_pretrained(src.path, **src.kwargs)
+
+
+def book_tokens(tok, name: str, n: int, start: int = 0):
+    """The first ``n`` tokens of a shared book from character ``start`` on (a [1, n] tensor)."""
+    text = open(book_path(name), encoding="utf-8").read()
+    ids = tok(text[start : start + 40 * n], return_tensors="pt").input_ids[:, :n]
+    assert ids.shape[1] == n, f"{name} gave {ids.shape[1]} tokens, {n} asked"
+    return ids

@@ -6,11 +6,10 @@ import importlib.util
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 import hf_posenc
-from hf_posenc.models import resolve_source
-from conftest import book_path
+from conftest import book_tokens, load_real
 
 pytestmark = [
     pytest.mark.real_model,
@@ -21,19 +20,12 @@ N_TOKENS = 2304
 
 @pytest.fixture(scope="module")
 def smollm2():
-    model = hf_posenc.from_pretrained("smollm2-135m", dtype=torch.float32).eval()
-    src = resolve_source("smollm2-135m")
-    tok = AutoTokenizer.from_pretrained(src.path, **src.kwargs)
-    return model, tok
+    return load_real("smollm2-135m")
 
 
 @pytest.fixture(scope="module")
 def book_ids(smollm2):
-    _, tok = smollm2
-    text = open(book_path("pg84.txt"), encoding="utf-8").read()
-    ids = tok(text[:60_000], return_tensors="pt").input_ids[:, :N_TOKENS]
-    assert ids.shape[1] == N_TOKENS
-    return ids
+    return book_tokens(smollm2[1], "pg84.txt", N_TOKENS)
 
 
 def test_real_config_is_read(smollm2):

@@ -10,12 +10,11 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.encodings.alibi import alibi_slopes
-from hf_posenc.models import resolve_source
-from conftest import book_path
+from conftest import book_tokens, load_real
 
 pytestmark = [
     pytest.mark.real_model,
@@ -28,19 +27,12 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def qwen():
-    model = hf_posenc.from_pretrained("qwen2.5-coder-0.5b", dtype=torch.float32, attn_implementation="sdpa").eval()
-    src = resolve_source("qwen2.5-coder-0.5b")
-    tok = AutoTokenizer.from_pretrained(src.path, **src.kwargs)
-    return model, tok
+    return load_real("qwen2.5-coder-0.5b", attn_implementation="sdpa")
 
 
 @pytest.fixture(scope="module")
 def text_ids(qwen):
-    _, tok = qwen
-    text = open(book_path("pg1342.txt"), encoding="utf-8").read()
-    ids = tok(text[20_000:40_000], return_tensors="pt").input_ids[:, :1024]
-    assert ids.shape[1] == 1024
-    return ids
+    return book_tokens(qwen[1], "pg1342.txt", 1024, start=20_000)
 
 
 def test_real_qwen_config_is_read(qwen):
