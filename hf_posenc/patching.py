@@ -24,6 +24,9 @@ def get_config(model: nn.Module) -> PosEncConfig | None:
 
 def _apply(model: nn.Module, cfg: PosEncConfig) -> None:
     adapter = find_adapter(model, cfg.spec)
+    if cfg.params.get("layer_types") is not None and not adapter.takes_layer_types():
+        raise ValueError(f"layer_types={cfg.params['layer_types']!r}: it applies to decoders with per-layer-type RoPE "
+                         f"(Gemma 3, OLMo 3, ...); model_type={model.config.model_type!r} has none. Omit it.")
     resolved = adapter.resolve(model, cfg)
     record = PatchRecord(model, resolved, adapter)
     try:

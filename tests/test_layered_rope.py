@@ -154,3 +154,40 @@ def test_other_per_layer_type_decoders_are_found_generically():
     ref.load_state_dict(model.state_dict())
     assert (logits(model, ids(150)) - logits(ref, ids(150))).abs().max().item() <= 1e-5
     assert model.config.rope_parameters["sliding_attention"] == base["sliding_attention"]
+
+
+def test_nope_on_the_global_layers_only(tmp_path):
+    """Interleaved RoPE/NoPE (as Llama 4 and Command A do): nope on a per-layer-type model removes RoPE from
+    layer_types (default: the global layers). Reference: transformers' own model with the rotary output of
+    the global type replaced by cos = 1, sin = 0 (no rotation), the sliding layers untouched."""
+    model = gemma()
+    x = ids(150)
+    before = logits(model, x)
+    hf_posenc.patch(model, "nope")
+    assert hf_posenc.get_config(model).params["layer_types"] == ["full_attention"]
+    ref = native_clone(model)
+
+    def no_rotation(module, args, kwargs, output):
+        if kwargs.get("layer_type", args[2] if len(args) > 2 else None) == "full_attention":
+            cos, sin = output
+            return torch.ones_like(cos), torch.zeros_like(sin)
+        return output
+
+    ref.model.rotary_emb.register_forward_hook(no_rotation, with_kwargs=True)
+    assert (logits(model, x) - logits(ref, x)).abs().max().item() <= 1e-5
+    assert (logits(model, x) - before).abs().max().item() > 1e-4
+    model.save_pretrained(tmp_path)
+    again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32, attn_implementation="eager").eval()
+    assert (logits(again, x) - logits(model, x)).abs().max().item() <= 1e-6
+    hf_posenc.unpatch(model)
+    assert torch.equal(logits(model, x), before)
+    hf_posenc.patch(model, "nope", layer_types=["full_attention", "sliding_attention"])  # every layer
+    everywhere = native_clone(model)
+    everywhere.model.rotary_emb.register_forward_hook(
+        lambda m, a, k, out: (torch.ones_like(out[0]), torch.zeros_like(out[1])), with_kwargs=True)
+    assert (logits(model, x) - logits(everywhere, x)).abs().max().item() <= 1e-5
+    assert "gemma3_text" in hf_posenc.list_methods()["nope"]["families"]
+    with pytest.raises(ValueError, match="applies to decoders with per-layer-type RoPE .*model_type='bert' has none"):
+        hf_posenc.patch(AutoModelForCausalLM.from_config(AutoConfig.for_model(
+            "bert", vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+            is_decoder=True)), "nope", layer_types=["full_attention"])

@@ -147,6 +147,10 @@ class Adapter:
         """Whether this adapter takes the method ``spec``: by its kind, or by name as one of ``swaps``."""
         return spec.kind in self.kinds or spec.name in self.swaps
 
+    def takes_layer_types(self) -> bool:
+        """Whether the ``layer_types`` knob can mean something for this adapter's models (per-layer-type RoPE)."""
+        return False
+
     def families(self, spec) -> list[str]:
         """The tested families (``model_types``) that take the method ``spec``."""
         return list(self.model_types) if self.accepts(spec) else []

@@ -211,7 +211,7 @@ def native_mismatch(config: Any, changes: dict[str, Any], ours: dict[RotarySlot,
 class RopeDecoderAdapter(Adapter):
     name = "rope_decoder"
     model_types = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
-    layered_types = ("gemma3_text",)  # per-layer-type RoPE: scalings only, no swaps yet
+    layered_types = ("gemma3_text",)  # per-layer-type RoPE: scalings and nope, no other swap yet
     kinds = frozenset({"rope", "none"})
     swaps = SWAPS  # away from RoPE (the sinusoid is registered as an "absolute" method)
     generic_note = ("and other decoders with standard rotary embeddings, flat or per-layer-type rope_parameters, "
@@ -220,9 +220,14 @@ class RopeDecoderAdapter(Adapter):
     def extra_weights(self, model: nn.Module) -> list[str]:
         return [k for k in model.state_dict() if f"{TABLE_NAME}." in k]
 
+    def takes_layer_types(self) -> bool:
+        return True
+
     def families(self, spec) -> list[str]:
         found = super().families(spec)
-        return [t for t in found if t not in self.layered_types] if spec.name in self.swaps else found
+        if spec.name in self.swaps and spec.name != "nope":  # per-layer-type models: nope only, of the swaps
+            return [t for t in found if t not in self.layered_types]
+        return found
 
     def matches(self, model: nn.Module) -> bool:
         try:
@@ -254,6 +259,11 @@ class RopeDecoderAdapter(Adapter):
             raise ValueError(f"{type(slots[0].module).__name__} has an unexpected rope_type layout.")
         return slots
 
+    @staticmethod
+    def _per_type(cfg: PosEncConfig) -> bool:
+        """Whether ``cfg`` changes chosen layer types only (``layer_types``): the scalings and ``nope``."""
+        return cfg.spec.kind == "rope" or cfg.method == "nope"
+
     def _selected(self, model: nn.Module, slots: list[RotarySlot], cfg: PosEncConfig) -> list[RotarySlot]:
         """The slots a scaling changes: ``layer_types`` (default: see the module docstring)."""
         wanted = cfg.params.get("layer_types")
@@ -284,16 +294,16 @@ class RopeDecoderAdapter(Adapter):
         slots = self._check_layout(model)
         config, prefix = text_config(model.config)
         layered = slots[0].layer_type is not None
-        if layered and cfg.method in SWAPS:
+        if layered and cfg.method in SWAPS and cfg.method != "nope":
             raise ValueError(f"{cfg.method!r} (a family swap) on per-layer-type RoPE (model_type="
-                             f"{config.model_type!r}) is not supported yet; RoPE scalings are.")
+                             f"{config.model_type!r}) is not supported yet; RoPE scalings and nope are.")
         if cfg.method in SWAPS and softmax_rescalers(model):
             raise ValueError(f"{cfg.method!r} (a family swap) on model_type={config.model_type!r}, whose attention scale "
                              "depends on its RoPE parameters, is not supported yet; RoPE scalings are.")
         if prefix and cfg.method in SWAPS:
             raise ValueError(f"{cfg.method!r} (a family swap) on a composite model ({model.config.model_type!r} with "
                              f"its language model in {prefix[:-1]}) is not supported yet; RoPE scalings are.")
-        selected = self._selected(model, slots, cfg) if cfg.spec.kind == "rope" else slots
+        selected = self._selected(model, slots, cfg) if self._per_type(cfg) else slots
         rp0 = selected[0].rope_parameters(config)
         recorded = self.original_length(config, rp0)
         L = cfg.original_max_position_embeddings
@@ -317,7 +327,10 @@ class RopeDecoderAdapter(Adapter):
                 f"{recorded} or omit it."
             )
         if cfg.method in SWAPS:
-            return resolve_swap(model, cfg, L)
+            resolved = resolve_swap(model, cfg, L)
+            if layered:  # nope: the chosen types, recorded explicitly
+                resolved.params["layer_types"] = sorted({s.layer_type for s in selected})
+            return resolved
         if cfg.method == "none":  # the checkpoint as it is, its own scaling (Llama 3.1's, a YaRN config's) included
             return PosEncConfig("none", None, L, dict(cfg.params))
         params = dict(cfg.params)
@@ -350,13 +363,23 @@ class RopeDecoderAdapter(Adapter):
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> bool:
         slots = self._check_layout(model)
+        if cfg.method == "nope" and slots[0].layer_type is not None:
+            for s in self._selected(model, slots, cfg):  # these types rotate by nothing: cos 1, sin 0
+                zero = torch.zeros_like(s.get("inv_freq"))
+                record.set_attr(s.module, s.attr("inv_freq"), zero)
+                if isinstance(s.module._buffers.get(s.attr("original_inv_freq")), torch.Tensor):
+                    record.set_attr(s.module, s.attr("original_inv_freq"), zero.clone())
+                record.set_attr(s.module, s.attr("attention_scaling"), 1.0)
+                record.set_attr(s.module, "rope_type", {**s.module.rope_type, s.layer_type: "default"})
+            apply_swap(model, cfg, [], record)  # (max_position_embeddings, if given)
+            return False
         if cfg.method in SWAPS:
             apply_swap(model, cfg, [s.module for s in slots], record)
             return False
         if cfg.method == "none":
             return True
         config, prefix = text_config(model.config)
-        selected = self._selected(model, slots, cfg) if cfg.spec.kind == "rope" else slots
+        selected = self._selected(model, slots, cfg) if self._per_type(cfg) else slots
         fn = ROPE_FUNCTIONS[cfg.method]
         natives, ours = {}, {}
         for s in selected:

@@ -87,6 +87,15 @@ def resolve_params(spec: MethodSpec, factor: float, params: dict[str, Any]) -> d
     return out
 
 
+def check_layer_types(value: Any) -> None:
+    """``layer_types`` (RoPE scalings, ``nope``): None, or the layer types of a per-layer-type RoPE model."""
+    if value is None:
+        return
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"layer_types must be a non-empty list of layer-type names (e.g. ['full_attention']), got "
+                         f"{value!r}.")
+
+
 def positive_number(name: str, value: Any, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from ..encodings import rope as R
-from . import MethodSpec, positive_number, register_method
+from . import MethodSpec, check_layer_types, positive_number, register_method
 
 
 def _check_yarn(factor: float, p: dict[str, Any]) -> None:
@@ -49,14 +49,6 @@ def _check_longrope(factor: float, p: dict[str, Any]) -> None:
 ROPE_FUNCTIONS = {}
 # Methods whose frequencies depend on the current sequence length (recomputed in the forward pass).
 DYNAMIC = {"dynamic_ntk", "dynamic_yarn", "longrope"}
-
-
-def check_layer_types(value: Any) -> None:
-    if value is None:
-        return
-    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v for v in value):
-        raise ValueError(f"layer_types must be a non-empty list of layer-type names (e.g. ['full_attention']), got "
-                         f"{value!r}.")
 
 
 def _add(spec: MethodSpec, fn) -> None:

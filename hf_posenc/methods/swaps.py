@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import MethodSpec, positive_number, register_method
+from . import MethodSpec, check_layer_types, positive_number, register_method
 from .absolute import check_sinusoid
 
 
@@ -15,6 +15,7 @@ def _check_length(factor: float, p: dict[str, Any]) -> None:
         raise ValueError(f"max_position_embeddings must be a positive integer (or None: unchanged), got {n!r}.")
     if "base" in p:
         positive_number("base", p["base"])
+    check_layer_types(p.get("layer_types"))
 
 
 # ``max_position_embeddings``: the length the swapped model advertises, and sizes the buffers of models
@@ -24,8 +25,9 @@ register_method(MethodSpec(
     "added to attention scores.", uses_factor=False, params={"max_position_embeddings": None}, check=_check_length))
 register_method(MethodSpec(
     "nope", "swap", "No positional encoding: the model's positions removed (for decoders, causal attention alone "
-    "orders the tokens).", aliases=("no_pos", "none_pos"), uses_factor=False,
-    params={"max_position_embeddings": None}, check=_check_length))
+    "orders the tokens); on per-layer-type RoPE, from layer_types only (default: the global layers, as "
+    "interleaved RoPE/NoPE models do).", aliases=("no_pos", "none_pos"), uses_factor=False,
+    params={"max_position_embeddings": None, "layer_types": None}, check=_check_length))
 register_method(MethodSpec(
     "rope", "swap", "RoPE (Su et al. 2021) on queries and keys of self-attention, in place of an encoder's learned "
     "table or relative buckets.", aliases=("rotary",), uses_factor=False,
