@@ -32,15 +32,27 @@ STATE_ATTR = "_hf_posenc_alibi"  # per attention module: the AlibiState of its m
 _registered = False
 
 
-class AlibiState:
-    """Slopes, and the number of tokens already cached when the current forward call started."""
+class CacheOffset:
+    """The number of tokens already cached when the current forward call started (``past``), read by a
+    pre-hook on the model body: query ``t`` of the call is at position ``past + t``."""
+
+    def __init__(self) -> None:
+        self.past = 0
+
+    def body_hook(self, module, args, kwargs) -> None:
+        cache = kwargs.get("past_key_values")
+        self.past = cache.get_seq_length() if cache is not None else 0
+
+
+class AlibiState(CacheOffset):
+    """Slopes, and the cache offset of the current forward call."""
 
     def __init__(self, slopes: torch.Tensor, block: int = 256, full_limit: int = 2**28, causal: bool | None = None):
+        super().__init__()
         self.slopes = slopes
         self.causal = causal  # None: the attention module's own ``is_causal``
         self.block = block
         self.full_limit = full_limit
-        self.past = 0
         self._mask = self._key = self._source = None
         self._line = self._line_key = None
 
@@ -60,10 +72,6 @@ class AlibiState:
         self._mask = block_mask(self.slopes, attention_mask, 0, q, k, past, dtype, device, causal)
         self._key, self._source = key, attention_mask
         return self._mask
-
-    def body_hook(self, module, args, kwargs) -> None:
-        cache = kwargs.get("past_key_values")
-        self.past = cache.get_seq_length() if cache is not None else 0
 
     def eager_layer_hook(self, module, args, kwargs):
         """For eager attention (a causal decoder layer's pre-hook): its attention mask becomes the shared
@@ -171,15 +179,17 @@ def check_attention(model) -> str:
     return impl
 
 
-def select(model, record, state: AlibiState, attention_modules) -> None:
-    """This instance's (isolated) config selects ``hf_posenc_alibi``, each attention module gets ``state``;
-    both recorded so that ``unpatch`` restores them."""
+def select(model, record, state: CacheOffset, attention_modules, name: str | None = None,
+           state_attr: str = STATE_ATTR) -> None:
+    """This instance's (isolated) config selects the registered attention function ``name`` (default
+    ``hf_posenc_alibi``), each attention module gets ``state`` as ``state_attr``; both recorded so that
+    ``unpatch`` restores them."""
     config = model.config
     old = config._attn_implementation
-    config._attn_implementation = register()
+    config._attn_implementation = name or register()
     record.on_undo(lambda: setattr(config, "_attn_implementation", old))
     for m in attention_modules:
-        record.set_attr(m, STATE_ATTR, state)
+        record.set_attr(m, state_attr, state)
 
 
 def register() -> str:

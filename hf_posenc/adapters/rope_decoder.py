@@ -43,7 +43,8 @@ from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..methods.rope import DYNAMIC, ROPE_FUNCTIONS
 from .base import Adapter, PatchRecord, text_config
-from .decoder_swaps import SWAPS, TABLE_NAME, apply_swap, resolve_swap
+from .alibi_attention import check_attention, select
+from .decoder_swaps import SWAPS, TABLE_NAME, apply_swap, attention_module, body, decoder_layers, resolve_swap
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ class RopeDecoderAdapter(Adapter):
     name = "rope_decoder"
     model_types = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
     layered_types = ("gemma3_text",)  # per-layer-type RoPE: scalings and nope, no other swap yet
-    kinds = frozenset({"rope", "none"})
+    kinds = frozenset({"rope", "none", "self_extend"})
     swaps = SWAPS  # away from RoPE (the sinusoid is registered as an "absolute" method)
     generic_note = ("and other decoders with standard rotary embeddings, flat or per-layer-type rope_parameters, "
                     "found generically")
@@ -225,7 +226,7 @@ class RopeDecoderAdapter(Adapter):
 
     def families(self, spec) -> list[str]:
         found = super().families(spec)
-        if spec.name in self.swaps and spec.name != "nope":  # per-layer-type models: nope only, of the swaps
+        if (spec.name in self.swaps and spec.name != "nope") or spec.kind == "self_extend":  # not on per-layer-type
             return [t for t in found if t not in self.layered_types]
         return found
 
@@ -333,6 +334,8 @@ class RopeDecoderAdapter(Adapter):
             return resolved
         if cfg.method == "none":  # the checkpoint as it is, its own scaling (Llama 3.1's, a YaRN config's) included
             return PosEncConfig("none", None, L, dict(cfg.params))
+        if cfg.method == "self_extend":
+            return self._resolve_self_extend(model, cfg, slots, L, prefix)
         params = dict(cfg.params)
         if layered and cfg.spec.kind == "rope":
             params["layer_types"] = sorted({s.layer_type for s in selected})
@@ -378,6 +381,9 @@ class RopeDecoderAdapter(Adapter):
             return False
         if cfg.method == "none":
             return True
+        if cfg.method == "self_extend":
+            self._apply_self_extend(model, cfg, slots, record)
+            return False
         config, prefix = text_config(model.config)
         selected = self._selected(model, slots, cfg) if self._per_type(cfg) else slots
         fn = ROPE_FUNCTIONS[cfg.method]
@@ -423,6 +429,40 @@ class RopeDecoderAdapter(Adapter):
             if name != "max_position_embeddings" and value != getattr(config, name, None):
                 record.set_config(prefix + name, value)
         return True
+
+    def _resolve_self_extend(self, model, cfg: PosEncConfig, slots: list[RotarySlot], L: int, prefix: str):
+        config = model.config
+        if prefix or slots[0].layer_type is not None or len(slots) != 1:
+            raise ValueError("self_extend needs one plain RoPE for all layers; this model has per-layer-type or "
+                             "composite RoPE (not supported yet).")
+        rp = config.rope_parameters
+        if rp.get("rope_type", "default") != "default" or abs(float(slots[0].get("attention_scaling")) - 1.0) > 0:
+            raise ValueError(f"self_extend works on the checkpoint's plain RoPE; this one uses rope_type="
+                             f"{rp.get('rope_type')!r}. Load it without the scaling, or use another method.")
+        geom = rope_geometry(config, L)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        if geom.dim != head_dim:
+            raise ValueError(f"self_extend needs RoPE on the whole head (partial_rotary_factor 1); this model "
+                             f"rotates {geom.dim} of {head_dim} dimensions.")
+        if softmax_rescalers(model):
+            raise ValueError(f"self_extend on model_type={config.model_type!r} is not supported.")
+        check_attention(model)
+        params = dict(cfg.params)
+        g = params["group_size"]
+        if params["window"] is None:
+            params["window"] = max(g, (L // 4) // g * g)
+        if params["window"] >= L:
+            raise ValueError(f"window={params['window']} must be shorter than the original context ({L}).")
+        return PosEncConfig(cfg.method, None, L, params)
+
+    def _apply_self_extend(self, model, cfg: PosEncConfig, slots: list[RotarySlot], record: PatchRecord) -> None:
+        from .self_extend import STATE_ATTR as SE_ATTR, SelfExtendState, register
+
+        g, w, L = cfg.params["group_size"], cfg.params["window"], cfg.original_max_position_embeddings
+        state = SelfExtendState(slots[0].get("inv_freq"), g, w)
+        record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
+        select(model, record, state, [attention_module(layer) for layer in decoder_layers(model)], register(), SE_ATTR)
+        record.set_config("max_position_embeddings", (L - w) * g + w)
 
     @staticmethod
     def _rescale_softmax(model: nn.Module, rope_parameters: dict[str, Any], record: PatchRecord) -> None:

@@ -1,0 +1,97 @@
+"""Self-Extend (Jin et al. 2024) against a decoder written out here: RoPE applied from scratch to the raw
+queries and keys at the neighbour positions (i, j) and at the grouped ones (floor(i/G) + W - W/G,
+floor(j/G)), the neighbour score where i - j < W, the grouped one elsewhere, one softmax."""
+
+import math
+
+import pytest
+import torch
+
+import hf_posenc
+from conftest import ORIGINAL, THETA, ids, logits, tiny_model
+
+
+def rope(x, pos, dim):
+    inv = 1.0 / (THETA ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    ang = pos.double()[:, None] * inv[None, :]
+    cos, sin = torch.cat((ang, ang), -1).cos().float(), torch.cat((ang, ang), -1).sin().float()
+    half = dim // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+@torch.no_grad()
+def reference(model, input_ids, group, window):
+    cfg, body = model.config, model.model
+    h = body.embed_tokens(input_ids)
+    b, t, _ = h.shape
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // nh
+    pos = torch.arange(t)
+    gq, gk = pos // group + window - window // group, pos // group
+    rel = pos[:, None] - pos[None, :]
+    for layer in body.layers:
+        a = layer.self_attn
+        x = layer.input_layernorm(h)
+        q, k, v = (p(x).view(b, t, -1, hd) for p in (a.q_proj, a.k_proj, a.v_proj))
+        if hasattr(a, "q_norm"):
+            q, k = a.q_norm(q), a.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
+        near = rope(q, pos, hd) @ rope(k, pos, hd).transpose(-1, -2)
+        far = rope(q, gq, hd) @ rope(k, gk, hd).transpose(-1, -2)
+        s = torch.where(rel < window, near, far) / math.sqrt(hd)
+        p = torch.softmax(s.masked_fill(rel < 0, float("-inf")), -1)
+        h = h + a.o_proj((p @ v).transpose(1, 2).reshape(b, t, nh * hd))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return model.lm_head(body.norm(h))
+
+
+@pytest.mark.parametrize("family,group,window,block", [("llama", 4, 16, 512), ("qwen2", 8, 24, 32),
+                                                        ("qwen3", 3, 12, 7), ("mistral", 2, 8, 50)])
+def test_self_extend_matches_the_written_out_decoder(family, group, window, block):
+    model = tiny_model(family)
+    model.config._attn_implementation = "sdpa"
+    hf_posenc.patch(model, "self_extend", group_size=group, window=window)
+    model.model.layers[0].self_attn._hf_posenc_self_extend.block = block
+    assert model.config.max_position_embeddings == (ORIGINAL - window) * group + window
+    x = ids(200, batch=2)
+    assert (logits(model, x) - reference(model, x, group, window)).abs().max().item() <= 1e-5
+
+
+def test_self_extend_cache_generate_save_and_unpatch(tmp_path):
+    model = tiny_model("llama")
+    x = ids(120)
+    before = logits(model, x)
+    hf_posenc.patch(model, "self_extend", group_size=4)
+    assert hf_posenc.get_config(model).params["window"] == ORIGINAL // 4  # default: a quarter of the context
+    full = logits(model, x)
+    with torch.no_grad():
+        out = model(x[:, :100], use_cache=True)
+        steps, cache = [out.logits[:, -1]], out.past_key_values
+        for i in range(100, 119):
+            out = model(x[:, i : i + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            steps.append(out.logits[:, -1])
+    assert (torch.stack(steps, 1) - full[:, 99:119]).abs().max().item() <= 1e-5
+    gen = model.generate(x[:, :90], attention_mask=torch.ones(1, 90, dtype=torch.long), max_new_tokens=10,
+                         do_sample=False)
+    assert torch.equal(logits(model, gen)[:, 89:-1].argmax(-1), gen[:, 90:])
+    model.save_pretrained(tmp_path)
+    again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert hf_posenc.get_config(again) == hf_posenc.get_config(model)
+    assert (logits(again, x) - full).abs().max().item() <= 1e-5
+    hf_posenc.unpatch(model)
+    assert torch.equal(logits(model, x), before) and model.config._attn_implementation == "eager"
+
+
+def test_self_extend_errors_are_clear():
+    with pytest.raises(ValueError, match="window must be a multiple of group_size \\(4\\), got window=10"):
+        hf_posenc.PosEncConfig("self_extend", params={"group_size": 4, "window": 10})
+    with pytest.raises(ValueError, match="group_size must be an integer >= 2"):
+        hf_posenc.PosEncConfig("self_extend", params={"group_size": 1})
+    with pytest.raises(ValueError, match=f"window=64 must be shorter than the original context \\({ORIGINAL}\\)"):
+        hf_posenc.patch(tiny_model("llama"), "self_extend", group_size=4, window=64)
+    scaled = tiny_model("llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": THETA})
+    with pytest.raises(ValueError, match="self_extend works on the checkpoint's plain RoPE; this one uses rope_type='linear'"):
+        hf_posenc.patch(scaled, "self_extend")
+    assert not hf_posenc.is_patched(scaled)
