@@ -105,3 +105,33 @@ def book_tokens(tok, name: str, n: int, start: int = 0):
     ids = tok(text[start : start + 40 * n], return_tensors="pt").input_ids[:, :n]
     assert ids.shape[1] == n, f"{name} gave {ids.shape[1]} tokens, {n} asked"
     return ids
+
+
+@torch.no_grad()
+def written_out_decoder(model, input_ids, scores, embeds_add=None, allowed=None):
+    """Logits of a LLaMA-style decoder written out here, independent of transformers' attention code:
+    ``scores(q, k, head_dim)`` gives the attention scores from the raw (unrotated) queries and keys
+    ``[b, heads, t, d]`` (grouped heads repeated); causal, and ``allowed`` ``[b, 1, 1, t]`` masks keys."""
+    cfg, body = model.config, model.model
+    h = body.embed_tokens(input_ids).float()
+    if embeds_add is not None:
+        h = h + embeds_add
+    b, t, _ = h.shape
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // nh
+    pos = torch.arange(t)
+    keep = (pos[None, :] <= pos[:, None])[None, None]
+    if allowed is not None:
+        keep = keep & allowed
+    for layer in body.layers:
+        a = layer.self_attn
+        x = layer.input_layernorm(h)
+        q, k, v = (proj(x).view(b, t, -1, hd) for proj in (a.q_proj, a.k_proj, a.v_proj))
+        if hasattr(a, "q_norm"):
+            q, k = a.q_norm(q), a.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
+        p = torch.softmax(scores(q, k, hd).masked_fill(~keep, float("-inf")), -1).nan_to_num(0.0)
+        h = h + a.o_proj((p @ v).transpose(1, 2).reshape(b, t, nh * hd))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return model.lm_head(body.norm(h))

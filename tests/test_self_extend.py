@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hf_posenc
-from conftest import ORIGINAL, THETA, ids, logits, tiny_model
+from conftest import ORIGINAL, THETA, ids, logits, tiny_model, written_out_decoder
 
 
 def rope(x, pos, dim):
@@ -19,31 +19,17 @@ def rope(x, pos, dim):
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
-@torch.no_grad()
 def reference(model, input_ids, group, window):
-    cfg, body = model.config, model.model
-    h = body.embed_tokens(input_ids)
-    b, t, _ = h.shape
-    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // nh
-    pos = torch.arange(t)
+    pos = torch.arange(input_ids.shape[1])
     gq, gk = pos // group + window - window // group, pos // group
     rel = pos[:, None] - pos[None, :]
-    for layer in body.layers:
-        a = layer.self_attn
-        x = layer.input_layernorm(h)
-        q, k, v = (p(x).view(b, t, -1, hd) for p in (a.q_proj, a.k_proj, a.v_proj))
-        if hasattr(a, "q_norm"):
-            q, k = a.q_norm(q), a.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
-        near = rope(q, pos, hd) @ rope(k, pos, hd).transpose(-1, -2)
-        far = rope(q, gq, hd) @ rope(k, gk, hd).transpose(-1, -2)
-        s = torch.where(rel < window, near, far) / math.sqrt(hd)
-        p = torch.softmax(s.masked_fill(rel < 0, float("-inf")), -1)
-        h = h + a.o_proj((p @ v).transpose(1, 2).reshape(b, t, nh * hd))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return model.lm_head(body.norm(h))
+
+    def scores(q, k, d):
+        near = rope(q, pos, d) @ rope(k, pos, d).transpose(-1, -2)
+        far = rope(q, gq, d) @ rope(k, gk, d).transpose(-1, -2)
+        return torch.where(rel < window, near, far) / math.sqrt(d)
+
+    return written_out_decoder(model, input_ids, scores)
 
 
 @pytest.mark.parametrize("family,group,window,block", [("llama", 4, 16, 512), ("qwen2", 8, 24, 32),

@@ -9,40 +9,20 @@ import torch
 import hf_posenc
 from hf_posenc.encodings import absolute as A
 from hf_posenc.encodings.alibi import alibi_slopes
-from conftest import ORIGINAL, ids, logits, tiny_model
+from conftest import ORIGINAL, ids, logits, tiny_model, written_out_decoder
 
 SWAP_KW = {"alibi": {}, "nope": {}, "sinusoidal": {"factor": 2.0}, "learned": {"factor": 2.0}}
 
 
-@torch.no_grad()
 def reference(model, input_ids, attention_mask=None, slopes=None, add_pos=None):
-    """Logits of a LLaMA-style decoder without RoPE, with optional ALiBi slopes and absolute position
-    vectors added to the embeddings: softmax(q k^T / sqrt(d) - slope * (i - j)) over allowed keys."""
-    cfg, body = model.config, model.model
-    h = body.embed_tokens(input_ids).float()
-    if add_pos is not None:
-        h = h + add_pos
-    b, t, _ = h.shape
-    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // nh
+    """A decoder without RoPE, with optional ALiBi slopes and absolute position vectors added to the
+    embeddings: softmax(q k^T / sqrt(d) - slope * |i - j|) over allowed keys."""
+    t = input_ids.shape[1]
     pos = torch.arange(t)
-    allowed = (pos[None, :] <= pos[:, None])[None, None]
-    if attention_mask is not None:
-        allowed = allowed & attention_mask[:, None, None, :].bool()
     bias = 0.0 if slopes is None else -slopes[:, None, None] * (pos[:, None] - pos[None, :]).abs().float()
-    for layer in body.layers:
-        a = layer.self_attn
-        x = layer.input_layernorm(h)
-        q, k, v = (proj(x).view(b, t, -1, hd) for proj in (a.q_proj, a.k_proj, a.v_proj))
-        if hasattr(a, "q_norm"):
-            q, k = a.q_norm(q), a.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(hd) + bias
-        p = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
-        h = h + a.o_proj((p @ v).transpose(1, 2).reshape(b, t, nh * hd))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return model.lm_head(body.norm(h))
+    allowed = None if attention_mask is None else attention_mask[:, None, None, :].bool()
+    return written_out_decoder(model, input_ids, lambda q, k, d: q @ k.transpose(-1, -2) / math.sqrt(d) + bias,
+                               add_pos, allowed)
 
 
 def sdpa_model(family="llama", **kw):

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 NAME = "hf_posenc_alibi"
 STATE_ATTR = "_hf_posenc_alibi"  # per attention module: the AlibiState of its model
-_registered = False
+_registered: set[str] = set()  # names added to transformers' registries
 
 
 class CacheOffset:
@@ -192,14 +192,19 @@ def select(model, record, state: CacheOffset, attention_modules, name: str | Non
         record.set_attr(m, state_attr, state)
 
 
-def register() -> str:
-    """Add ``hf_posenc_alibi`` to transformers' attention and mask registries (once)."""
-    global _registered
-    if not _registered:
+def register_attention(name: str, fn) -> str:
+    """Add ``fn`` to transformers' attention registry as ``name``, with SDPA's mask builder (once per name).
+    An added entry: no existing function or class changes; only configs that name it select it."""
+    if name not in _registered:
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
         from transformers.modeling_utils import AttentionInterface
 
-        AttentionInterface.register(NAME, alibi_attention)
-        AttentionMaskInterface.register(NAME, sdpa_mask)
-        _registered = True
-    return NAME
+        AttentionInterface.register(name, fn)
+        AttentionMaskInterface.register(name, sdpa_mask)
+        _registered.add(name)
+    return name
+
+
+def register() -> str:
+    """``hf_posenc_alibi`` in transformers' attention and mask registries."""
+    return register_attention(NAME, alibi_attention)

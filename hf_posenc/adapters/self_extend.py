@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import torch
 
-from .alibi_attention import CacheOffset
+from .alibi_attention import CacheOffset, register_attention
 
 NAME = "hf_posenc_self_extend"
 STATE_ATTR = "_hf_posenc_self_extend"
-_registered = False
 
 
 class SelfExtendState(CacheOffset):
@@ -92,13 +91,5 @@ def self_extend_attention(module, query, key, value, attention_mask, dropout: fl
 
 
 def register() -> str:
-    """Add ``hf_posenc_self_extend`` to transformers' attention and mask registries (once)."""
-    global _registered
-    if not _registered:
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-        from transformers.modeling_utils import AttentionInterface
-
-        AttentionInterface.register(NAME, self_extend_attention)
-        AttentionMaskInterface.register(NAME, sdpa_mask)
-        _registered = True
-    return NAME
+    """``hf_posenc_self_extend`` in transformers' attention and mask registries."""
+    return register_attention(NAME, self_extend_attention)
