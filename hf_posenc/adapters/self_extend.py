@@ -14,8 +14,9 @@ below ``L`` up to ``(L - W) * G + W`` tokens.
 Transformers hands the attention function queries and keys already rotated at ``i`` and ``j``. A RoPE
 rotation by ``a`` followed by one by ``b`` is the rotation by ``a + b``, so the grouped queries and keys
 are the given ones rotated further by ``g(i) - i`` and ``g(j) - j`` with the model's own frequencies.
-Queries run in blocks (each reading the keys up to its last position), so memory stays
-``heads x block x keys``. Positions come from the KV cache (query ``t`` of a call is at ``past + t``), so
+Queries run in blocks (each reading the keys up to its last position; the neighbour scores are
+computed only for the keys inside some query's window, the grouped ones only for the keys outside),
+so memory stays ``heads x block x keys``. Positions come from the KV cache (query ``t`` of a call is at ``past + t``), so
 cached decoding gives the scores of the full forward.
 """
 
@@ -71,9 +72,15 @@ def self_extend_attention(module, query, key, value, attention_mask, dropout: fl
         e = min(q, s + state.block)
         k_end = min(k_total, past + e)
         rel = pos_q[s:e, None] - pos_k[None, :k_end]
-        near = torch.matmul(query[:, :, s:e], key[:, :, :k_end].transpose(-1, -2))
-        far = torch.matmul(query_g[:, :, s:e], key_g[:, :, :k_end].transpose(-1, -2))
-        scores = torch.where(rel < state.window, near, far).float() * scale
+        # keys before lo are grouped for every query of the block, keys from hi on neighbours for every one:
+        # each score matrix is computed only where some query of the block uses it
+        lo = min(k_end, max(0, past + s - state.window + 1))
+        hi = min(k_end, max(0, past + e - state.window))
+        scores = query.new_empty(b, h, e - s, k_end)
+        scores[..., :hi] = torch.matmul(query_g[:, :, s:e], key_g[:, :, :hi].transpose(-1, -2))
+        near = torch.matmul(query[:, :, s:e], key[:, :, lo:k_end].transpose(-1, -2))
+        scores[..., lo:] = torch.where(rel[:, lo:] < state.window, near, scores[..., lo:])
+        scores = scores.float() * scale
         allowed = (rel >= 0)[None, None]
         if attention_mask is not None:
             am = attention_mask[:, :, s:e, :k_end]
