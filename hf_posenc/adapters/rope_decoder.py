@@ -43,6 +43,7 @@ from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..methods.rope import DYNAMIC, ROPE_FUNCTIONS
 from .base import Adapter, PatchRecord, text_config
+from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
 from .alibi_attention import check_attention, select
 from .decoder_swaps import SWAPS, TABLE_NAME, apply_swap, attention_module, body, decoder_layers, resolve_swap
 
@@ -90,41 +91,6 @@ def rope_geometry(hf_config: Any, original: int, rp: dict[str, Any] | None = Non
     return R.RopeGeometry(base=float(rp["rope_theta"]), dim=int(head_dim * partial), original_max_position_embeddings=original)
 
 
-def native_rope_parameters(cfg: PosEncConfig, geom: R.RopeGeometry, base_rp: dict[str, Any]) -> dict[str, Any] | None:
-    """The transformers ``rope_parameters`` equal to ``cfg``, or None when transformers has no such type."""
-    common = {"rope_theta": geom.base}
-    if "partial_rotary_factor" in base_rp:
-        common["partial_rotary_factor"] = base_rp["partial_rotary_factor"]
-    s, L, p = cfg.factor, cfg.original_max_position_embeddings, cfg.params
-    optional = lambda *keys: {k: float(p[k]) for k in keys if p.get(k) is not None}  # noqa: E731
-    if cfg.method == "none":
-        return {**common, "rope_type": "default"}
-    if cfg.method == "pi":
-        return {**common, "rope_type": "linear", "factor": s}
-    if cfg.method == "ntk":
-        return {**common, "rope_type": "default", "rope_theta": R.ntk_base(geom.base, geom.dim, s)}
-    if cfg.method == "dynamic_ntk":
-        return {**common, "rope_type": "dynamic", "factor": s}
-    if cfg.method == "yarn":
-        return {
-            **common, "rope_type": "yarn", "factor": s, "original_max_position_embeddings": L,
-            "beta_fast": float(p["beta_fast"]), "beta_slow": float(p["beta_slow"]), "truncate": p["truncate"],
-            **optional("attention_factor", "mscale", "mscale_all_dim"),
-        }
-    if cfg.method == "llama3":
-        return {
-            **common, "rope_type": "llama3", "factor": s, "original_max_position_embeddings": L,
-            "low_freq_factor": float(p["low_freq_factor"]), "high_freq_factor": float(p["high_freq_factor"]),
-        }
-    if cfg.method == "longrope":
-        return {
-            **common, "rope_type": "longrope", "factor": s, "original_max_position_embeddings": L,
-            "short_factor": [float(x) for x in p["short_factor"]], "long_factor": [float(x) for x in p["long_factor"]],
-            **optional("attention_factor"),
-        }
-    return None
-
-
 class LengthAwareRope:
     """Forward pre-hook of one rotary module: recomputes the frequencies from the current length.
 
@@ -161,52 +127,6 @@ class LengthAwareRope:
             want = seq_len if seq_len > L else None
             if (want is None) != (self.current is None):
                 self._set(module, want, device)
-
-
-def softmax_rescalers(model: nn.Module) -> list[tuple[nn.Module, Any]]:
-    """(attention module, its modeling file's ``yarn_apply_mscale``) for models whose attention scale depends on
-    the RoPE parameters. A module with such a function but without ``qk_head_dim`` and ``scaling`` is refused:
-    its scale could not be set as transformers sets it."""
-    import sys
-
-    found = []
-    for m in model.modules():
-        fn = getattr(sys.modules.get(type(m).__module__), "yarn_apply_mscale", None)
-        if fn is None or not type(m).__name__.endswith("Attention"):
-            continue
-        if not (hasattr(m, "qk_head_dim") and isinstance(getattr(m, "scaling", None), float)):
-            raise ValueError(f"{type(m).__name__} scales its attention from the RoPE parameters in a way hf_posenc "
-                             "does not know; this model is not supported yet.")
-        found.append((m, fn))
-    return found
-
-
-def native_mismatch(config: Any, changes: dict[str, Any], ours: dict[RotarySlot, tuple[torch.Tensor, float]]) -> str:
-    """Why transformers would not rebuild our frequencies from the config fields in ``changes`` ("" when it
-    would): the config is rebuilt as a reload from config.json rebuilds it (``from_dict``: its own
-    standardisation runs, e.g. Phi-3 turns ``yarn`` into ``longrope``), each patched rotary module is
-    built afresh from it, and its frequencies and attention scaling are compared with ours."""
-    data = {**config.to_dict(), **changes}
-    try:
-        rebuilt = type(config).from_dict(data)
-    except Exception as err:  # a config class that refuses the values: not native
-        return f"{type(config).__name__} does not accept them ({type(err).__name__}: {err})"
-    modules = {}
-    for slot, (inv_freq, attention) in ours.items():
-        cls = type(slot.module)
-        if cls not in modules:
-            try:
-                modules[cls] = cls(rebuilt)
-            except Exception as err:
-                return f"{cls.__name__} cannot be built from them ({type(err).__name__}: {err})"
-        fresh = modules[cls]
-        theirs = getattr(fresh, slot.attr("inv_freq")).float().cpu()
-        mine = inv_freq.float().cpu()
-        if theirs.shape != mine.shape or not bool(((theirs - mine).abs() <= 1e-6 * mine.abs() + 1e-12).all()):
-            return f"{cls.__name__} would compute other frequencies from them"
-        if not math.isclose(float(getattr(fresh, slot.attr("attention_scaling"))), float(attention), rel_tol=1e-6):
-            return f"{cls.__name__} would compute another attention scaling from them"
-    return ""
 
 
 class RopeDecoderAdapter(Adapter):
