@@ -24,6 +24,17 @@ def save_report(report: dict[str, Any], output: str, stem: str, plots=None) -> N
         report["plots"] = plots(report, output)
 
 
+def finish_report(task: str, setup: dict[str, Any], results: dict[str, Any], table, output: str | None = None,
+                  plots=None) -> dict[str, Any]:
+    """An evaluation runner's report ``{task, setup, results, table}`` (``table(report)`` gives the Markdown
+    table), saved as ``<task>.json`` / ``<task>.md`` (and ``plots(report, output)``) when ``output`` is given."""
+    report = {"task": task, "setup": setup, "results": results}
+    report["table"] = table(report)
+    if output:
+        save_report(report, output, task, plots)
+    return report
+
+
 BENCHMARKS_HEADER = "# Benchmarks\n\nEvery number below comes from the command printed with it.\n"
 
 

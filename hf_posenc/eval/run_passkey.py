@@ -8,7 +8,7 @@ from typing import Any
 
 from .common import for_each_method, load_model_and_tokenizer, method_configs, seed_everything, shared_setup
 from .passkey import FILLER, NEEDLE, PasskeyBuilder, evaluate_passkey
-from .report import markdown_table, plot_heatmap, plot_lines, save_report
+from .report import finish_report, markdown_table, plot_heatmap, plot_lines
 
 
 def run_passkey(*, model: str, methods: list[str], factor: float | None, method_params: dict[str, dict[str, Any]],
@@ -29,20 +29,13 @@ def run_passkey(*, model: str, methods: list[str], factor: float | None, method_
     results = for_each_method(lm, configs, lambda cfg: evaluate_passkey(
         lm, tok, lengths, depths, trials, seed, digits, scoring, builder, progress, desc=cfg.method,
         batch_size=batch_size))
-    report = {
-        "task": "passkey",
-        "setup": {
-            **shared_setup(model, src, lm, configs, seed, dtype, device, attn_implementation, command, started),
-            "lengths": lengths, "depths": depths, "trials": trials, "digits": digits, "scoring": scoring,
-            "batch_size": batch_size,
-            "filler": filler, "needle": needle,
-        },
-        "results": results,
+    setup = {
+        **shared_setup(model, src, lm, configs, seed, dtype, device, attn_implementation, command, started),
+        "lengths": lengths, "depths": depths, "trials": trials, "digits": digits, "scoring": scoring,
+        "batch_size": batch_size,
+        "filler": filler, "needle": needle,
     }
-    report["table"] = passkey_table(report)
-    if output:
-        save_report(report, output, "passkey", passkey_plots if plots else None)
-    return report
+    return finish_report("passkey", setup, results, passkey_table, output, passkey_plots if plots else None)
 
 
 def passkey_table(report: dict[str, Any]) -> str:

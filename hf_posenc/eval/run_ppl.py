@@ -11,7 +11,7 @@ import torch
 from . import data as D
 from .common import for_each_method, load_model_and_tokenizer, method_configs, seed_everything, shared_setup
 from .perplexity import evaluate_perplexity
-from .report import markdown_table, plot_lines, save_report
+from .report import finish_report, markdown_table, plot_lines
 
 
 def gather_documents(text_file=None, text_dir=None, dataset=None, dataset_config=None, split="test",
@@ -63,19 +63,12 @@ def run_perplexity(*, model: str, methods: list[str], factor: float | None, meth
     results = for_each_method(lm, configs, lambda cfg: evaluate_perplexity(
         lm, token_docs, lengths, [d.name for d in docs], mode, stride, max_windows, buckets, chunk_size,
         progress, desc=cfg.method))
-    report = {
-        "task": "perplexity",
-        "setup": {
-            **shared_setup(model, src, lm, configs, seed, dtype, device, attn_implementation, command, started),
-            "lengths": lengths, "mode": mode, "stride": stride, "max_windows": max_windows,
-            "documents": [d.name for d in docs], "document_tokens": [len(t) for t in token_docs],
-        },
-        "results": results,
+    setup = {
+        **shared_setup(model, src, lm, configs, seed, dtype, device, attn_implementation, command, started),
+        "lengths": lengths, "mode": mode, "stride": stride, "max_windows": max_windows,
+        "documents": [d.name for d in docs], "document_tokens": [len(t) for t in token_docs],
     }
-    report["table"] = ppl_table(report)
-    if output:
-        save_report(report, output, "perplexity", ppl_plots if plots else None)
-    return report
+    return finish_report("perplexity", setup, results, ppl_table, output, ppl_plots if plots else None)
 
 
 def ppl_table(report: dict[str, Any]) -> str:

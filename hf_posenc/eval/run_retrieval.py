@@ -8,7 +8,7 @@ from typing import Any
 
 from . import data as D
 from .common import for_each_method, load_model_and_tokenizer, method_configs, seed_everything, shared_setup
-from .report import markdown_table, plot_lines, save_report
+from .report import finish_report, markdown_table, plot_lines
 from .retrieval import evaluate_retrieval
 
 
@@ -38,19 +38,12 @@ def run_retrieval(*, model: str, methods: list, factor: float | None, method_par
     results = for_each_method(lm, configs, lambda cfg: evaluate_retrieval(
         lm, tok, stream, lengths, depths, trials, candidates, seed, progress, desc=cfg.method,
         filler=filler))
-    report = {
-        "task": "retrieval",
-        "setup": {
-            **shared_setup(model, src, lm, configs, seed, dtype, device, attn_implementation, command, started),
-            "lengths": lengths, "depths": depths, "trials": trials, "candidates": candidates, "filler": filler,
-            "documents": [d.name for d in docs], "corpus_tokens": len(stream),
-        },
-        "results": results,
+    setup = {
+        **shared_setup(model, src, lm, configs, seed, dtype, device, attn_implementation, command, started),
+        "lengths": lengths, "depths": depths, "trials": trials, "candidates": candidates, "filler": filler,
+        "documents": [d.name for d in docs], "corpus_tokens": len(stream),
     }
-    report["table"] = retrieval_table(report)
-    if output:
-        save_report(report, output, "retrieval", retrieval_plots if plots else None)
-    return report
+    return finish_report("retrieval", setup, results, retrieval_table, output, retrieval_plots if plots else None)
 
 
 def retrieval_table(report: dict[str, Any]) -> str:
