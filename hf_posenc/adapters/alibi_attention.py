@@ -87,7 +87,8 @@ class AlibiState(CacheOffset):
         return args, kwargs
 
 
-def _repeat(x: torch.Tensor, n: int) -> torch.Tensor:
+def repeat_heads(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Grouped key/value heads repeated ``n`` times along the head axis (as transformers' ``repeat_kv``)."""
     return x if n == 1 else x.repeat_interleave(n, dim=1)
 
 
@@ -101,7 +102,7 @@ def alibi_attention(module, query, key, value, attention_mask, dropout: float = 
     causal = state.causal if state.causal is not None else bool(getattr(module, "is_causal", True))
     if attention_mask is None:
         return _hankel_attention(state, query, key, value, past, causal, dropout, scaling), None
-    key, value = _repeat(key, h // key.shape[1]), _repeat(value, h // value.shape[1])
+    key, value = repeat_heads(key, h // key.shape[1]), repeat_heads(value, h // value.shape[1])
     if h * q * k_total <= state.full_limit:
         mask = state.full_mask(attention_mask, b, h, q, k_total, past, dtype, device, causal)
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
@@ -121,7 +122,7 @@ def _hankel_attention(state: AlibiState, query, key, value, past: int, causal: b
     h, q, k_total = query.shape[1], query.shape[2], key.shape[2]
     gqa = query.device.type == "cpu" and key.shape[1] != h
     if not gqa:
-        key, value = _repeat(key, h // key.shape[1]), _repeat(value, h // value.shape[1])
+        key, value = repeat_heads(key, h // key.shape[1]), repeat_heads(value, h // value.shape[1])
     key, value = key.flip(2), value.flip(2)  # key j now at j' = k_total - 1 - j
     n = past + q + k_total - 1  # p + j' for every query position p and reversed key j'
     line = state.line(k_total, n, query.dtype, query.device, causal)

@@ -31,14 +31,9 @@ from .base import PatchRecord
 def rotate(x: torch.Tensor, positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
     """RoPE on ``x`` [batch, T, heads * head_dim] at ``positions`` [T] (float32 math, cast back)."""
     b, t, _ = x.shape
-    inv = R.default_inv_freq(base, head_dim, x.device)
-    freqs = positions.float()[:, None] * inv[None]
-    emb = torch.cat([freqs, freqs], -1)
-    cos, sin = emb.cos()[None, :, None], emb.sin()[None, :, None]
-    v = x.float().view(b, t, -1, head_dim)
-    half = head_dim // 2
-    rotated = torch.cat([-v[..., half:], v[..., :half]], -1)
-    return (v * cos + rotated * sin).view(b, t, -1).to(x.dtype)
+    heads = x.view(b, t, -1, head_dim).transpose(1, 2)  # [batch, heads, T, head_dim]
+    out = R.apply_rotary(heads, positions, R.default_inv_freq(base, head_dim, x.device))
+    return out.transpose(1, 2).reshape(b, t, -1)
 
 
 class RotaryProjection:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from .alibi_attention import CacheOffset, register_attention
+from ..encodings.rope import apply_rotary
+from .alibi_attention import CacheOffset, register_attention, repeat_heads
 
 NAME = "hf_posenc_self_extend"
 STATE_ATTR = "_hf_posenc_self_extend"
@@ -42,30 +43,18 @@ class SelfExtendState(CacheOffset):
         return g + (self.window - self.window // self.group_size) if query else g
 
 
-def rotate(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """``x`` ([b, h, n, d], rotate-half layout) rotated further by ``delta`` ([n]) positions; angles in fp32."""
-    angles = delta.float()[:, None] * inv_freq.to(x.device)[None, :]
-    emb = torch.cat((angles, angles), dim=-1)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    half = x.shape[-1] // 2
-    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated_half * sin
-
-
 def self_extend_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """An attention function with transformers' signature: returns ``([batch, q, heads, dim], None)``."""
     state: SelfExtendState = module.__dict__[STATE_ATTR]
     b, h, q, d = query.shape
-    n_rep = h // key.shape[1]
-    if n_rep > 1:
-        key, value = key.repeat_interleave(n_rep, dim=1), value.repeat_interleave(n_rep, dim=1)
+    key, value = repeat_heads(key, h // key.shape[1]), repeat_heads(value, h // value.shape[1])
     k_total = key.shape[2]
     past = state.past if state.past + q <= k_total else k_total - q
     device = query.device
     pos_q = torch.arange(past, past + q, device=device)
     pos_k = torch.arange(k_total, device=device)
-    query_g = rotate(query, state.grouped(pos_q, True) - pos_q, state.inv_freq)
-    key_g = rotate(key, state.grouped(pos_k, False) - pos_k, state.inv_freq)
+    query_g = apply_rotary(query, state.grouped(pos_q, True) - pos_q, state.inv_freq)
+    key_g = apply_rotary(key, state.grouped(pos_k, False) - pos_k, state.inv_freq)
     scale = scaling if scaling is not None else d ** -0.5
     outs = []
     for s in range(0, q, state.block):

@@ -55,6 +55,17 @@ def default_inv_freq(base: float, dim: int, device=None) -> torch.Tensor:
     return 1.0 / (base ** _exponents(dim, device))
 
 
+def apply_rotary(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[..., n, d]`` (rotate-half layout, as transformers' RoPE) rotated by ``positions`` ``[n]`` times
+    the frequencies ``inv_freq`` ``[d / 2]`` (RoFormer, eq. 34); float32 math, cast back to ``x``'s dtype."""
+    angles = positions.float()[:, None] * inv_freq.float().to(x.device)[None, :]
+    emb = torch.cat((angles, angles), dim=-1)
+    v = x.float()
+    half = v.shape[-1] // 2
+    rotated = torch.cat((-v[..., half:], v[..., :half]), dim=-1)
+    return (v * emb.cos() + rotated * emb.sin()).to(x.dtype)
+
+
 def ntk_base(base: float, dim: int, factor: float) -> float:
     """NTK-aware base change: base' = base * s^(d / (d - 2)) (bloc97, 2023)."""
     return base * factor ** (dim / (dim - 2))
