@@ -55,14 +55,17 @@ def attention_module(layer: nn.Module) -> nn.Module:
     return attn
 
 
-def neutralize_rope(rotary: list[nn.Module], record: PatchRecord) -> None:
-    for m in rotary:
-        zero = torch.zeros_like(m.inv_freq)
-        record.set_attr(m, "inv_freq", zero)
-        if isinstance(m._buffers.get("original_inv_freq"), torch.Tensor):
-            record.set_attr(m, "original_inv_freq", zero.clone())
-        record.set_attr(m, "attention_scaling", 1.0)
-        record.set_attr(m, "rope_type", "default")
+def neutralize_rope(slots, record: PatchRecord) -> None:
+    """Each rotary slot (``rope_decoder.RotarySlot``: a module's frequencies, or one layer type's) rotates by
+    nothing: ``inv_freq`` = 0, so cos = 1 and sin = 0."""
+    for s in slots:
+        m = s.module
+        zero = torch.zeros_like(s.get("inv_freq"))
+        record.set_attr(m, s.attr("inv_freq"), zero)
+        if isinstance(m._buffers.get(s.attr("original_inv_freq")), torch.Tensor):
+            record.set_attr(m, s.attr("original_inv_freq"), zero.clone())
+        record.set_attr(m, s.attr("attention_scaling"), 1.0)
+        s.set_default_type(record)
 
 
 class AbsolutePositions:
@@ -121,7 +124,7 @@ def resolve_swap(model: nn.Module, cfg: PosEncConfig, original: int) -> PosEncCo
     return PosEncConfig(cfg.method, factor, original, params)
 
 
-def apply_swap(model: nn.Module, cfg: PosEncConfig, rotary: list[nn.Module], record: PatchRecord) -> None:
+def apply_swap(model: nn.Module, cfg: PosEncConfig, rotary: list, record: PatchRecord) -> None:
     neutralize_rope(rotary, record)
     n = cfg.params.get("max_position_embeddings")
     if n is not None and cfg.method in ("alibi", "nope"):

@@ -68,6 +68,11 @@ class RotarySlot:
         rp = config.rope_parameters
         return rp if self.layer_type is None else rp[self.layer_type]
 
+    def set_default_type(self, record: PatchRecord) -> None:
+        """This slot's ``rope_type`` becomes ``"default"``, so that transformers' own dynamic update stays out."""
+        m = self.module
+        record.set_attr(m, "rope_type", "default" if self.layer_type is None else {**m.rope_type, self.layer_type: "default"})
+
 
 def rotary_slots(model: nn.Module) -> list[RotarySlot]:
     """The rotary frequency sets inside ``model``: standard modules, and each layer type of per-layer-type
@@ -286,18 +291,8 @@ class RopeDecoderAdapter(Adapter):
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> bool:
         slots = self._check_layout(model)
-        if cfg.method == "nope" and slots[0].layer_type is not None:
-            for s in self._selected(model, slots, cfg):  # these types rotate by nothing: cos 1, sin 0
-                zero = torch.zeros_like(s.get("inv_freq"))
-                record.set_attr(s.module, s.attr("inv_freq"), zero)
-                if isinstance(s.module._buffers.get(s.attr("original_inv_freq")), torch.Tensor):
-                    record.set_attr(s.module, s.attr("original_inv_freq"), zero.clone())
-                record.set_attr(s.module, s.attr("attention_scaling"), 1.0)
-                record.set_attr(s.module, "rope_type", {**s.module.rope_type, s.layer_type: "default"})
-            apply_swap(model, cfg, [], record)  # (max_position_embeddings, if given)
-            return False
-        if cfg.method in SWAPS:
-            apply_swap(model, cfg, [s.module for s in slots], record)
+        if cfg.method in SWAPS:  # (nope on per-layer-type RoPE: the chosen types only)
+            apply_swap(model, cfg, self._selected(model, slots, cfg) if self._per_type(cfg) else slots, record)
             return False
         if cfg.method == "none":
             return True
@@ -322,9 +317,8 @@ class RopeDecoderAdapter(Adapter):
                 record.add_hook(m.register_forward_pre_hook(hook, with_kwargs=True))
             natives[s.layer_type] = native_rope_parameters(cfg, geom, base_rp)
             ours[s] = (inv_freq, attention)
-        for m in {id(s.module): s.module for s in selected}.values():  # transformers' dynamic update stays out
-            types = [s.layer_type for s in selected if s.module is m]
-            record.set_attr(m, "rope_type", "default" if types == [None] else {**m.rope_type, **dict.fromkeys(types, "default")})
+        for s in selected:
+            s.set_default_type(record)
         changes = {}
         if cfg.method != "none":
             L = cfg.original_max_position_embeddings
