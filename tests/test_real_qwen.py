@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.encodings.alibi import alibi_slopes
-from conftest import book_tokens, load_real
+from conftest import book_tokens, load_real, written_out_decoder
 
 pytestmark = [
     pytest.mark.real_model,
@@ -75,23 +75,9 @@ def test_alibi_swap_on_real_qwen_equals_written_out_attention(qwen, text_ids):
     try:
         model.model.layers[0].self_attn._hf_posenc_alibi.block = 128  # 3 blocks, the last one partial
         got = model(x).logits
-        cfg, body = model.config, model.model
-        nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-        hd = cfg.hidden_size // nh
-        t = x.shape[1]
-        pos = torch.arange(t)
-        bias = -alibi_slopes(nh)[:, None, None] * (pos[:, None] - pos[None, :]).float()
-        causal = pos[None, :] <= pos[:, None]
-        h = body.embed_tokens(x)
-        for layer in body.layers:
-            a = layer.self_attn
-            y = layer.input_layernorm(h)
-            q, k, v = (p(y).view(1, t, -1, hd).transpose(1, 2) for p in (a.q_proj, a.k_proj, a.v_proj))
-            k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
-            s = (q @ k.transpose(-1, -2) / math.sqrt(hd) + bias).masked_fill(~causal, float("-inf"))
-            h = h + a.o_proj((torch.softmax(s, -1) @ v).transpose(1, 2).reshape(1, t, nh * hd))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        want = model.lm_head(body.norm(h))
+        pos = torch.arange(x.shape[1])
+        bias = -alibi_slopes(model.config.num_attention_heads)[:, None, None] * (pos[:, None] - pos[None, :]).float()
+        want = written_out_decoder(model, x, lambda q, k, d: q @ k.transpose(-1, -2) / math.sqrt(d) + bias)
     finally:
         hf_posenc.unpatch(model)
     assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
