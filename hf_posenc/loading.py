@@ -63,7 +63,7 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
     drop_gguf_quantizer(model)
     if adopted:
         return adopt(model, stored, block, reapply=adapter.reapplies(block))
-    spec = requested or stored
+    spec = requested or stored or shipped_dca(hf_config, path_or_id)
     if spec is not None:
         patch(model, spec)
         extra = adapter.extra_weights(model) if adapter is not None and requested is None else []
@@ -74,6 +74,22 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
                 for name, tensor in saved.items():
                     state[name].copy_(tensor.to(state[name].dtype))
     return model
+
+
+def shipped_dca(hf_config: Any, name: str) -> PosEncConfig | None:
+    """``dca`` with the values of a config's ``dual_chunk_attention_config`` (Qwen2.5-1M ships one; transformers
+    ignores it), or None."""
+    dca = getattr(hf_config, "dual_chunk_attention_config", None)
+    if not dca:
+        return None
+    if not isinstance(dca, dict) or not {"chunk_size", "local_size"} <= set(dca):
+        raise ValueError(f"{name}: config.json's dual_chunk_attention_config must hold chunk_size and local_size, "
+                         f"got {dca!r}.")
+    original = dca.get("original_max_position_embeddings")
+    cfg = PosEncConfig("dca", None, original, {"chunk_size": dca["chunk_size"], "local_window": dca["local_size"]})
+    logger.warning("%s ships dual_chunk_attention_config (chunk_size=%s, local_size=%s): applying hf_posenc's dca with "
+                   "these values (pass posenc='none' to load it without).", name, dca["chunk_size"], dca["local_size"])
+    return cfg
 
 
 def model_class_for(hf_config: Any):

@@ -38,7 +38,7 @@ def test_self_extend_matches_the_written_out_decoder(family, group, window, bloc
     model = tiny_model(family)
     model.config._attn_implementation = "sdpa"
     hf_posenc.patch(model, "self_extend", group_size=group, window=window)
-    model.model.layers[0].self_attn._hf_posenc_self_extend.block = block
+    model.model.layers[0].self_attn._hf_posenc_remapped.block = block
     assert model.config.max_position_embeddings == (ORIGINAL - window) * group + window
     x = ids(200, batch=2)
     assert (logits(model, x) - reference(model, x, group, window)).abs().max().item() <= 1e-5

@@ -27,21 +27,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .attention import CacheOffset, register_attention, repeat_heads
+
 NAME = "hf_posenc_alibi"
 STATE_ATTR = "_hf_posenc_alibi"  # per attention module: the AlibiState of its model
-_registered: set[str] = set()  # names added to transformers' registries
-
-
-class CacheOffset:
-    """The number of tokens already cached when the current forward call started (``past``), read by a
-    pre-hook on the model body: query ``t`` of the call is at position ``past + t``."""
-
-    def __init__(self) -> None:
-        self.past = 0
-
-    def body_hook(self, module, args, kwargs) -> None:
-        cache = kwargs.get("past_key_values")
-        self.past = cache.get_seq_length() if cache is not None else 0
 
 
 class AlibiState(CacheOffset):
@@ -87,17 +76,12 @@ class AlibiState(CacheOffset):
         return args, kwargs
 
 
-def repeat_heads(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Grouped key/value heads repeated ``n`` times along the head axis (as transformers' ``repeat_kv``)."""
-    return x if n == 1 else x.repeat_interleave(n, dim=1)
-
-
 def alibi_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """An attention function with transformers' signature: returns ``([batch, q, heads, dim], None)``."""
     state: AlibiState = module.__dict__[STATE_ATTR]
     b, h, q, _ = query.shape
     k_total = key.shape[2]
-    past = state.past if state.past + q <= k_total else k_total - q
+    past = state.query_start(q, k_total)
     device, dtype = query.device, query.dtype
     causal = state.causal if state.causal is not None else bool(getattr(module, "is_causal", True))
     if attention_mask is None:
@@ -169,41 +153,6 @@ def block_mask(slopes, attention_mask, s: int, e: int, k_end: int, past: int, dt
         else:
             bias = bias + am.to(dtype)
     return torch.where(allowed, bias, torch.finfo(dtype).min)
-
-
-def check_attention(model) -> str:
-    """The model's attention implementation, if ALiBi can run through it (an additive float mask)."""
-    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
-    if impl not in ("sdpa", "eager"):
-        raise ValueError(f"alibi needs an attention implementation that adds a float mask (sdpa or eager); this "
-                         f"model uses {impl!r}. Load it with attn_implementation='sdpa'.")
-    return impl
-
-
-def select(model, record, state: CacheOffset, attention_modules, name: str | None = None,
-           state_attr: str = STATE_ATTR) -> None:
-    """This instance's (isolated) config selects the registered attention function ``name`` (default
-    ``hf_posenc_alibi``), each attention module gets ``state`` as ``state_attr``; both recorded so that
-    ``unpatch`` restores them."""
-    config = model.config
-    old = config._attn_implementation
-    config._attn_implementation = name or register()
-    record.on_undo(lambda: setattr(config, "_attn_implementation", old))
-    for m in attention_modules:
-        record.set_attr(m, state_attr, state)
-
-
-def register_attention(name: str, fn) -> str:
-    """Add ``fn`` to transformers' attention registry as ``name``, with SDPA's mask builder (once per name).
-    An added entry: no existing function or class changes; only configs that name it select it."""
-    if name not in _registered:
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-        from transformers.modeling_utils import AttentionInterface
-
-        AttentionInterface.register(name, fn)
-        AttentionMaskInterface.register(name, sdpa_mask)
-        _registered.add(name)
-    return name
 
 
 def register() -> str:

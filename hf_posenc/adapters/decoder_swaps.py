@@ -30,33 +30,17 @@ from torch import nn
 from ..config import PosEncConfig
 from ..encodings import absolute as A
 from ..encodings.alibi import alibi_slopes
-from .alibi_attention import AlibiState, check_attention, select
+from .alibi_attention import STATE_ATTR as ALIBI_STATE, AlibiState, register
+from .attention import check_attention, select
 from .base import PatchRecord
+from .layout import attention_modules, body, decoder_layers
 
 TABLE_NAME = "hf_posenc_positions"  # the learned table's attribute on the model body
 SWAPS = ("alibi", "nope", "sinusoidal", "learned")
 
 
-def body(model: nn.Module) -> nn.Module:
-    return getattr(model, "base_model", model)
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    layers = getattr(body(model), "layers", None)
-    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
-        raise ValueError(f"{type(model).__name__} has no decoder layer list (model.layers) to attach ALiBi to.")
-    return list(layers)
-
-
-def attention_module(layer: nn.Module) -> nn.Module:
-    attn = getattr(layer, "self_attn", None)
-    if not isinstance(attn, nn.Module):
-        raise ValueError(f"{type(layer).__name__} has no self_attn module for ALiBi.")
-    return attn
-
-
 def neutralize_rope(slots, record: PatchRecord) -> None:
-    """Each rotary slot (``rope_decoder.RotarySlot``: a module's frequencies, or one layer type's) rotates by
+    """Each rotary slot (``layout.RotarySlot``: a module's frequencies, or one layer type's) rotates by
     nothing: ``inv_freq`` = 0, so cos = 1 and sin = 0."""
     for s in slots:
         m = s.module
@@ -113,7 +97,7 @@ class AbsolutePositions:
 def resolve_swap(model: nn.Module, cfg: PosEncConfig, original: int) -> PosEncConfig:
     params = dict(cfg.params)
     if cfg.method == "alibi":
-        check_attention(model)
+        check_attention(model, "alibi")
         decoder_layers(model)
     n = params.get("max_position_embeddings")
     if n is not None and cfg.method in ("alibi", "nope") and n < original:
@@ -133,8 +117,8 @@ def apply_swap(model: nn.Module, cfg: PosEncConfig, rotary: list, record: PatchR
         slopes = alibi_slopes(model.config.num_attention_heads)
         state = AlibiState(slopes)
         record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
-        if check_attention(model) == "sdpa":
-            select(model, record, state, [attention_module(layer) for layer in decoder_layers(model)])
+        if check_attention(model, "alibi") == "sdpa":
+            select(model, record, state, attention_modules(model), register(), ALIBI_STATE)
         else:  # eager: the same shared mask, handed to each layer as its attention mask
             for layer in decoder_layers(model):
                 record.add_hook(layer.register_forward_pre_hook(state.eager_layer_hook, with_kwargs=True))

@@ -77,10 +77,11 @@ def apply_bert_swap(model: nn.Module, cfg: PosEncConfig, record: PatchRecord) ->
         raise ValueError(f"no self-attention with query/key projections found in {type(model).__name__}.")
     heads, head_dim = _heads(model)
     if cfg.method == "alibi":
-        from .alibi_attention import AlibiState, check_attention, select
+        from .alibi_attention import STATE_ATTR, AlibiState, register
+        from .attention import check_attention, select
 
-        check_attention(model)  # eager BERT runs through the SDPA-based function too
-        select(model, record, AlibiState(alibi_slopes(heads), causal=False), mods)  # encoders attend both ways
+        check_attention(model, "alibi")  # eager BERT runs through the SDPA-based function too
+        select(model, record, AlibiState(alibi_slopes(heads), causal=False), mods, register(), STATE_ATTR)  # encoders attend both ways
     elif cfg.method == "rope":
         if head_dim % 2:
             raise ValueError(f"rope needs an even head dim, got {head_dim}.")

@@ -32,7 +32,6 @@ transformers reads the original length from ``max_position_embeddings``, so it s
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 import math
 from typing import Any
 
@@ -41,59 +40,15 @@ from torch import nn
 
 from ..config import PosEncConfig
 from ..encodings import rope as R
+from ..methods.remapped import KIND as ATTENTION
 from ..methods.rope import DYNAMIC, ROPE_FUNCTIONS
 from .base import Adapter, PatchRecord, text_config
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
-from .alibi_attention import check_attention, select
-from .decoder_swaps import SWAPS, TABLE_NAME, apply_swap, attention_module, body, decoder_layers, resolve_swap
+from .decoder_swaps import SWAPS, TABLE_NAME, apply_swap, resolve_swap
+from .layout import RotarySlot, rope_geometry, rotary_slots
+from .remapped import apply_remapped, resolve_remapped
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RotarySlot:
-    """One set of rotary frequencies: a standard module's own (``layer_type`` None) or those of one layer
-    type in a per-layer-type module (attributes ``{layer_type}_inv_freq``, ...)."""
-
-    module: nn.Module
-    layer_type: str | None = None
-
-    def attr(self, name: str) -> str:
-        return name if self.layer_type is None else f"{self.layer_type}_{name}"
-
-    def get(self, name: str) -> Any:
-        return getattr(self.module, self.attr(name))
-
-    def rope_parameters(self, config: Any) -> dict[str, Any]:
-        rp = config.rope_parameters
-        return rp if self.layer_type is None else rp[self.layer_type]
-
-    def set_default_type(self, record: PatchRecord) -> None:
-        """This slot's ``rope_type`` becomes ``"default"``, so that transformers' own dynamic update stays out."""
-        m = self.module
-        record.set_attr(m, "rope_type", "default" if self.layer_type is None else {**m.rope_type, self.layer_type: "default"})
-
-
-def rotary_slots(model: nn.Module) -> list[RotarySlot]:
-    """The rotary frequency sets inside ``model``: standard modules, and each layer type of per-layer-type
-    modules."""
-    found = []
-    for m in model.modules():
-        if isinstance(m._buffers.get("inv_freq"), torch.Tensor) and hasattr(m, "attention_scaling") and hasattr(m, "rope_type"):
-            found.append(RotarySlot(m))
-        elif isinstance(getattr(m, "rope_type", None), dict) and getattr(m, "layer_types", None):
-            for lt in m.layer_types:
-                if isinstance(m._buffers.get(f"{lt}_inv_freq"), torch.Tensor) and hasattr(m, f"{lt}_attention_scaling"):
-                    found.append(RotarySlot(m, lt))
-    return found
-
-
-def rope_geometry(hf_config: Any, original: int, rp: dict[str, Any] | None = None) -> R.RopeGeometry:
-    """The geometry of the RoPE described by ``rp`` (default: the config's flat ``rope_parameters``)."""
-    rp = hf_config.rope_parameters if rp is None else rp
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    partial = rp.get("partial_rotary_factor", None) or getattr(hf_config, "partial_rotary_factor", None) or 1.0
-    return R.RopeGeometry(base=float(rp["rope_theta"]), dim=int(head_dim * partial), original_max_position_embeddings=original)
 
 
 class LengthAwareRope:
@@ -138,7 +93,7 @@ class RopeDecoderAdapter(Adapter):
     name = "rope_decoder"
     model_types = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
     layered_types = ("gemma3_text",)  # per-layer-type RoPE: scalings and nope, no other swap yet
-    kinds = frozenset({"rope", "none", "self_extend"})
+    kinds = frozenset({"rope", "none", ATTENTION})
     swaps = SWAPS  # away from RoPE (the sinusoid is registered as an "absolute" method)
     generic_note = ("and other decoders with standard rotary embeddings, flat or per-layer-type rope_parameters, "
                     "found generically")
@@ -151,7 +106,7 @@ class RopeDecoderAdapter(Adapter):
 
     def families(self, spec) -> list[str]:
         found = super().families(spec)
-        if (spec.name in self.swaps and spec.name != "nope") or spec.kind == "self_extend":  # not on per-layer-type
+        if (spec.name in self.swaps and spec.name != "nope") or spec.kind == ATTENTION:  # not on per-layer-type
             return [t for t in found if t not in self.layered_types]
         return found
 
@@ -259,8 +214,8 @@ class RopeDecoderAdapter(Adapter):
             return resolved
         if cfg.method == "none":  # the checkpoint as it is, its own scaling (Llama 3.1's, a YaRN config's) included
             return PosEncConfig("none", None, L, dict(cfg.params))
-        if cfg.method == "self_extend":
-            return self._resolve_self_extend(model, cfg, slots, L, prefix)
+        if cfg.spec.kind == ATTENTION:
+            return resolve_remapped(model, cfg, slots, L, prefix)
         params = dict(cfg.params)
         if layered and cfg.spec.kind == "rope":
             params["layer_types"] = sorted({s.layer_type for s in selected})
@@ -296,8 +251,8 @@ class RopeDecoderAdapter(Adapter):
             return False
         if cfg.method == "none":
             return True
-        if cfg.method == "self_extend":
-            self._apply_self_extend(model, cfg, slots, record)
+        if cfg.spec.kind == ATTENTION:
+            apply_remapped(model, cfg, slots, record)
             return False
         config, prefix = text_config(model.config)
         selected = self._selected(model, slots, cfg) if self._per_type(cfg) else slots
@@ -343,40 +298,6 @@ class RopeDecoderAdapter(Adapter):
             if name != "max_position_embeddings" and value != getattr(config, name, None):
                 record.set_config(prefix + name, value)
         return True
-
-    def _resolve_self_extend(self, model, cfg: PosEncConfig, slots: list[RotarySlot], L: int, prefix: str):
-        config = model.config
-        if prefix or slots[0].layer_type is not None or len(slots) != 1:
-            raise ValueError("self_extend needs one plain RoPE for all layers; this model has per-layer-type or "
-                             "composite RoPE (not supported yet).")
-        rp = config.rope_parameters
-        if rp.get("rope_type", "default") != "default" or abs(float(slots[0].get("attention_scaling")) - 1.0) > 0:
-            raise ValueError(f"self_extend works on the checkpoint's plain RoPE; this one uses rope_type="
-                             f"{rp.get('rope_type')!r}. Load it without the scaling, or use another method.")
-        geom = rope_geometry(config, L)
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        if geom.dim != head_dim:
-            raise ValueError(f"self_extend needs RoPE on the whole head (partial_rotary_factor 1); this model "
-                             f"rotates {geom.dim} of {head_dim} dimensions.")
-        if softmax_rescalers(model):
-            raise ValueError(f"self_extend on model_type={config.model_type!r} is not supported.")
-        check_attention(model)
-        params = dict(cfg.params)
-        g = params["group_size"]
-        if params["window"] is None:
-            params["window"] = max(g, (L // 4) // g * g)
-        if params["window"] >= L:
-            raise ValueError(f"window={params['window']} must be shorter than the original context ({L}).")
-        return PosEncConfig(cfg.method, None, L, params)
-
-    def _apply_self_extend(self, model, cfg: PosEncConfig, slots: list[RotarySlot], record: PatchRecord) -> None:
-        from .self_extend import STATE_ATTR as SE_ATTR, SelfExtendState, register
-
-        g, w, L = cfg.params["group_size"], cfg.params["window"], cfg.original_max_position_embeddings
-        state = SelfExtendState(slots[0].get("inv_freq"), g, w)
-        record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
-        select(model, record, state, [attention_module(layer) for layer in decoder_layers(model)], register(), SE_ATTR)
-        record.set_config("max_position_embeddings", (L - w) * g + w)
 
     @staticmethod
     def _rescale_softmax(model: nn.Module, rope_parameters: dict[str, Any], record: PatchRecord) -> None:

@@ -57,13 +57,15 @@ def default_inv_freq(base: float, dim: int, device=None) -> torch.Tensor:
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """``x`` ``[..., n, d]`` (rotate-half layout, as transformers' RoPE) rotated by ``positions`` ``[n]`` times
-    the frequencies ``inv_freq`` ``[d / 2]`` (RoFormer, eq. 34); float32 math, cast back to ``x``'s dtype."""
-    angles = positions.float()[:, None] * inv_freq.float().to(x.device)[None, :]
+    the frequencies ``inv_freq`` ``[d / 2]`` (RoFormer, eq. 34); angles in float64 (float32 on MPS, which has
+    no float64), the rotation in float32, cast back to ``x``'s dtype."""
+    wide = torch.float32 if x.device.type == "mps" else torch.float64
+    angles = positions.to(wide)[:, None] * inv_freq.to(device=x.device, dtype=wide)[None, :]
     emb = torch.cat((angles, angles), dim=-1)
     v = x.float()
     half = v.shape[-1] // 2
     rotated = torch.cat((-v[..., half:], v[..., :half]), dim=-1)
-    return (v * emb.cos() + rotated * emb.sin()).to(x.dtype)
+    return (v * emb.cos().float() + rotated * emb.sin().float()).to(x.dtype)
 
 
 def ntk_base(base: float, dim: int, factor: float) -> float:

@@ -85,22 +85,3 @@ _add(MethodSpec("llama3", "rope", "Llama 3.1 wavelength-band smoothing of PI.",
 _add(MethodSpec("longrope", "rope", "LongRoPE per-dimension rescale factors (short/long lists; default: PI-like uniform lists).",
                 params={"short_factor": None, "long_factor": None, "attention_factor": None},
                 check=_check_longrope), R.rope_longrope)
-
-
-def _check_self_extend(factor: float, p: dict[str, Any]) -> None:
-    g, w = p["group_size"], p["window"]
-    if isinstance(g, bool) or not isinstance(g, int) or g < 2:
-        raise ValueError(f"group_size must be an integer >= 2 (positions per group), got {g!r}.")
-    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
-        raise ValueError(f"window must be a positive integer (the neighbour window, in tokens) or None, got {w!r}.")
-    if w is not None and w % g:
-        raise ValueError(f"window must be a multiple of group_size ({g}), got window={w}.")
-
-
-# Self-Extend changes attention, not the frequencies: its own kind, applied by the RoPE decoder adapter.
-register_method(MethodSpec(
-    "self_extend", "self_extend",
-    "Self-Extend (Jin et al. 2024): exact RoPE within a neighbour window, grouped positions (floor(p / G)) beyond "
-    "it, merged in one softmax; training-free, up to (L - window) * group_size + window tokens.",
-    aliases=("selfextend", "grouped_attention"), uses_factor=False,
-    params={"group_size": 8, "window": None}, check=_check_self_extend))

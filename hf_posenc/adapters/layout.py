@@ -1,0 +1,85 @@
+"""Where a transformers decoder keeps what hf_posenc changes: its body, its layers and their attention
+modules, its rotary frequency sets, and the geometry of its RoPE. Read-only helpers that every adapter and
+attention function imports (downward: nothing here imports them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..encodings import rope as R
+
+
+def body(model: nn.Module) -> nn.Module:
+    return getattr(model, "base_model", model)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    layers = getattr(body(model), "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise ValueError(f"{type(model).__name__} has no decoder layer list (model.layers) to attach attention to.")
+    return list(layers)
+
+
+def attention_module(layer: nn.Module) -> nn.Module:
+    attn = getattr(layer, "self_attn", None)
+    if not isinstance(attn, nn.Module):
+        raise ValueError(f"{type(layer).__name__} has no self_attn module.")
+    return attn
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The self-attention module of every decoder layer."""
+    return [attention_module(layer) for layer in decoder_layers(model)]
+
+
+@dataclass(frozen=True)
+class RotarySlot:
+    """One set of rotary frequencies: a standard module's own (``layer_type`` None) or those of one layer
+    type in a per-layer-type module (attributes ``{layer_type}_inv_freq``, ...)."""
+
+    module: nn.Module
+    layer_type: str | None = None
+
+    def attr(self, name: str) -> str:
+        return name if self.layer_type is None else f"{self.layer_type}_{name}"
+
+    def get(self, name: str) -> Any:
+        return getattr(self.module, self.attr(name))
+
+    def rope_parameters(self, config: Any) -> dict[str, Any]:
+        rp = config.rope_parameters
+        return rp if self.layer_type is None else rp[self.layer_type]
+
+    def set_default_type(self, record) -> None:
+        """This slot's ``rope_type`` becomes ``"default"``, so that transformers' own dynamic update stays out."""
+        m = self.module
+        record.set_attr(m, "rope_type", "default" if self.layer_type is None else {**m.rope_type, self.layer_type: "default"})
+
+
+def rotary_slots(model: nn.Module) -> list[RotarySlot]:
+    """The rotary frequency sets inside ``model``: standard modules, and each layer type of per-layer-type
+    modules."""
+    found = []
+    for m in model.modules():
+        if isinstance(m._buffers.get("inv_freq"), torch.Tensor) and hasattr(m, "attention_scaling") and hasattr(m, "rope_type"):
+            found.append(RotarySlot(m))
+        elif isinstance(getattr(m, "rope_type", None), dict) and getattr(m, "layer_types", None):
+            for lt in m.layer_types:
+                if isinstance(m._buffers.get(f"{lt}_inv_freq"), torch.Tensor) and hasattr(m, f"{lt}_attention_scaling"):
+                    found.append(RotarySlot(m, lt))
+    return found
+
+
+def head_dim(hf_config: Any) -> int:
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def rope_geometry(hf_config: Any, original: int, rp: dict[str, Any] | None = None) -> R.RopeGeometry:
+    """The geometry of the RoPE described by ``rp`` (default: the config's flat ``rope_parameters``)."""
+    rp = hf_config.rope_parameters if rp is None else rp
+    partial = rp.get("partial_rotary_factor", None) or getattr(hf_config, "partial_rotary_factor", None) or 1.0
+    return R.RopeGeometry(base=float(rp["rope_theta"]), dim=int(head_dim(hf_config) * partial), original_max_position_embeddings=original)

@@ -1,0 +1,242 @@
+"""One attention function for every remapped-position method (``hf_posenc.encodings.remap``): each piece of
+a scheme runs as fused attention that returns its log-sum-exp, and the pieces are merged exactly by it.
+
+Transformers hands the attention function queries and keys already rotated at their positions ``i`` and
+``j``. RoPE composes (rotating by ``a`` then ``b`` is rotating by ``a + b``), so a piece that reads the
+query at ``query_at(i)`` rotates the given query further by ``query_at(i) - i`` (angles in float64), and
+likewise the keys: the keys in the KV cache stay as transformers stored them.
+
+Queries run in blocks (``RemapState.block`` rows; DCA's never cross a chunk). For one block a piece allows,
+per query, an interval of keys whose ends move with the query (``i - d_max``, ``i - d_min``) or stay
+(``key_lo``, ``key_hi``). Its keys split into a *core* every query of the block reads (a plain rectangle:
+no mask) and at most two ragged edges as wide as the block: a causal square (the kernel's own causal flag)
+or a band with a small boolean mask. Memory stays ``heads x block x block`` beyond the kernel's own.
+
+Kernels: on CPU without autograd, ``aten._scaled_dot_product_flash_attention_for_cpu``, which returns the
+log-sum-exp, with grouped-query heads folded into the query axis (no repeated keys); with autograd (its
+backward ignores the log-sum-exp's gradient) and on other devices, an eager kernel (matmul, fp32 softmax).
+
+Positions come from the KV cache and the padding mask: in a row whose first real key is at cache index
+``s``, index ``t`` is position ``t - s`` (left padding as ``generate`` makes it, exactly as the row alone).
+Masks with holes (packed documents) are refused; sliding-window models are refused at patch time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..encodings.remap import Piece, Scheme
+from ..encodings.rope import apply_rotary
+from .attention import CacheOffset, register_attention, repeat_heads
+
+NAME = "hf_posenc_remapped"
+STATE_ATTR = "_hf_posenc_remapped"
+
+
+class RemapState(CacheOffset):
+    """The scheme, the model's RoPE frequencies, the query block size, and the padding of the current call."""
+
+    def __init__(self, scheme: Scheme, inv_freq: torch.Tensor, block: int = 256):
+        super().__init__()
+        self.scheme = scheme
+        self.inv_freq = inv_freq.detach().float().clone()
+        self.block = block
+        self._starts_key = self._starts = None
+
+    def row_starts(self, attention_mask, k_total: int) -> list[int] | None:
+        """The cache index of each row's first real key (once per forward call: layers share the mask)."""
+        if attention_mask is None:
+            return None
+        key = (id(attention_mask), attention_mask.data_ptr(), tuple(attention_mask.shape), k_total)
+        if self._starts_key != key:
+            self._starts, self._starts_key = padding_starts(attention_mask, k_total), key
+        return self._starts
+
+
+def padding_starts(attention_mask: torch.Tensor, k_total: int) -> list[int] | None:
+    """Per row, the index of the first key any query may read; None when every row starts at 0. Real keys
+    must be contiguous (left or right padding): a mask with holes is refused."""
+    allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask > torch.finfo(attention_mask.dtype).min / 2
+    valid = allowed[:, 0].any(dim=1)[:, :k_total]  # [batch, keys]
+    starts = []
+    for row in valid:
+        idx = row.nonzero().flatten()
+        if len(idx) == 0:
+            starts.append(k_total)
+            continue
+        first, last = int(idx[0]), int(idx[-1])
+        if last - first + 1 != len(idx):
+            raise ValueError("remapped-position attention takes padding masks (left or right padding), not masks with "
+                             "holes inside a row (packed documents); run such rows one by one.")
+        starts.append(first)
+    return None if not any(starts) else starts
+
+
+def remapped_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """An attention function with transformers' signature: returns ``([batch, q, heads, dim], None)``."""
+    state: RemapState = module.__dict__[STATE_ATTR]
+    b, h, q, d = query.shape
+    k_total = key.shape[2]
+    past = state.query_start(q, k_total)
+    scale = (scaling if scaling is not None else d**-0.5) * state.scheme.score_scale
+    dropout = dropout if module.training else 0.0
+    starts = state.row_starts(attention_mask, k_total)
+    if starts is None:
+        out = attend(state, query, key, value, past, scale, dropout)
+    else:
+        out = query.new_zeros(b, h, q, value.shape[-1])
+        for r, s0 in enumerate(starts):
+            first = max(0, s0 - past)  # the row's first real query in this call
+            if first < q:
+                rows = slice(r, r + 1)
+                out[rows, :, first:] = attend(state, query[rows, :, first:], key[rows, :, s0:], value[rows, :, s0:],
+                                              past + first - s0, scale, dropout)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def attend(state: RemapState, query, key, value, p0: int, scale: float, dropout: float) -> torch.Tensor:
+    """Attention of queries at positions ``p0 ..`` over keys at positions ``0 ..`` under ``state.scheme``:
+    ``[batch, heads, q, dim]``."""
+    scheme, inv_freq = state.scheme, state.inv_freq
+    q_len, k_len = query.shape[2], key.shape[2]
+    q_pos = torch.arange(p0, p0 + q_len, device=query.device)
+    factor = scheme.query_scale(q_pos)
+    if factor is not None:
+        query = query * factor.to(query.dtype)[:, None]
+    keys = KeyViews(key, scheme, inv_freq)
+    outs = []
+    for a, e in scheme.blocks(p0, p0 + q_len, state.block):
+        qa, pos = query[:, :, a - p0 : e - p0], q_pos[a - p0 : e - p0]
+        parts = []
+        for piece in scheme.pieces(a, e):
+            qr = qa if piece.query_at is None else apply_rotary(qa, piece.query_at(pos) - pos, inv_freq)
+            for seg in segments(piece, a, e, k_len):
+                kr = keys.get(piece.key_map)
+                parts.append(seg.run(qr, kr[:, :, seg.start : seg.stop], value[:, :, seg.start : seg.stop], scale, dropout))
+        outs.append(merge(parts, qa, value.shape[-1]))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+class KeyViews:
+    """The keys read at each of the scheme's key maps, rotated once per call and map."""
+
+    def __init__(self, key: torch.Tensor, scheme: Scheme, inv_freq: torch.Tensor):
+        self.key, self.maps, self.inv_freq = key, scheme.key_maps(), inv_freq
+        self.done = {"same": key}
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.done:
+            pos = torch.arange(self.key.shape[2], device=self.key.device)
+            self.done[name] = apply_rotary(self.key, self.maps[name](pos) - pos, self.inv_freq)
+        return self.done[name]
+
+
+@dataclass
+class Segment:
+    """Keys ``start .. stop - 1`` for one block of queries; ``lo``/``hi`` the first/last key each query
+    reads (None: all of them), ``causal`` when that is exactly a top-left causal square."""
+
+    start: int
+    stop: int
+    lo: torch.Tensor | None = None
+    hi: torch.Tensor | None = None
+    causal: bool = False
+
+    def run(self, q, k, v, scale: float, dropout: float):
+        return kernel(q, k, v, self, scale, dropout)
+
+
+def _bounds(piece: Piece, i: torch.Tensor, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    lo = i - piece.d_max if piece.d_max != float("inf") else torch.zeros_like(i)
+    hi = i - piece.d_min
+    lo = lo.clamp(min=piece.key_lo)
+    hi = hi.clamp(max=min(k_len, piece.key_hi) - 1)
+    return lo, hi
+
+
+def segments(piece: Piece, a: int, e: int, k_len: int) -> list[Segment]:
+    """The core rectangle and the ragged edges of ``piece`` for queries at ``a .. e - 1``."""
+    i = torch.arange(a, e)
+    lo, hi = _bounds(piece, i, k_len)
+    first, last = int(lo[0]), int(hi[-1])
+    if first > last:
+        return []
+    core_lo, core_hi = int(lo[-1]), int(hi[0]) - 1  # the last key every query reads starts the causal edge
+    if core_lo > core_hi + 1:  # no key is read by every query: one masked segment
+        return [_edge(first, last + 1, lo, hi)]
+    out = []
+    if first < core_lo:
+        out.append(_edge(first, core_lo, lo, hi))
+    if core_lo <= core_hi:
+        out.append(Segment(core_lo, core_hi + 1))
+    if core_hi + 1 <= last:
+        out.append(_edge(core_hi + 1, last + 1, lo, hi))
+    return out
+
+
+def _edge(start: int, stop: int, lo: torch.Tensor, hi: torch.Tensor) -> Segment:
+    lo, hi = (lo - start).clamp(min=0), (hi - start).clamp(max=stop - start - 1)
+    rows = torch.arange(len(lo))
+    causal = bool((lo == 0).all()) and bool((hi == rows).all())
+    return Segment(start, stop, lo, hi, causal)
+
+
+def kernel(q, k, v, seg: Segment, scale: float, dropout: float):
+    """Attention of ``q`` ``[b, h, n, d]`` over ``k``/``v`` ``[b, h_kv, m, d]`` as allowed by ``seg``:
+    ``(out [b, h, n, dv] float32, lse [b, h, n] float32)``, ``lse = -inf`` for a query that reads no key."""
+    b, h, n, _ = q.shape
+    groups = h // k.shape[1]
+    fused = q.device.type == "cpu" and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    mask = None
+    if seg.lo is not None and not (seg.causal and fused):
+        cols = torch.arange(k.shape[2], device=q.device)
+        allowed = (cols[None, :] >= seg.lo.to(q.device)[:, None]) & (cols[None, :] <= seg.hi.to(q.device)[:, None])
+        # finite, so that a query reading no key keeps a finite log-sum-exp (and gradient); its lse is set below
+        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
+    if fused and seg.causal:  # top-left causal square: the kernel's own flag, heads not folded
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, repeat_heads(k, groups), repeat_heads(v, groups), dropout, True, scale=scale)
+    else:
+        qf = q.reshape(b, k.shape[1], groups * n, q.shape[-1])  # grouped heads folded into the query axis
+        mf = None if mask is None else mask.expand(groups, n, mask.shape[-1]).reshape(groups * n, -1)
+        if fused:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qf, k, v, dropout, False,
+                                                                                  attn_mask=mf, scale=scale)
+        else:
+            out, lse = eager(qf, k, v, mf, scale, dropout)
+        out, lse = out.reshape(b, h, n, -1), lse.reshape(b, h, n)
+    lse = lse.float()
+    if seg.lo is not None:
+        empty = (seg.hi < seg.lo).to(q.device)
+        if bool(empty.any()):
+            lse = lse.masked_fill(empty, float("-inf"))
+    return out.float(), lse
+
+
+def eager(q, k, v, mask, scale: float, dropout: float):
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse[..., None])
+    if dropout:
+        probs = torch.nn.functional.dropout(probs, p=dropout)
+    return torch.matmul(probs, v.float()), lse
+
+
+def merge(parts, like: torch.Tensor, dv: int) -> torch.Tensor:
+    """The pieces' attentions merged by their log-sum-exp: one softmax over all their keys."""
+    if not parts:
+        return like.new_zeros(*like.shape[:3], dv)
+    lse = torch.stack([p[1] for p in parts])
+    total = torch.logsumexp(lse, dim=0)
+    weights = torch.exp(lse - total).nan_to_num(0.0)  # a query with no key at all (padding): zeros
+    out = sum(w[..., None] * o for w, (o, _) in zip(weights, parts))
+    return out.to(like.dtype)
+
+
+def register() -> str:
+    """``hf_posenc_remapped`` in transformers' attention and mask registries."""
+    return register_attention(NAME, remapped_attention)

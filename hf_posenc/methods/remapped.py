@@ -1,0 +1,179 @@
+"""The attention-level methods: training-free extension by remapped relative positions (Self-Extend, ReRoPE,
+leaky ReRoPE, STRING, Dual Chunk Attention). One record per method: its knobs and checks, its defaults from
+the model's original context ``L``, and the position scheme it runs (``hf_posenc.encodings.remap``).
+
+Adding one: a ``Scheme`` in ``encodings/remap.py`` (the formula, cited) and a ``_add(...)`` here; the attention
+function, the patching, saving and loading are shared.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..encodings import remap as M
+from . import MethodSpec, positive_number, register_method
+
+KIND = "attention"
+UNBOUNDED_CONTEXT = 4  # max_position_embeddings advertised by methods without a length limit: this x L
+
+
+@dataclass(frozen=True)
+class RemappedMethod:
+    """``defaults(params, L)`` fills the knobs that depend on the model and checks them against it;
+    ``scheme(params, L)`` builds the positions it runs."""
+
+    spec: MethodSpec
+    defaults: Callable[[dict[str, Any], int], dict[str, Any]]
+    scheme: Callable[[dict[str, Any], int], M.Scheme]
+
+    def context(self, params: dict[str, Any], original: int) -> int:
+        """The ``max_position_embeddings`` the patched model advertises: the longest input whose relative
+        positions all stay below ``L``, or the ``max_position_embeddings`` knob / 4 x L where none is."""
+        longest = self.scheme(params, original).longest(original)
+        if longest is not None:
+            return longest
+        return params.get("max_position_embeddings") or UNBOUNDED_CONTEXT * original
+
+
+REMAPPED: dict[str, RemappedMethod] = {}
+
+
+def _add(spec: MethodSpec, defaults, scheme) -> None:
+    register_method(spec)
+    REMAPPED[spec.name] = RemappedMethod(spec, defaults, scheme)
+
+
+def _integer(name: str, value: Any, low: int, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}{' or None (the default)' if allow_none else ''}, got {value!r}.")
+
+
+def _below(name: str, value: int, original: int) -> None:
+    if value >= original:
+        raise ValueError(f"{name}={value} must be shorter than the original context ({original}).")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}.")
+
+
+# -- Self-Extend (Jin et al. 2024) ---------------------------------------------------------------------------
+def _check_self_extend(factor: float, p: dict[str, Any]) -> None:
+    g, w = p["group_size"], p["window"]
+    if isinstance(g, bool) or not isinstance(g, int) or g < 2:
+        raise ValueError(f"group_size must be an integer >= 2 (positions per group), got {g!r}.")
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+        raise ValueError(f"window must be a positive integer (the neighbour window, in tokens) or None, got {w!r}.")
+    if w is not None and w % g:
+        raise ValueError(f"window must be a multiple of group_size ({g}), got window={w}.")
+
+
+def _self_extend_defaults(p, L):
+    g = p["group_size"]
+    p = {**p, "window": p["window"] if p["window"] is not None else max(g, (L // 4) // g * g)}
+    _below("window", p["window"], L)
+    return p
+
+
+_add(MethodSpec(
+    "self_extend", KIND,
+    "Self-Extend (Jin et al. 2024): exact RoPE within a neighbour window, grouped positions (floor(p / G)) beyond "
+    "it, merged in one softmax; training-free, up to (L - window) * group_size + window tokens.",
+    aliases=("selfextend", "grouped_attention"), uses_factor=False,
+    params={"group_size": 8, "window": None}, check=_check_self_extend),
+    _self_extend_defaults, lambda p, L: M.SelfExtend(p["group_size"], p["window"]))
+
+
+# -- ReRoPE and leaky ReRoPE (Su 2023) -------------------------------------------------------------------------
+def _check_rerope(factor: float, p: dict[str, Any]) -> None:
+    _integer("window", p["window"], 1)
+    _check_bool("logn_scaling", p["logn_scaling"])
+    _integer("max_position_embeddings", p.get("max_position_embeddings"), 1)
+    if "leak" in p:
+        leak = p["leak"]
+        if isinstance(leak, bool) or not isinstance(leak, (int, float)) or not math.isfinite(leak) or leak <= 1:
+            raise ValueError(f"leak must be a finite number > 1 (how many times slower positions grow past the "
+                             f"window), got {leak!r}.")
+
+
+def _rerope_defaults(p, L):
+    p = {**p, "window": p["window"] if p["window"] is not None else L // 2}
+    _below("window", p["window"], L)
+    return p
+
+
+_add(MethodSpec(
+    "rerope", KIND,
+    "ReRoPE (Su 2023): relative positions capped at window (min(i - j, window)), queries scaled by "
+    "max(1, ln(i + 1) / ln L); training-free, no length limit.",
+    aliases=("re_rope",), uses_factor=False,
+    params={"window": None, "logn_scaling": True, "max_position_embeddings": None}, check=_check_rerope),
+    _rerope_defaults, lambda p, L: M.ReRoPE(p["window"], L, p["logn_scaling"]))
+_add(MethodSpec(
+    "leaky_rerope", KIND,
+    "Leaky ReRoPE (Su 2023): relative positions exact within window, then growing leak times slower; queries "
+    "scaled by max(1, ln(i + 1) / ln L).",
+    uses_factor=False, params={"window": None, "leak": 4.0, "logn_scaling": True}, check=_check_rerope),
+    _rerope_defaults, lambda p, L: M.ReRoPE(p["window"], L, p["logn_scaling"], leak=float(p["leak"])))
+
+
+# -- STRING (An et al. 2024) -----------------------------------------------------------------------------------
+def _check_string(factor: float, p: dict[str, Any]) -> None:
+    _integer("shifted_offset", p["shifted_offset"], 1)
+    _integer("local_window", p["local_window"], 0, allow_none=False)
+    positive_number("attention_factor", p["attention_factor"])
+    if p["shifted_offset"] is not None and p["local_window"] >= p["shifted_offset"]:
+        raise ValueError(f"local_window ({p['local_window']}) must be smaller than shifted_offset "
+                         f"({p['shifted_offset']}): the shift moves distant keys closer, never farther.")
+
+
+def _string_defaults(p, L):
+    p = {**p, "shifted_offset": p["shifted_offset"] if p["shifted_offset"] is not None else L // 3}
+    _check_string(1.0, p)
+    _below("shifted_offset", p["shifted_offset"], L)
+    return p
+
+
+_add(MethodSpec(
+    "string", KIND,
+    "STRING (An et al. 2024): relative positions past shifted_offset moved back to local_window "
+    "(i - j - shifted_offset + local_window), so the well-trained small positions replace the rarely trained "
+    "large ones; scores scaled by attention_factor^2 as YaRN's.",
+    aliases=("shifted_rope",), uses_factor=False,
+    params={"shifted_offset": None, "local_window": 128, "attention_factor": 0.1 * math.log(2) + 1},
+    check=_check_string),
+    _string_defaults, lambda p, L: M.String(p["shifted_offset"], p["local_window"], float(p["attention_factor"])))
+
+
+# -- Dual Chunk Attention (An et al. 2024) ---------------------------------------------------------------------
+def _check_dca(factor: float, p: dict[str, Any]) -> None:
+    _integer("chunk_size", p["chunk_size"], 2)
+    _integer("local_window", p["local_window"], 1)
+    _integer("max_position_embeddings", p.get("max_position_embeddings"), 1)
+    s, w = p["chunk_size"], p["local_window"]
+    if s is not None and w is not None and s <= 2 * w:
+        raise ValueError(f"chunk_size ({s}) must be more than twice local_window ({w}): chunks hold "
+                         f"chunk_size - local_window positions, and the local window must fit in one.")
+
+
+def _dca_defaults(p, L):
+    p = {**p, "chunk_size": p["chunk_size"] if p["chunk_size"] is not None else 3 * L // 4,
+         "local_window": p["local_window"] if p["local_window"] is not None else max(1, L // 16)}
+    _check_dca(1.0, p)
+    if p["chunk_size"] > L:
+        raise ValueError(f"chunk_size={p['chunk_size']} must not exceed the original context ({L}).")
+    return p
+
+
+_add(MethodSpec(
+    "dca", KIND,
+    "Dual Chunk Attention (An et al. 2024, ChunkLlama; Qwen2.5-1M's dual_chunk_attention_config): intra-chunk, "
+    "successive-chunk and inter-chunk positions, all below chunk_size; training-free, no length limit.",
+    aliases=("dual_chunk", "dual_chunk_attention", "chunkllama"), uses_factor=False,
+    params={"chunk_size": None, "local_window": None, "max_position_embeddings": None}, check=_check_dca),
+    _dca_defaults, lambda p, L: M.DualChunk(p["chunk_size"], p["local_window"]))
