@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .provenance import command_line, environment, scrub
+from .adapters import ADAPTERS
 from .adapters.base import text_config
 from .config import CONFIG_KEY
 
@@ -161,13 +163,19 @@ def _eval_sections(reports: list[dict[str, Any]]) -> list[dict[str, str]]:
             for r in reports]
 
 
+def holds_patch(block: dict[str, Any]) -> bool:
+    """Whether the saved weights hold the change (a resized or replaced position table), so that plain transformers
+    builds the original architecture around other weights."""
+    adapter = next((a for a in ADAPTERS if a.name == block.get("family")), None)
+    return adapter is not None and not adapter.restores(block)
+
+
 def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | None = None,
                      eval_reports: list[dict[str, Any]] | None = None, command: str | None = None,
                      model_name: str | None = None, trained: bool = False, extra_tags: list[str] | None = None):
     """The ``huggingface_hub.ModelCard`` of a patched ``model``."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    from .eval.common import command_line, environment
     from .methods import resolve_method
     from .patching import get_config
 
@@ -198,8 +206,9 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         original_context=original, new_context=getattr(lm_config, "max_position_embeddings", None),
         family=block.get("family"), native=bool(block.get("native")),
         rope_parameters=getattr(lm_config, "rope_parameters", None),
-        changes_weights=bool(block.get("changes_weights")), trained=trained, auto_class=auto_class,
+        changes_weights=holds_patch(block), trained=trained, auto_class=auto_class,
         command=command or command_line(), environment=environment(), eval_sections=_eval_sections(reports),
         in_model_index=bool(results),
     )
+    card.content = scrub(card.content)  # the commands it quotes (the card's own and its reports') carry no secret
     return card

@@ -4,29 +4,59 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 
+from .provenance import command_line, scrub
 from .hub import UploadError
 from .models import DEFAULT_MODEL
 
 
 def _ints(text: str) -> list[int]:
+    """Comma-separated integers >= 1 (lengths, ...), at least one."""
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected one or more comma-separated integers >= 1, got {text!r}")
+    return values
 
 
 def _floats(text: str) -> list[float]:
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected one or more comma-separated numbers, got {text!r}")
+    return values
+
+
+def _depths(text: str) -> list[float]:
+    values = _floats(text)
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"depths are fractions of the filler between 0 and 1, got {text!r}")
+    return values
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r} (leave the flag out for the default)")
+    return value
 
 
 def _names(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected one or more comma-separated names, got {text!r}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{', '.join(repeated)} listed more than once in {text!r}")
+    return names
 
 
 def _common(p: argparse.ArgumentParser, default_methods: str) -> None:
@@ -87,16 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a built-in corpus that needs no file or network: python-docs = the Python Language "
                         "Reference topics shipped with CPython, in 4 documents. With no data flag at all, the "
                         "default is $HF_POSENC_CORPUS, else ../shared/data/books beside a checkout, else python-docs.")
-    d.add_argument("--limit", type=int, help="use at most this many documents.")
+    d.add_argument("--limit", type=_positive, help="use at most this many documents.")
     e = ppl.add_argument_group("evaluation")
     e.add_argument("--lengths", type=_ints, default=[2048, 4096, 8192], help="comma-separated context lengths in tokens.")
     e.add_argument("--mode", choices=["windows", "sliding"], default="windows",
                    help="windows: non-overlapping windows of each length; sliding: windows moved by --stride, "
                         "loss on the new tokens only.")
-    e.add_argument("--stride", type=int, help="sliding-window stride in tokens (default: the length, i.e. no overlap).")
-    e.add_argument("--max-windows", type=int, default=None, help="at most this many windows per document and length.")
-    e.add_argument("--buckets", type=int, default=32, help="position buckets of the loss-by-position curve.")
-    e.add_argument("--chunk-size", type=int, default=1024,
+    e.add_argument("--stride", type=_positive, help="sliding-window stride in tokens (default: the length, i.e. no overlap).")
+    e.add_argument("--max-windows", type=_positive, default=None, help="at most this many windows per document and length.")
+    e.add_argument("--buckets", type=_positive, default=32, help="position buckets of the loss-by-position curve.")
+    e.add_argument("--chunk-size", type=_positive, default=1024,
                    help="tokens per LM-head chunk: the full [length x vocab] logits are never materialised.")
 
     pk = evsub.add_parser("passkey", help="passkey retrieval accuracy per length and depth.",
@@ -104,14 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     _common(pk, "none,yarn")
     e = pk.add_argument_group("evaluation")
     e.add_argument("--lengths", type=_ints, default=[2048, 4096, 8192], help="prompt lengths in tokens.")
-    e.add_argument("--depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0],
+    e.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0],
                    help="needle depths, 0 = start of the filler, 1 = end.")
-    e.add_argument("--trials", type=int, default=5, help="random keys per (length, depth) cell.")
-    e.add_argument("--digits", type=int, default=5, help="digits of each key.")
+    e.add_argument("--trials", type=_positive, default=5, help="random keys per (length, depth) cell.")
+    e.add_argument("--digits", type=_positive, default=5, help="digits of each key.")
     e.add_argument("--scoring", choices=["teacher_forced", "greedy"], default="teacher_forced",
                    help="teacher_forced: every key token must be the argmax (one forward pass); greedy: decode and "
                         "parse the first number.")
-    e.add_argument("--batch-size", type=int, default=1,
+    e.add_argument("--batch-size", type=_positive, default=1,
                    help="prompts of one token length scored together (same results, more memory; helps on GPU).")
     e.add_argument("--filler", default=None, help="filler text repeated around the needle (default: the landmark-attention filler).")
     e.add_argument("--needle", default=None, help="needle template with {key} (default: 'The pass key is {key}. Remember it. ...').")
@@ -126,9 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--text-dir", action="append", help="a folder of .txt/.md files for the filler; repeatable.")
     e = rt.add_argument_group("evaluation")
     e.add_argument("--lengths", type=_ints, default=[512, 1024, 2048], help="document lengths in tokens.")
-    e.add_argument("--depths", type=_floats, default=[0.1, 0.5, 0.9], help="where the fact sits in each document (0..1).")
-    e.add_argument("--trials", type=int, default=10, help="queries per (length, depth).")
-    e.add_argument("--candidates", type=int, default=5, help="documents ranked per query (one holds the fact).")
+    e.add_argument("--depths", type=_depths, default=[0.1, 0.5, 0.9], help="where the fact sits in each document (0..1).")
+    e.add_argument("--trials", type=_positive, default=10, help="queries per (length, depth).")
+    e.add_argument("--candidates", type=_positive, default=5, help="documents ranked per query (one holds the fact).")
     e.add_argument("--filler", choices=["same", "different"], default="same",
                    help="same: all candidates share one passage, only their facts differ; different: a passage each.")
 
@@ -154,9 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--passkey-lengths", type=_ints, default=None, help="passkey lengths (default: as --ppl-lengths).")
     e.add_argument("--text-file", action="append", help="text for perplexity (default: the default corpus, see "
                    "'hf-posenc eval ppl --help'); repeatable.")
-    e.add_argument("--max-windows", type=int, default=1, help="perplexity windows per document and length.")
-    e.add_argument("--depths", type=_floats, default=[0.5], help="passkey needle depths.")
-    e.add_argument("--trials", type=int, default=2, help="passkey keys per (length, depth).")
+    e.add_argument("--max-windows", type=_positive, default=1, help="perplexity windows per document and length.")
+    e.add_argument("--depths", type=_depths, default=[0.5], help="passkey needle depths.")
+    e.add_argument("--trials", type=_positive, default=2, help="passkey keys per (length, depth).")
     e.add_argument("--seed", type=int, default=0, help="random seed.")
     e.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
     h = pa.add_argument_group("upload (token: HF_TOKEN or 'hf auth login'; endpoint: HF_ENDPOINT)")
@@ -176,15 +206,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--eval-text-file", action="append", required=True,
                    help="held-out text (never trained on) for perplexity before/after; repeatable.")
     t = ft.add_argument_group("training")
-    t.add_argument("--seq-len", type=int, default=1024, help="tokens per packed training sequence (and eval window).")
-    t.add_argument("--steps", type=int, default=40, help="optimizer steps.")
+    t.add_argument("--seq-len", type=_positive, default=1024, help="tokens per packed training sequence (and eval window).")
+    t.add_argument("--steps", type=_positive, default=40, help="optimizer steps.")
     t.add_argument("--learning-rate", type=float, default=1e-4, help="peak learning rate (AdamW, cosine decay).")
-    t.add_argument("--batch-size", type=int, default=1, help="sequences per device step.")
-    t.add_argument("--grad-accum", type=int, default=1, help="gradient-accumulation steps per optimizer step.")
+    t.add_argument("--batch-size", type=_positive, default=1, help="sequences per device step.")
+    t.add_argument("--grad-accum", type=_positive, default=1, help="gradient-accumulation steps per optimizer step.")
     t.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps.")
     t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay.")
     t.add_argument("--no-gradient-checkpointing", action="store_true", help="keep activations (faster, more memory).")
-    t.add_argument("--eval-windows", type=int, default=4, help="held-out windows of --seq-len tokens per document.")
+    t.add_argument("--eval-windows", type=_positive, default=4, help="held-out windows of --seq-len tokens per document.")
     t.add_argument("--dtype", default="float32", help="float32 or bfloat16 (training precision).")
     t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu).")
     t.add_argument("--seed", type=int, default=0, help="random seed (data order, initialisation).")
@@ -291,9 +321,9 @@ def main(argv: list[str] | None = None) -> int:
             _print_methods(args.json)
             return 0
         if args.command in ("patch", "upload"):
-            return _publish(args, "hf-posenc " + shlex.join(argv))
+            return _publish(args, command_line(argv, "hf-posenc"))
         if args.command == "finetune":
-            return _finetune(args, "hf-posenc " + shlex.join(argv))
+            return _finetune(args, command_line(argv, "hf-posenc"))
         from .eval.common import parse_method_params
 
         params = parse_method_params(args.method_param)
@@ -301,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                       lengths=args.lengths, seed=args.seed, dtype=args.dtype, device=args.device,
                       attn_implementation=args.attn_implementation, output=args.output,
                       progress=not args.no_progress, plots=not args.no_plots,
-                      command="hf-posenc " + shlex.join(argv))
+                      command=command_line(argv, "hf-posenc"))
         if args.task == "retrieval":
             from .eval.run_ppl import gather_documents
             from .eval.run_retrieval import run_retrieval
@@ -324,10 +354,10 @@ def main(argv: list[str] | None = None) -> int:
                                  batch_size=args.batch_size,
                                  filler=args.filler or FILLER, needle=args.needle or NEEDLE, **common)
     except ValueError as err:
-        print(f"hf-posenc: error: {err}", file=sys.stderr)
+        print(f"hf-posenc: error: {scrub(str(err))}", file=sys.stderr)
         return 2
     except UploadError as err:  # the local save is complete; the message says what to rerun
-        print(f"hf-posenc: error: {err}", file=sys.stderr)
+        print(f"hf-posenc: error: {scrub(str(err))}", file=sys.stderr)
         return 1
     print(report["table"])
     if args.output:

@@ -74,7 +74,7 @@ class PosEncConfig:
         if not isinstance(data, dict) or "method" not in data:
             raise ValueError(f"a PosEncConfig dict needs at least a 'method' key, got {data!r}.")
         known = {"method", "factor", "original_max_position_embeddings", "params"}
-        extra = sorted(set(data) - known - {"version", "native", "original", "family"})
+        extra = sorted(set(data) - known - {"version", "native", "original", "family", "schema"})
         if extra:
             raise ValueError(f"unknown PosEncConfig field(s) {extra}; allowed: {sorted(known)}.")
         return cls(**{k: data[k] for k in known if k in data})

@@ -14,6 +14,9 @@ import sys
 import tempfile
 from typing import Any
 
+from .context import context_length
+from .files import atomic_write_text
+from .provenance import scrub
 from .card import BaseModel, build_model_card, describe_base
 from .eval.report import save_report
 from .models import drop_gguf_quantizer
@@ -58,16 +61,8 @@ def save_pretrained(model, save_directory: str, tokenizer=None, *, eval_results:
     for report in eval_results or []:  # JSON and Markdown table; plots stay where the run wrote them
         save_report({k: v for k, v in report.items() if k != "plots"}, os.path.join(save_directory, EVAL_FOLDER),
                     report["task"])
-    card.save(os.path.join(save_directory, "README.md"))
+    atomic_write_text(os.path.join(save_directory, "README.md"), card.content)
     return save_directory
-
-
-def context_length(model) -> int | None:
-    """Tokens the patched model takes: its learned table's positions, else ``max_position_embeddings``."""
-    from .adapters.base import text_config
-    from .adapters.learned_absolute import table_positions
-
-    return table_positions(model) or getattr(text_config(model.config)[0], "max_position_embeddings", None)
 
 
 def save_tokenizer(tokenizer, save_directory: str, length: int | None) -> None:
@@ -82,14 +77,6 @@ def save_tokenizer(tokenizer, save_directory: str, length: int | None) -> None:
     finally:
         if raise_it:
             tokenizer.model_max_length = old
-
-
-def _scrub(text: str, token: str | None) -> str:
-    """``text`` with every token that could be in play replaced by ``***``."""
-    for secret in {token, os.environ.get("HF_TOKEN"), os.environ.get("HUGGING_FACE_HUB_TOKEN")}:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
 
 
 def upload(folder: str, repo_id: str, *, private: bool | None = None, revision: str | None = None,
@@ -117,7 +104,7 @@ def upload(folder: str, repo_id: str, *, private: bool | None = None, revision: 
         print(f"hf-posenc: upload interrupted; the local save in {folder} is complete. Rerun: {rerun}", file=sys.stderr)
         raise
     except Exception as err:  # network, auth, server: one clear line, never the token
-        detail = _scrub(f"{type(err).__name__}: {err}", token).splitlines()
+        detail = scrub(f"{type(err).__name__}: {err}", token).splitlines()
         raise UploadError(f"upload of {folder} to {repo_id} failed ({' '.join(x.strip() for x in detail if x.strip())}). "
                           f"The local save in {folder} is complete; rerun: {rerun}") from None
     return str(info.commit_url)

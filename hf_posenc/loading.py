@@ -10,6 +10,7 @@ import torch
 from .adapters import ADAPTERS
 from .config import CONFIG_KEY, PosEncConfig, as_config
 from .models import drop_gguf_quantizer, resolve_source
+from .saved_block import SavedBlock
 from .patching import adopt, patch
 from .weights import HUB_FILE_KWARGS, read_tensors
 
@@ -42,12 +43,13 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
     block = getattr(hf_config, CONFIG_KEY, None)
     stored = adapter = None
     if block is not None:
-        stored = PosEncConfig.from_dict(block)
-        adapter = next((a for a in ADAPTERS if a.name == block.get("family")), None)
+        saved = SavedBlock.from_dict(block, str(path_or_id))
+        stored = saved.config
+        adapter = next((a for a in ADAPTERS if a.name == saved.family), None)
         if adapter is None:
             raise ValueError(
-                f"{path_or_id} was patched by a family adapter {block.get('family')!r} that this hf_posenc "
-                f"(adapters: {[a.name for a in ADAPTERS]}) does not have; upgrade hf_posenc."
+                f"{path_or_id}: its config.json's hf_posenc block names the family adapter {saved.family!r}, which "
+                f"this hf_posenc (adapters: {[a.name for a in ADAPTERS]}) does not have; upgrade hf_posenc."
             )
         hf_config = adapter.prepare_load_config(hf_config, block)
         delattr(hf_config, CONFIG_KEY)
@@ -61,6 +63,9 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
             f"{requested.method!r} cannot be applied from the original; load the base model for that.")
     model = auto_class.from_pretrained(source.path, config=hf_config, **kwargs)
     drop_gguf_quantizer(model)
+    if adapter is not None and not adapter.matches(model):
+        raise ValueError(f"{path_or_id}: its config.json's hf_posenc block names the family {adapter.name!r}, which "
+                         f"does not fit this model ({type(model).__name__}); the file was edited or corrupted.")
     if adopted:
         return adopt(model, stored, block, reapply=adapter.reapplies(block))
     spec = requested or stored or shipped_dca(hf_config, path_or_id)

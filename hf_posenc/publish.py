@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from .config import PosEncConfig
+from .files import StagedFolder, check_output_folder
+from .models import resolve_source
 
 
 def default_eval_lengths(original: int, factor: float | None) -> list[int]:
@@ -22,7 +24,8 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
                    commit_message: str | None = None, command: str | None = None, progress: bool = True
                    ) -> dict[str, Any]:
     """The whole ``hf-posenc patch`` job; returns what was done (folder, reports, commit URL)."""
-    from .eval.common import load_model_and_tokenizer, original_context
+    from .context import original_context
+    from .eval.common import load_model_and_tokenizer
     from .eval.run_ppl import gather_documents
     from .hub import save_pretrained, upload
     from .patching import patch
@@ -31,6 +34,9 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     unknown = sorted(set(evals) - {"ppl", "passkey", "retrieval"})
     if unknown:
         raise ValueError(f"--eval takes ppl, passkey (decoders) and retrieval (encoders), got {unknown}")
+    check_output_folder(output, resolve_source(model).path)  # before any compute
+    if (private or revision) and not push_to_hub:
+        raise ValueError("--private and --revision apply to an upload: add --push-to-hub USER/NAME, or drop them.")
     lm, tok, src = load_model_and_tokenizer(model, dtype, device)
     original = original_context(lm)
     unsized = ({"ppl", "retrieval"} & set(evals) and not ppl_lengths) or ("passkey" in evals and not passkey_lengths)
@@ -58,7 +64,8 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
         reports.append(run_retrieval(lengths=ppl_lengths or lengths, docs=docs, depths=depths or [0.5],
                                      trials=trials, **common))
     patch(lm, config)
-    save_pretrained(lm, output, tok, eval_results=reports, base_model=model, repo_id=push_to_hub, command=command)
+    with StagedFolder(output) as staged:  # a failure leaves --output as it was
+        save_pretrained(lm, staged, tok, eval_results=reports, base_model=model, repo_id=push_to_hub, command=command)
     done: dict[str, Any] = {"output": output, "reports": reports, "commit_url": None}
     if push_to_hub:
         done["commit_url"] = upload(output, push_to_hub, private=private, revision=revision,

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-BOOKS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "books")
+# the shared books beside the checkout (HF_POSENC_TEST_BOOKS: elsewhere, e.g. a missing folder to run as a fresh clone)
+BOOKS = os.environ.get("HF_POSENC_TEST_BOOKS") or os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "books")
 ORIGINAL = 64  # max_position_embeddings of the tiny models
 THETA = 50_000.0  # deliberately not 10000: the code must read it from the config
 
@@ -60,11 +61,27 @@ def family(request):
     return request.param
 
 
+STAND_INS = {"pg84.txt": 0, "pg1342.txt": 1, "pg1513.txt": 2}  # a python-docs document for each book
+
+
 def book_path(name: str = "pg84.txt") -> str:
+    """A shared book beside the checkout, else (a fresh clone) a document of the built-in python-docs corpus
+    written once to a file of the same name: the book-based tests run either way."""
     path = os.path.abspath(os.path.join(BOOKS, name))
-    if not os.path.exists(path):
-        pytest.skip(f"shared book {path} not found (expected ../shared/data/books beside the checkout)")
-    return path
+    if os.path.exists(path):
+        return path
+    from hf_posenc.eval.data import builtin_corpus
+
+    import tempfile
+
+    folder = os.path.join(tempfile.gettempdir(), f"hf_posenc-stand-ins-{os.getuid()}")
+    stand_in = os.path.join(folder, name)
+    if not os.path.exists(stand_in):
+        os.makedirs(folder, exist_ok=True)
+        from hf_posenc.files import atomic_write_text
+
+        atomic_write_text(stand_in, builtin_corpus()[STAND_INS[name]].text)
+    return stand_in
 
 
 @pytest.fixture(scope="session")

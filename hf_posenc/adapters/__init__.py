@@ -13,11 +13,6 @@ from .t5_relative import T5RelativeAdapter
 ADAPTERS: list[Adapter] = [RopeDecoderAdapter(), LearnedAbsoluteAdapter(), T5RelativeAdapter()]
 
 
-def supported_families() -> dict[str, list[str]]:
-    """Adapter name -> model types tested explicitly (others may be found generically)."""
-    return {a.name: list(a.model_types) for a in ADAPTERS}
-
-
 def _describe_supported() -> str:
     parts = []
     for a in ADAPTERS:
@@ -53,4 +48,4 @@ def methods_for(adapter: Adapter) -> list[str]:
     return sorted(name for name, spec in METHODS.items() if adapter.accepts(spec))
 
 
-__all__ = ["ADAPTERS", "Adapter", "PatchRecord", "find_adapter", "methods_for", "supported_families"]
+__all__ = ["ADAPTERS", "Adapter", "PatchRecord", "find_adapter", "methods_for"]

@@ -36,6 +36,10 @@ STATE_ATTR = "_hf_posenc_alibi"  # per attention module: the AlibiState of its m
 class AlibiState(CacheOffset):
     """Slopes, and the cache offset of the current forward call."""
 
+    def __setstate__(self, state: dict) -> None:  # unpickled in a fresh process: the attention function is registered
+        self.__dict__.update(state)
+        register()
+
     def __init__(self, slopes: torch.Tensor, block: int = 256, full_limit: int = 2**28, causal: bool | None = None):
         super().__init__()
         self.slopes = slopes

@@ -58,9 +58,6 @@ def register_attention(name: str, fn) -> str:
 def select(model, record, state: CacheOffset, attention_modules, name: str, state_attr: str) -> None:
     """This instance's (isolated) config selects the registered attention function ``name``; each attention
     module gets ``state`` as ``state_attr``. Both recorded, so that ``unpatch`` restores them."""
-    config = model.config
-    old = config._attn_implementation
-    config._attn_implementation = name
-    record.on_undo(lambda: setattr(config, "_attn_implementation", old))
+    record.assign(model.config, "_attn_implementation", name)
     for m in attention_modules:
         record.set_attr(m, state_attr, state)

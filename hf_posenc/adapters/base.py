@@ -9,24 +9,39 @@ exactly (as accelerate's hooks do): nothing is ever changed on a class, only on 
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..config import CONFIG_KEY, PosEncConfig
+from ..saved_block import SavedBlock
 
-_MISSING = object()
+class _Missing:
+    """Marks an attribute that did not exist before a patch; one instance, kept by copy and pickle."""
+
+    def __reduce__(self):
+        return "_MISSING"
+
+    def __repr__(self):
+        return "<missing>"
+
+
+_MISSING = _Missing()
 
 
 class PatchRecord:
-    """The undo log of one applied patch on one model instance."""
+    """The undo log of one applied patch on one model instance.
+
+    Each step is data -- ``("set", obj, name, old)``, ``("assign", obj, name, old)``, ``("hook", handle)``,
+    ``("configs", [(module, config), ...])`` -- never a closure, so that ``copy.deepcopy`` and pickle of the
+    model carry a log that points at the copy's own objects: unpatching a copy restores the copy."""
 
     def __init__(self, model: nn.Module, config: PosEncConfig, adapter: "Adapter"):
         self.model = model
         self.config = config
         self.adapter = adapter
-        self._undo: list[Callable[[], None]] = []
+        self._undo: list[tuple] = []
         self.reversible = True  # False for a model adopted from a checkpoint that holds the patched weights
         self.config_original: dict[str, Any] = {}  # model-config fields the patch changed, as they were
 
@@ -35,15 +50,13 @@ class PatchRecord:
         """Set ``obj.name = value`` (a buffer, a parameter, a submodule or a plain attribute)."""
         old = obj.__dict__.get(name, _MISSING) if not isinstance(obj, nn.Module) else _module_attr(obj, name)
         setattr(obj, name, value)
+        self._undo.append(("set", obj, name, old))
 
-        def undo() -> None:
-            if old is _MISSING:
-                if hasattr(obj, name):
-                    delattr(obj, name)
-            else:
-                setattr(obj, name, old)
-
-        self._undo.append(undo)
+    def assign(self, obj: Any, name: str, value: Any) -> None:
+        """``obj.name = value`` through whatever property ``name`` is; undone by assigning the old value."""
+        old = getattr(obj, name)
+        setattr(obj, name, value)
+        self._undo.append(("assign", obj, name, old))
 
     def set_config(self, name: str, value: Any) -> None:
         """Change one field of the model's (already isolated) config; ``text_config.rope_parameters``
@@ -54,10 +67,7 @@ class PatchRecord:
         self.set_attr(owner, field, value)
 
     def add_hook(self, handle: torch.utils.hooks.RemovableHandle) -> None:
-        self._undo.append(handle.remove)
-
-    def on_undo(self, fn: Callable[[], None]) -> None:
-        self._undo.append(fn)
+        self._undo.append(("hook", handle))
 
     def isolate_config(self) -> None:
         """Give the model its own copy of its config, so that a patch never reaches another model
@@ -72,31 +82,25 @@ class PatchRecord:
         holders = [(m, m.config) for m in self.model.modules() if id(getattr(m, "config", None)) in pairs]
         for m, held in holders:
             m.config = pairs[id(held)]
-
-        def undo() -> None:
-            for m, held in holders:
-                m.config = held
-
-        self._undo.append(undo)
+        self._undo.append(("configs", holders))
 
     def undo(self) -> None:
         while self._undo:
-            self._undo.pop()()
+            kind, *step = self._undo.pop()
+            if kind == "hook":
+                step[0].remove()
+            elif kind == "configs":
+                for m, held in step[0]:
+                    m.config = held
+            elif kind == "assign" or step[2] is not _MISSING:
+                setattr(*step)
+            elif hasattr(step[0], step[1]):
+                delattr(step[0], step[1])
 
     # -- what goes into config.json -------------------------------------------------------------
     def block(self, native: bool) -> dict[str, Any]:
-        from .. import __version__
-
-        data = self.config.to_dict()
-        data.update(
-            {
-                "family": self.adapter.name,
-                "native": native,
-                "original": {k: v for k, v in self.config_original.items() if k != CONFIG_KEY},
-                "version": __version__,
-            }
-        )
-        return data
+        original = {k: v for k, v in self.config_original.items() if k != CONFIG_KEY}
+        return SavedBlock(self.config, self.adapter.name, native, original).to_dict()
 
 
 def config_field(config: Any, name: str) -> tuple[Any, str]:

@@ -38,6 +38,10 @@ STATE_ATTR = "_hf_posenc_remapped"
 class RemapState(CacheOffset):
     """The scheme, the model's RoPE frequencies, the query block size, and the padding of the current call."""
 
+    def __setstate__(self, state: dict) -> None:  # unpickled in a fresh process: the attention function is registered
+        self.__dict__.update(state)
+        register()
+
     def __init__(self, scheme: Scheme, inv_freq: torch.Tensor, block: int = 256):
         super().__init__()
         self.scheme = scheme

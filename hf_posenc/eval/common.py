@@ -17,6 +17,8 @@ from ..config import PosEncConfig
 from ..patching import get_config, patch, unpatch
 from ..methods import resolve_method
 from ..models import resolve_source
+from ..context import original_context
+from ..provenance import command_line, environment, scrub
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -66,6 +68,12 @@ def method_configs(methods: list[str | PosEncConfig], factor: float | None,
                    params: dict[str, dict[str, Any]]) -> list[PosEncConfig]:
     """One validated PosEncConfig per method; shared knobs (``KEY=VALUE``) go to the methods that take them.
     A PosEncConfig in ``methods`` is taken as it is."""
+    specs = [resolve_method(m) for m in methods if not isinstance(m, PosEncConfig)]
+    unused = sorted(set(params.get("*", {})) - {k for spec in specs for k in spec.params})
+    if unused:
+        taken = sorted({k for spec in specs for k in spec.params}) or ["none"]
+        raise ValueError(f"--method-param {', '.join(unused)}: no method of this run takes it (methods "
+                         f"{[s.name for s in specs]} take: {', '.join(taken)}).")
     configs = []
     for name in methods:
         if isinstance(name, PosEncConfig):
@@ -76,20 +84,6 @@ def method_configs(methods: list[str | PosEncConfig], factor: float | None,
         knobs.update(params.get(spec.name, {}))
         configs.append(PosEncConfig(spec.name, factor if spec.uses_factor else None, params=knobs))
     return configs
-
-
-def environment() -> dict[str, str]:
-    import transformers
-
-    from .. import __version__
-
-    return {"hf_posenc": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "platform": platform.platform()}
-
-
-def command_line() -> str:
-    """The command line of this process, for the record (the CLI passes its own, exact one)."""
-    return shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:])
 
 
 def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, Any]:
@@ -108,17 +102,6 @@ def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, A
     return results
 
 
-def original_context(model) -> int | None:
-    """The context length the model was trained for (before any hf_posenc patch); None when the family has
-    no fixed one (T5's relative buckets)."""
-    cfg = get_config(model)
-    if cfg is not None and cfg.original_max_position_embeddings:
-        return cfg.original_max_position_embeddings
-    from ..adapters.base import text_config
-
-    return getattr(text_config(model.config)[0], "max_position_embeddings", None)
-
-
 def shared_setup(model: str, src, lm, configs: list[PosEncConfig], seed: int, dtype: str, device: str,
                  attn_implementation: str | None, command: str | None, started: float) -> dict[str, Any]:
     """The part of a report's setup that every evaluation records (what ran, where, and how to rerun it)."""
@@ -126,6 +109,6 @@ def shared_setup(model: str, src, lm, configs: list[PosEncConfig], seed: int, dt
         "model": model, "model_source": src.label or src.path, "original_context": original_context(lm),
         "methods": {c.method: c.to_dict() for c in configs}, "seed": seed, "dtype": dtype, "device": device,
         "attn_implementation": attn_implementation or lm.config._attn_implementation,
-        "command": command or command_line(), "environment": environment(),
+        "command": scrub(command) if command else command_line(), "environment": environment(),
         "seconds": round(time.time() - started, 1),
     }

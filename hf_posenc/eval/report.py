@@ -6,11 +6,14 @@ import json
 import os
 from typing import Any
 
+from ..files import atomic_write_text
+from ..provenance import scrub, scrub_data
+
 
 def write_json(data: dict[str, Any], path: str) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2)
+    """``data`` as JSON at ``path``, scrubbed of secrets, written atomically (the old file or the new one, never
+    half of one)."""
+    atomic_write_text(path, json.dumps(scrub_data(data), indent=2))
     return path
 
 
@@ -18,8 +21,7 @@ def save_report(report: dict[str, Any], output: str, stem: str, plots=None) -> N
     """``<stem>.json`` (everything) and ``<stem>.md`` (the table) in ``output``, then the plots if asked."""
     os.makedirs(output, exist_ok=True)
     write_json(report, os.path.join(output, f"{stem}.json"))
-    with open(os.path.join(output, f"{stem}.md"), "w") as f:
-        f.write(report["table"] + "\n")
+    atomic_write_text(os.path.join(output, f"{stem}.md"), scrub(report["table"]) + "\n")
     if plots is not None:
         report["plots"] = plots(report, output)
 

@@ -20,20 +20,14 @@ from typing import Any
 
 import torch
 
+from ..context import context_length
+
 NAMES = ["Maria", "Tomas", "Aiko", "Kwame", "Lena", "Ravi", "Sofia", "Omar", "Ingrid", "Mateo", "Yara", "Hugo",
          "Nadia", "Felix", "Amara", "Jonas", "Leila", "Bruno", "Freya", "Diego", "Hana", "Ivan", "Zara", "Pablo"]
 WORDS = ["ruby", "castle", "falcon", "maple", "harbor", "violet", "thunder", "lantern", "copper", "meadow",
          "glacier", "orchid", "anchor", "saffron", "comet", "willow", "ember", "quartz", "canyon", "pepper"]
 FACT = " The secret code of agent {name} is {code}. "
 QUERY = "What is the secret code of agent {name}?"
-
-
-def positions_of(model) -> int:
-    """How many positions the encoder takes (its table, without RoBERTa's padding rows)."""
-    from ..adapters.learned_absolute import table_positions
-
-    n = table_positions(model)
-    return n if n is not None else int(model.config.max_position_embeddings)
 
 
 @torch.no_grad()
@@ -106,7 +100,7 @@ def evaluate_retrieval(model, tokenizer, stream: list[int], lengths: list[int], 
     if trials < 1 or any(not 0 <= d <= 1 for d in depths):
         raise ValueError(f"trials must be >= 1 and depths in [0, 1], got trials={trials}, depths={depths}")
     builder = NeedleDocs(tokenizer, stream)
-    limit = positions_of(model)
+    limit = context_length(model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     out: dict[str, Any] = {"positions": limit, "by_length": {}}
     bar = tqdm(total=len(lengths) * len(depths) * trials, desc=f"{desc} retrieval".strip(), disable=not progress,
