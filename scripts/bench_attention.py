@@ -7,9 +7,9 @@ no LM head), the variants interleaved within each round so that drifts of the ma
 warm-up of every variant at the shortest length; the median over rounds is kept. Reported: tokens/s and the
 ratio to native (target: >= 0.7 at 8k and 12k).
 
-Memory: at ``--memory-length`` every variant runs once more in a fresh process, which reports its peak
-resident memory above the level reached after loading the model and the tokens (the attention's own working
-memory; the KV of every layer is part of it for every variant).
+Memory: at ``--memory-length`` every variant runs once more in a fresh process, which resets its peak resident
+memory after loading the model and the tokens (Linux ``/proc/self/clear_refs``) and reports the peak of the
+forward above that level (the attention's working memory; the activations are the same for every variant).
 
     python scripts/bench_attention.py --lengths 2048,4096,8192,12288 --write
 """
@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shlex
 import statistics
 import subprocess
@@ -60,10 +59,17 @@ def child(args) -> None:
 
     model, _, _ = load_model_and_tokenizer(args.model, attn_implementation="sdpa")
     x = tokens(model, args.memory_length)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with open("/proc/self/clear_refs", "w") as f:  # Linux: the peak (VmHWM) restarts from the current RSS, so
+        f.write("5")  # that loading (a GGUF de-quantised in memory) does not hide the forward's own peak
+    base = _status_mb("VmRSS")
     seconds = forward(model, args.variant, x)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"variant": args.variant, "increment_mb": peak - base, "seconds": seconds}))
+    print(json.dumps({"variant": args.variant, "increment_mb": _status_mb("VmHWM") - base, "seconds": seconds}))
+
+
+def _status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        line = next(row for row in f if row.startswith(field + ":"))
+    return int(line.split()[1]) / 1024  # kB
 
 
 def speed(args, variants: list[str]) -> dict[int, dict[str, list[float]]]:

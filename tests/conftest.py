@@ -152,3 +152,27 @@ def written_out_decoder(model, input_ids, scores, embeds_add=None, allowed=None)
         h = h + a.o_proj((p @ v).transpose(1, 2).reshape(b, t, nh * hd))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return model.lm_head(body.norm(h))
+
+
+@torch.no_grad()
+def cached_last_logits(model, input_ids, prompt: int):
+    """Last-position logits of a prefill of ``prompt`` tokens, then of each later token fed alone with the KV
+    cache: ``[batch, steps, vocab]``, to compare with the full forward's ``[:, prompt - 1 : -1]``."""
+    out = model(input_ids[:, :prompt], use_cache=True)
+    steps, cache = [out.logits[:, -1]], out.past_key_values
+    for i in range(prompt, input_ids.shape[1] - 1):
+        out = model(input_ids[:, i : i + 1], past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        steps.append(out.logits[:, -1])
+    return torch.stack(steps, 1).float()
+
+
+def all_text(folder) -> str:
+    """Every file below ``folder``, as text."""
+    out = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as fh:
+                out.append(fh.read().decode("utf-8", "replace"))
+    return "\n".join(out)
+

@@ -9,20 +9,11 @@ import pytest
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.provenance import command_line, scrub
-from conftest import tiny_model
+from conftest import all_text, tiny_model
 
 SHAPED = "hf_" + "Q7x" * 12  # shaped like a Hub token, known to nobody
 FLAGGED = "plainsecret-42"  # a value after --token: no shape, still a secret
 STORED = "storedLoginToken_987654"  # what 'hf auth login' stored
-
-
-def _all_text(folder) -> str:
-    out = []
-    for root, _, files in os.walk(folder):
-        for name in files:
-            with open(os.path.join(root, name), "rb") as fh:
-                out.append(fh.read().decode("utf-8", "replace"))
-    return "\n".join(out)
 
 
 @pytest.fixture
@@ -58,7 +49,7 @@ def test_a_token_on_the_command_line_never_reaches_the_card_or_the_reports(tmp_p
               "setup": {"lengths": [64], "documents": ["a.txt"], "command": f"eval --token {FLAGGED}"},
               "results": {"yarn": {"64": {"ppl": 11.0}}}}
     hf_posenc.save_pretrained(model, str(tmp_path / "out"), bert_tokenizer, eval_results=[report])
-    saved = _all_text(tmp_path / "out")
+    saved = all_text(tmp_path / "out")
     assert "push.py *** --token ***" in saved  # the command is recorded, without its secrets
     for secret in (SHAPED, FLAGGED, STORED, "envTokenValue_1234"):
         assert secret not in saved
@@ -75,7 +66,7 @@ def test_the_cli_records_its_command_without_the_token(tiny_checkpoint, tmp_path
     assert main(argv) == 0
     saved = json.loads((out / "perplexity.json").read_text())
     assert saved["setup"]["command"].endswith("--split ***")
-    assert SHAPED not in _all_text(out) and SHAPED not in capsys.readouterr().out
+    assert SHAPED not in all_text(out) and SHAPED not in capsys.readouterr().out
 
 
 def _refused(argv, capsys) -> str:

@@ -15,20 +15,11 @@ import hf_posenc
 from hf_posenc.card import BaseModel, build_model_card, describe_base, template_path
 from hf_posenc.cli import main
 from hf_posenc.hub import save_pretrained
-from conftest import book_path, ids, logits, tiny_model
+from conftest import all_text, book_path, ids, logits, tiny_model
 from hub_server import HubServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = "hf_testSECRETtoken0123456789"
-
-
-def _all_text(folder) -> str:
-    out = []
-    for root, _, files in os.walk(folder):
-        for f in files:
-            with open(os.path.join(root, f), "rb") as fh:
-                out.append(fh.read().decode("utf-8", "replace"))
-    return "\n".join(out)
 
 
 def test_card_metadata_parses_back_and_the_checkpoint_reloads(tmp_path, bert_tokenizer):
@@ -146,7 +137,7 @@ def test_push_to_hub_end_to_end_on_a_loopback_hub(tiny_checkpoint, tmp_path, hub
         # every write carried the token; it appears nowhere in the output, the saved folder or the card
         writes = [h for m, _, h in hub.state.requests if m == "POST"]
         assert writes and all(h.get("authorization") == f"Bearer {TOKEN}" for h in writes)
-        assert TOKEN not in res.stdout + res.stderr and TOKEN not in _all_text(out)
+        assert TOKEN not in res.stdout + res.stderr and TOKEN not in all_text(out)
         assert TOKEN.encode() not in b"".join(files.values())
 
         hub_download(hub.url)
@@ -203,7 +194,7 @@ def test_push_to_hub_from_python(tmp_path, bert_tokenizer):
         files = hub.state.repos["me/tiny-ntk"].commits[hub.state.repos["me/tiny-ntk"].branches["main"]]
         assert files["README.md"] == (tmp_path / "kept" / "README.md").read_bytes()
         assert "base_model: org/m" in files["README.md"].decode() and "tokenizer_config.json" in files
-        assert TOKEN not in _all_text(tmp_path / "kept")
+        assert TOKEN not in all_text(tmp_path / "kept")
 
 
 def test_cards_of_encoder_patches(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hf_posenc
-from conftest import ORIGINAL, THETA, ids, logits, tiny_config, tiny_model, written_out_decoder
+from conftest import ORIGINAL, THETA, cached_last_logits, ids, logits, tiny_config, tiny_model, written_out_decoder
 
 L = ORIGINAL
 KNOBS = {  # small windows, so that 200 tokens cross every boundary of every method
@@ -87,14 +87,7 @@ def test_cached_decode_equals_full_forward(method):
     model = patched("llama", method, block=16)
     x = ids(150)
     full = logits(model, x)
-    with torch.no_grad():
-        out = model(x[:, :97], use_cache=True)
-        steps, cache = [out.logits[:, -1]], out.past_key_values
-        for i in range(97, 149):
-            out = model(x[:, i : i + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            steps.append(out.logits[:, -1])
-    assert (torch.stack(steps, 1) - full[:, 96:149]).abs().max().item() <= 1e-5
+    assert (cached_last_logits(model, x, 97) - full[:, 96:149]).abs().max().item() <= 1e-5
     gen = model.generate(x[:, :120], attention_mask=torch.ones(1, 120, dtype=torch.long), max_new_tokens=12,
                          do_sample=False)
     assert torch.equal(logits(model, gen)[:, 119:-1].argmax(-1), gen[:, 120:])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hf_posenc
-from conftest import ORIGINAL, THETA, ids, logits, tiny_model, written_out_decoder
+from conftest import ORIGINAL, THETA, cached_last_logits, ids, logits, tiny_model, written_out_decoder
 
 
 def rope(x, pos, dim):
@@ -51,14 +51,7 @@ def test_self_extend_cache_generate_save_and_unpatch(tmp_path):
     hf_posenc.patch(model, "self_extend", group_size=4)
     assert hf_posenc.get_config(model).params["window"] == ORIGINAL // 4  # default: a quarter of the context
     full = logits(model, x)
-    with torch.no_grad():
-        out = model(x[:, :100], use_cache=True)
-        steps, cache = [out.logits[:, -1]], out.past_key_values
-        for i in range(100, 119):
-            out = model(x[:, i : i + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            steps.append(out.logits[:, -1])
-    assert (torch.stack(steps, 1) - full[:, 99:119]).abs().max().item() <= 1e-5
+    assert (cached_last_logits(model, x, 100) - full[:, 99:119]).abs().max().item() <= 1e-5
     gen = model.generate(x[:, :90], attention_mask=torch.ones(1, 90, dtype=torch.long), max_new_tokens=10,
                          do_sample=False)
     assert torch.equal(logits(model, gen)[:, 89:-1].argmax(-1), gen[:, 90:])
