@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .provenance import command_line, environment, scrub
+from .provenance import environment, recorded_command, scrub
 from .adapters import ADAPTERS
 from .adapters.base import text_config
 from .config import CONFIG_KEY
@@ -207,7 +207,7 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         family=block.get("family"), native=bool(block.get("native")),
         rope_parameters=getattr(lm_config, "rope_parameters", None),
         changes_weights=holds_patch(block), trained=trained, auto_class=auto_class,
-        command=command or command_line(), environment=environment(), eval_sections=_eval_sections(reports),
+        command=recorded_command(command), environment=environment(), eval_sections=_eval_sections(reports),
         in_model_index=bool(results),
     )
     card.content = scrub(card.content)  # the commands it quotes (the card's own and its reports') carry no secret

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .provenance import command_line, scrub
+from .provenance import recorded_command
 from .config import PosEncConfig
 
 
@@ -120,7 +120,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                   "gradient_checkpointing": gradient_checkpointing, "train_blocks": int(blocks.shape[0]),
                   "blocks_seen": need, "train_documents": [d.name for d in train_docs],
                   "eval_documents": [d.name for d in eval_docs], "eval_windows": eval_windows, "seed": seed,
-                  "device": device, "dtype": dtype, "command": scrub(command) if command else command_line(), "seconds": round(seconds, 1)},
+                  "device": device, "dtype": dtype, "command": recorded_command(command), "seconds": round(seconds, 1)},
         "losses": losses,
         "heldout_before": before,
         "heldout_after": after,

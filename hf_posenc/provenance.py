@@ -35,21 +35,39 @@ def known_secrets(*extra: str | None) -> set[str]:
 
 def scrub(text: str, *extra: str | None) -> str:
     """``text`` with every secret replaced by ``***``."""
-    for secret in sorted(known_secrets(*extra), key=len, reverse=True):
+    return _scrub_known(text, _longest_first(known_secrets(*extra)))
+
+
+def _longest_first(secrets: set[str]) -> list[str]:
+    return sorted(secrets, key=len, reverse=True)
+
+
+def _scrub_known(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
         text = text.replace(secret, MASK)
     text = _SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
     return _TOKEN_SHAPE.sub(MASK, text)
 
 
 def scrub_data(data: Any, *extra: str | None) -> Any:
-    """``data`` (JSON-like) with every string scrubbed."""
-    if isinstance(data, str):
-        return scrub(data, *extra)
-    if isinstance(data, dict):
-        return {k: scrub_data(v, *extra) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [scrub_data(v, *extra) for v in data]
-    return data
+    """``data`` (JSON-like) with every string scrubbed (the secrets are gathered once)."""
+    secrets = _longest_first(known_secrets(*extra))
+
+    def walk(item: Any) -> Any:
+        if isinstance(item, str):
+            return _scrub_known(item, secrets)
+        if isinstance(item, dict):
+            return {k: walk(v) for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [walk(v) for v in item]
+        return item
+
+    return walk(data)
+
+
+def recorded_command(command: str | None = None) -> str:
+    """The command to record: ``command`` (a caller's own, exact one) scrubbed, else this process's."""
+    return scrub(command) if command else command_line()
 
 
 def command_line(argv: list[str] | None = None, program: str | None = None) -> str:

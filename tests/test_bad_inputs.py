@@ -1,7 +1,6 @@
 """Bad input and secrets: every refused input is refused by name, and no token ever leaves the machine."""
 
 import json
-import os
 import sys
 
 import pytest

@@ -3,8 +3,6 @@ then applied by selecting the remapped-position attention function on this insta
 
 from __future__ import annotations
 
-import logging
-
 from torch import nn
 
 from ..config import PosEncConfig
@@ -14,8 +12,6 @@ from .base import PatchRecord
 from .layout import RotarySlot, attention_modules, body, head_dim, rope_geometry
 from .remapped_attention import STATE_ATTR, RemapState, register
 from .rope_native import softmax_rescalers
-
-logger = logging.getLogger(__name__)
 
 
 def resolve_remapped(model: nn.Module, cfg: PosEncConfig, slots: list[RotarySlot], L: int, prefix: str) -> PosEncConfig:
@@ -28,9 +24,10 @@ def resolve_remapped(model: nn.Module, cfg: PosEncConfig, slots: list[RotarySlot
     if rp.get("rope_type", "default") != "default" or abs(float(slots[0].get("attention_scaling")) - 1.0) > 0:
         raise ValueError(f"{name} works on the checkpoint's plain RoPE; this one uses rope_type={rp.get('rope_type')!r}. "
                          "Load it without the scaling, or use another method.")
-    if rope_geometry(config, L).dim != head_dim(config):
+    rotated = rope_geometry(config, L).dim
+    if rotated != head_dim(config):
         raise ValueError(f"{name} needs RoPE on the whole head (partial_rotary_factor 1); this model rotates "
-                         f"{rope_geometry(config, L).dim} of {head_dim(config)} dimensions.")
+                         f"{rotated} of {head_dim(config)} dimensions.")
     window = getattr(config, "sliding_window", None)
     if window is not None or any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
         raise ValueError(f"{name} replaces full attention; model_type={config.model_type!r} uses sliding-window "

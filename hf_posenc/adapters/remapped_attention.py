@@ -118,7 +118,8 @@ def attend(state: RemapState, query, key, value, p0: int, scale: float, dropout:
             qr = qa if piece.query_at is None else apply_rotary(qa, piece.query_at(pos) - pos, inv_freq)
             for seg in segments(piece, a, e, k_len):
                 kr = keys.get(piece.key_map)
-                parts.append(seg.run(qr, kr[:, :, seg.start : seg.stop], value[:, :, seg.start : seg.stop], scale, dropout))
+                parts.append(kernel(qr, kr[:, :, seg.start : seg.stop], value[:, :, seg.start : seg.stop], seg, scale,
+                                    dropout))
         outs.append(merge(parts, qa, value.shape[-1]))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
@@ -147,9 +148,6 @@ class Segment:
     lo: torch.Tensor | None = None
     hi: torch.Tensor | None = None
     causal: bool = False
-
-    def run(self, q, k, v, scale: float, dropout: float):
-        return kernel(q, k, v, self, scale, dropout)
 
 
 def _bounds(piece: Piece, i: torch.Tensor, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:

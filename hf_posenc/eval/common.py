@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import platform
-import shlex
 import random
-import sys
 import time
 from typing import Any
 
@@ -18,7 +14,7 @@ from ..patching import get_config, patch, unpatch
 from ..methods import resolve_method
 from ..models import resolve_source
 from ..context import original_context
-from ..provenance import command_line, environment, scrub
+from ..provenance import environment, recorded_command
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -109,6 +105,6 @@ def shared_setup(model: str, src, lm, configs: list[PosEncConfig], seed: int, dt
         "model": model, "model_source": src.label or src.path, "original_context": original_context(lm),
         "methods": {c.method: c.to_dict() for c in configs}, "seed": seed, "dtype": dtype, "device": device,
         "attn_implementation": attn_implementation or lm.config._attn_implementation,
-        "command": scrub(command) if command else command_line(), "environment": environment(),
+        "command": recorded_command(command), "environment": environment(),
         "seconds": round(time.time() - started, 1),
     }

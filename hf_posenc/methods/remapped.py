@@ -52,6 +52,11 @@ def _integer(name: str, value: Any, low: int, allow_none: bool = True) -> None:
         raise ValueError(f"{name} must be an integer >= {low}{' or None (the default)' if allow_none else ''}, got {value!r}.")
 
 
+def _filled(p: dict[str, Any], **defaults: Any) -> dict[str, Any]:
+    """``p`` with each knob left at None set to its model-dependent default."""
+    return {**p, **{k: v for k, v in defaults.items() if p[k] is None}}
+
+
 def _below(name: str, value: int, original: int) -> None:
     if value >= original:
         raise ValueError(f"{name}={value} must be shorter than the original context ({original}).")
@@ -75,7 +80,7 @@ def _check_self_extend(factor: float, p: dict[str, Any]) -> None:
 
 def _self_extend_defaults(p, L):
     g = p["group_size"]
-    p = {**p, "window": p["window"] if p["window"] is not None else max(g, (L // 4) // g * g)}
+    p = _filled(p, window=max(g, (L // 4) // g * g))
     _below("window", p["window"], L)
     return p
 
@@ -102,7 +107,7 @@ def _check_rerope(factor: float, p: dict[str, Any]) -> None:
 
 
 def _rerope_defaults(p, L):
-    p = {**p, "window": p["window"] if p["window"] is not None else L // 2}
+    p = _filled(p, window=L // 2)
     _below("window", p["window"], L)
     return p
 
@@ -133,7 +138,7 @@ def _check_string(factor: float, p: dict[str, Any]) -> None:
 
 
 def _string_defaults(p, L):
-    p = {**p, "shifted_offset": p["shifted_offset"] if p["shifted_offset"] is not None else L // 3}
+    p = _filled(p, shifted_offset=L // 3)
     _check_string(1.0, p)
     _below("shifted_offset", p["shifted_offset"], L)
     return p
@@ -162,8 +167,7 @@ def _check_dca(factor: float, p: dict[str, Any]) -> None:
 
 
 def _dca_defaults(p, L):
-    p = {**p, "chunk_size": p["chunk_size"] if p["chunk_size"] is not None else 3 * L // 4,
-         "local_window": p["local_window"] if p["local_window"] is not None else max(1, L // 16)}
+    p = _filled(p, chunk_size=3 * L // 4, local_window=max(1, L // 16))
     _check_dca(1.0, p)
     if p["chunk_size"] > L:
         raise ValueError(f"chunk_size={p['chunk_size']} must not exceed the original context ({L}).")
