@@ -7,7 +7,7 @@ import json
 import sys
 
 from .provenance import command_line, scrub
-from .hub import UploadError
+from .hub import Terminated, UploadError
 from .models import DEFAULT_MODEL
 
 
@@ -49,6 +49,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
 def _names(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
     if not names:
@@ -72,6 +82,8 @@ def _common(p: argparse.ArgumentParser, default_methods: str) -> None:
     g.add_argument("--method-param", action="append", metavar="[METHOD.]KEY=VALUE",
                    help="a method knob, e.g. beta_fast=16 (every method that takes it) or yarn.beta_fast=16; values "
                         "are read as JSON, e.g. 'layer_types=[\"full_attention\"]' (per-layer-type RoPE); repeatable.")
+    g.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the model's folder has "
+                   "none (Hub id, folder or alias).")
     g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16.")
     g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda.")
     g.add_argument("--attn-implementation", default=None,
@@ -83,11 +95,25 @@ def _common(p: argparse.ArgumentParser, default_methods: str) -> None:
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots.")
 
 
+def _encoding(text: str) -> str:
+    from .eval.data import check_encoding
+
+    try:
+        return check_encoding(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _encoding_flag(g) -> None:
+    g.add_argument("--encoding", type=_encoding, default="utf-8",
+                   help="the text files' encoding; a file not valid in it is refused by name.")
+
+
 def _data_flags(p: argparse.ArgumentParser, split: str, purpose: str):
     """Where the text comes from: files, folders or a Hugging Face dataset."""
     d = p.add_argument_group("data")
     d.add_argument("--text-file", action="append",
-                   help=f"a UTF-8 {purpose}text file (Gutenberg header/footer dropped); repeatable.")
+                   help=f"a {purpose}text file (Gutenberg header/footer dropped); repeatable.")
     d.add_argument("--text-dir", action="append", help=f"a folder of {purpose}.txt/.md files, one document each; "
                    "repeatable.")
     d.add_argument("--dataset", help=f"{purpose}data from a Hugging Face dataset: Hub name (pg19, ...) or a "
@@ -95,6 +121,7 @@ def _data_flags(p: argparse.ArgumentParser, split: str, purpose: str):
     d.add_argument("--dataset-config", help="the dataset's configuration name, if it has several.")
     d.add_argument("--split", default=split, help="dataset split.")
     d.add_argument("--column", default="text", help="dataset column holding the text.")
+    _encoding_flag(d)
     return d
 
 
@@ -154,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--text-file", action="append", help="text the documents' filler is cut from; repeatable "
                    "(default: the default corpus, see 'eval ppl --help').")
     d.add_argument("--text-dir", action="append", help="a folder of .txt/.md files for the filler; repeatable.")
+    _encoding_flag(d)
     e = rt.add_argument_group("evaluation")
     e.add_argument("--lengths", type=_ints, default=[512, 1024, 2048], help="document lengths in tokens.")
     e.add_argument("--depths", type=_depths, default=[0.1, 0.5, 0.9], help="where the fact sits in each document (0..1).")
@@ -173,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--method-param", action="append", metavar="KEY=VALUE",
                    help="a knob of the method, e.g. beta_fast=16 or 'layer_types=[\"full_attention\"]' (values are "
                         "read as JSON); repeatable.")
+    g.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the model's folder has "
+                   "none (needed only with --eval; saved with the checkpoint).")
     g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (also the dtype saved).")
     g.add_argument("--device", default="cpu", help="torch device for the evaluation.")
     g.add_argument("--output", required=True, help="folder to save the patched checkpoint, tokenizer and model card in.")
@@ -184,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--passkey-lengths", type=_ints, default=None, help="passkey lengths (default: as --ppl-lengths).")
     e.add_argument("--text-file", action="append", help="text for perplexity (default: the default corpus, see "
                    "'hf-posenc eval ppl --help'); repeatable.")
+    _encoding_flag(e)
     e.add_argument("--max-windows", type=_positive, default=1, help="perplexity windows per document and length.")
     e.add_argument("--depths", type=_depths, default=[0.5], help="passkey needle depths.")
     e.add_argument("--trials", type=_positive, default=2, help="passkey keys per (length, depth).")
@@ -232,6 +263,8 @@ def _upload_flags(g) -> None:
     g.add_argument("--private", action="store_true", default=None, help="create the repo private.")
     g.add_argument("--revision", default=None, help="branch to commit to (created from main if missing).")
     g.add_argument("--commit-message", default=None, help="commit message (default: 'Upload model patched by hf_posenc').")
+    g.add_argument("--timeout", type=_positive_float, default=60.0,
+                   help="seconds to wait for the Hub to answer one request before the upload gives up.")
 
 
 def _print_methods(as_json: bool) -> None:
@@ -271,8 +304,9 @@ def _finetune(args, command: str) -> int:
     config = _method_config(args)  # validated before the slow load
     if not (args.text_file or args.text_dir or args.dataset):
         raise ValueError("finetune needs training text: --text-file, --text-dir or --dataset")
-    train = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column)
-    held = [read_text_file(p) for p in args.eval_text_file]
+    train = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
+                             encoding=args.encoding)
+    held = [read_text_file(p, args.encoding) for p in args.eval_text_file]
     overlap = {d.name for d in train} & {d.name for d in held}
     if overlap:
         raise ValueError(f"held-out documents {sorted(overlap)} are also in the training data")
@@ -293,7 +327,7 @@ def _publish(args, command: str) -> int:
 
     if args.command == "upload":
         url = upload(args.folder, args.repo_id, private=args.private, revision=args.revision,
-                     commit_message=args.commit_message)
+                     commit_message=args.commit_message, timeout=args.timeout)
         print(f"uploaded {args.folder} -> {url}")
         return 0
     from .publish import patch_and_save
@@ -301,13 +335,17 @@ def _publish(args, command: str) -> int:
     config = _method_config(args)
     done = patch_and_save(model=args.model, config=config, output=args.output, evals=args.eval,
                           ppl_lengths=args.ppl_lengths, passkey_lengths=args.passkey_lengths, text_file=args.text_file,
+                          encoding=args.encoding, tokenizer=args.tokenizer,
                           max_windows=args.max_windows, depths=args.depths, trials=args.trials, seed=args.seed,
                           dtype=args.dtype, device=args.device, push_to_hub=args.push_to_hub, private=args.private,
                           revision=args.revision, commit_message=args.commit_message, command=command,
-                          progress=not args.no_progress)
+                          progress=not args.no_progress, timeout=args.timeout)
     for report in done["reports"]:
         print(report["table"] + "\n")
-    print(f"saved: {done['output']} (weights, tokenizer, config.json with the hf_posenc block, README.md model card)")
+    tokenizer = "tokenizer, " if done["tokenizer_saved"] else ""
+    print(f"saved: {done['output']} (weights, {tokenizer}config.json with the hf_posenc block, README.md model card)")
+    if not done["tokenizer_saved"]:
+        print("note: the model has no tokenizer, so none was saved; evaluations of this checkpoint need --tokenizer")
     if done["commit_url"]:
         print(f"uploaded: {done['commit_url']}")
     return 0
@@ -329,21 +367,21 @@ def main(argv: list[str] | None = None) -> int:
         params = parse_method_params(args.method_param)
         common = dict(model=args.model, methods=args.methods, factor=args.factor, method_params=params,
                       lengths=args.lengths, seed=args.seed, dtype=args.dtype, device=args.device,
-                      attn_implementation=args.attn_implementation, output=args.output,
+                      attn_implementation=args.attn_implementation, tokenizer=args.tokenizer, output=args.output,
                       progress=not args.no_progress, plots=not args.no_plots,
                       command=command_line(argv, "hf-posenc"))
         if args.task == "retrieval":
             from .eval.run_ppl import gather_documents
             from .eval.run_retrieval import run_retrieval
 
-            docs = gather_documents(args.text_file, args.text_dir)
+            docs = gather_documents(args.text_file, args.text_dir, encoding=args.encoding)
             report = run_retrieval(docs=docs, depths=args.depths, trials=args.trials, candidates=args.candidates,
                                    filler=args.filler, **common)
         elif args.task == "ppl":
             from .eval.run_ppl import gather_documents, run_perplexity
 
             docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split,
-                                    args.column, args.limit, args.corpus)
+                                    args.column, args.limit, args.corpus, args.encoding)
             report = run_perplexity(docs=docs, mode=args.mode, stride=args.stride, max_windows=args.max_windows,
                                     buckets=args.buckets, chunk_size=args.chunk_size, **common)
         else:
@@ -359,6 +397,11 @@ def main(argv: list[str] | None = None) -> int:
     except UploadError as err:  # the local save is complete; the message says what to rerun
         print(f"hf-posenc: error: {scrub(str(err))}", file=sys.stderr)
         return 1
+    except Terminated:  # SIGTERM during an upload, which printed what to rerun
+        return 143
+    except KeyboardInterrupt:
+        print("hf-posenc: interrupted", file=sys.stderr)
+        return 130
     print(report["table"])
     if args.output:
         print(f"\nresults: {args.output}/ (JSON, Markdown table" + (", PNG plots)" if not args.no_plots else ")"))

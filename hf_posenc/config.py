@@ -13,6 +13,7 @@ from typing import Any
 from .methods import check_factor, resolve_method, resolve_params
 
 CONFIG_KEY = "hf_posenc"  # the key of the block in config.json
+MIN_ORIGINAL_CONTEXT = 16  # a trained context below this is a typo (1 divides by log 1 in longrope, yarn)
 
 
 @dataclass
@@ -40,8 +41,9 @@ class PosEncConfig:
             raise ValueError(f"params must be a dict of the method's knobs, got {self.params!r}.")
         self.params = resolve_params(spec, self.factor, dict(self.params))
         omp = self.original_max_position_embeddings
-        if omp is not None and (isinstance(omp, bool) or not isinstance(omp, int) or omp < 1):
-            raise ValueError(f"original_max_position_embeddings must be a positive integer, got {omp!r}.")
+        if omp is not None and (isinstance(omp, bool) or not isinstance(omp, int) or omp < MIN_ORIGINAL_CONTEXT):
+            raise ValueError(f"original_max_position_embeddings must be an integer >= {MIN_ORIGINAL_CONTEXT} (the "
+                             f"context the model was trained for), got {omp!r}.")
 
     @property
     def spec(self):

@@ -11,6 +11,7 @@ loads it with the patch applied to the trained weights.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -59,7 +60,9 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     from datasets import Dataset
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from .eval.common import load_model_and_tokenizer, seed_everything
+    from .files import StagedFolder, check_output_folder
+    from .models import resolve_source
+    from .runtime import load_model_and_tokenizer, seed_everything
     from .eval.run_ppl import tokenize_documents
     from .hub import EVAL_FOLDER, save_pretrained
     from .patching import patch
@@ -69,6 +72,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                          f"batch_size={batch_size}, grad_accum={grad_accum}, learning_rate={learning_rate}")
     if not eval_docs:
         raise ValueError("held-out evaluation needs at least one document that is not trained on")
+    check_output_folder(output, resolve_source(model).path)  # before any compute
     seed_everything(seed)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     lm, tok, _ = load_model_and_tokenizer(model, dtype, device)
@@ -89,8 +93,9 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
             if logs and "loss" in logs:
                 losses.append({"step": state.global_step, "loss": float(logs["loss"])})
 
+    scratch = tempfile.TemporaryDirectory(prefix="hf_posenc-trainer-")  # Trainer's folder: never in --output
     args = TrainingArguments(
-        output_dir=os.path.join(output, "trainer"), max_steps=steps, per_device_train_batch_size=batch_size,
+        output_dir=scratch.name, max_steps=steps, per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=grad_accum, learning_rate=learning_rate, warmup_steps=warmup_steps,
         weight_decay=weight_decay, lr_scheduler_type="cosine", logging_steps=1, save_strategy="no",
         report_to=[], seed=seed, data_seed=seed, use_cpu=device == "cpu", disable_tqdm=not progress,
@@ -106,7 +111,8 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     lm.train()
     started = time.time()
     trainer = Trainer(model=lm, args=args, train_dataset=data, data_collator=collate, callbacks=[Record()])
-    trainer.train()
+    with scratch:
+        trainer.train()
     seconds = time.time() - started
     if gradient_checkpointing:
         (getattr(lm, "activation_checkpointing_disable", None) or lm.gradient_checkpointing_disable)()
@@ -126,9 +132,12 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         "heldout_after": after,
     }
     report["table"] = finetune_table(report)
-    # the checkpoint, its card (with the training table) and the report (JSON, Markdown) in hf_posenc_eval/
-    save_pretrained(lm, output, tok, eval_results=[report], base_model=model, command=command, trained=True)
-    report["plot"] = plot_losses(report, os.path.join(output, EVAL_FOLDER, "finetune_loss.png"))
+    # the checkpoint, its card (with the training table) and the report (JSON, Markdown) in hf_posenc_eval/;
+    # written into a staged folder that replaces --output only when all of it is written
+    with StagedFolder(output) as staged:
+        save_pretrained(lm, staged, tok, eval_results=[report], base_model=model, command=command, trained=True)
+        plotted = plot_losses(report, os.path.join(staged, EVAL_FOLDER, "finetune_loss.png"))
+    report["plot"] = os.path.join(output, os.path.relpath(plotted, staged)) if plotted else ""
     return report
 
 

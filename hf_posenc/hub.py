@@ -10,8 +10,11 @@ token is never written to the card, the saved files, logs or error messages.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
+import threading
+from contextlib import contextmanager
 from typing import Any
 
 from .context import context_length
@@ -22,6 +25,7 @@ from .eval.report import save_report
 from .models import drop_gguf_quantizer
 
 EVAL_FOLDER = "hf_posenc_eval"  # where the full evaluation reports go inside a saved checkpoint
+UPLOAD_TIMEOUT = 60.0  # seconds without an answer before one Hub request of an upload gives up
 
 
 class UploadError(RuntimeError):
@@ -79,33 +83,77 @@ def save_tokenizer(tokenizer, save_directory: str, length: int | None) -> None:
             tokenizer.model_max_length = old
 
 
+@contextmanager
+def _hub_timeout(seconds: float):
+    """Give every request of ``huggingface_hub``'s shared HTTP client ``seconds`` to connect and to answer
+    (its default is to wait forever); the client's own timeout is put back afterwards."""
+    import httpx2
+    from huggingface_hub.utils import get_session
+
+    session = get_session()
+    before = session.timeout
+    session.timeout = httpx2.Timeout(seconds)
+    try:
+        yield
+    finally:
+        session.timeout = before
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during an upload, turned into an interruption so that the rerun command is printed."""
+
+
+@contextmanager
+def _sigterm_interrupts():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise Terminated(f"signal {signum}")
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def upload(folder: str, repo_id: str, *, private: bool | None = None, revision: str | None = None,
-           commit_message: str | None = None, token: str | None = None, endpoint: str | None = None) -> str:
+           commit_message: str | None = None, token: str | None = None, endpoint: str | None = None,
+           timeout: float = UPLOAD_TIMEOUT) -> str:
     """Upload a saved folder to the Hub repo ``repo_id`` (created if missing; ``revision``: a branch,
-    created from main if missing). Returns the commit URL. Raises :class:`UploadError` on failure."""
+    created from main if missing). Returns the commit URL. Raises :class:`UploadError` on failure, and when
+    a request gets no answer within ``timeout`` seconds. Interrupted (Ctrl-C, SIGTERM), it prints the
+    command that uploads the folder again, then re-raises ``KeyboardInterrupt``."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     if not os.path.isdir(folder):
         raise ValueError(f"no saved checkpoint to upload at {folder}")
     if not isinstance(repo_id, str) or repo_id.count("/") > 1 or not repo_id.strip("/"):
         raise ValueError(f"repo_id must look like 'user/name' (or 'name'), got {repo_id!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     files = sorted(os.path.relpath(os.path.join(root, f), folder) for root, _, names in os.walk(folder) for f in names)
     rerun = f"hf-posenc upload {folder} {repo_id}" + (f" --revision {revision}" if revision else "")
     api = HfApi(endpoint=endpoint, token=token)
     try:
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        if revision and revision != "main":
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
-        ops = [CommitOperationAdd(path_in_repo=rel.replace(os.sep, "/"), path_or_fileobj=os.path.join(folder, rel))
-               for rel in files]
-        info = api.create_commit(repo_id, ops, commit_message=commit_message or "Upload model patched by hf_posenc",
-                                 revision=revision)
+        with _sigterm_interrupts(), _hub_timeout(timeout):
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            if revision and revision != "main":
+                api.create_branch(repo_id, branch=revision, exist_ok=True)
+            ops = [CommitOperationAdd(path_in_repo=rel.replace(os.sep, "/"), path_or_fileobj=os.path.join(folder, rel))
+                   for rel in files]
+            info = api.create_commit(repo_id, ops, commit_message=commit_message or "Upload model patched by hf_posenc",
+                                     revision=revision)
     except KeyboardInterrupt:
         print(f"hf-posenc: upload interrupted; the local save in {folder} is complete. Rerun: {rerun}", file=sys.stderr)
         raise
-    except Exception as err:  # network, auth, server: one clear line, never the token
-        detail = scrub(f"{type(err).__name__}: {err}", token).splitlines()
-        raise UploadError(f"upload of {folder} to {repo_id} failed ({' '.join(x.strip() for x in detail if x.strip())}). "
+    except Exception as err:  # network, auth, server, timeout: one clear line, never the token
+        detail = " ".join(x.strip() for x in scrub(f"{type(err).__name__}: {err}", token).splitlines() if x.strip())
+        if "timeout" in type(err).__name__.lower() or "timed out" in detail.lower():
+            detail += f"; no answer within {timeout:g} s"
+        raise UploadError(f"upload of {folder} to {repo_id} failed ({detail}). "
                           f"The local save in {folder} is complete; rerun: {rerun}") from None
     return str(info.commit_url)
 
@@ -113,11 +161,12 @@ def upload(folder: str, repo_id: str, *, private: bool | None = None, revision: 
 def push_to_hub(model, repo_id: str, tokenizer=None, *, eval_results: list[dict[str, Any]] | None = None,
                 private: bool | None = None, revision: str | None = None, commit_message: str | None = None,
                 token: str | None = None, endpoint: str | None = None, local_dir: str | None = None,
-                base_model: str | BaseModel | None = None, command: str | None = None, **save_kwargs: Any) -> str:
+                base_model: str | BaseModel | None = None, command: str | None = None,
+                timeout: float = UPLOAD_TIMEOUT, **save_kwargs: Any) -> str:
     """Save ``model`` like :func:`save_pretrained` (into ``local_dir``, or a new temporary folder that is
-    kept) and upload it to ``repo_id``. Returns the commit URL."""
+    kept) and upload it to ``repo_id`` (see :func:`upload`). Returns the commit URL."""
     folder = local_dir or tempfile.mkdtemp(prefix="hf_posenc-")
     save_pretrained(model, folder, tokenizer, eval_results=eval_results, base_model=base_model, repo_id=repo_id,
                     command=command, **save_kwargs)
     return upload(folder, repo_id, private=private, revision=revision, commit_message=commit_message, token=token,
-                  endpoint=endpoint)
+                  endpoint=endpoint, timeout=timeout)

@@ -18,16 +18,16 @@ def default_eval_lengths(original: int, factor: float | None) -> list[int]:
 
 def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list[str] | None = None,
                    ppl_lengths: list[int] | None = None, passkey_lengths: list[int] | None = None,
-                   text_file: list[str] | None = None, max_windows: int = 1, depths: list[float] | None = None,
+                   text_file: list[str] | None = None, encoding: str = "utf-8", max_windows: int = 1, depths: list[float] | None = None,
                    trials: int = 2, seed: int = 0, dtype: str = "float32", device: str = "cpu",
                    push_to_hub: str | None = None, private: bool | None = None, revision: str | None = None,
-                   commit_message: str | None = None, command: str | None = None, progress: bool = True
-                   ) -> dict[str, Any]:
+                   commit_message: str | None = None, command: str | None = None, progress: bool = True,
+                   timeout: float | None = None, tokenizer: str | None = None) -> dict[str, Any]:
     """The whole ``hf-posenc patch`` job; returns what was done (folder, reports, commit URL)."""
     from .context import original_context
-    from .eval.common import load_model_and_tokenizer
+    from . import runtime
     from .eval.run_ppl import gather_documents
-    from .hub import save_pretrained, upload
+    from .hub import UPLOAD_TIMEOUT, save_pretrained, upload
     from .patching import patch
 
     evals = list(evals or [])
@@ -37,14 +37,15 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     check_output_folder(output, resolve_source(model).path)  # before any compute
     if (private or revision) and not push_to_hub:
         raise ValueError("--private and --revision apply to an upload: add --push-to-hub USER/NAME, or drop them.")
-    lm, tok, src = load_model_and_tokenizer(model, dtype, device)
+    docs = gather_documents(text_file=text_file, encoding=encoding) if {"ppl", "retrieval"} & set(evals) else []
+    lm, tok, src = runtime.load_model_and_tokenizer(model, dtype, device, tokenizer=tokenizer,
+                                                    need_tokenizer=bool(evals))
     original = original_context(lm)
     unsized = ({"ppl", "retrieval"} & set(evals) and not ppl_lengths) or ("passkey" in evals and not passkey_lengths)
     if original is None and unsized:  # T5: relative buckets, no context length to evaluate around
         raise ValueError(f"{type(lm).__name__} has no fixed context length to evaluate around; pass "
                          "--ppl-lengths / --passkey-lengths")
     lengths = default_eval_lengths(original, config.factor) if original is not None else None
-    docs = gather_documents(text_file=text_file) if {"ppl", "retrieval"} & set(evals) else []
     reports = []
     methods = ["none", config] if config.method != "none" else ["none"]
     common = dict(model=model, methods=methods, factor=config.factor, method_params={}, seed=seed, dtype=dtype,
@@ -66,8 +67,8 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     patch(lm, config)
     with StagedFolder(output) as staged:  # a failure leaves --output as it was
         save_pretrained(lm, staged, tok, eval_results=reports, base_model=model, repo_id=push_to_hub, command=command)
-    done: dict[str, Any] = {"output": output, "reports": reports, "commit_url": None}
+    done: dict[str, Any] = {"output": output, "reports": reports, "commit_url": None, "tokenizer_saved": tok is not None}
     if push_to_hub:
         done["commit_url"] = upload(output, push_to_hub, private=private, revision=revision,
-                                    commit_message=commit_message)
+                                    commit_message=commit_message, timeout=timeout or UPLOAD_TIMEOUT)
     return done

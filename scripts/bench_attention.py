@@ -55,7 +55,7 @@ def forward(model, variant: str, x) -> float:
 
 def child(args) -> None:
     """One variant at one length in this fresh process: JSON with the peak RSS increment and the time."""
-    from hf_posenc.eval.common import load_model_and_tokenizer
+    from hf_posenc.runtime import load_model_and_tokenizer
 
     model, _, _ = load_model_and_tokenizer(args.model, attn_implementation="sdpa")
     x = tokens(model, args.memory_length)
@@ -75,7 +75,7 @@ def _status_mb(field: str) -> float:
 def speed(args, variants: list[str]) -> dict[int, dict[str, list[float]]]:
     from tqdm import tqdm
 
-    from hf_posenc.eval.common import load_model_and_tokenizer
+    from hf_posenc.runtime import load_model_and_tokenizer
 
     model, _, _ = load_model_and_tokenizer(args.model, attn_implementation="sdpa")
     lengths = [int(n) for n in args.lengths.split(",") if n.strip()]

@@ -53,6 +53,9 @@ class HubState:
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.fail_commits = 0  # make the next N commit requests fail with a 500
+        self.fault: str | None = None  # every POST: "hang" (no answer until released), "drop" (close the
+        # connection unanswered), "echo" (a 500 whose message repeats the request's Authorization header)
+        self.released = threading.Event()  # ends every hang
         self.lock = threading.Lock()
 
 
@@ -101,10 +104,24 @@ def _handler(state: HubState):
             state.requests.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
 
         # -- routes ----------------------------------------------------------------------------
+        def _faulty(self) -> bool:
+            """Act out ``state.fault``; True when the request got no ordinary answer."""
+            if state.fault == "hang":
+                state.released.wait(120)
+                self.close_connection = True
+            elif state.fault == "drop":
+                self.close_connection = True
+            elif state.fault == "echo":
+                self._error(500, "Internal", f"cannot parse request with Authorization: "
+                            f"{self.headers.get('Authorization')}")
+            return state.fault is not None
+
         def do_POST(self):
             self._record()
             path = urllib.parse.urlparse(self.path).path
             body = self._body()
+            if self._faulty():
+                return
             if not self._authorized():
                 return self._error(401, "Unauthorized", "Invalid credentials in Authorization header")
             parts = [urllib.parse.unquote(p) for p in path.strip("/").split("/")]
@@ -217,5 +234,6 @@ class HubServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.state.released.set()
         self.httpd.shutdown()
         self.httpd.server_close()

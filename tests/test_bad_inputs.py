@@ -110,12 +110,12 @@ def test_eval_refuses_a_knob_no_method_takes(tiny_checkpoint, tmp_path, capsys):
 
 
 def test_patch_refuses_outputs_it_must_not_write_before_any_compute(tiny_checkpoint, tmp_path, capsys, monkeypatch):
-    import hf_posenc.eval.common as common
+    import hf_posenc.runtime as runtime
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the output was checked")
 
-    monkeypatch.setattr(common, "load_model_and_tokenizer", no_load)
+    monkeypatch.setattr(runtime, "load_model_and_tokenizer", no_load)
     a_file = tmp_path / "file.txt"
     a_file.write_text("keep me")
     base = ["patch", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2"]
@@ -144,3 +144,187 @@ def test_a_failing_patch_leaves_the_output_as_it_was(tiny_checkpoint, tmp_path, 
                                                 "2", "--output", str(out), "--no-progress"], capsys)
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # the yarn save, untouched
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no partial folder left beside it
+
+
+# -- refused before any compute ------------------------------------------------------------------
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if a model is loaded: the refusal must come first."""
+    import hf_posenc.loading as loading
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the bad input was refused")
+
+    monkeypatch.setattr(loading, "from_pretrained", refuse)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--factor", "1e300"], "factor must be a number from 1 to 1024, got 1e+300"),
+    (["--factor", "1e308"], "factor must be a number from 1 to 1024, got 1e+308"),
+    (["--methods", "none,yarn", "--stride", "8"], "--stride 8 applies to --mode sliding"),
+    (["--device", "cuda:7"], "device 'cuda:7': this machine has"),
+    (["--device", "gpu"], "device 'gpu' is not a torch device"),
+])
+def test_eval_ppl_refuses_before_loading(extra, message, tiny_checkpoint, tmp_path, capsys, no_model_load):
+    argv = ["eval", "ppl", "--model", tiny_checkpoint, "--lengths", "32", "--corpus", "python-docs",
+            "--no-progress", *extra]
+    assert message in _refused(argv, capsys)
+
+
+def test_a_bad_needle_and_an_output_that_is_a_file_are_refused_before_loading(tiny_checkpoint, tmp_path, capsys,
+                                                                             no_model_load):
+    base = ["eval", "passkey", "--model", tiny_checkpoint, "--lengths", "64", "--no-progress"]
+    err = _refused(base + ["--needle", "The key is {key}, not {other}."], capsys)
+    assert "the needle template may hold only the field {key}" in err and "'other'" in err
+    a_file = tmp_path / "taken.txt"
+    a_file.write_text("keep")
+    assert f"--output '{a_file}' is an existing file" in _refused(base + ["--output", str(a_file)], capsys)
+    assert a_file.read_text() == "keep"
+
+
+def test_text_that_is_not_utf8_is_refused_by_name_and_read_with_encoding(tiny_checkpoint, tmp_path, capsys):
+    from hf_posenc.eval.data import read_text_file
+
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("Caf\u00e9 cr\u00e8me, na\u00efve fa\u00e7ade. ".encode("latin-1") * 40)
+    err = _refused(["eval", "ppl", "--model", tiny_checkpoint, "--text-file", str(latin), "--lengths", "32"], capsys)
+    assert f"{latin} is not utf-8 text (byte 0xe9 at offset 3); pass its encoding with --encoding" in err
+    assert read_text_file(str(latin), "latin-1").text.startswith("Caf\u00e9 cr\u00e8me")
+    assert "unknown text encoding 'klingon'" in _refused(["eval", "ppl", "--encoding", "klingon"], capsys)
+    out = tmp_path / "o"
+    assert main(["eval", "ppl", "--model", tiny_checkpoint, "--text-file", str(latin), "--encoding", "latin-1",
+                 "--methods", "none", "--lengths", "32", "--max-windows", "1", "--output", str(out), "--no-plots",
+                 "--no-progress"]) == 0
+    assert json.loads((out / "perplexity.json").read_text())["setup"]["documents"] == ["latin.txt"]
+
+
+def test_an_unknown_model_alias_gets_a_suggestion_not_a_hub_error(monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    err = _refused(["eval", "ppl", "--model", "smolm2-135m", "--lengths", "32", "--corpus", "python-docs"], capsys)
+    assert "cannot load model 'smolm2-135m': it is not a local folder, a .gguf file or an alias" in err
+    assert "Did you mean the alias 'smollm2-135m'?" in err
+
+
+def test_a_method_that_does_not_fit_is_refused_before_any_method_runs(tiny_checkpoint, monkeypatch, capsys):
+    import hf_posenc.eval.run_ppl as run_ppl
+
+    ran = []
+    real = run_ppl.evaluate_perplexity
+    monkeypatch.setattr(run_ppl, "evaluate_perplexity", lambda *a, **k: ran.append(k["desc"]) or real(*a, **k))
+    err = _refused(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,yarn,hierarchical", "--lengths",
+                    "32", "--max-windows", "1", "--corpus", "python-docs", "--no-progress"], capsys)
+    assert "hierarchical" in err and ran == []  # none and yarn were not evaluated and thrown away
+
+
+def test_a_checkpoint_without_a_tokenizer_patches_and_saves(tmp_path, bert_tokenizer, capsys):
+    bare = tmp_path / "bare"
+    tiny_model("llama", vocab_size=bert_tokenizer.vocab_size).save_pretrained(bare)
+    out = tmp_path / "out"
+    assert main(["patch", "--model", str(bare), "--method", "yarn", "--factor", "2", "--output", str(out),
+                 "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert "note: the model has no tokenizer, so none was saved; evaluations of this checkpoint need --tokenizer" in said
+    assert (out / "model.safetensors").exists() and not (out / "tokenizer_config.json").exists()
+    assert hf_posenc.get_config(hf_posenc.from_pretrained(str(out))).method == "yarn"
+    argv = ["eval", "ppl", "--model", str(out), "--methods", "none", "--lengths", "32", "--max-windows", "1",
+            "--corpus", "python-docs", "--no-progress", "--no-plots"]
+    assert "no tokenizer could be loaded from the model folder" in _refused(argv, capsys)
+    tok = tmp_path / "tok"
+    bert_tokenizer.save_pretrained(tok)
+    assert main(argv + ["--tokenizer", str(tok)]) == 0
+
+
+def test_finetune_refuses_an_output_file_before_loading(tiny_checkpoint, tmp_path, capsys, no_model_load):
+    a_file = tmp_path / "taken"
+    a_file.write_text("keep")
+    (tmp_path / "train.txt").write_text("words " * 500)
+    (tmp_path / "held.txt").write_text("other words " * 500)
+    err = _refused(["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--output",
+                    str(a_file), "--text-file", str(tmp_path / "train.txt"), "--eval-text-file",
+                    str(tmp_path / "held.txt"), "--no-progress"], capsys)
+    assert f"--output '{a_file}' is an existing file" in err
+    assert a_file.read_text() == "keep"
+
+
+# -- the Hub misbehaving -------------------------------------------------------------------------
+HUB_TOKEN = "hf_faultTOKEN0123456789abcdef"
+
+
+@pytest.fixture
+def saved_folder(tmp_path):
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return str(folder)
+
+
+@pytest.mark.parametrize("fault,detail", [
+    ("hang", "no answer within 1 s"),
+    ("drop", "Server disconnected without sending a response"),
+    ("echo", "cannot parse request with Authorization: Bearer ***"),
+])
+def test_an_upload_to_a_faulty_hub_fails_clearly_and_says_what_to_rerun(fault, detail, saved_folder):
+    from hub_server import HubServer
+    from hf_posenc.hub import UploadError, upload
+
+    with HubServer(HUB_TOKEN) as hub:
+        hub.state.fault = fault
+        with pytest.raises(UploadError) as err:
+            upload(saved_folder, "me/x", token=HUB_TOKEN, endpoint=hub.url, timeout=1)
+    message = str(err.value)
+    assert detail in message and f"rerun: hf-posenc upload {saved_folder} me/x" in message
+    assert HUB_TOKEN not in message
+
+
+def _cli_env(hub_url: str, home) -> dict:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env.update(HF_ENDPOINT=hub_url, HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1",
+               PYTHONPATH=os.pathsep.join([root, env.get("PYTHONPATH", "")]))
+    return env
+
+
+def test_the_stored_login_echoed_by_the_server_never_reaches_the_terminal(saved_folder, tmp_path):
+    import subprocess
+
+    from hub_server import HubServer
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "token").write_text(HUB_TOKEN)  # what 'hf auth login' stores; no HF_TOKEN in the environment
+    with HubServer(HUB_TOKEN) as hub:
+        hub.state.fault = "echo"
+        res = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "upload", saved_folder, "me/x"],
+                             capture_output=True, text=True, env=_cli_env(hub.url, home), timeout=120)
+        sent = [h.get("authorization") for _, _, h in hub.state.requests]
+    assert sent and sent[0] == f"Bearer {HUB_TOKEN}"  # the stored login was used...
+    assert res.returncode == 1 and "Authorization: Bearer ***" in res.stderr  # ...and never shown
+    assert HUB_TOKEN not in res.stdout + res.stderr and "Traceback" not in res.stderr
+
+
+def test_sigterm_during_a_hung_upload_prints_the_rerun_command(saved_folder, tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    from hub_server import HubServer
+
+    with HubServer(HUB_TOKEN) as hub:
+        hub.state.fault = "hang"
+        env = {**_cli_env(hub.url, tmp_path / "home"), "HF_TOKEN": HUB_TOKEN}
+        proc = subprocess.Popen([sys.executable, "-m", "hf_posenc.cli", "upload", saved_folder, "me/x", "--timeout",
+                                 "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.time() + 120
+        while not hub.state.requests and time.time() < deadline:  # wait until the upload is under way
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert hub.state.requests and proc.returncode == 143
+    assert f"upload interrupted; the local save in {saved_folder} is complete. Rerun: hf-posenc upload " \
+           f"{saved_folder} me/x" in err
+    assert "Traceback" not in err and HUB_TOKEN not in out + err

@@ -34,7 +34,7 @@ def test_list_methods_names_families():
     "kwargs,needle",
     [
         (dict(method="yran", factor=2), "Did you mean 'yarn'"),
-        (dict(method="yarn", factor=0.5), "factor must be a finite number >= 1, got 0.5"),
+        (dict(method="yarn", factor=0.5), "factor must be a number from 1 to 1024, got 0.5"),
         (dict(method="yarn", factor=math.inf), "got inf"),
         (dict(method="pi", factor="2"), "factor must be a number"),
         (dict(method="yarn"), "needs a factor"),
@@ -43,8 +43,11 @@ def test_list_methods_names_families():
         (dict(method="yarn", factor=2, params={"beta_fast": 1, "beta_slow": 2}), "beta_fast must be greater"),
         (dict(method="llama3", factor=2, params={"low_freq_factor": 4, "high_freq_factor": 1}), "high_freq_factor must be greater"),
         (dict(method="longrope", factor=2, params={"long_factor": []}), "long_factor must be a non-empty list"),
-        (dict(method="pi", factor=2, original_max_position_embeddings=0), "original_max_position_embeddings must be a positive integer"),
-        (dict(method="pi", factor=2, original_max_position_embeddings=12.5), "positive integer, got 12.5"),
+        (dict(method="pi", factor=2, original_max_position_embeddings=0), "original_max_position_embeddings must be an integer >= 16"),
+        (dict(method="longrope", factor=2, original_max_position_embeddings=1), "must be an integer >= 16 (the context the model was trained for), got 1"),
+        (dict(method="yarn", factor=1e300), "factor must be a number from 1 to 1024, got 1e+300"),
+        (dict(method="yarn", factor=1e308), "factor must be a number from 1 to 1024, got 1e+308"),
+        (dict(method="pi", factor=2, original_max_position_embeddings=12.5), "must be an integer >= 16 (the context the model was trained for), got 12.5"),
     ],
 )
 def test_bad_configs_name_the_value(kwargs, needle):

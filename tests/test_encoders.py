@@ -103,6 +103,18 @@ def test_tables_grow_and_unpatch_restores(model_type, method):
     assert model.config.max_position_embeddings == N + extra and torch.equal(encode(model, x_short), before)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_unpatch_after_a_cast_restores_the_table_in_the_current_dtype(dtype):
+    model = tiny_encoder("bert")
+    table = model.embeddings.position_embeddings.weight.detach().clone()
+    hf_posenc.patch(model, "interpolate", factor=4.0)
+    model.to(dtype)
+    hf_posenc.unpatch(model)
+    restored = model.embeddings.position_embeddings.weight
+    assert restored.dtype == dtype and torch.equal(restored, table.to(dtype))
+    assert encode(model, tokens(40)).dtype == dtype  # no "mixed dtype" failure
+
+
 def test_roberta_padding_rows_are_kept():
     model = tiny_encoder("roberta")
     old = model.embeddings.position_embeddings.weight.detach().clone()

@@ -93,7 +93,8 @@ class PatchRecord:
                 for m, held in step[0]:
                     m.config = held
             elif kind == "assign" or step[2] is not _MISSING:
-                setattr(*step)
+                obj, name, old = step
+                setattr(obj, name, _as_current(old, getattr(obj, name, None)) if kind == "set" else old)
             elif hasattr(step[0], step[1]):
                 delattr(step[0], step[1])
 
@@ -101,6 +102,21 @@ class PatchRecord:
     def block(self, native: bool) -> dict[str, Any]:
         original = {k: v for k, v in self.config_original.items() if k != CONFIG_KEY}
         return SavedBlock(self.config, self.adapter.name, native, original).to_dict()
+
+
+def _as_current(old: Any, current: Any) -> Any:
+    """``old`` (a saved tensor or module) in the dtype and on the device of ``current``, the value it replaces
+    -- the model may have been cast (``.half()``) or moved since it was patched."""
+    if isinstance(old, torch.Tensor) and isinstance(current, torch.Tensor):
+        dtype = current.dtype if old.is_floating_point() and current.is_floating_point() else old.dtype
+        if (old.dtype, old.device) == (dtype, current.device):
+            return old
+        moved = old.detach().to(device=current.device, dtype=dtype)
+        return nn.Parameter(moved, requires_grad=old.requires_grad) if isinstance(old, nn.Parameter) else moved
+    if isinstance(old, nn.Module) and isinstance(current, nn.Module):
+        ref = next((t for t in [*current.parameters(), *current.buffers()] if t.is_floating_point()), None)
+        return old.to(device=ref.device, dtype=ref.dtype) if ref is not None else old
+    return old
 
 
 def config_field(config: Any, name: str) -> tuple[Any, str]:

@@ -1,47 +1,16 @@
-"""What both evaluations share: loading the model once, the methods to compare, the recorded setup."""
+"""What the evaluations share: the methods to compare, running each in turn, the recorded setup."""
 
 from __future__ import annotations
 
 import json
-import random
 import time
 from typing import Any
-
-import torch
 
 from ..config import PosEncConfig
 from ..patching import get_config, patch, unpatch
 from ..methods import resolve_method
-from ..models import resolve_source
 from ..context import original_context
 from ..provenance import environment, recorded_command
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def load_model_and_tokenizer(model: str, dtype: str = "float32", device: str = "cpu",
-                             attn_implementation: str | None = None):
-    """Load a causal LM and its tokenizer (Hub id, folder, .gguf file or alias) for evaluation. A
-    checkpoint saved patched by hf_posenc comes back patched (``hf_posenc.from_pretrained``)."""
-    from transformers import AutoTokenizer
-
-    from ..loading import from_pretrained
-
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    src = resolve_source(model)
-    kwargs: dict[str, Any] = {"dtype": DTYPES[dtype]}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    tok = AutoTokenizer.from_pretrained(src.path, **src.kwargs)
-    lm = from_pretrained(model, **kwargs).to(device).eval()
-    return lm, tok, src
 
 
 def parse_method_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -88,6 +57,8 @@ def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, A
     before = get_config(model)
     results = {}
     try:
+        for cfg in configs:  # each method is fitted to the model once before any is evaluated: a method that
+            patch(model, cfg)  # does not fit is refused before the others spend their compute
         for cfg in configs:
             patch(model, cfg)
             results[cfg.method] = evaluate(cfg)

@@ -9,6 +9,7 @@ split into four documents.
 
 from __future__ import annotations
 
+import codecs
 import os
 from dataclasses import dataclass
 
@@ -34,20 +35,36 @@ def strip_gutenberg(text: str) -> str:
     return text.strip()
 
 
-def read_text_file(path: str) -> Document:
+def check_encoding(encoding: str) -> str:
+    try:
+        return codecs.lookup(encoding).name
+    except (LookupError, TypeError):
+        raise ValueError(f"unknown text encoding {encoding!r}; e.g. utf-8, latin-1, cp1252, utf-16") from None
+
+
+def read_text_file(path: str, encoding: str = "utf-8") -> Document:
+    """The text of ``path`` decoded as ``encoding``. Bytes that are not valid in it are an error naming the
+    file and the offset (scoring replacement characters would measure the wrong text)."""
+    check_encoding(encoding)
     if not os.path.isfile(path):
         raise ValueError(f"text file not found: {path}")
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return Document(os.path.basename(path), strip_gutenberg(f.read()))
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode(encoding)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not {encoding} text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
+                         "pass its encoding with --encoding (e.g. --encoding latin-1)") from None
+    return Document(os.path.basename(path), strip_gutenberg(text))
 
 
-def read_text_dir(path: str) -> list[Document]:
+def read_text_dir(path: str, encoding: str = "utf-8") -> list[Document]:
     if not os.path.isdir(path):
         raise ValueError(f"text folder not found: {path}")
     files = sorted(f for f in os.listdir(path) if f.endswith((".txt", ".md")))
     if not files:
         raise ValueError(f"no .txt or .md files in {path}")
-    return [read_text_file(os.path.join(path, f)) for f in files]
+    return [read_text_file(os.path.join(path, f), encoding) for f in files]
 
 
 BUILTIN_CORPORA = ("python-docs",)

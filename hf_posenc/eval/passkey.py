@@ -33,11 +33,22 @@ class PasskeyPrompt:
     length: int
 
 
+def check_needle(needle: str) -> str:
+    """A needle template holds ``{key}`` and no other field (literal braces doubled: ``{{``, ``}}``)."""
+    try:
+        filled = needle.format(key="\0")
+    except (KeyError, IndexError, ValueError) as err:
+        raise ValueError(f"the needle template may hold only the field {{key}} (write literal braces as {{{{ and "
+                         f"}}}}), got {needle!r} ({type(err).__name__}: {err})") from None
+    if "\0" not in filled:
+        raise ValueError(f"the needle template must contain '{{key}}', got {needle!r}")
+    return needle
+
+
 class PasskeyBuilder:
     def __init__(self, tokenizer, prefix: str = PREFIX, filler: str = FILLER, needle: str = NEEDLE,
                  question: str = QUESTION):
-        if "{key}" not in needle:
-            raise ValueError(f"the needle template must contain '{{key}}', got {needle!r}")
+        check_needle(needle)
         self.tok = tokenizer
         self.needle = needle
         enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731

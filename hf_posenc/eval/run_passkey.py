@@ -6,8 +6,10 @@ import os
 import time
 from typing import Any
 
-from .common import for_each_method, load_model_and_tokenizer, method_configs, seed_everything, shared_setup
-from .passkey import FILLER, NEEDLE, PasskeyBuilder, evaluate_passkey
+from ..files import check_output_folder
+from ..runtime import load_model_and_tokenizer, seed_everything
+from .common import for_each_method, method_configs, shared_setup
+from .passkey import check_needle, FILLER, NEEDLE, PasskeyBuilder, evaluate_passkey
 from .report import finish_report, markdown_table, plot_heatmap, plot_lines
 
 
@@ -17,13 +19,17 @@ def run_passkey(*, model: str, methods: list[str], factor: float | None, method_
                 seed: int = 0,
                 dtype: str = "float32", device: str = "cpu", attn_implementation: str | None = None,
                 output: str | None = None, progress: bool = True, plots: bool = True,
-                command: str | None = None, loaded: tuple | None = None) -> dict[str, Any]:
+                command: str | None = None, loaded: tuple | None = None,
+                tokenizer: str | None = None) -> dict[str, Any]:
     configs = method_configs(methods, factor, method_params)
+    if output:
+        check_output_folder(output)  # an unwritable --output is found before the compute, not after
     if any(not 0 <= d <= 1 for d in depths):
         raise ValueError(f"--depths must lie in [0, 1], got {depths}")
+    check_needle(needle)
     seed_everything(seed)
     # ``loaded``: (model, tokenizer, source) already in memory (``hf-posenc patch --eval`` reuses its model)
-    lm, tok, src = loaded or load_model_and_tokenizer(model, dtype, device, attn_implementation)
+    lm, tok, src = loaded or load_model_and_tokenizer(model, dtype, device, attn_implementation, tokenizer)
     builder = PasskeyBuilder(tok, filler=filler, needle=needle)
     started = time.time()
     results = for_each_method(lm, configs, lambda cfg: evaluate_passkey(

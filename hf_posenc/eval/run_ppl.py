@@ -9,21 +9,24 @@ from typing import Any
 import torch
 
 from . import data as D
-from .common import for_each_method, load_model_and_tokenizer, method_configs, seed_everything, shared_setup
+from ..files import check_output_folder
+from ..runtime import load_model_and_tokenizer, seed_everything
+from .common import for_each_method, method_configs, shared_setup
 from .perplexity import evaluate_perplexity
 from .report import finish_report, markdown_table, plot_lines
 
 
 def gather_documents(text_file=None, text_dir=None, dataset=None, dataset_config=None, split="test",
-                     column="text", limit=None, corpus=None) -> list[D.Document]:
-    """The documents asked for (files, folders, a dataset, a built-in corpus), else the default corpus."""
+                     column="text", limit=None, corpus=None, encoding="utf-8") -> list[D.Document]:
+    """The documents asked for (files and folders read as ``encoding``, a dataset, a built-in corpus), else
+    the default corpus."""
     docs: list[D.Document] = []
     if corpus:
         docs.extend(D.builtin_corpus(corpus))
     for path in text_file or []:
-        docs.append(D.read_text_file(path))
+        docs.append(D.read_text_file(path, encoding))
     for path in text_dir or []:
-        docs.extend(D.read_text_dir(path))
+        docs.extend(D.read_text_dir(path, encoding))
     if dataset:
         docs.extend(D.read_dataset(dataset, dataset_config, split, column, limit))
     if not docs:
@@ -46,13 +49,19 @@ def run_perplexity(*, model: str, methods: list[str], factor: float | None, meth
                    max_windows: int | None = None, buckets: int = 32, chunk_size: int = 1024, seed: int = 0,
                    dtype: str = "float32", device: str = "cpu", attn_implementation: str | None = None,
                    output: str | None = None, progress: bool = True, plots: bool = True,
-                command: str | None = None, loaded: tuple | None = None) -> dict[str, Any]:
+                command: str | None = None, loaded: tuple | None = None,
+                tokenizer: str | None = None) -> dict[str, Any]:
     configs = method_configs(methods, factor, method_params)  # validate before the slow load
+    if output:
+        check_output_folder(output)  # an unwritable --output is found before the compute, not after
     if not lengths or any(n < 2 for n in lengths):
         raise ValueError(f"--lengths must be token counts >= 2, got {lengths}")
+    if stride is not None and mode != "sliding":
+        raise ValueError(f"--stride {stride} applies to --mode sliding; windows mode scores non-overlapping windows "
+                         "(drop --stride, or add --mode sliding)")
     seed_everything(seed)
     # ``loaded``: (model, tokenizer, source) already in memory (``hf-posenc patch --eval`` reuses its model)
-    lm, tok, src = loaded or load_model_and_tokenizer(model, dtype, device, attn_implementation)
+    lm, tok, src = loaded or load_model_and_tokenizer(model, dtype, device, attn_implementation, tokenizer)
     need = None
     if max_windows and mode == "windows":
         need = max(lengths) * max_windows

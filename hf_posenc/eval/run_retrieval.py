@@ -7,7 +7,9 @@ import time
 from typing import Any
 
 from . import data as D
-from .common import for_each_method, load_model_and_tokenizer, method_configs, seed_everything, shared_setup
+from ..files import check_output_folder
+from ..runtime import load_model_and_tokenizer, seed_everything
+from .common import for_each_method, method_configs, shared_setup
 from .report import finish_report, markdown_table, plot_lines
 from .retrieval import evaluate_retrieval
 
@@ -26,10 +28,13 @@ def run_retrieval(*, model: str, methods: list, factor: float | None, method_par
                   lengths: list[int], docs: list[D.Document], depths: list[float], trials: int = 10,
                   candidates: int = 5, filler: str = "same", seed: int = 0, dtype: str = "float32", device: str = "cpu",
                   attn_implementation: str | None = None, output: str | None = None, progress: bool = True,
-                  plots: bool = True, command: str | None = None, loaded: tuple | None = None) -> dict[str, Any]:
+                  plots: bool = True, command: str | None = None, loaded: tuple | None = None,
+                tokenizer: str | None = None) -> dict[str, Any]:
     configs = method_configs(methods, factor, method_params)
+    if output:
+        check_output_folder(output)  # an unwritable --output is found before the compute, not after
     seed_everything(seed)
-    lm, tok, src = loaded or load_model_and_tokenizer(model, dtype, device, attn_implementation)
+    lm, tok, src = loaded or load_model_and_tokenizer(model, dtype, device, attn_implementation, tokenizer)
     if lm.get_output_embeddings() is not None:  # an LM head: not an encoder giving token states to pool
         raise ValueError(f"retrieval evaluates sentence-embedding encoders (e.g. BertModel); {type(lm).__name__} "
                          "is not one (use 'eval ppl' or 'eval passkey' for language models).")

@@ -56,6 +56,9 @@ def resolve_method(name: str) -> MethodSpec:
     raise ValueError(f"unknown method {name!r}.{hint} Known methods: {', '.join(sorted(METHODS))}.")
 
 
+MAX_FACTOR = 1024.0  # 4k x 1024 = 4M tokens; beyond it the frequencies underflow and lengths overflow
+
+
 def check_factor(method: str, factor: Any, uses_factor: bool) -> float:
     if not uses_factor:
         if factor not in (None, 1, 1.0):
@@ -65,8 +68,8 @@ def check_factor(method: str, factor: Any, uses_factor: bool) -> float:
         raise ValueError(f"method {method!r} needs a factor (a finite number >= 1, e.g. factor=2.0).")
     if isinstance(factor, bool) or not isinstance(factor, (int, float)):
         raise ValueError(f"factor must be a number >= 1, got {factor!r} ({type(factor).__name__}).")
-    if not math.isfinite(factor) or factor < 1:
-        raise ValueError(f"factor must be a finite number >= 1, got {factor!r}.")
+    if not math.isfinite(factor) or not 1 <= factor <= MAX_FACTOR:
+        raise ValueError(f"factor must be a number from 1 to {MAX_FACTOR:g}, got {factor!r}.")
     return float(factor)
 
 

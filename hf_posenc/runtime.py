@@ -1,0 +1,106 @@
+"""Loading a model to run it: the dtype and the device are checked by name before anything loads, then the
+model (patched again if its checkpoint says so) and its tokenizer come from a Hub id, a folder, a ``.gguf``
+file or an alias. Used by the evaluations, ``patch`` and ``finetune``."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import random
+from typing import Any
+
+import torch
+
+from .models import ALIASES, resolve_source
+from .provenance import scrub
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def _count(kind: str) -> int:
+    if kind == "cuda":
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind == "mps":
+        return int(torch.backends.mps.is_available())
+    if kind == "xpu":
+        return torch.xpu.device_count() if hasattr(torch, "xpu") and torch.xpu.is_available() else 0
+    return 1  # cpu and the rest: torch reports their own errors clearly
+
+
+def check_device(device: str) -> str:
+    """``device`` if this machine has it; else a clear error naming it and what the machine has."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a torch device; e.g. cpu, cuda, cuda:1, mps") from None
+    count = _count(parsed.type)
+    if count == 0:
+        raise ValueError(f"device {device!r}: this machine has no {parsed.type} device (use --device cpu)")
+    if parsed.index is not None and parsed.index >= count:
+        raise ValueError(f"device {device!r}: this machine has {count} {parsed.type} device(s), "
+                         f"{parsed.type}:0 to {parsed.type}:{count - 1}")
+    return device
+
+
+def _unloadable(model: str, err: Exception) -> ValueError:
+    """A load failure as one line: what ``model`` was taken for, and the closest alias when it looks like one."""
+    reason = " ".join(scrub(str(err)).split())[:300]
+    if os.path.isdir(model):
+        return ValueError(f"cannot load the model folder {model!r}: {reason}")
+    guess = difflib.get_close_matches(model.lower(), list(ALIASES), n=1, cutoff=0.6)
+    hint = f" Did you mean the alias {guess[0]!r}?" if guess else f" Aliases: {', '.join(sorted(ALIASES))}."
+    return ValueError(f"cannot load model {model!r}: it is not a local folder, a .gguf file or an alias, and the Hub "
+                      f"did not give it ({reason}).{hint}")
+
+
+def load_tokenizer(model: str, tokenizer: str | None = None, required: bool = True):
+    """The tokenizer of ``model`` (or of ``tokenizer``, a Hub id, folder or alias); None when the checkpoint has
+    none and ``required`` is False."""
+    from transformers import AutoTokenizer
+
+    src = resolve_source(tokenizer or model)
+    try:
+        return AutoTokenizer.from_pretrained(src.path, **src.kwargs)
+    except (OSError, ValueError, TypeError) as err:
+        local = tokenizer is None and (os.path.isdir(src.path) or "gguf_file" in src.kwargs)
+        if tokenizer is None and not local:  # most likely the model itself is unknown
+            raise _unloadable(model, err) from None
+        if not required and tokenizer is None:
+            return None
+        where = f"--tokenizer {tokenizer!r}" if tokenizer else f"the model folder {model!r}"
+        raise ValueError(f"no tokenizer could be loaded from {where} ({' '.join(scrub(str(err)).split())[:300]}); "
+                         "pass one with --tokenizer (a Hub id, folder or alias)") from None
+
+
+def load_model_and_tokenizer(model: str, dtype: str = "float32", device: str = "cpu",
+                             attn_implementation: str | None = None, tokenizer: str | None = None,
+                             need_tokenizer: bool = True):
+    """Load a model and its tokenizer (Hub id, folder, .gguf file or alias); the tokenizer first, so that a
+    missing one is found before the slow part. A checkpoint saved patched by hf_posenc comes back patched
+    (``hf_posenc.from_pretrained``). Returns (model, tokenizer, source); the tokenizer is None only when
+    ``need_tokenizer`` is False and the checkpoint has none."""
+    from .loading import from_pretrained
+
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype)}
+    check_device(device)
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    src = resolve_source(model)
+    tok = load_tokenizer(model, tokenizer, required=need_tokenizer)
+    try:
+        lm = from_pretrained(model, **kwargs)
+    except OSError as err:
+        raise _unloadable(model, err) from None
+    return lm.to(device).eval(), tok, src
