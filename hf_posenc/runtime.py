@@ -86,15 +86,23 @@ def load_tokenizer(model: str, tokenizer: str | None = None, required: bool = Tr
 
 def load_model_and_tokenizer(model: str, dtype: str = "float32", device: str = "cpu",
                              attn_implementation: str | None = None, tokenizer: str | None = None,
-                             need_tokenizer: bool = True):
+                             need_tokenizer: bool = True, device_map: str | dict | None = None,
+                             max_memory: dict | None = None):
     """Load a model and its tokenizer (Hub id, folder, .gguf file or alias); the tokenizer first, so that a
     missing one is found before the slow part. A checkpoint saved patched by hf_posenc comes back patched
     (``hf_posenc.from_pretrained``). Returns (model, tokenizer, source); the tokenizer is None only when
-    ``need_tokenizer`` is False and the checkpoint has none."""
+    ``need_tokenizer`` is False and the checkpoint has none. ``device_map`` (e.g. ``"auto"``, with
+    ``max_memory`` such as ``{0: "20GiB", "cpu": "64GiB"}``) spreads a model too big for one device over
+    several through accelerate's big-model inference; ``device`` is then not used."""
     from .loading import from_pretrained
 
     kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype)}
-    check_device(device)
+    if device_map is None:
+        check_device(device)
+    else:
+        kwargs.update(device_map=device_map, **({"max_memory": max_memory} if max_memory else {}))
+    if max_memory and device_map is None:
+        raise ValueError("--max-memory sets how much of each device --device-map may use; add --device-map auto")
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     src = resolve_source(model)
@@ -103,4 +111,4 @@ def load_model_and_tokenizer(model: str, dtype: str = "float32", device: str = "
         lm = from_pretrained(model, **kwargs)
     except OSError as err:
         raise _unloadable(model, err) from None
-    return lm.to(device).eval(), tok, src
+    return (lm if device_map is not None else lm.to(device)).eval(), tok, src

@@ -212,8 +212,8 @@ def test_a_method_that_does_not_fit_is_refused_before_any_method_runs(tiny_check
     import hf_posenc.eval.run_ppl as run_ppl
 
     ran = []
-    real = run_ppl.evaluate_perplexity
-    monkeypatch.setattr(run_ppl, "evaluate_perplexity", lambda *a, **k: ran.append(k["desc"]) or real(*a, **k))
+    real = run_ppl.window_cell
+    monkeypatch.setattr(run_ppl, "window_cell", lambda *a, **k: ran.append(a[2]) or real(*a, **k))
     err = _refused(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,yarn,hierarchical", "--lengths",
                     "32", "--max-windows", "1", "--corpus", "python-docs", "--no-progress"], capsys)
     assert "hierarchical" in err and ran == []  # none and yarn were not evaluated and thrown away

@@ -100,7 +100,7 @@ def test_cli_ppl_end_to_end(tiny_checkpoint, tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| none |" in table and "| yarn |" in table and "| dynamic_ntk |" in table
     report = json.loads((out / "perplexity.json").read_text())
-    assert report["setup"]["methods"]["yarn"]["params"]["beta_fast"] == 16
+    assert report["setup"]["variants"]["yarn"]["params"]["beta_fast"] == 16
     assert report["setup"]["command"].startswith("hf-posenc eval ppl --model ") and "yarn.beta_fast=16" in report["setup"]["command"]
     assert report["results"]["none"]["128"]["windows"] == 2
     for png in ("ppl_vs_length.png", "loss_by_position_64.png", "loss_by_position_128.png"):

@@ -78,7 +78,7 @@ def test_cli_patch_evaluates_and_writes_the_card(tiny_checkpoint, tmp_path, caps
     assert "| yarn |" in printed and "saved:" in printed
     ppl = json.loads((out / "hf_posenc_eval" / "perplexity.json").read_text())
     pk = json.loads((out / "hf_posenc_eval" / "passkey.json").read_text())
-    assert set(ppl["results"]) == {"none", "yarn"} and ppl["setup"]["methods"]["yarn"]["params"]["beta_fast"] == 16
+    assert set(ppl["results"]) == {"none", "yarn"} and ppl["setup"]["variants"]["yarn"]["params"]["beta_fast"] == 16
     card = ModelCard.load(out / "README.md")
     metrics = {m["name"]: m["value"] for r in card.data.to_dict()["model-index"][0]["results"] for m in r["metrics"]}
     assert metrics["perplexity @ 128 tokens"] == round(ppl["results"]["yarn"]["128"]["ppl"], 4)

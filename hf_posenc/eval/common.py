@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from typing import Any
 
 from ..config import PosEncConfig
 from ..patching import get_config, patch, unpatch
 from ..methods import resolve_method
+from .variants import method_variants
 from ..context import original_context
+from ..files import check_output_folder
 from ..provenance import environment, recorded_command
+from ..runtime import load_model_and_tokenizer, seed_everything
+from .cells import CellStore, run_cells
+from .processes import Processes
+from .report import finish_report
+from .variants import build_variants
 
 
 def parse_method_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -29,26 +38,9 @@ def parse_method_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def method_configs(methods: list[str | PosEncConfig], factor: float | None,
-                   params: dict[str, dict[str, Any]]) -> list[PosEncConfig]:
-    """One validated PosEncConfig per method; shared knobs (``KEY=VALUE``) go to the methods that take them.
-    A PosEncConfig in ``methods`` is taken as it is."""
-    specs = [resolve_method(m) for m in methods if not isinstance(m, PosEncConfig)]
-    unused = sorted(set(params.get("*", {})) - {k for spec in specs for k in spec.params})
-    if unused:
-        taken = sorted({k for spec in specs for k in spec.params}) or ["none"]
-        raise ValueError(f"--method-param {', '.join(unused)}: no method of this run takes it (methods "
-                         f"{[s.name for s in specs]} take: {', '.join(taken)}).")
-    configs = []
-    for name in methods:
-        if isinstance(name, PosEncConfig):
-            configs.append(name)
-            continue
-        spec = resolve_method(name)
-        knobs = {k: v for k, v in params.get("*", {}).items() if k in spec.params}
-        knobs.update(params.get(spec.name, {}))
-        configs.append(PosEncConfig(spec.name, factor if spec.uses_factor else None, params=knobs))
-    return configs
+def method_configs(methods: list[Any], factor: float | None, params: dict[str, dict[str, Any]]) -> list[PosEncConfig]:
+    """One validated PosEncConfig per method (see :func:`variants.method_variants`)."""
+    return [v.config for v in method_variants(methods, factor, params)]
 
 
 def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, Any]:
@@ -69,13 +61,94 @@ def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, A
     return results
 
 
-def shared_setup(model: str, src, lm, configs: list[PosEncConfig], seed: int, dtype: str, device: str,
-                 attn_implementation: str | None, command: str | None, started: float) -> dict[str, Any]:
-    """The part of a report's setup that every evaluation records (what ran, where, and how to rerun it)."""
-    return {
-        "model": model, "model_source": src.label or src.path, "original_context": original_context(lm),
-        "methods": {c.method: c.to_dict() for c in configs}, "seed": seed, "dtype": dtype, "device": device,
-        "attn_implementation": attn_implementation or lm.config._attn_implementation,
-        "command": recorded_command(command), "environment": environment(),
-        "seconds": round(time.time() - started, 1),
-    }
+MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".json")
+
+
+def model_identity(model: str, lm, src) -> dict[str, Any]:
+    """What names the exact weights: the Hub revision transformers resolved, or for a local folder a digest
+    of its model files (names, sizes, and the first and last MiB of each)."""
+    identity = {"model": model, "revision": getattr(lm.config, "_commit_hash", None)}
+    folder = src.path if os.path.isdir(src.path) else None
+    if folder is not None:
+        digest = hashlib.sha256()
+        names = sorted(f for f in os.listdir(folder) if f.endswith(MODEL_FILES))
+        names = [f for f in names if f == src.kwargs.get("gguf_file") or not f.endswith(".gguf")]
+        for name in names:
+            path = os.path.join(folder, name)
+            size = os.path.getsize(path)
+            with open(path, "rb") as f:
+                digest.update(f"{name}:{size}:".encode() + f.read(1 << 20))
+                f.seek(max(0, size - (1 << 20)))
+                digest.update(f.read())
+        identity["files"] = digest.hexdigest()[:24]
+    return identity
+
+
+class Run:
+    """One evaluation run: its variants, its model (loaded once, per process), its processes and cells.
+
+    Keywords shared by every runner: model, methods (names, PosEncConfigs or Variants), factor,
+    method_params, variants (``LABEL=METHOD:K=V,...`` strings), seed, dtype, device, attn_implementation,
+    tokenizer, device_map, max_memory, output, overwrite, progress, plots, command, loaded (a model,
+    tokenizer and source already in memory)."""
+
+    def __init__(self, *, model: str, methods: list[Any] | None = None, factor: float | None = None,
+                 method_params: dict[str, dict[str, Any]] | None = None, variants: list[Any] | None = None,
+                 seed: int = 0, dtype: str = "float32", device: str = "cpu", attn_implementation: str | None = None,
+                 tokenizer: str | None = None, device_map: str | None = None, max_memory: dict | None = None,
+                 output: str | None = None, overwrite: bool = False, progress: bool = True, plots: bool = True,
+                 command: str | None = None, loaded: tuple | None = None):
+        self.variants = build_variants(methods, factor, method_params or {}, variants)  # before the slow load
+        if output:
+            check_output_folder(output)  # an unwritable --output is found before the compute, not after
+        self.processes = Processes(device)
+        if device_map and self.processes.world > 1:
+            raise ValueError("--device-map spreads one model over the devices of one process; with several "
+                             "processes each holds a whole model on its own device: use one or the other")
+        self.model, self.seed, self.dtype, self.tokenizer = model, seed, dtype, tokenizer
+        self.device = self.processes.device(device)
+        self.attn_implementation, self.device_map, self.max_memory = attn_implementation, device_map, max_memory
+        self.output, self.overwrite, self.progress, self.plots = output, overwrite, progress, plots
+        self.command, self.loaded = command, loaded
+
+    def load(self):
+        """(model, tokenizer, source), loaded once."""
+        if self.loaded is None:
+            seed_everything(self.seed)
+            self.loaded = load_model_and_tokenizer(self.model, self.dtype, self.device, self.attn_implementation,
+                                                   self.tokenizer, device_map=self.device_map,
+                                                   max_memory=self.max_memory)
+        self.started = time.time()
+        return self.loaded
+
+    def fingerprint(self, task: str, settings: dict[str, Any]) -> dict[str, Any]:
+        lm, _, src = self.loaded
+        from .. import __version__
+        import torch
+        import transformers
+
+        return {"task": task, "model": model_identity(self.model, lm, src), "settings": settings, "seed": self.seed,
+                "dtype": self.dtype, "attn_implementation": self.attn_implementation or lm.config._attn_implementation,
+                "versions": {"hf_posenc": __version__, "torch": torch.__version__,
+                             "transformers": transformers.__version__}}
+
+    def cells(self, task: str, settings: dict[str, Any], keys: dict[str, list[list]], compute) -> dict[str, list]:
+        """Every variant's cell results (see :func:`cells.run_cells`), resumed from ``output`` when it has them."""
+        store = CellStore(self.output, self.fingerprint(task, settings), self.processes, self.overwrite)
+        return run_cells(self.loaded[0], self.variants, keys, compute, store, self.processes,
+                         self.progress and self.processes.is_main, desc=task)
+
+    def report(self, task: str, settings: dict[str, Any], results: dict[str, Any], table, plots) -> dict[str, Any]:
+        """The report (written by the main process only, when there is an output folder)."""
+        lm, _, src = self.loaded
+        setup = {
+            "model": self.model, "model_source": src.label or src.path, "original_context": original_context(lm),
+            "variants": {v.label: v.config.to_dict() for v in self.variants}, "seed": self.seed,
+            "dtype": self.dtype, "device": self.device, "processes": self.processes.world,
+            "attn_implementation": self.attn_implementation or lm.config._attn_implementation,
+            "command": recorded_command(self.command), "environment": environment(),
+            "seconds": round(time.time() - self.started, 1), **settings,
+        }
+        if not self.processes.is_main:  # the main process writes and prints the report
+            return {"task": task, "setup": setup, "results": results, "table": "", "written_by_another_process": True}
+        return finish_report(task, setup, results, table, self.output, plots if self.plots else None)

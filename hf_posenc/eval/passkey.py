@@ -129,45 +129,64 @@ def score_greedy(model, tokenizer, prompt: PasskeyPrompt | list[PasskeyPrompt]):
     return res if isinstance(prompt, list) else res[0]
 
 
-def evaluate_passkey(model, tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int = 0,
-                     digits: int = 5, scoring: str = "teacher_forced", builder: PasskeyBuilder | None = None,
-                     progress: bool = True, desc: str = "", batch_size: int = 1) -> dict:
-    """Accuracy per (length, depth) cell and overall. Keys come from ``seed``: every method sees the same keys.
-    Prompts of a cell that have one token length run ``batch_size`` at a time (results do not depend on it)."""
-    from tqdm.auto import tqdm
-
+def check_scoring(scoring: str, trials: int, digits: int, batch_size: int) -> None:
     if scoring not in ("teacher_forced", "greedy"):
         raise ValueError(f"scoring must be 'teacher_forced' or 'greedy', got {scoring!r}")
     if trials < 1 or digits < 1 or batch_size < 1:
         raise ValueError(f"trials, digits and batch_size must be >= 1, got trials={trials}, digits={digits}, "
                          f"batch_size={batch_size}")
-    builder = builder or PasskeyBuilder(tokenizer)
-    cells, samples = {}, []
-    # one generator per cell, seeded by the cell's place in the grid: every method sees the same keys
-    cells_in_order = [(n, d) for n in lengths for d in depths]
-    grid = [(n, d, random.Random(seed * 1_000_003 + i)) for i, (n, d) in enumerate(cells_in_order)]
-    bar = tqdm(total=len(grid) * trials, desc=f"{desc} passkey".strip(), disable=not progress, leave=False)
-    for n, d, cell_rng in grid:
-        prompts = [builder.build(n, d, random_key(cell_rng, digits)) for _ in range(trials)]
-        outcome: dict[int, tuple[bool, str | None]] = {}
-        for group in batches(prompts, batch_size, with_answer=scoring == "teacher_forced"):
-            if scoring == "teacher_forced":
-                got = [(ok, None) for ok in score_teacher_forced(model, group)]
-            else:
-                got = score_greedy(model, tokenizer, group)
-            for p, r in zip(group, got):
-                outcome[id(p)] = r
-            bar.update(len(group))
-        for p in prompts:
-            ok, said = outcome[id(p)]
-            samples.append({"length": n, "depth": d, "tokens": p.length, "key": p.key, "correct": ok,
-                            **({"output": said} if said is not None else {})})
-        hits = sum(outcome[id(p)][0] for p in prompts)
-        cells[f"{n}@{d}"] = {"length": n, "depth": d, "accuracy": hits / trials, "trials": trials}
-    bar.close()
+
+
+def grid(lengths: list[int], depths: list[float], seed: int) -> list[tuple[int, float, int]]:
+    """(length, depth, key seed) per cell: the keys of a cell come from its own generator, seeded by the run's
+    seed and the cell's place in the grid, so every method sees the same keys."""
+    cells = [(n, d) for n in lengths for d in depths]
+    return [(n, d, seed * 1_000_003 + i) for i, (n, d) in enumerate(cells)]
+
+
+def passkey_cell(model, tokenizer, builder: PasskeyBuilder, length: int, depth: float, key_seed: int, trials: int,
+                 digits: int = 5, scoring: str = "teacher_forced", batch_size: int = 1) -> dict:
+    """``trials`` keys (from ``key_seed``) hidden at ``depth`` in prompts of ``length`` tokens: hits and samples.
+    Prompts of one token length run ``batch_size`` at a time (results do not depend on it)."""
+    rng = random.Random(key_seed)
+    prompts = [builder.build(length, depth, random_key(rng, digits)) for _ in range(trials)]
+    outcome: dict[int, tuple[bool, str | None]] = {}
+    for group in batches(prompts, batch_size, with_answer=scoring == "teacher_forced"):
+        if scoring == "teacher_forced":
+            got = [(ok, None) for ok in score_teacher_forced(model, group)]
+        else:
+            got = score_greedy(model, tokenizer, group)
+        for p, r in zip(group, got):
+            outcome[id(p)] = r
+    samples = [{"length": length, "depth": depth, "tokens": p.length, "key": p.key, "correct": outcome[id(p)][0],
+                **({"output": outcome[id(p)][1]} if outcome[id(p)][1] is not None else {})} for p in prompts]
+    return {"hits": sum(s["correct"] for s in samples), "trials": trials, "samples": samples}
+
+
+def aggregate_passkey(lengths: list[int], cells: list[tuple[int, float, dict]]) -> dict:
+    """Accuracy per (length, depth) cell, per length and overall, from (length, depth, cell result)."""
+    table = {f"{n}@{d}": {"length": n, "depth": d, "accuracy": c["hits"] / c["trials"], "trials": c["trials"]}
+             for n, d, c in cells}
     by_length = {}
     for n in lengths:
-        cs = [c for c in cells.values() if c["length"] == n]
+        cs = [c for c in table.values() if c["length"] == n]
         by_length[str(n)] = sum(c["accuracy"] for c in cs) / len(cs)
-    overall = sum(c["accuracy"] for c in cells.values()) / len(cells)
-    return {"accuracy": overall, "by_length": by_length, "cells": cells, "samples": samples}
+    overall = sum(c["accuracy"] for c in table.values()) / len(table)
+    return {"accuracy": overall, "by_length": by_length, "cells": table,
+            "samples": [s for _, _, c in cells for s in c["samples"]]}
+
+
+def evaluate_passkey(model, tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int = 0,
+                     digits: int = 5, scoring: str = "teacher_forced", builder: PasskeyBuilder | None = None,
+                     progress: bool = True, desc: str = "", batch_size: int = 1) -> dict:
+    """Accuracy per (length, depth) cell and overall, for ``model`` as it is. Keys come from ``seed``: every
+    method sees the same keys. (``hf-posenc eval passkey`` computes the same cells resumably, see
+    ``run_passkey``.)"""
+    from tqdm.auto import tqdm
+
+    check_scoring(scoring, trials, digits, batch_size)
+    builder = builder or PasskeyBuilder(tokenizer)
+    cells = [(n, d, passkey_cell(model, tokenizer, builder, n, d, s, trials, digits, scoring, batch_size))
+             for n, d, s in tqdm(grid(lengths, depths, seed), desc=f"{desc} passkey".strip(), disable=not progress,
+                                 leave=False)]
+    return aggregate_passkey(lengths, cells)

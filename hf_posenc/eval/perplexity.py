@@ -10,6 +10,7 @@ Two modes:
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -58,6 +59,73 @@ def plan_windows(n_tokens: int, length: int, mode: str = "windows", stride: int 
     return out[:max_windows] if max_windows else out
 
 
+def check_lengths(docs: list[torch.Tensor], lengths: list[int]) -> None:
+    longest = max((len(d) for d in docs), default=0)
+    for length in lengths:
+        if longest < length:
+            raise ValueError(
+                f"too little text for length {length}: the longest document has {longest} tokens; "
+                "pass more or longer text, or smaller --lengths."
+            )
+
+
+def plan_lengths(docs: list[torch.Tensor], lengths: list[int], mode: str = "windows", stride: int | None = None,
+                 max_windows: int | None = None) -> dict[int, list[Window]]:
+    """Every window to score, per length (documents in order, then windows in order)."""
+    check_lengths(docs, lengths)
+    return {n: [w for i, d in enumerate(docs) for w in plan_windows(len(d), n, mode, stride, max_windows, doc=i)]
+            for n in lengths}
+
+
+def bucket_edges(length: int, buckets: int) -> list[int]:
+    n = max(1, min(buckets, length - 1))
+    return [1 + round(k * (length - 1) / n) for k in range(n + 1)]
+
+
+def doc_digest(doc: torch.Tensor) -> str:
+    """A short digest of a document's token ids: a window's cell names the exact text it scored."""
+    return hashlib.sha256(doc.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+
+
+def window_cell(model, doc: torch.Tensor, window: Window, buckets: int = 32, chunk_size: int = 1024) -> dict:
+    """One window's scored tokens: their count, NLL sum, and NLL sum and count per position bucket."""
+    device = next(model.parameters()).device
+    ids = doc[window.begin : window.end][None].to(device)
+    nll = token_nll(model, ids, chunk_size=chunk_size, start=window.score_from)[0].double().cpu()
+    sums, counts = [], []
+    edges = bucket_edges(window.end - window.begin, buckets)
+    for a, b in zip(edges[:-1], edges[1:]):
+        part = nll[max(a, window.score_from) - window.score_from : max(b, window.score_from) - window.score_from]
+        sums.append(part.sum().item())
+        counts.append(part.numel())
+    return {"tokens": nll.numel(), "nll_sum": nll.sum().item(), "bucket_sum": sums, "bucket_cnt": counts}
+
+
+def aggregate_length(length: int, windows: list[Window], cells: list[dict], names: list[str], buckets: int) -> dict:
+    """The numbers of one length from its windows' cells (in the order of ``windows``)."""
+    doc_sum, doc_cnt = [0.0] * len(names), [0] * len(names)
+    edges = bucket_edges(length, buckets)
+    curve_sum, curve_cnt = [0.0] * (len(edges) - 1), [0] * (len(edges) - 1)
+    for w, c in zip(windows, cells):
+        doc_sum[w.doc] += c["nll_sum"]
+        doc_cnt[w.doc] += c["tokens"]
+        for k in range(len(curve_sum)):
+            curve_sum[k] += c["bucket_sum"][k]
+            curve_cnt[k] += c["bucket_cnt"][k]
+    total_nll, total_tok = sum(doc_sum), sum(doc_cnt)
+    per_doc = [{"name": names[i], "tokens": doc_cnt[i], "nll": doc_sum[i] / doc_cnt[i],
+                "ppl": math.exp(doc_sum[i] / doc_cnt[i])} for i in range(len(names)) if doc_cnt[i]]
+    m, lo, hi = mean_ci95([d["nll"] for d in per_doc])
+    curve = [{"from": a, "to": b, "nll": curve_sum[k] / curve_cnt[k]}
+             for k, (a, b) in enumerate(zip(edges[:-1], edges[1:])) if curve_cnt[k]]
+    return {
+        "length": length, "ppl": math.exp(total_nll / total_tok), "nll": total_nll / total_tok, "tokens": total_tok,
+        "windows": len(windows), "doc_mean_ppl": math.exp(m), "ci95": [math.exp(lo), math.exp(hi)] if lo is not None else None,
+        "docs": per_doc, "skipped_docs": [names[i] for i in range(len(names)) if not any(w.doc == i for w in windows)],
+        "curve": curve,
+    }
+
+
 def evaluate_perplexity(model, docs: list[torch.Tensor], lengths: list[int], names: list[str] | None = None,
                         mode: str = "windows", stride: int | None = None, max_windows: int | None = None,
                         buckets: int = 32, chunk_size: int = 1024, progress: bool = True, desc: str = "") -> dict:
@@ -66,55 +134,12 @@ def evaluate_perplexity(model, docs: list[torch.Tensor], lengths: list[int], nam
     Returns, per length: the token-weighted perplexity, the mean of per-document perplexities with a
     95% interval across documents, per-document numbers, and the loss curve by position (``buckets``
     equal position ranges). Documents shorter than a length are skipped for it and listed; a length
-    that no document reaches raises ValueError naming the longest document."""
+    that no document reaches raises ValueError naming the longest document. (``hf-posenc eval ppl``
+    computes the same windows as resumable cells, see ``run_ppl``.)"""
     names = names or [f"doc{i}" for i in range(len(docs))]
-    longest = max((len(d) for d in docs), default=0)
-    for length in lengths:
-        if longest < length:
-            raise ValueError(
-                f"too little text for length {length}: the longest document has {longest} tokens; "
-                "pass more or longer text, or smaller --lengths."
-            )
-    device = next(model.parameters()).device
     results = {}
-    for length in lengths:
-        plans = [plan_windows(len(d), length, mode, stride, max_windows, doc=i) for i, d in enumerate(docs)]
-        windows = [w for p in plans for w in p]
-        skipped = [names[i] for i, p in enumerate(plans) if not p]
-        n_buckets = max(1, min(buckets, length - 1))
-        edges = [1 + round(k * (length - 1) / n_buckets) for k in range(n_buckets + 1)]
-        curve_sum = torch.zeros(length, dtype=torch.float64)
-        curve_cnt = torch.zeros(length, dtype=torch.float64)
-        doc_sum = [0.0] * len(docs)
-        doc_cnt = [0] * len(docs)
-        for w in tqdm(windows, desc=f"{desc} ppl@{length}".strip(), disable=not progress, leave=False):
-            ids = docs[w.doc][w.begin : w.end][None].to(device)
-            nll = token_nll(model, ids, chunk_size=chunk_size, start=w.score_from)[0].double()
-            curve_sum[w.score_from :] += nll
-            curve_cnt[w.score_from :] += 1
-            doc_sum[w.doc] += nll.sum().item()
-            doc_cnt[w.doc] += nll.numel()
-        total_nll, total_tok = sum(doc_sum), sum(doc_cnt)
-        per_doc = [
-            {"name": names[i], "tokens": doc_cnt[i], "nll": doc_sum[i] / doc_cnt[i], "ppl": math.exp(doc_sum[i] / doc_cnt[i])}
-            for i in range(len(docs)) if doc_cnt[i]
-        ]
-        m, lo, hi = mean_ci95([d["nll"] for d in per_doc])
-        curve = []
-        for a, b in zip(edges[:-1], edges[1:]):
-            cnt = curve_cnt[a:b].sum().item()
-            if cnt:
-                curve.append({"from": a, "to": b, "nll": curve_sum[a:b].sum().item() / cnt})
-        results[str(length)] = {
-            "length": length,
-            "ppl": math.exp(total_nll / total_tok),
-            "nll": total_nll / total_tok,
-            "tokens": total_tok,
-            "windows": len(windows),
-            "doc_mean_ppl": math.exp(m),
-            "ci95": [math.exp(lo), math.exp(hi)] if lo is not None else None,
-            "docs": per_doc,
-            "skipped_docs": skipped,
-            "curve": curve,
-        }
+    for length, windows in plan_lengths(docs, lengths, mode, stride, max_windows).items():
+        cells = [window_cell(model, docs[w.doc], w, buckets, chunk_size)
+                 for w in tqdm(windows, desc=f"{desc} ppl@{length}".strip(), disable=not progress, leave=False)]
+        results[str(length)] = aggregate_length(length, windows, cells, names, buckets)
     return results

@@ -87,48 +87,65 @@ def expected_rank_scores(scores: torch.Tensor, target: int, tol: float = 1e-6) -
     return hit, rr
 
 
-def evaluate_retrieval(model, tokenizer, stream: list[int], lengths: list[int], depths: list[float], trials: int,
-                       candidates: int = 5, seed: int = 0, progress: bool = True, desc: str = "",
-                       filler: str = "same") -> dict[str, Any]:
-    """Top-1 accuracy and MRR per length (and per depth); the same documents for every method (from ``seed``)."""
-    from tqdm.auto import tqdm
-
+def check_retrieval(depths: list[float], trials: int, candidates: int, filler: str) -> None:
     if not 2 <= candidates <= len(NAMES):
         raise ValueError(f"candidates must be in [2, {len(NAMES)}], got {candidates}")
     if filler not in ("same", "different"):
         raise ValueError(f"filler must be 'same' or 'different', got {filler!r}")
     if trials < 1 or any(not 0 <= d <= 1 for d in depths):
         raise ValueError(f"trials must be >= 1 and depths in [0, 1], got trials={trials}, depths={depths}")
-    builder = NeedleDocs(tokenizer, stream)
+
+
+def grid(lengths: list[int], depths: list[float], seed: int) -> list[tuple[int, float, int]]:
+    """(length, depth, document seed) per cell: the same documents for every method."""
+    return [(n, d, seed * 1_000_003 + li * 1009 + di) for li, n in enumerate(lengths) for di, d in enumerate(depths)]
+
+
+def retrieval_cell(model, tokenizer, builder: NeedleDocs, length: int, depth: float, doc_seed: int, trials: int,
+                   candidates: int = 5, filler: str = "same") -> dict:
+    """``trials`` queries, each ranking ``candidates`` documents of ``length`` tokens (the fact at ``depth``)."""
     limit = context_length(model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    rng = random.Random(doc_seed)
+    hits, rr = 0.0, 0.0
+    for _ in range(trials):
+        names = rng.sample(NAMES, candidates)
+        facts = [builder.enc(FACT.format(name=n, code=f"{rng.choice(WORDS)}-{rng.choice(WORDS)}")) for n in names]
+        shared = builder.filler(length, rng)
+        docs = [builder.document(length, depth, f, shared if filler == "same" else builder.filler(length, rng))
+                for f in facts]
+        target = rng.randrange(candidates)
+        d_emb = embed(model, docs, limit, pad)
+        q_emb = embed(model, [builder.query(names[target])], limit, pad)[0]
+        hit, recip = expected_rank_scores(d_emb @ q_emb, target)
+        hits += hit
+        rr += recip
+    return {"hits": hits, "rr": rr, "trials": trials, "positions": limit}
+
+
+def aggregate_retrieval(lengths: list[int], cells: list[tuple[int, float, dict]]) -> dict[str, Any]:
+    limit = cells[0][2]["positions"]  # the tokens the (patched) model reads
     out: dict[str, Any] = {"positions": limit, "by_length": {}}
-    bar = tqdm(total=len(lengths) * len(depths) * trials, desc=f"{desc} retrieval".strip(), disable=not progress,
-               leave=False)
-    for li, length in enumerate(lengths):
-        cells = {}
-        for di, depth in enumerate(depths):
-            rng = random.Random(seed * 1_000_003 + li * 1009 + di)
-            hits, rr = 0, 0.0
-            for _ in range(trials):
-                names = rng.sample(NAMES, candidates)
-                facts = [builder.enc(FACT.format(name=n, code=f"{rng.choice(WORDS)}-{rng.choice(WORDS)}"))
-                         for n in names]
-                shared = builder.filler(length, rng)
-                docs = [builder.document(length, depth, f, shared if filler == "same" else builder.filler(length, rng))
-                        for f in facts]
-                target = rng.randrange(candidates)
-                d_emb = embed(model, docs, limit, pad)
-                q_emb = embed(model, [builder.query(names[target])], limit, pad)[0]
-                hit, recip = expected_rank_scores(d_emb @ q_emb, target)
-                hits += hit
-                rr += recip
-                bar.update(1)
-            cells[f"{depth:g}"] = {"accuracy": hits / trials, "mrr": rr / trials, "trials": trials}
-        out["by_length"][str(length)] = {
-            "accuracy": sum(c["accuracy"] for c in cells.values()) / len(cells),
-            "mrr": sum(c["mrr"] for c in cells.values()) / len(cells),
-            "truncated_to": min(limit, length), "depths": cells,
+    for n in lengths:
+        per = {f"{d:g}": {"accuracy": c["hits"] / c["trials"], "mrr": c["rr"] / c["trials"], "trials": c["trials"]}
+               for m, d, c in cells if m == n}
+        out["by_length"][str(n)] = {
+            "accuracy": sum(c["accuracy"] for c in per.values()) / len(per),
+            "mrr": sum(c["mrr"] for c in per.values()) / len(per), "truncated_to": min(limit, n), "depths": per,
         }
-    bar.close()
     return out
+
+
+def evaluate_retrieval(model, tokenizer, stream: list[int], lengths: list[int], depths: list[float], trials: int,
+                       candidates: int = 5, seed: int = 0, progress: bool = True, desc: str = "",
+                       filler: str = "same") -> dict[str, Any]:
+    """Top-1 accuracy and MRR per length (and per depth); the same documents for every method (from ``seed``).
+    (``hf-posenc eval retrieval`` computes the same cells resumably, see ``run_retrieval``.)"""
+    from tqdm.auto import tqdm
+
+    check_retrieval(depths, trials, candidates, filler)
+    builder = NeedleDocs(tokenizer, stream)
+    cells = [(n, d, retrieval_cell(model, tokenizer, builder, n, d, s, trials, candidates, filler))
+             for n, d, s in tqdm(grid(lengths, depths, seed), desc=f"{desc} retrieval".strip(), disable=not progress,
+                                 leave=False)]
+    return aggregate_retrieval(lengths, cells)

@@ -3,45 +3,35 @@
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
-from ..files import check_output_folder
-from ..runtime import load_model_and_tokenizer, seed_everything
-from .common import for_each_method, method_configs, shared_setup
-from .passkey import check_needle, FILLER, NEEDLE, PasskeyBuilder, evaluate_passkey
-from .report import finish_report, markdown_table, plot_heatmap, plot_lines
+from .common import Run
+from .passkey import FILLER, NEEDLE, PasskeyBuilder, aggregate_passkey, check_needle, check_scoring, grid, passkey_cell
+from .report import markdown_table, plot_heatmap, plot_lines
 
 
-def run_passkey(*, model: str, methods: list[str], factor: float | None, method_params: dict[str, dict[str, Any]],
-                lengths: list[int], depths: list[float], trials: int = 5, digits: int = 5,
+def run_passkey(*, lengths: list[int], depths: list[float], trials: int = 5, digits: int = 5,
                 scoring: str = "teacher_forced", batch_size: int = 1, filler: str = FILLER, needle: str = NEEDLE,
-                seed: int = 0,
-                dtype: str = "float32", device: str = "cpu", attn_implementation: str | None = None,
-                output: str | None = None, progress: bool = True, plots: bool = True,
-                command: str | None = None, loaded: tuple | None = None,
-                tokenizer: str | None = None) -> dict[str, Any]:
-    configs = method_configs(methods, factor, method_params)
-    if output:
-        check_output_folder(output)  # an unwritable --output is found before the compute, not after
+                **run: Any) -> dict[str, Any]:
+    """Passkey accuracy of each variant per (length, depth); ``run``: the keywords of :class:`common.Run`
+    (model, methods or variants, seed, output, ...). Each (length, depth) is a cell: resumable, and shared
+    between processes under ``accelerate launch``."""
+    job = Run(**run)
     if any(not 0 <= d <= 1 for d in depths):
         raise ValueError(f"--depths must lie in [0, 1], got {depths}")
     check_needle(needle)
-    seed_everything(seed)
-    # ``loaded``: (model, tokenizer, source) already in memory (``hf-posenc patch --eval`` reuses its model)
-    lm, tok, src = loaded or load_model_and_tokenizer(model, dtype, device, attn_implementation, tokenizer)
+    check_scoring(scoring, trials, digits, batch_size)
+    lm, tok, _ = job.load()
     builder = PasskeyBuilder(tok, filler=filler, needle=needle)
-    started = time.time()
-    results = for_each_method(lm, configs, lambda cfg: evaluate_passkey(
-        lm, tok, lengths, depths, trials, seed, digits, scoring, builder, progress, desc=cfg.method,
-        batch_size=batch_size))
-    setup = {
-        **shared_setup(model, src, lm, configs, seed, dtype, device, attn_implementation, command, started),
-        "lengths": lengths, "depths": depths, "trials": trials, "digits": digits, "scoring": scoring,
-        "batch_size": batch_size,
-        "filler": filler, "needle": needle,
-    }
-    return finish_report("passkey", setup, results, passkey_table, output, passkey_plots if plots else None)
+    cells = grid(lengths, depths, job.seed)
+    settings = {"trials": trials, "digits": digits, "scoring": scoring, "filler": filler, "needle": needle,
+                "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
+    done = job.cells("passkey", settings, {v.label: [list(c) for c in cells] for v in job.variants},
+                     lambda v, k: passkey_cell(lm, tok, builder, *k, trials, digits, scoring, batch_size))
+    results = {label: aggregate_passkey(lengths, [(n, d, c) for (n, d, _), c in zip(cells, values)])
+               for label, values in done.items()}
+    settings.update(lengths=lengths, depths=depths, batch_size=batch_size)
+    return job.report("passkey", settings, results, passkey_table, passkey_plots)
 
 
 def passkey_table(report: dict[str, Any]) -> str:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
-import time
 from typing import Any
 
 import torch
 
 from . import data as D
-from ..files import check_output_folder
-from ..runtime import load_model_and_tokenizer, seed_everything
-from .common import for_each_method, method_configs, shared_setup
-from .perplexity import evaluate_perplexity
-from .report import finish_report, markdown_table, plot_lines
+from .common import Run
+from .perplexity import aggregate_length, doc_digest, plan_lengths, window_cell
+from .report import markdown_table, plot_lines
 
 
 def gather_documents(text_file=None, text_dir=None, dataset=None, dataset_config=None, split="test",
@@ -44,40 +42,45 @@ def tokenize_documents(tok, docs: list[D.Document], max_tokens: int | None = Non
     return out
 
 
-def run_perplexity(*, model: str, methods: list[str], factor: float | None, method_params: dict[str, dict[str, Any]],
-                   lengths: list[int], docs: list[D.Document], mode: str = "windows", stride: int | None = None,
-                   max_windows: int | None = None, buckets: int = 32, chunk_size: int = 1024, seed: int = 0,
-                   dtype: str = "float32", device: str = "cpu", attn_implementation: str | None = None,
-                   output: str | None = None, progress: bool = True, plots: bool = True,
-                command: str | None = None, loaded: tuple | None = None,
-                tokenizer: str | None = None) -> dict[str, Any]:
-    configs = method_configs(methods, factor, method_params)  # validate before the slow load
-    if output:
-        check_output_folder(output)  # an unwritable --output is found before the compute, not after
+def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "windows", stride: int | None = None,
+                   max_windows: int | None = None, buckets: int = 32, chunk_size: int = 1024,
+                   **run: Any) -> dict[str, Any]:
+    """Perplexity of each variant at each of ``lengths`` over ``docs``; ``run``: the keywords of
+    :class:`common.Run` (model, methods or variants, output, ...). Each window is a cell: resumable, and
+    shared between processes under ``accelerate launch``."""
+    job = Run(**run)
     if not lengths or any(n < 2 for n in lengths):
         raise ValueError(f"--lengths must be token counts >= 2, got {lengths}")
     if stride is not None and mode != "sliding":
         raise ValueError(f"--stride {stride} applies to --mode sliding; windows mode scores non-overlapping windows "
                          "(drop --stride, or add --mode sliding)")
-    seed_everything(seed)
-    # ``loaded``: (model, tokenizer, source) already in memory (``hf-posenc patch --eval`` reuses its model)
-    lm, tok, src = loaded or load_model_and_tokenizer(model, dtype, device, attn_implementation, tokenizer)
+    lm, tok, _ = job.load()
     need = None
     if max_windows and mode == "windows":
         need = max(lengths) * max_windows
     elif max_windows:
         need = max(lengths) + (stride or max(lengths)) * max_windows
     token_docs = tokenize_documents(tok, docs, need)
-    started = time.time()
-    results = for_each_method(lm, configs, lambda cfg: evaluate_perplexity(
-        lm, token_docs, lengths, [d.name for d in docs], mode, stride, max_windows, buckets, chunk_size,
-        progress, desc=cfg.method))
-    setup = {
-        **shared_setup(model, src, lm, configs, seed, dtype, device, attn_implementation, command, started),
-        "lengths": lengths, "mode": mode, "stride": stride, "max_windows": max_windows,
-        "documents": [d.name for d in docs], "document_tokens": [len(t) for t in token_docs],
-    }
-    return finish_report("perplexity", setup, results, ppl_table, output, ppl_plots if plots else None)
+    names = [d.name for d in docs]
+    plans = plan_lengths(token_docs, lengths, mode, stride, max_windows)
+    digests = [doc_digest(t) for t in token_docs]
+    cells = [(n, w) for n in lengths for w in plans[n]]
+    keys = [[n, names[w.doc], digests[w.doc], w.begin] for n, w in cells]
+    settings = {"mode": mode, "stride": stride, "buckets": buckets}
+    window_of = {json.dumps(k): w for k, (_, w) in zip(keys, cells)}
+
+    def compute(variant, key):
+        w = window_of[json.dumps(key)]
+        return window_cell(lm, token_docs[w.doc], w, buckets, chunk_size)
+
+    done = job.cells("perplexity", settings, {v.label: keys for v in job.variants}, compute)
+    results = {}
+    for label, values in done.items():
+        results[label] = {str(n): aggregate_length(n, plans[n], [c for (m, _), c in zip(cells, values) if m == n],
+                                                   names, buckets) for n in lengths}
+    settings.update(lengths=lengths, max_windows=max_windows, documents=names,
+                    document_tokens=[len(t) for t in token_docs])
+    return job.report("perplexity", settings, results, ppl_table, ppl_plots)
 
 
 def ppl_table(report: dict[str, Any]) -> str:

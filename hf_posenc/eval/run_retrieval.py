@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
-import time
 from typing import Any
 
 from . import data as D
-from ..files import check_output_folder
-from ..runtime import load_model_and_tokenizer, seed_everything
-from .common import for_each_method, method_configs, shared_setup
-from .report import finish_report, markdown_table, plot_lines
-from .retrieval import evaluate_retrieval
+from .common import Run
+from .report import markdown_table, plot_lines
+from .retrieval import NeedleDocs, aggregate_retrieval, check_retrieval, grid, retrieval_cell
 
 
 def corpus_stream(tok, docs: list[D.Document], max_tokens: int = 300_000) -> list[int]:
@@ -24,31 +22,26 @@ def corpus_stream(tok, docs: list[D.Document], max_tokens: int = 300_000) -> lis
     return stream[:max_tokens]
 
 
-def run_retrieval(*, model: str, methods: list, factor: float | None, method_params: dict[str, dict[str, Any]],
-                  lengths: list[int], docs: list[D.Document], depths: list[float], trials: int = 10,
-                  candidates: int = 5, filler: str = "same", seed: int = 0, dtype: str = "float32", device: str = "cpu",
-                  attn_implementation: str | None = None, output: str | None = None, progress: bool = True,
-                  plots: bool = True, command: str | None = None, loaded: tuple | None = None,
-                tokenizer: str | None = None) -> dict[str, Any]:
-    configs = method_configs(methods, factor, method_params)
-    if output:
-        check_output_folder(output)  # an unwritable --output is found before the compute, not after
-    seed_everything(seed)
-    lm, tok, src = loaded or load_model_and_tokenizer(model, dtype, device, attn_implementation, tokenizer)
+def run_retrieval(*, lengths: list[int], docs: list[D.Document], depths: list[float], trials: int = 10,
+                  candidates: int = 5, filler: str = "same", **run: Any) -> dict[str, Any]:
+    """Needle retrieval of each variant per (length, depth); ``run``: the keywords of :class:`common.Run`."""
+    job = Run(**run)
+    check_retrieval(depths, trials, candidates, filler)
+    lm, tok, _ = job.load()
     if lm.get_output_embeddings() is not None:  # an LM head: not an encoder giving token states to pool
         raise ValueError(f"retrieval evaluates sentence-embedding encoders (e.g. BertModel); {type(lm).__name__} "
                          "is not one (use 'eval ppl' or 'eval passkey' for language models).")
     stream = corpus_stream(tok, docs)
-    started = time.time()
-    results = for_each_method(lm, configs, lambda cfg: evaluate_retrieval(
-        lm, tok, stream, lengths, depths, trials, candidates, seed, progress, desc=cfg.method,
-        filler=filler))
-    setup = {
-        **shared_setup(model, src, lm, configs, seed, dtype, device, attn_implementation, command, started),
-        "lengths": lengths, "depths": depths, "trials": trials, "candidates": candidates, "filler": filler,
-        "documents": [d.name for d in docs], "corpus_tokens": len(stream),
-    }
-    return finish_report("retrieval", setup, results, retrieval_table, output, retrieval_plots if plots else None)
+    builder = NeedleDocs(tok, stream)
+    cells = grid(lengths, depths, job.seed)
+    settings = {"trials": trials, "candidates": candidates, "filler": filler,
+                "corpus": hashlib.sha256(str(stream).encode()).hexdigest()[:16]}
+    done = job.cells("retrieval", settings, {v.label: [list(c) for c in cells] for v in job.variants},
+                     lambda v, k: retrieval_cell(lm, tok, builder, *k, trials, candidates, filler))
+    results = {label: aggregate_retrieval(lengths, [(n, d, c) for (n, d, _), c in zip(cells, values)])
+               for label, values in done.items()}
+    settings.update(lengths=lengths, depths=depths, documents=[d.name for d in docs], corpus_tokens=len(stream))
+    return job.report("retrieval", settings, results, retrieval_table, retrieval_plots)
 
 
 def retrieval_table(report: dict[str, Any]) -> str:

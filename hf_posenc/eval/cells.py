@@ -1,0 +1,162 @@
+"""Evaluation cells: the unit of work that is computed once, by one process, and kept.
+
+A cell is one variant's number(s) at one point of the task's grid (a perplexity window, a passkey
+(length, depth) batch of keys, ...), keyed by a JSON list. With an output folder, each finished cell is
+appended to ``<output>/cells.jsonl`` at once (one ``write`` of one line, flushed and fsynced), after a
+first line that records the setup's fingerprint (model and its revision or file digest, the task's
+settings, the seed, the versions). Run again, the same command skips the cells already there and says
+``resumed K of N cells``; a different setup in the same folder is refused, naming what differs, unless
+``overwrite``. A line cut short by a kill is ignored (that cell is computed again). Results pass through
+JSON before they are used, so a resumed report equals an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ..patching import get_config, patch, unpatch
+from .processes import Processes
+from .variants import Variant
+
+CELLS_FILE = "cells.jsonl"
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): data}
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``["model.revision: 'a' -> 'b'", ...]``: the leaves where two fingerprints differ."""
+    a, b = _flat(old), _flat(new)
+    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in sorted(set(a) | set(b))
+            if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def _key_id(label: str, key: list) -> str:
+    return json.dumps([label, *key])
+
+
+def _normal(data: Any) -> Any:
+    return json.loads(json.dumps(data))
+
+
+class CellStore:
+    """The finished cells of one run folder (or, without a folder, of this run only)."""
+
+    def __init__(self, output: str | None, fingerprint: dict[str, Any], processes: Processes,
+                 overwrite: bool = False):
+        self.path = os.path.join(output, CELLS_FILE) if output else None
+        self.fingerprint = _normal(fingerprint)
+        self.done: dict[str, Any] = {}
+        self.configs: dict[str, dict[str, Any]] = {}  # label -> its config in the finished cells
+        if self.path is None:
+            return
+        if processes.is_main:
+            self._prepare(overwrite)
+        processes.barrier()
+        self._read()
+
+    def _prepare(self, overwrite: bool) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        if overwrite and os.path.exists(self.path):
+            os.remove(self.path)
+        if not os.path.exists(self.path):
+            self._append({"kind": "setup", "fingerprint": self.fingerprint})
+            return
+        with open(self.path, encoding="utf-8") as f:
+            first = f.readline()
+        try:
+            stored = json.loads(first)["fingerprint"]
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{self.path} is not a cells file of hf_posenc (first line: {first[:80]!r}); use another "
+                             "--output, or --overwrite to start it anew") from None
+        changed = differences(stored, self.fingerprint)
+        if changed:
+            raise ValueError(f"{self.path} holds the cells of another setup ({'; '.join(changed)}); use another "
+                             "--output, or --overwrite to discard them")
+        with open(self.path, "rb+") as f:  # a line cut short by a kill is closed, so the next cell starts afresh
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
+    def _read(self) -> None:
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    item = json.loads(line)
+                except ValueError:  # a line cut short by a kill: that cell is computed again
+                    continue
+                if item.get("kind") == "cell":
+                    self.done[_key_id(item["variant"], item["key"])] = item["result"]
+                    self.configs[item["variant"]] = item["config"]
+
+    def check(self, variants: list[Variant]) -> None:
+        """Refuse a label whose configuration differs from the one its finished cells were computed with."""
+        for v in variants:
+            old = self.configs.get(v.label)
+            if old is not None and old != _normal(v.config.to_dict()):
+                raise ValueError(f"variant {v.label!r} is {v.config.to_dict()} now, but its finished cells in "
+                                 f"{self.path} were computed with {old} ({'; '.join(differences(old, v.config.to_dict()))}); "
+                                 "give it another label, or --overwrite")
+
+    def _append(self, item: dict[str, Any]) -> None:
+        line = (json.dumps(item) + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)  # one write of one line: lines of several processes never interleave
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def add(self, variant: Variant, key: list, result: Any) -> Any:
+        result = _normal(result)
+        self.done[_key_id(variant.label, key)] = result
+        if self.path is not None:
+            self._append({"kind": "cell", "variant": variant.label, "config": variant.config.to_dict(),
+                          "key": key, "result": result})
+        return result
+
+
+def run_cells(model, variants: list[Variant], keys: dict[str, list[list]], compute: Callable[[Variant, list], Any],
+              store: CellStore, processes: Processes, progress: bool = True, desc: str = "") -> dict[str, dict]:
+    """Compute every cell of ``keys`` (label -> the variant's cell keys) that ``store`` does not hold, this
+    process its share, each with the model patched by its variant; returns label -> the results in the
+    order of its keys, complete on every process. The model is left as it was."""
+    store.check(variants)
+    total = sum(len(k) for k in keys.values())
+    pending = [(v, k) for v in variants for k in keys[v.label] if _key_id(v.label, k) not in store.done]
+    if processes.is_main and store.path is not None and len(pending) < total:
+        print(f"resumed {total - len(pending)} of {total} cells from {store.path}", file=sys.stderr)
+    mine = processes.share(pending)
+    before = get_config(model)
+    computed = []
+    try:
+        for v in variants:  # every variant fits the model before any computes: a misfit costs nothing
+            patch(model, v.config)
+        bar = tqdm(total=len(mine), desc=desc, disable=not progress, leave=False)
+        for v in variants:
+            todo = [k for w, k in mine if w is v]
+            if todo:
+                patch(model, v.config)
+            for k in todo:
+                bar.set_postfix_str(v.label)
+                computed.append((_key_id(v.label, k), store.add(v, k, compute(v, k))))
+                bar.update(1)
+        bar.close()
+    finally:
+        unpatch(model)
+        if before is not None:
+            patch(model, before)
+    store.done.update(processes.gather(computed))
+    return {v.label: [store.done[_key_id(v.label, k)] for k in keys[v.label]] for v in variants}

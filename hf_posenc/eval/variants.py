@@ -1,0 +1,110 @@
+"""Variants: the configurations an evaluation compares, each under a label of its own.
+
+``--variant y2=yarn:factor=2`` and ``--variant y4=yarn:factor=4,beta_fast=16`` compare two configurations
+of one method in one run; reports, tables, plots and model cards are keyed by the label. ``--methods
+none,yarn`` keeps working: each method becomes a variant labelled with its name, with the run's
+``--factor`` and ``--method-param`` knobs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import PosEncConfig
+from ..methods import resolve_method
+
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+_KNOB_START = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\s*=)")  # a comma that starts the next KEY=
+_FIELDS = ("factor", "original_max_position_embeddings")  # set on the config itself, not among the knobs
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    config: PosEncConfig
+
+    @property
+    def method(self) -> str:
+        return self.config.method
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, **self.config.to_dict()}
+
+
+def _value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def parse_variant(text: str) -> Variant:
+    """``LABEL=METHOD[:KEY=VALUE,...]`` (values read as JSON; ``factor`` and
+    ``original_max_position_embeddings`` among the keys) -> a validated :class:`Variant`."""
+    label, eq, rest = text.partition("=")
+    label = label.strip()
+    if not eq or not LABEL.fullmatch(label):
+        raise ValueError(f"--variant takes LABEL=METHOD[:KEY=VALUE,...] with a label of letters, digits and "
+                         f"_.+- (e.g. y2=yarn:factor=2), got {text!r}")
+    method, _, knobs_text = rest.partition(":")
+    knobs: dict[str, Any] = {}
+    for item in _KNOB_START.split(knobs_text) if knobs_text.strip() else []:
+        key, eq, raw = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--variant {label}: expected KEY=VALUE, got {item!r} in {text!r}")
+        if key.strip() in knobs:
+            raise ValueError(f"--variant {label}: {key.strip()} given twice in {text!r}")
+        knobs[key.strip()] = _value(raw.strip())
+    fields = {k: knobs.pop(k) for k in _FIELDS if k in knobs}
+    try:
+        config = PosEncConfig(method.strip(), params=knobs, **fields)
+    except ValueError as err:
+        raise ValueError(f"--variant {label}: {err}") from None
+    return Variant(label, config)
+
+
+def method_variants(methods: list[Any], factor: float | None, params: dict[str, dict[str, Any]]) -> list[Variant]:
+    """One variant per entry of ``methods``: a method name (labelled with its canonical name, given the
+    run's ``factor`` and the knobs of ``params``: ``"*"`` for every method that takes them, or per method
+    name), a :class:`PosEncConfig` (labelled with its method) or a :class:`Variant` (kept)."""
+    specs = [resolve_method(m) for m in methods if isinstance(m, str)]
+    takes = {k for spec in specs for k in spec.params}
+    unused = sorted(set(params.get("*", {})) - takes)
+    if unused:
+        raise ValueError(f"--method-param {', '.join(unused)}: no method of this run takes it (methods "
+                         f"{[s.name for s in specs]} take: {', '.join(sorted(takes)) or 'none'}).")
+    out = []
+    for entry in methods:
+        if isinstance(entry, Variant):
+            out.append(entry)
+        elif isinstance(entry, PosEncConfig):
+            out.append(Variant(entry.method, entry))
+        else:
+            spec = resolve_method(entry)
+            knobs = {k: v for k, v in params.get("*", {}).items() if k in spec.params}
+            knobs.update(params.get(spec.name, {}))
+            out.append(Variant(spec.name, PosEncConfig(spec.name, factor if spec.uses_factor else None,
+                                                       params=knobs)))
+    return check_labels(out)
+
+
+def check_labels(variants: list[Variant]) -> list[Variant]:
+    if not variants:
+        raise ValueError("nothing to evaluate: give --methods or at least one --variant")
+    seen: set[str] = set()
+    for v in variants:
+        if v.label in seen:
+            raise ValueError(f"the label {v.label!r} names two variants; give each --variant (and --methods entry) "
+                             "a label of its own")
+        seen.add(v.label)
+    return variants
+
+
+def build_variants(methods: list[Any] | None, factor: float | None, params: dict[str, dict[str, Any]],
+                   variants: list[str] | None = None) -> list[Variant]:
+    """The variants of a run: ``methods`` (see :func:`method_variants`) followed by the parsed ``variants``."""
+    listed = method_variants(methods, factor, params) if methods else []
+    return check_labels(listed + [parse_variant(v) if isinstance(v, str) else v for v in variants or []])

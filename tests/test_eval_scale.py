@@ -1,0 +1,153 @@
+"""Evaluation at scale: labelled variants, resumable cells, several processes (torchrun / accelerate on CPU)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hf_posenc.cli import main
+from hf_posenc.eval.variants import build_variants, parse_variant
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _refused(argv, capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_variant_specs_parse_to_validated_configs():
+    v = parse_variant("y4=yarn:factor=4,beta_fast=16")
+    assert (v.label, v.method, v.config.factor, v.config.params["beta_fast"]) == ("y4", "yarn", 4.0, 16)
+    lr = parse_variant("lr=longrope:factor=2,long_factor=[1.0,1.5],short_factor=[1.0,1.0]")
+    assert lr.config.params["long_factor"] == [1.0, 1.5] and lr.config.params["short_factor"] == [1.0, 1.0]
+    assert parse_variant("plain=none").config.method == "none"
+    assert [v.label for v in build_variants(["none", "yarn"], 2.0, {}, ["y4=yarn:factor=4"])] == ["none", "yarn", "y4"]
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("yarn", "--variant takes LABEL=METHOD[:KEY=VALUE,...]"),
+    ("bad label=yarn:factor=2", "--variant takes LABEL=METHOD"),
+    ("y=yran:factor=2", "--variant y: unknown method 'yran'"),
+    ("y=yarn:factor=2,beta_fastt=3", "--variant y: method 'yarn' does not take parameter(s) ['beta_fastt']"),
+    ("y=yarn:factor=2,factor=3", "--variant y: factor given twice"),
+    ("y=yarn:factor", "--variant y: expected KEY=VALUE, got 'factor'"),
+])
+def test_bad_variants_are_refused_by_name(spec, message):
+    with pytest.raises(ValueError) as err:
+        parse_variant(spec)
+    assert message in str(err.value)
+
+
+def test_two_labels_may_not_name_one_variant(capsys):
+    err = _refused(["eval", "ppl", "--methods", "yarn", "--variant", "yarn=yarn:factor=4"], capsys)
+    assert "the label 'yarn' names two variants" in err
+
+
+def test_one_method_compared_with_itself_is_keyed_by_label(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "v"
+    assert main(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none", "--variant", "y2=yarn:factor=2",
+                 "--variant", "y4=yarn:factor=4,beta_fast=16", "--lengths", "32,64", "--max-windows", "2",
+                 "--corpus", "python-docs", "--output", str(out), "--no-progress"]) == 0
+    table = capsys.readouterr().out
+    assert "| none |" in table and "| y2 |" in table and "| y4 |" in table
+    report = json.loads((out / "perplexity.json").read_text())
+    assert list(report["results"]) == ["none", "y2", "y4"]
+    assert report["setup"]["variants"]["y4"]["factor"] == 4.0 and report["setup"]["variants"]["y4"]["params"]["beta_fast"] == 16
+    assert report["results"]["y2"]["64"]["ppl"] != report["results"]["y4"]["64"]["ppl"]
+    assert (out / "ppl_vs_length.png").exists()
+
+
+def _passkey(checkpoint, out, *extra):
+    return ["eval", "passkey", "--model", checkpoint, "--methods", "none,yarn", "--lengths", "64,96", "--depths",
+            "0.2,0.8", "--trials", "2", "--output", str(out), "--no-progress", "--no-plots", *extra]
+
+
+def _stable(report):
+    """A report without what differs between two runs of one command (timings, processes, the command)."""
+    setup = {k: v for k, v in report["setup"].items() if k not in ("seconds", "environment", "processes", "command")}
+    return {**report, "setup": setup}
+
+
+def test_a_killed_run_resumes_where_it_stopped_and_gives_the_same_report(tiny_checkpoint, tmp_path, capsys,
+                                                                         monkeypatch):
+    import hf_posenc.eval.run_passkey as run_passkey
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert main(_passkey(tiny_checkpoint, whole)) == 0
+    assert main(_passkey(tiny_checkpoint, cut)) == 0
+    lines = (cut / "cells.jsonl").read_text().splitlines(keepends=True)
+    assert len(lines) == 1 + 2 * 4  # the setup, then 2 variants x 2 lengths x 2 depths
+    # killed while writing the fourth cell: three whole cells and half a line survive, no report yet
+    (cut / "cells.jsonl").write_text("".join(lines[:4]) + lines[4][: len(lines[4]) // 2])
+    (cut / "passkey.json").unlink()
+    capsys.readouterr()
+    computed = []
+    real = run_passkey.passkey_cell
+    monkeypatch.setattr(run_passkey, "passkey_cell", lambda *a, **k: computed.append(a[3:5]) or real(*a, **k))
+    assert main(_passkey(tiny_checkpoint, cut)) == 0
+    assert "resumed 3 of 8 cells" in capsys.readouterr().err and len(computed) == 5
+    assert _stable(json.loads((cut / "passkey.json").read_text())) == _stable(json.loads((whole / "passkey.json").read_text()))
+    capsys.readouterr()
+    assert main(_passkey(tiny_checkpoint, cut)) == 0 and len(computed) == 5  # all done: nothing computed again
+    assert "resumed 8 of 8 cells" in capsys.readouterr().err
+
+
+def test_another_setup_in_the_same_folder_is_refused_unless_overwrite(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(_passkey(tiny_checkpoint, out)) == 0
+    err = _refused(_passkey(tiny_checkpoint, out, "--digits", "4"), capsys)
+    assert "holds the cells of another setup (settings.digits: 5 -> 4)" in err and "--overwrite" in err
+    assert main(_passkey(tiny_checkpoint, out, "--digits", "4", "--overwrite")) == 0
+    assert json.loads((out / "passkey.json").read_text())["setup"]["digits"] == 4
+    base = ["eval", "ppl", "--model", tiny_checkpoint, "--lengths", "32", "--max-windows", "1", "--corpus",
+            "python-docs", "--output", str(tmp_path / "p"), "--no-progress", "--no-plots"]
+    assert main(base + ["--variant", "y=yarn:factor=2"]) == 0
+    err = _refused(base + ["--variant", "y=yarn:factor=3"], capsys)
+    assert "variant 'y' is" in err and "factor: 2.0 -> 3.0" in err
+    assert main(base + ["--variant", "y=yarn:factor=2", "--variant", "y3=yarn:factor=3"]) == 0  # a new label: fine
+
+
+def _free_port() -> str:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+def _launch(launcher: list[str], argv: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    port = ["--master_port" if "torch" in launcher[0] else "--main_process_port", _free_port()]
+    return subprocess.run([sys.executable, "-m", *launcher, *port, "-m", "hf_posenc", *argv], capture_output=True, text=True,
+                          env=env, timeout=600, cwd=ROOT)
+
+
+@pytest.mark.parametrize("launcher", [
+    ["torch.distributed.run", "--nproc_per_node", "2"],
+    ["accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+     "--mixed_precision", "no", "--dynamo_backend", "no"],
+], ids=["torchrun", "accelerate"])
+def test_two_processes_give_the_single_process_numbers(launcher, tiny_checkpoint, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    ppl = ["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none", "--variant", "y4=yarn:factor=4",
+           "--lengths", "32,64", "--max-windows", "3", "--corpus", "python-docs", "--no-progress", "--no-plots"]
+    assert main(ppl + ["--output", str(one / "ppl")]) == 0
+    assert main(_passkey(tiny_checkpoint, one / "passkey")) == 0
+    for argv in (ppl + ["--output", str(two / "ppl")], _passkey(tiny_checkpoint, two / "passkey")):
+        res = _launch(launcher, argv)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert res.stdout.count("| none |") == 1  # one process prints (and writes) the report
+    for task, stem in (("ppl", "perplexity"), ("passkey", "passkey")):
+        single = json.loads((one / task / f"{stem}.json").read_text())
+        double = json.loads((two / task / f"{stem}.json").read_text())
+        assert double["setup"]["processes"] == 2 and single["setup"]["processes"] == 1
+        assert _stable(double) == _stable(single)
+    cells = [json.loads(x) for x in (two / "ppl" / "cells.jsonl").read_text().splitlines()]
+    keys = [json.dumps([c["variant"], c["key"]]) for c in cells[1:]]
+    assert len(keys) == len(set(keys))  # every cell computed by exactly one process
