@@ -37,7 +37,7 @@ def _port() -> str:
 
 def _run(launcher: list[str], argv: list[str], kill_after_cells: int | None = None) -> float:
     """Seconds the command took (until killed, when ``kill_after_cells`` cells are in its cells.jsonl)."""
-    cmd = [sys.executable, "-m", *launcher, "-m", "hf_posenc", *argv]
+    cmd = [sys.executable, *(["-m", *launcher] if launcher else []), "-m", "hf_posenc", *argv]
     cells = os.path.join(argv[argv.index("--output") + 1], "cells.jsonl")
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
