@@ -151,3 +151,14 @@ def test_two_processes_give_the_single_process_numbers(launcher, tiny_checkpoint
     cells = [json.loads(x) for x in (two / "ppl" / "cells.jsonl").read_text().splitlines()]
     keys = [json.dumps([c["variant"], c["key"]]) for c in cells[1:]]
     assert len(keys) == len(set(keys))  # every cell computed by exactly one process
+
+
+def test_device_map_loads_through_accelerate_and_gives_the_same_numbers(tiny_checkpoint, tmp_path, capsys):
+    base = ["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,yarn", "--lengths", "32",
+            "--max-windows", "2", "--corpus", "python-docs", "--no-progress", "--no-plots"]
+    assert main(base + ["--output", str(tmp_path / "plain")]) == 0
+    assert main(base + ["--device-map", "auto", "--max-memory", "cpu=2GiB", "--output", str(tmp_path / "mapped")]) == 0
+    plain, mapped = (json.loads((tmp_path / f / "perplexity.json").read_text()) for f in ("plain", "mapped"))
+    assert plain["results"] == mapped["results"]
+    err = _refused(base + ["--max-memory", "cpu=2GiB"], capsys)
+    assert "--max-memory sets how much of each device --device-map may use; add --device-map auto" in err

@@ -66,6 +66,8 @@ class CellStore:
             self._prepare(overwrite)
         processes.barrier()
         self._read()
+        processes.barrier()  # every process has read the same finished cells before any appends a new one, so
+        # that all agree on what is pending and on its share-out
 
     def _prepare(self, overwrite: bool) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)

@@ -1,4 +1,4 @@
-"""What the evaluations share: the methods to compare, running each in turn, the recorded setup."""
+"""What the evaluations share: --method-param parsing, and the Run (variants, model, processes, cells, report)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any
 from ..config import PosEncConfig
 from ..patching import get_config, patch, unpatch
 from ..methods import resolve_method
-from .variants import method_variants
 from ..context import original_context
 from ..files import check_output_folder
 from ..provenance import environment, recorded_command
@@ -36,11 +35,6 @@ def parse_method_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
             value = raw
         out.setdefault(resolve_method(method).name if method else "*", {})[key] = value
     return out
-
-
-def method_configs(methods: list[Any], factor: float | None, params: dict[str, dict[str, Any]]) -> list[PosEncConfig]:
-    """One validated PosEncConfig per method (see :func:`variants.method_variants`)."""
-    return [v.config for v in method_variants(methods, factor, params)]
 
 
 def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, Any]:
