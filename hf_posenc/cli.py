@@ -435,9 +435,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hf-posenc: interrupted", file=sys.stderr)
         return 130
-    if not report.get("written_by_another_process"):
-        print(report["table"])
-    if args.output and not report.get("written_by_another_process"):
+    if report.get("written_by_another_process"):  # the main process prints it
+        return 0
+    print(report["table"])
+    if args.output:
         print(f"\nresults: {args.output}/ (JSON, Markdown table" + (", PNG plots)" if not args.no_plots else ")"))
     return 0
 

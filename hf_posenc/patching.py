@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 from torch import nn
@@ -99,3 +100,19 @@ def unpatch(model: nn.Module) -> nn.Module:
 
 def is_patched(model: nn.Module) -> bool:
     return _record(model) is not None
+
+
+@contextmanager
+def trying(model: nn.Module, configs: list[PosEncConfig]):
+    """``with trying(model, configs):`` -- each config is applied once on entry, so that one that does not fit
+    ``model`` fails before any work; inside, patch freely; on exit ``model`` is as it was (its own patch, if it
+    had one, applied again)."""
+    before = get_config(model)
+    try:
+        for cfg in configs:
+            patch(model, cfg)
+        yield model
+    finally:
+        unpatch(model)
+        if before is not None:
+            patch(model, before)

@@ -54,9 +54,14 @@ def check_device(device: str) -> str:
     return device
 
 
+def _reason(err: Exception) -> str:
+    """A loader's error on one short line, without secrets."""
+    return " ".join(scrub(str(err)).split())[:300]
+
+
 def _unloadable(model: str, err: Exception) -> ValueError:
     """A load failure as one line: what ``model`` was taken for, and the closest alias when it looks like one."""
-    reason = " ".join(scrub(str(err)).split())[:300]
+    reason = _reason(err)
     if os.path.isdir(model):
         return ValueError(f"cannot load the model folder {model!r}: {reason}")
     guess = difflib.get_close_matches(model.lower(), list(ALIASES), n=1, cutoff=0.6)
@@ -74,13 +79,13 @@ def load_tokenizer(model: str, tokenizer: str | None = None, required: bool = Tr
     try:
         return AutoTokenizer.from_pretrained(src.path, **src.kwargs)
     except (OSError, ValueError, TypeError) as err:
-        local = tokenizer is None and (os.path.isdir(src.path) or "gguf_file" in src.kwargs)
-        if tokenizer is None and not local:  # most likely the model itself is unknown
-            raise _unloadable(model, err) from None
-        if not required and tokenizer is None:
-            return None
+        if tokenizer is None:
+            if not (os.path.isdir(src.path) or "gguf_file" in src.kwargs):  # most likely the model itself is unknown
+                raise _unloadable(model, err) from None
+            if not required:
+                return None
         where = f"--tokenizer {tokenizer!r}" if tokenizer else f"the model folder {model!r}"
-        raise ValueError(f"no tokenizer could be loaded from {where} ({' '.join(scrub(str(err)).split())[:300]}); "
+        raise ValueError(f"no tokenizer could be loaded from {where} ({_reason(err)}); "
                          "pass one with --tokenizer (a Hub id, folder or alias)") from None
 
 

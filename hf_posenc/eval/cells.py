@@ -20,7 +20,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..patching import get_config, patch, unpatch
+from ..patching import patch, trying
 from .processes import Processes
 from .variants import Variant
 
@@ -141,11 +141,8 @@ def run_cells(model, variants: list[Variant], keys: dict[str, list[list]], compu
     if processes.is_main and store.path is not None and len(pending) < total:
         print(f"resumed {total - len(pending)} of {total} cells from {store.path}", file=sys.stderr)
     mine = processes.share(pending)
-    before = get_config(model)
     computed = []
-    try:
-        for v in variants:  # every variant fits the model before any computes: a misfit costs nothing
-            patch(model, v.config)
+    with trying(model, [v.config for v in variants]):  # a variant that does not fit costs nothing
         bar = tqdm(total=len(mine), desc=desc, disable=not progress, leave=False)
         for v in variants:
             todo = [k for w, k in mine if w is v]
@@ -156,9 +153,5 @@ def run_cells(model, variants: list[Variant], keys: dict[str, list[list]], compu
                 computed.append((_key_id(v.label, k), store.add(v, k, compute(v, k))))
                 bar.update(1)
         bar.close()
-    finally:
-        unpatch(model)
-        if before is not None:
-            patch(model, before)
     store.done.update(processes.gather(computed))
     return {v.label: [store.done[_key_id(v.label, k)] for k in keys[v.label]] for v in variants}

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ..config import PosEncConfig
-from ..patching import get_config, patch, unpatch
+from ..patching import patch, trying
 from ..methods import resolve_method
 from ..context import original_context
 from ..files import check_output_folder
@@ -40,18 +40,11 @@ def parse_method_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
 def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, Any]:
     """Patch ``model`` with each config in turn, run ``evaluate(config)``, and restore the model after each
     (to the patch it had before, if any)."""
-    before = get_config(model)
     results = {}
-    try:
-        for cfg in configs:  # each method is fitted to the model once before any is evaluated: a method that
-            patch(model, cfg)  # does not fit is refused before the others spend their compute
+    with trying(model, configs):
         for cfg in configs:
             patch(model, cfg)
             results[cfg.method] = evaluate(cfg)
-    finally:
-        unpatch(model)
-        if before is not None:
-            patch(model, before)
     return results
 
 
@@ -115,20 +108,20 @@ class Run:
         self.started = time.time()
         return self.loaded
 
+    @property
+    def attention(self) -> str:
+        return self.attn_implementation or self.loaded[0].config._attn_implementation
+
     def fingerprint(self, task: str, settings: dict[str, Any]) -> dict[str, Any]:
         lm, _, src = self.loaded
-        from .. import __version__
-        import torch
-        import transformers
-
+        versions = {k: v for k, v in environment().items() if k in ("hf_posenc", "torch", "transformers")}
         return {"task": task, "model": model_identity(self.model, lm, src), "settings": settings, "seed": self.seed,
-                "dtype": self.dtype, "attn_implementation": self.attn_implementation or lm.config._attn_implementation,
-                "versions": {"hf_posenc": __version__, "torch": torch.__version__,
-                             "transformers": transformers.__version__}}
+                "dtype": self.dtype, "attn_implementation": self.attention, "versions": versions}
 
     def cells(self, task: str, settings: dict[str, Any], keys: dict[str, list[list]], compute) -> dict[str, list]:
         """Every variant's cell results (see :func:`cells.run_cells`), resumed from ``output`` when it has them."""
-        store = CellStore(self.output, self.fingerprint(task, settings), self.processes, self.overwrite)
+        kept = self.fingerprint(task, settings) if self.output else {}  # only a cells file needs one
+        store = CellStore(self.output, kept, self.processes, self.overwrite)
         return run_cells(self.loaded[0], self.variants, keys, compute, store, self.processes,
                          self.progress and self.processes.is_main, desc=task)
 
@@ -139,8 +132,7 @@ class Run:
             "model": self.model, "model_source": src.label or src.path, "original_context": original_context(lm),
             "variants": {v.label: v.config.to_dict() for v in self.variants}, "seed": self.seed,
             "dtype": self.dtype, "device": self.device, "processes": self.processes.world,
-            "attn_implementation": self.attn_implementation or lm.config._attn_implementation,
-            "command": recorded_command(self.command), "environment": environment(),
+            "attn_implementation": self.attention, "command": recorded_command(self.command), "environment": environment(),
             "seconds": round(time.time() - self.started, 1), **settings,
         }
         if not self.processes.is_main:  # the main process writes and prints the report
