@@ -128,24 +128,40 @@ _METRICS = {
 }
 
 
+def _harness_entries(report: dict[str, Any], res: dict[str, Any]) -> list[tuple[dict[str, Any], str, float, str]]:
+    """lm-eval scores: one entry per task and length (RULER's tasks are synthetic: the dataset is the task)."""
+    version = report["setup"]["lm_eval"]
+    out = []
+    for task, by_length in res["scores"].items():
+        fields = dict(task_type="text-generation", task_name=f"lm-eval {task}", dataset_type=task,
+                      dataset_name=f"{task} (lm-evaluation-harness {version})", metric_type="score")
+        out += [(fields, f"{task} @ {n} tokens", value, n) for n, value in by_length.items()]
+    return out
+
+
+def _metric_entries(report: dict[str, Any], res: dict[str, Any]) -> list[tuple[dict[str, Any], str, float, str]]:
+    """(model-index fields, metric name, value, metric config) of a report's numbers for one method."""
+    if report["task"] == "harness":
+        return _harness_entries(report, res)
+    value_of, fields, name = _METRICS[report["task"]]
+    fields = {"dataset_name": _dataset_label(report["setup"].get("documents", [])), **fields}
+    values = [(str(n), value_of(res, str(n))) for n in report["setup"]["lengths"]]
+    return [(fields, name.format(n=n), v, n) for n, v in values if v is not None]
+
+
 def eval_results(reports: list[dict[str, Any]], method: str) -> list:
     """``model-index`` entries (``EvalResult``) for ``method``'s numbers in hf_posenc evaluation reports."""
     from huggingface_hub import EvalResult
 
     out = []
     for report in reports:
-        if report["task"] not in _METRICS:  # e.g. a fine-tune's report: a table in the body only
-            continue
+        if report["task"] not in _METRICS and report["task"] != "harness":
+            continue  # e.g. a fine-tune's report: a table in the body only
         res = report["results"].get(method)
         if res is None:
             continue
-        value_of, fields, name = _METRICS[report["task"]]
-        fields = {"dataset_name": _dataset_label(report["setup"].get("documents", [])), **fields}
-        for length in report["setup"]["lengths"]:
-            value = value_of(res, str(length))
-            if value is not None:
-                out.append(EvalResult(**fields, metric_name=name.format(n=length),
-                                      metric_value=round(float(value), 4), metric_config=str(length)))
+        out += [EvalResult(**fields, metric_name=name, metric_value=round(float(value), 4), metric_config=config)
+                for fields, name, value, config in _metric_entries(report, res)]
     return out
 
 
@@ -158,6 +174,7 @@ def _dataset_label(docs: list[str]) -> str:
 
 def _eval_sections(reports: list[dict[str, Any]]) -> list[dict[str, str]]:
     titles = {"perplexity": "Perplexity", "passkey": "Passkey retrieval", "retrieval": "Needle retrieval",
+              "harness": "lm-evaluation-harness (RULER)",
               "finetune": "Fine-tuning (held-out perplexity before and after)"}
     return [{"title": titles.get(r["task"], r["task"]), "table": r["table"], "command": r["setup"].get("command")}
             for r in reports]

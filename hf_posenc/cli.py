@@ -1,4 +1,5 @@
-"""The ``hf-posenc`` command: ``methods``, ``eval ppl|passkey``, ``patch``, ``finetune`` and ``upload``."""
+"""The ``hf-posenc`` command: ``methods``, ``eval ppl|passkey|retrieval|harness``, ``patch``, ``finetune`` and
+``upload``."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def _names(text: str) -> list[str]:
 
 
 _DEFAULT_METHODS = {"ppl": ["none", "pi", "ntk", "yarn"], "passkey": ["none", "yarn"],
-                    "retrieval": ["none", "interpolate", "hierarchical"]}
+                    "retrieval": ["none", "interpolate", "hierarchical"], "harness": ["none", "yarn"]}
 
 
 def _common(p: argparse.ArgumentParser, task: str) -> None:
@@ -220,6 +221,25 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--filler", choices=["same", "different"], default="same",
                    help="same: all candidates share one passage, only their facts differ; different: a passage each.")
 
+    hn = evsub.add_parser("harness", help="lm-evaluation-harness tasks (RULER: niah_single_1, vt, cwe, ...) per "
+                          "length on each patched model (needs the harness extra).",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _common(hn, "harness")
+    e = hn.add_argument_group("evaluation")
+    e.add_argument("--tasks", type=_names, default=["niah_single_1", "niah_multikey_2", "ruler_vt", "ruler_cwe"],
+                   help="comma-separated lm-eval tasks, groups or tags; RULER's niah_single_1, niah_multikey_2, "
+                        "niah_multikey_3, ruler_vt, ruler_cwe and ruler_fwe (vt, cwe, fwe for short) build their "
+                        "prompts locally (the essay- and QA-based ones, and the ruler group, download data).")
+    e.add_argument("--lengths", type=_ints, default=[4096, 8192], help="comma-separated lengths in tokens; RULER "
+                   "sizes every prompt (with 128 tokens for the answer) to each.")
+    e.add_argument("--limit", type=_positive, default=None, help="prompts per task and length (default: all; "
+                   "RULER builds 500).")
+    e.add_argument("--max-gen-tokens", type=_positive, default=None,
+                   help="tokens generated per answer (default: the task's, 128 for RULER).")
+    e.add_argument("--batch-size", type=_positive, default=1, help="prompts generated together.")
+    e.add_argument("--threshold", type=_positive_float, default=0.856,
+                   help="mean score (0..1) a length must reach to count towards the effective length (RULER: 0.856).")
+
     pa = sub.add_parser("patch", help="patch a model, optionally evaluate it, save it with a model card, optionally "
                         "upload it to the Hub.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = pa.add_argument_group("model and method")
@@ -238,10 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--output", required=True, help="folder to save the patched checkpoint, tokenizer and model card in.")
     e = pa.add_argument_group("evaluation (results go into the model card and its model-index metadata)")
     e.add_argument("--eval", type=_names, default=[], help="comma-separated: ppl, passkey (decoders), retrieval "
-                   "(encoders); each compares the patched model with the unpatched one.")
+                   "(encoders), harness:TASK (an lm-eval task such as harness:niah_single_1; repeatable); each "
+                   "compares the patched model with the unpatched one.")
     e.add_argument("--ppl-lengths", type=_ints, default=None,
                    help="perplexity (and retrieval) lengths (default: the original context and original x factor).")
     e.add_argument("--passkey-lengths", type=_ints, default=None, help="passkey lengths (default: as --ppl-lengths).")
+    e.add_argument("--harness-lengths", type=_ints, default=None, help="lm-eval (harness:TASK) lengths (default: as "
+                   "--ppl-lengths).")
+    e.add_argument("--harness-limit", type=_positive, default=50, help="lm-eval prompts per task and length.")
+    e.add_argument("--max-gen-tokens", type=_positive, default=None,
+                   help="tokens generated per lm-eval answer (default: the task's, 128 for RULER).")
     e.add_argument("--text-file", action="append", help="text for perplexity (default: the default corpus, see "
                    "'hf-posenc eval ppl --help'); repeatable.")
     _encoding_flag(e)
@@ -369,7 +395,8 @@ def _publish(args, command: str) -> int:
                           max_windows=args.max_windows, depths=args.depths, trials=args.trials, seed=args.seed,
                           dtype=args.dtype, device=args.device, push_to_hub=args.push_to_hub, private=args.private,
                           revision=args.revision, commit_message=args.commit_message, command=command,
-                          progress=not args.no_progress, timeout=args.timeout)
+                          progress=not args.no_progress, timeout=args.timeout, harness_lengths=args.harness_lengths,
+                          harness_limit=args.harness_limit, max_gen_tokens=args.max_gen_tokens)
     for report in done["reports"]:
         print(report["table"] + "\n")
     tokenizer = "tokenizer, " if done["tokenizer_saved"] else ""
@@ -417,6 +444,11 @@ def main(argv: list[str] | None = None) -> int:
                                     args.column, args.limit, args.corpus, args.encoding)
             report = run_perplexity(docs=docs, mode=args.mode, stride=args.stride, max_windows=args.max_windows,
                                     buckets=args.buckets, chunk_size=args.chunk_size, **common)
+        elif args.task == "harness":
+            from .eval.run_harness import run_harness
+
+            report = run_harness(tasks=args.tasks, limit=args.limit, max_gen_tokens=args.max_gen_tokens,
+                                 batch_size=args.batch_size, threshold=args.threshold, **common)
         else:
             from .eval.passkey import FILLER, NEEDLE
             from .eval.run_passkey import run_passkey

@@ -16,6 +16,22 @@ def default_eval_lengths(original: int, factor: float | None) -> list[int]:
     return sorted({original, extended})
 
 
+def split_evals(evals: list[str] | None) -> tuple[list[str], list[str]]:
+    """``["ppl", "harness:vt", "harness:cwe"]`` -> (["ppl"], ["vt", "cwe"]); unknown names refused."""
+    evals = list(evals or [])
+    harness = [e.split(":", 1)[1].strip() for e in evals if e.startswith("harness:")]
+    plain = [e for e in evals if not e.startswith("harness:")]
+    unknown = sorted(set(plain) - {"ppl", "passkey", "retrieval"}) + [f"harness:{t}" for t in harness if not t]
+    if unknown:
+        raise ValueError(f"--eval takes ppl, passkey (decoders), retrieval (encoders) and harness:TASK (an lm-eval "
+                         f"task, e.g. harness:niah_single_1), got {unknown}")
+    if harness:
+        from .eval.harness import check_tasks
+
+        harness = check_tasks(harness)  # before the slow load
+    return plain, harness
+
+
 def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list[str] | None = None,
                    ppl_lengths: list[int] | None = None, passkey_lengths: list[int] | None = None,
                    text_file: list[str] | None = None, encoding: str = "utf-8", max_windows: int = 1,
@@ -23,29 +39,34 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
                    trials: int = 2, seed: int = 0, dtype: str = "float32", device: str = "cpu",
                    push_to_hub: str | None = None, private: bool | None = None, revision: str | None = None,
                    commit_message: str | None = None, command: str | None = None, progress: bool = True,
-                   timeout: float | None = None, tokenizer: str | None = None) -> dict[str, Any]:
-    """The whole ``hf-posenc patch`` job; returns what was done (folder, reports, commit URL)."""
+                   timeout: float | None = None, tokenizer: str | None = None,
+                   harness_lengths: list[int] | None = None, harness_limit: int | None = 50,
+                   max_gen_tokens: int | None = None) -> dict[str, Any]:
+    """The whole ``hf-posenc patch`` job; returns what was done (folder, reports, commit URL). ``evals``: ppl,
+    passkey, retrieval and ``harness:TASK`` (an lm-eval task, e.g. ``harness:niah_single_1``; repeatable)."""
     from .context import original_context
     from . import runtime
     from .eval.run_ppl import gather_documents
     from .hub import UPLOAD_TIMEOUT, save_pretrained, upload
     from .patching import patch
 
-    evals = list(evals or [])
-    unknown = sorted(set(evals) - {"ppl", "passkey", "retrieval"})
-    if unknown:
-        raise ValueError(f"--eval takes ppl, passkey (decoders) and retrieval (encoders), got {unknown}")
+    evals, harness_tasks = split_evals(evals)
+    if harness_tasks and harness_lengths:
+        from .eval.harness import check_lengths
+
+        check_lengths(harness_lengths)
     check_output_folder(output, resolve_source(model).path)  # before any compute
     if (private or revision) and not push_to_hub:
         raise ValueError("--private and --revision apply to an upload: add --push-to-hub USER/NAME, or drop them.")
     docs = gather_documents(text_file=text_file, encoding=encoding) if {"ppl", "retrieval"} & set(evals) else []
     lm, tok, src = runtime.load_model_and_tokenizer(model, dtype, device, tokenizer=tokenizer,
-                                                    need_tokenizer=bool(evals))
+                                                    need_tokenizer=bool(evals or harness_tasks))
     original = original_context(lm)
-    unsized = ({"ppl", "retrieval"} & set(evals) and not ppl_lengths) or ("passkey" in evals and not passkey_lengths)
+    unsized = (({"ppl", "retrieval"} & set(evals) and not ppl_lengths) or ("passkey" in evals and not passkey_lengths)
+               or (harness_tasks and not harness_lengths))
     if original is None and unsized:  # T5: relative buckets, no context length to evaluate around
         raise ValueError(f"{type(lm).__name__} has no fixed context length to evaluate around; pass "
-                         "--ppl-lengths / --passkey-lengths")
+                         "--ppl-lengths / --passkey-lengths / --harness-lengths")
     lengths = default_eval_lengths(original, config.factor) if original is not None else None
     reports = []
     methods = ["none", config] if config.method != "none" else ["none"]
@@ -65,6 +86,11 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
 
         reports.append(run_retrieval(lengths=ppl_lengths or lengths, docs=docs, depths=depths or [0.5],
                                      trials=trials, **common))
+    if harness_tasks:
+        from .eval.run_harness import run_harness
+
+        reports.append(run_harness(tasks=harness_tasks, lengths=harness_lengths or lengths, limit=harness_limit,
+                                   max_gen_tokens=max_gen_tokens, **common))
     patch(lm, config)
     with StagedFolder(output) as staged:  # a failure leaves --output as it was
         save_pretrained(lm, staged, tok, eval_results=reports, base_model=model, repo_id=push_to_hub, command=command)

