@@ -6,6 +6,7 @@
     model = hf_posenc.from_pretrained("path", posenc={"method": "pi", "factor": 2.0})
     hf_posenc.save_pretrained(model, "out", tokenizer)          # + model card
     hf_posenc.push_to_hub(model, "user/name", tokenizer)        # save, then upload
+    report = hf_posenc.tune(model, tokenizer, target_length=16384)  # which method and knobs
 """
 
 from ._version import __version__
@@ -14,6 +15,7 @@ from .hub import push_to_hub, save_pretrained
 from .loading import from_pretrained
 from .patching import get_config, is_patched, patch, unpatch
 from .registry import list_methods
+from .tuning import tune
 
 __all__ = [
     "PosEncConfig",
@@ -25,5 +27,6 @@ __all__ = [
     "patch",
     "push_to_hub",
     "save_pretrained",
+    "tune",
     "unpatch",
 ]

@@ -174,7 +174,7 @@ def _dataset_label(docs: list[str]) -> str:
 
 def _eval_sections(reports: list[dict[str, Any]]) -> list[dict[str, str]]:
     titles = {"perplexity": "Perplexity", "passkey": "Passkey retrieval", "retrieval": "Needle retrieval",
-              "harness": "lm-evaluation-harness (RULER)",
+              "harness": "lm-evaluation-harness (RULER)", "tune": "How this configuration was chosen (hf-posenc tune)",
               "finetune": "Fine-tuning (held-out perplexity before and after)"}
     return [{"title": titles.get(r["task"], r["task"]), "table": r["table"], "command": r["setup"].get("command")}
             for r in reports]

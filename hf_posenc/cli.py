@@ -1,5 +1,5 @@
-"""The ``hf-posenc`` command: ``methods``, ``eval ppl|passkey|retrieval|harness``, ``patch``, ``finetune`` and
-``upload``."""
+"""The ``hf-posenc`` command: ``methods``, ``eval ppl|passkey|retrieval|harness``, ``tune``, ``patch``,
+``finetune`` and ``upload``."""
 
 from __future__ import annotations
 
@@ -240,11 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threshold", type=_positive_float, default=0.856,
                    help="mean score (0..1) a length must reach to count towards the effective length (RULER: 0.856).")
 
+    _tune_parser(sub)
+
     pa = sub.add_parser("patch", help="patch a model, optionally evaluate it, save it with a model card, optionally "
                         "upload it to the Hub.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = pa.add_argument_group("model and method")
     g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias of the base model.")
-    g.add_argument("--method", required=True, help="the method to apply (see 'hf-posenc methods').")
+    g.add_argument("--method", default=None, help="the method to apply (see 'hf-posenc methods').")
+    g.add_argument("--config", default=None, metavar="FILE", help="a PosEncConfig JSON file (e.g. best.json of "
+                   "'hf-posenc tune') in place of --method/--factor/--method-param; a tune.json beside it puts the "
+                   "tuning table into the model card.")
     g.add_argument("--factor", type=float, default=None, help="context-extension factor (methods that take one).")
     g.add_argument("--original-max-position-embeddings", type=int, default=None,
                    help="the context the model was trained for, when its config does not say it right.")
@@ -315,6 +320,76 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _tune_parser(sub) -> None:
+    from .tuning.objective import DEPTHS
+    from .tuning.space import DEFAULT_METHODS
+
+    tu = sub.add_parser("tune", help="measure, don't guess: rank methods and knobs for a model at a target length "
+                        "(successive halving, confirmed on unseen data), write best.json.",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = tu.add_argument_group("model and candidates")
+    g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias.")
+    g.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the model's folder has none.")
+    g.add_argument("--target-length", type=_positive, required=True, help="the context length to extend to (tokens).")
+    g.add_argument("--methods", type=_names, default=None, help="methods whose grid is searched (default: "
+                   f"{','.join(DEFAULT_METHODS)}); the grid per method is in 'hf_posenc.tuning.space' and the README.")
+    g.add_argument("--space", default=None, metavar="FILE", help="a JSON file of candidates that replaces the grid: a "
+                   "list of 'LABEL=METHOD:K=V,...' / {label, method, factor, params}, or {METHOD: {KNOB: [values]}}.")
+    g.add_argument("--method-param", action="append", metavar="[METHOD.]KEY=VALUE",
+                   help="a knob fixed for every candidate that takes it (the grid does not vary it); repeatable.")
+    g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16.")
+    g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda.")
+    g.add_argument("--attn-implementation", default=None, help="transformers attention implementation.")
+    d = _data_flags(tu, "test", "")
+    d.add_argument("--corpus", choices=["python-docs"], default=None, help="the built-in corpus (see 'eval ppl --help').")
+    d.add_argument("--limit", type=_positive, help="use at most this many documents.")
+    s = tu.add_argument_group("search")
+    s.add_argument("--budget-minutes", type=_positive_float, default=None,
+                   help="compute time the halving may spend (the cells' recorded seconds); default: no limit.")
+    s.add_argument("--max-short-cost", type=float, default=0.01, help="a candidate whose perplexity on inputs of the "
+                   "original length is more than this fraction above the unpatched model's is disqualified.")
+    s.add_argument("--rank-by", choices=["passkey", "ppl"], default="passkey", help="passkey: passkey accuracy at "
+                   "the target, then perplexity beyond the original context; ppl: the other way round.")
+    s.add_argument("--depths", type=_depths, default=list(DEPTHS), help="passkey depths.")
+    s.add_argument("--windows", type=_positive, default=1, help="windows of each length per candidate at the first "
+                   "rung (doubled at each rung).")
+    s.add_argument("--keys", type=_positive, default=1, help="passkey keys per depth at the first rung (doubled at "
+                   "each rung).")
+    s.add_argument("--reduction", type=_positive, default=3, help="each rung keeps 1/reduction of the candidates.")
+    s.add_argument("--chunk-size", type=_positive, default=1024, help="tokens per LM-head chunk.")
+    o = tu.add_argument_group("run and output")
+    o.add_argument("--output", required=True, help="folder for tune.json, tune.md, the plot, best.json and the "
+                   "cells (the same command run again resumes).")
+    o.add_argument("--overwrite", action="store_true", help="discard finished cells of another setup in --output.")
+    o.add_argument("--seed", type=int, default=0, help="random seed (passkey keys).")
+    o.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
+    o.add_argument("--no-plots", action="store_true", help="skip the PNG plot.")
+
+
+def _tune(args, command: str) -> int:
+    from .eval.common import parse_method_params
+    from .eval.run_ppl import gather_documents
+    from .tuning import tune
+
+    docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
+                            args.limit, args.corpus, args.encoding)
+    report = tune(args.model, args.tokenizer, target_length=args.target_length, methods=args.methods,
+                  space=args.space, method_params=parse_method_params(args.method_param), docs=docs,
+                  budget_minutes=args.budget_minutes, max_short_cost=args.max_short_cost, rank_by=args.rank_by,
+                  depths=args.depths, windows=args.windows, keys=args.keys, reduction=args.reduction,
+                  chunk_size=args.chunk_size, seed=args.seed, dtype=args.dtype, device=args.device,
+                  attn_implementation=args.attn_implementation, output=args.output, overwrite=args.overwrite,
+                  progress=not args.no_progress, plots=not args.no_plots, command=command)
+    if report.get("written_by_another_process"):
+        return 0
+    print(report["table"])
+    best = report["results"]["best"]
+    print(f"\nresults: {args.output}/ (tune.json, tune.md" + (", plot" if not args.no_plots else "") + ")")
+    if best:
+        print(f"best: {best} -> {args.output}/best.json (apply: hf-posenc patch --config {args.output}/best.json ...)")
+    return 0
+
+
 def _upload_flags(g) -> None:
     g.add_argument("--private", action="store_true", default=None, help="create the repo private.")
     g.add_argument("--revision", default=None, help="branch to commit to (created from main if missing).")
@@ -338,10 +413,31 @@ def _print_methods(as_json: bool) -> None:
         print("    families: " + ", ".join(info["families"]))
 
 
+def _file_config(args):
+    from .config import PosEncConfig
+
+    given = [flag for flag, value in (("--method", args.method), ("--factor", args.factor),
+                                      ("--method-param", args.method_param)) if value]
+    if given:
+        raise ValueError(f"--config {args.config} holds the whole configuration: drop {', '.join(given)}")
+    try:
+        with open(args.config, encoding="utf-8") as f:
+            return PosEncConfig.from_json(f.read())
+    except OSError as err:
+        raise ValueError(f"--config {args.config}: cannot read it ({err.strerror})") from None
+    except (json.JSONDecodeError, TypeError, KeyError) as err:
+        raise ValueError(f"--config {args.config}: not a PosEncConfig JSON file ({err})") from None
+
+
 def _method_config(args):
     from .config import PosEncConfig
     from .eval.common import parse_method_params
     from .methods import resolve_method
+
+    if getattr(args, "config", None):
+        return _file_config(args)
+    if not args.method:
+        raise ValueError("give --method (see 'hf-posenc methods') or --config FILE")
 
     knobs = parse_method_params(args.method_param)
     name = resolve_method(args.method).name
@@ -378,6 +474,13 @@ def _finetune(args, command: str) -> int:
     return 0
 
 
+def _tune_report(config_path: str | None):
+    """The tune report beside a best.json (its table goes into the model card), when there is one."""
+    from .tuning.report import tune_report_beside
+
+    return tune_report_beside(config_path) if config_path else None
+
+
 def _publish(args, command: str) -> int:
     from .hub import upload
 
@@ -396,7 +499,8 @@ def _publish(args, command: str) -> int:
                           dtype=args.dtype, device=args.device, push_to_hub=args.push_to_hub, private=args.private,
                           revision=args.revision, commit_message=args.commit_message, command=command,
                           progress=not args.no_progress, timeout=args.timeout, harness_lengths=args.harness_lengths,
-                          harness_limit=args.harness_limit, max_gen_tokens=args.max_gen_tokens)
+                          harness_limit=args.harness_limit, max_gen_tokens=args.max_gen_tokens,
+                          tuned=_tune_report(args.config))
     for report in done["reports"]:
         print(report["table"] + "\n")
     tokenizer = "tokenizer, " if done["tokenizer_saved"] else ""
@@ -419,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
             return _publish(args, command_line(argv, "hf-posenc"))
         if args.command == "finetune":
             return _finetune(args, command_line(argv, "hf-posenc"))
+        if args.command == "tune":
+            return _tune(args, command_line(argv, "hf-posenc"))
         from .eval.common import parse_method_params
 
         params = parse_method_params(args.method_param)

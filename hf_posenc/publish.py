@@ -41,9 +41,10 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
                    commit_message: str | None = None, command: str | None = None, progress: bool = True,
                    timeout: float | None = None, tokenizer: str | None = None,
                    harness_lengths: list[int] | None = None, harness_limit: int | None = 50,
-                   max_gen_tokens: int | None = None) -> dict[str, Any]:
+                   max_gen_tokens: int | None = None, tuned: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole ``hf-posenc patch`` job; returns what was done (folder, reports, commit URL). ``evals``: ppl,
-    passkey, retrieval and ``harness:TASK`` (an lm-eval task, e.g. ``harness:niah_single_1``; repeatable)."""
+    passkey, retrieval and ``harness:TASK`` (an lm-eval task, e.g. ``harness:niah_single_1``; repeatable).
+    ``tuned``: the report of the ``hf-posenc tune`` run that chose ``config`` (its table goes into the card)."""
     from .context import original_context
     from . import runtime
     from .eval.run_ppl import gather_documents
@@ -91,6 +92,8 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
 
         reports.append(run_harness(tasks=harness_tasks, lengths=harness_lengths or lengths, limit=harness_limit,
                                    max_gen_tokens=max_gen_tokens, **common))
+    if tuned is not None:
+        reports.insert(0, tuned)
     patch(lm, config)
     with StagedFolder(output) as staged:  # a failure leaves --output as it was
         save_pretrained(lm, staged, tok, eval_results=reports, base_model=model, repo_id=push_to_hub, command=command)

@@ -6,7 +6,9 @@ appended to ``<output>/cells.jsonl`` at once (one ``write`` of one line, flushed
 first line that records the setup's fingerprint (model and its revision or file digest, the task's
 settings, the seed, the versions). Run again, the same command skips the cells already there and says
 ``resumed K of N cells``; a different setup in the same folder is refused, naming what differs, unless
-``overwrite``. A line cut short by a kill is ignored (that cell is computed again). Results pass through
+``overwrite``. A method whose frequencies follow the lengths seen so far (dynamic NTK, dynamic YaRN, LongRoPE)
+is patched afresh before each of its cells, so that a cell's numbers never depend on which cells ran before
+it in the same process (resumed, shared out or not). A line cut short by a kill is ignored (that cell is computed again). Results pass through
 JSON before they are used, so a resumed report equals an uninterrupted one.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..methods.rope import DYNAMIC
 from ..patching import patch, trying
 from .processes import Processes
 from .variants import Variant
@@ -59,6 +62,7 @@ class CellStore:
         self.path = os.path.join(output, CELLS_FILE) if output else None
         self.fingerprint = _normal(fingerprint)
         self.done: dict[str, Any] = {}
+        self.kept: set[str] = set()  # the cells found in the file (computed by an earlier run)
         self.configs: dict[str, dict[str, Any]] = {}  # label -> its config in the finished cells
         if self.path is None:
             return
@@ -101,6 +105,7 @@ class CellStore:
                     continue
                 if item.get("kind") == "cell":
                     self.done[_key_id(item["variant"], item["key"])] = item["result"]
+                    self.kept.add(_key_id(item["variant"], item["key"]))
                     self.configs[item["variant"]] = item["config"]
 
     def check(self, variants: list[Variant]) -> None:
@@ -138,8 +143,9 @@ def run_cells(model, variants: list[Variant], keys: dict[str, list[list]], compu
     store.check(variants)
     total = sum(len(k) for k in keys.values())
     pending = [(v, k) for v in variants for k in keys[v.label] if _key_id(v.label, k) not in store.done]
-    if processes.is_main and store.path is not None and len(pending) < total:
-        print(f"resumed {total - len(pending)} of {total} cells from {store.path}", file=sys.stderr)
+    resumed = sum(_key_id(v.label, k) in store.kept for v in variants for k in keys[v.label])
+    if processes.is_main and resumed:
+        print(f"resumed {resumed} of {total} cells from {store.path}", file=sys.stderr)
     mine = processes.share(pending)
     computed = []
     with trying(model, [v.config for v in variants]):  # a variant that does not fit costs nothing
@@ -149,6 +155,8 @@ def run_cells(model, variants: list[Variant], keys: dict[str, list[list]], compu
             if todo:
                 patch(model, v.config)
             for k in todo:
+                if v.config.method in DYNAMIC:
+                    patch(model, v.config)  # the state of the lengths seen so far starts afresh
                 bar.set_postfix_str(v.label)
                 computed.append((_key_id(v.label, k), store.add(v, k, compute(v, k))))
                 bar.update(1)

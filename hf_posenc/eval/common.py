@@ -97,6 +97,7 @@ class Run:
         self.attn_implementation, self.device_map, self.max_memory = attn_implementation, device_map, max_memory
         self.output, self.overwrite, self.progress, self.plots = output, overwrite, progress, plots
         self.command, self.loaded = command, loaded
+        self._stores: dict[str, CellStore] = {}
 
     def load(self):
         """(model, tokenizer, source), loaded once."""
@@ -118,12 +119,17 @@ class Run:
         return {"task": task, "model": model_identity(self.model, lm, src), "settings": settings, "seed": self.seed,
                 "dtype": self.dtype, "attn_implementation": self.attention, "versions": versions}
 
-    def cells(self, task: str, settings: dict[str, Any], keys: dict[str, list[list]], compute) -> dict[str, list]:
-        """Every variant's cell results (see :func:`cells.run_cells`), resumed from ``output`` when it has them."""
-        kept = self.fingerprint(task, settings) if self.output else {}  # only a cells file needs one
-        store = CellStore(self.output, kept, self.processes, self.overwrite)
-        return run_cells(self.loaded[0], self.variants, keys, compute, store, self.processes,
-                         self.progress and self.processes.is_main, desc=task)
+    def cells(self, task: str, settings: dict[str, Any], keys: dict[str, list[list]], compute,
+              variants: list | None = None, desc: str | None = None) -> dict[str, list]:
+        """The cell results of ``variants`` (default: every variant of the run; see :func:`cells.run_cells`),
+        resumed from ``output`` when it has them. Called again for the same task in one run, it reuses the
+        cells computed so far (the settings of the first call are the task's)."""
+        store = self._stores.get(task)
+        if store is None:
+            kept = self.fingerprint(task, settings) if self.output else {}  # only a cells file needs one
+            store = self._stores[task] = CellStore(self.output, kept, self.processes, self.overwrite)
+        return run_cells(self.loaded[0], variants or self.variants, keys, compute, store, self.processes,
+                         self.progress and self.processes.is_main, desc=desc or task)
 
     def report(self, task: str, settings: dict[str, Any], results: dict[str, Any], table, plots) -> dict[str, Any]:
         """The report (written by the main process only, when there is an output folder)."""

@@ -1,0 +1,144 @@
+"""What ``hf-posenc tune`` measures of a candidate, as evaluation cells, on data kept in two parts.
+
+With L the original context and T the target length, three kinds of cells (each resumable, each computed
+once per candidate):
+- ``long``: one window of T tokens; the NLL of the positions at or beyond L (what extension is for), of the
+  positions before L, and per position bucket (the loss-by-position plot);
+- ``short``: one window of L tokens: perplexity on inputs the model already handled, compared with the
+  unpatched model's on the same windows (the cost of the patch to short inputs);
+- ``passkey``: one key hidden at a depth of a T-token prompt, teacher-forced (every key token the argmax).
+
+Calibration and confirmation never share data: the windows of each length alternate between the two parts
+(even-numbered windows rank, odd-numbered ones confirm), and the passkey keys of the two parts come from
+disjoint seeds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..eval.passkey import PasskeyBuilder, passkey_cell
+from ..eval.perplexity import Window, bucket_edges, plan_windows
+from ..eval.scoring import token_nll
+
+DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+BUCKETS = 32
+_PARTS = {"calibration": 0, "confirmation": 1}
+
+
+@dataclass
+class TuneData:
+    """The tokenized documents and their windows of T and of L tokens, each split into the two parts."""
+
+    docs: list[torch.Tensor]
+    names: list[str]
+    digests: list[str]
+    long: dict[str, list[Window]]
+    short: dict[str, list[Window]]
+
+
+def _split(windows: list[Window]) -> dict[str, list[Window]]:
+    return {part: windows[i::2] for part, i in _PARTS.items()}
+
+
+def plan_data(docs: list[torch.Tensor], names: list[str], digests: list[str], original: int,
+              target: int) -> TuneData:
+    """Windows of ``target`` and of ``original`` tokens over ``docs``, alternating between the two parts; an
+    error when the text does not give each part at least one window of ``target`` tokens."""
+    long = [w for i, d in enumerate(docs) for w in plan_windows(len(d), target, doc=i)]
+    short = [w for i, d in enumerate(docs) for w in plan_windows(len(d), original, doc=i)]
+    if len(long) < 2:
+        longest = max((len(d) for d in docs), default=0)
+        raise ValueError(f"tune needs at least 2 windows of {target} tokens (one to rank on, one to confirm on); "
+                         f"the text gives {len(long)} (longest document {longest} tokens, {len(docs)} documents): "
+                         "pass more text")
+    return TuneData(docs, names, digests, _split(long), _split(short))
+
+
+def sample_keys(data: TuneData, part: str, windows: int, keys: int, depths: tuple[float, ...], seed: int,
+                target: int, original: int) -> list[list]:
+    """The cells of one sample: the first ``windows`` windows of each length of ``part`` and ``keys`` passkey
+    keys per depth (a larger sample holds every cell of a smaller one)."""
+    def key(kind, n, w):
+        return [kind, n, data.names[w.doc], data.digests[w.doc], w.begin]
+
+    out = [key("long", target, w) for w in data.long[part][:windows]]
+    out += [key("short", original, w) for w in data.short[part][:windows]]
+    base = seed * 1_000_003 + _PARTS[part] * 500_000
+    out += [["passkey", target, d, base + k * len(depths) + i] for k in range(keys) for i, d in enumerate(depths)]
+    return out
+
+
+class CellComputer:
+    """Computes one cell of a key (the model patched as the candidate wants), timing it."""
+
+    def __init__(self, model, tokenizer, data: TuneData, original: int, chunk_size: int = 1024):
+        self.model, self.tok, self.data, self.original, self.chunk_size = model, tokenizer, data, original, chunk_size
+        self.builder = PasskeyBuilder(tokenizer)
+        self._docs = {(n, g): i for i, (n, g) in enumerate(zip(data.names, data.digests))}
+
+    def __call__(self, variant, key: list) -> dict[str, Any]:
+        start = time.perf_counter()
+        if key[0] == "passkey":
+            got = passkey_cell(self.model, self.tok, self.builder, key[1], key[2], key[3], trials=1)
+            out = {"hits": got["hits"], "trials": got["trials"]}
+        else:
+            out = self._window(key)
+        return {**out, "seconds": round(time.perf_counter() - start, 3)}
+
+    def _window(self, key: list) -> dict[str, Any]:
+        kind, n, name, digest, begin = key
+        doc = self.data.docs[self._docs[(name, digest)]]
+        device = next(self.model.parameters()).device
+        nll = token_nll(self.model, doc[begin : begin + n][None].to(device), chunk_size=self.chunk_size)[0].double()
+        if kind == "short":
+            return {"tokens": nll.numel(), "nll_sum": nll.sum().item()}
+        inside = nll[: self.original - 1]  # nll[p - 1] is the loss of the token at position p
+        beyond = nll[self.original - 1 :]
+        edges = bucket_edges(n, BUCKETS)
+        buckets = [nll[a - 1 : b - 1].sum().item() for a, b in zip(edges[:-1], edges[1:])]
+        return {"inside_sum": inside.sum().item(), "inside_cnt": inside.numel(), "beyond_sum": beyond.sum().item(),
+                "beyond_cnt": beyond.numel(), "bucket_sum": buckets,
+                "bucket_cnt": [b - a for a, b in zip(edges[:-1], edges[1:])]}
+
+
+def measure(keys: list[list], cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """A candidate's numbers on one sample: perplexity beyond and before L at T, perplexity of short inputs,
+    passkey accuracy, and the loss by position."""
+    def total(kind, field):
+        return sum(c[field] for k, c in zip(keys, cells) if k[0] == kind)
+
+    beyond, inside = total("long", "beyond_sum") / total("long", "beyond_cnt"), None
+    if total("long", "inside_cnt"):
+        inside = math.exp(total("long", "inside_sum") / total("long", "inside_cnt"))
+    longs = [c for k, c in zip(keys, cells) if k[0] == "long"]
+    curve = [sum(c["bucket_sum"][i] for c in longs) / sum(c["bucket_cnt"][i] for c in longs)
+             for i in range(len(longs[0]["bucket_sum"]))]
+    trials = total("passkey", "trials")
+    return {"ppl_beyond": math.exp(beyond), "ppl_before": inside,
+            "ppl_short": math.exp(total("short", "nll_sum") / total("short", "tokens")),
+            "passkey": total("passkey", "hits") / trials if trials else None, "passkey_trials": trials,
+            "curve": curve, "seconds": round(sum(c["seconds"] for c in cells), 3)}
+
+
+def rank(metrics: dict[str, dict[str, Any]], baseline: dict[str, Any], max_short_cost: float,
+         rank_by: str = "passkey") -> list[str]:
+    """Labels best first. A candidate whose short-input perplexity is more than ``max_short_cost`` (a fraction)
+    above the unpatched model's is disqualified (last). ``rank_by="passkey"``: passkey accuracy, then
+    perplexity beyond L; ``"ppl"``: perplexity beyond L, then passkey accuracy. Sets ``short_cost`` and
+    ``disqualified`` on each entry."""
+    for m in metrics.values():
+        m["short_cost"] = m["ppl_short"] / baseline["ppl_short"] - 1
+        m["disqualified"] = m["short_cost"] > max_short_cost
+
+    def order(label):
+        m = metrics[label]
+        key = (-(m["passkey"] or 0.0), m["ppl_beyond"]) if rank_by == "passkey" else (m["ppl_beyond"], -(m["passkey"] or 0.0))
+        return (m["disqualified"], *key, label)
+
+    return sorted(metrics, key=order)

@@ -1,0 +1,192 @@
+"""``hf-posenc tune``: successive halving over candidate configurations, then a confirmation on unseen data.
+
+Rung 0 measures every candidate (and the unpatched model, the reference for the short-input cost) on a small
+calibration sample: ``windows`` windows of each length and ``keys`` passkey keys per depth. Each next rung keeps
+the best third (``reduction``; at least 2) and doubles the sample, reusing the cells already computed, until
+2 candidates are left or the budget would be passed. The winner and the runner-up are then measured again, with
+the unpatched model, on the confirmation part (windows and keys never used for ranking). The budget counts the
+compute time recorded in the cells, so a resumed run takes the same decisions as the run it resumes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import PosEncConfig
+from ..context import original_context
+from ..eval.common import Run
+from ..eval.perplexity import doc_digest
+from ..eval.variants import Variant
+from ..files import atomic_write_text
+from .objective import DEPTHS, CellComputer, TuneData, measure, plan_data, rank, sample_keys
+from .space import DEFAULT_METHODS, check_methods, grid_candidates, load_space
+
+BASELINE = Variant("none", PosEncConfig("none"))
+
+
+@dataclass
+class Plan:
+    """The search's settings."""
+
+    target: int
+    max_short_cost: float = 0.01
+    rank_by: str = "passkey"
+    depths: tuple[float, ...] = DEPTHS
+    windows: int = 1
+    keys: int = 1
+    reduction: int = 3
+    budget_seconds: float | None = None
+    rungs: list[dict[str, Any]] = field(default_factory=list)
+
+    def check(self) -> None:
+        if not 0 <= self.max_short_cost < float("inf"):
+            raise ValueError(f"--max-short-cost is a fraction >= 0 (0.01 = 1%), got {self.max_short_cost}")
+        if self.rank_by not in ("passkey", "ppl"):
+            raise ValueError(f"--rank-by must be 'passkey' or 'ppl', got {self.rank_by!r}")
+        if self.reduction < 2 or self.windows < 1 or self.keys < 1:
+            raise ValueError(f"--reduction must be >= 2 and --windows, --keys >= 1, got reduction={self.reduction}, "
+                             f"windows={self.windows}, keys={self.keys}")
+        if any(not 0 <= d <= 1 for d in self.depths):
+            raise ValueError(f"--depths must lie in [0, 1], got {list(self.depths)}")
+
+
+class Search:
+    """One tune run: the candidates, the data, the cells, the rungs."""
+
+    def __init__(self, job: Run, plan: Plan, candidates: list[Variant], data: TuneData, settings: dict[str, Any]):
+        self.job, self.plan, self.candidates, self.data, self.settings = job, plan, candidates, data, settings
+        self.original = original_context(job.loaded[0])
+        self.compute = CellComputer(job.loaded[0], job.loaded[1], data, self.original)
+        self.seconds: dict[str, float] = {}  # compute seconds recorded in each label's cells so far
+
+    @property
+    def spent(self) -> float:
+        return sum(self.seconds.values())
+
+    def keys(self, part: str, windows: int, keys: int) -> list[list]:
+        p = self.plan
+        windows = min(windows, len(self.data.long[part]))
+        return sample_keys(self.data, part, windows, keys, p.depths, self.job.seed, p.target, self.original)
+
+    def measure(self, variants: list[Variant], keys: list[list], desc: str) -> dict[str, dict[str, Any]]:
+        done = self.job.cells("tune", self.settings, {v.label: keys for v in variants}, self.compute,
+                              variants=variants, desc=desc)
+        out = {label: measure(keys, cells) for label, cells in done.items()}
+        self.seconds.update({label: m["seconds"] for label, m in out.items()})
+        return out
+
+    def over_budget(self, metrics: dict[str, dict], survivors: int, now: list[list], later: list[list]) -> bool:
+        """Whether the next rung and the confirmation would pass the budget, at the seconds per cell so far."""
+        if self.plan.budget_seconds is None:
+            return False
+        per_cell = sum(m["seconds"] for m in metrics.values()) / (len(metrics) * len(now))
+        confirm = len(self.keys("confirmation", self.plan.windows, self.plan.keys)) * 3
+        cost = per_cell * ((survivors + 1) * (len(later) - len(now)) + confirm * len(later) / len(now))
+        return self.spent + cost > self.plan.budget_seconds
+
+    def run(self) -> dict[str, Any]:
+        p, alive, windows, keys = self.plan, list(self.candidates), self.plan.windows, self.plan.keys
+        stopped_by_budget = False
+        while True:
+            sample, rung = self.keys("calibration", windows, keys), len(p.rungs)
+            print(f"tune rung {rung}: {len(alive)} candidates (and the unpatched model) x {len(sample)} cells",
+                  file=sys.stderr)
+            metrics = self.measure([BASELINE, *alive], sample, f"tune rung {rung}")
+            baseline = metrics.pop(BASELINE.label)
+            order = rank(metrics, baseline, p.max_short_cost, p.rank_by)
+            p.rungs.append({"rung": rung, "windows": min(windows, len(self.data.long["calibration"])),
+                            "keys_per_depth": keys, "baseline": baseline, "ranking": order, "metrics": metrics})
+            if len(alive) <= 2:
+                break
+            keep = max(2, math.ceil(len(alive) / p.reduction))
+            if self.over_budget({**metrics, "none": baseline}, keep, sample, self.keys("calibration", windows * 2, keys * 2)):
+                stopped_by_budget = True
+                print(f"tune: the budget ({p.budget_seconds / 60:g} min) stops the halving after rung {rung}",
+                      file=sys.stderr)
+                break
+            alive = [v for label in order[:keep] for v in alive if v.label == label]
+            windows, keys = windows * 2, keys * 2
+        return self.confirm(order, stopped_by_budget)
+
+    def confirm(self, order: list[str], stopped_by_budget: bool) -> dict[str, Any]:
+        last = self.plan.rungs[-1]
+        top = [label for label in order[:2] if not last["metrics"][label]["disqualified"]]
+        conf_windows = min(last["windows"], len(self.data.long["confirmation"]))
+        chosen = [v for label in top for v in self.candidates if v.label == label]
+        sample = self.keys("confirmation", conf_windows, last["keys_per_depth"])
+        confirmed = self.measure([BASELINE, *chosen], sample, "tune confirmation") if chosen else {}
+        baseline = confirmed.pop(BASELINE.label, None)
+        if baseline is not None:
+            rank(confirmed, baseline, self.plan.max_short_cost, self.plan.rank_by)
+        return {"best": top[0] if top else None, "runner_up": top[1] if len(top) > 1 else None,
+                "stopped_by_budget": stopped_by_budget, "rungs": self.plan.rungs,
+                "confirmation": {"windows": conf_windows, "keys_per_depth": last["keys_per_depth"],
+                                 "baseline": baseline, "metrics": confirmed},
+                "configs": {v.label: v.config.to_dict() for v in self.candidates},
+                "reached": {v.label: max(r["rung"] for r in self.plan.rungs if v.label in r["metrics"])
+                            for v in self.candidates}}
+
+
+def _candidates(methods, space, params, original: int, target: int) -> list[Variant]:
+    if space:
+        return load_space(space)
+    return grid_candidates(list(methods or DEFAULT_METHODS), original, target, params)
+
+
+def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None = None, space: str | None = None,
+         method_params: dict[str, dict[str, Any]] | None = None, docs=None, budget_minutes: float | None = None,
+         max_short_cost: float = 0.01, rank_by: str = "passkey", depths=DEPTHS, windows: int = 1, keys: int = 1,
+         reduction: int = 3, chunk_size: int = 1024, **run: Any) -> dict[str, Any]:
+    """Find the method and knobs for ``model`` at ``target_length`` (see the module docstring). ``model``: a name
+    (Hub id, folder, alias) or a loaded model (then ``tokenizer`` too); ``docs``: :class:`eval.data.Document` s
+    (default: the default corpus); ``run``: the keywords of :class:`eval.common.Run` (seed, output, dtype, ...).
+    Returns the report; with ``output``, writes ``tune.json``, ``tune.md``, a plot and ``best.json`` (the winner's
+    :class:`PosEncConfig`)."""
+    from ..eval.run_ppl import gather_documents, tokenize_documents
+
+    plan = Plan(target_length, max_short_cost, rank_by, tuple(depths), windows, keys, reduction,
+                None if budget_minutes is None else 60 * budget_minutes)
+    plan.check()
+    if budget_minutes is not None and not budget_minutes > 0:
+        raise ValueError(f"--budget-minutes must be > 0, got {budget_minutes}")
+    if space and methods:
+        raise ValueError("--space replaces the grid of --methods: give one or the other")
+    if space:
+        load_space(space)  # a bad file or method is found before the slow load
+    elif methods:
+        check_methods(methods)
+    job = _job(model, tokenizer, run)
+    lm, tok, _ = job.load()
+    original = original_context(lm)
+    if original is None:
+        raise ValueError(f"{type(lm).__name__} has no fixed context length: tune extends RoPE decoders")
+    job.variants = [BASELINE, *_candidates(methods, space, method_params or {}, original, target_length)]
+    docs = docs if docs is not None else gather_documents()
+    token_docs = tokenize_documents(tok, docs)
+    data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original, target_length)
+    settings = {"target_length": target_length, "max_short_cost": max_short_cost, "rank_by": rank_by,
+                "depths": list(plan.depths), "windows": windows, "keys": keys, "reduction": reduction,
+                "budget_minutes": budget_minutes, "documents": data.names,
+                "document_tokens": [len(t) for t in token_docs]}
+    results = Search(job, plan, job.variants[1:], data, settings).run()
+    from .report import tune_plots, tune_table, write_best
+
+    report = job.report("tune", settings, results, tune_table, tune_plots)
+    if job.output and job.processes.is_main:
+        write_best(report, job.output)
+    return report
+
+
+def _job(model, tokenizer, run: dict[str, Any]) -> Run:
+    if isinstance(model, (str, os.PathLike)):
+        return Run(model=os.fspath(model), methods=["none"], tokenizer=tokenizer, **run)
+    if tokenizer is None or isinstance(tokenizer, str):
+        raise ValueError("tune(model, tokenizer): a loaded model needs its loaded tokenizer")
+    from ..models import ModelSource
+
+    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+    return Run(model=name, methods=["none"], loaded=(model, tokenizer, ModelSource(name, {}, name)), **run)
