@@ -55,7 +55,7 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     if harness_tasks and harness_lengths:
         from .eval.harness import check_lengths
 
-        check_lengths(harness_lengths)
+        check_lengths(harness_lengths, harness_tasks)
     check_output_folder(output, resolve_source(model).path)  # before any compute
     if (private or revision) and not push_to_hub:
         raise ValueError("--private and --revision apply to an upload: add --push-to-hub USER/NAME, or drop them.")

@@ -79,6 +79,7 @@ def _refused(argv, capsys) -> str:
     (["--tasks", "niah_singel_1"], "lm-eval has no task, group or tag 'niah_singel_1'. Did you mean niah_single_1"),
     (["--lengths", "128"], "harness lengths must be >= 256 tokens"),
     (["--threshold", "1.5"], "--threshold is a mean score in (0, 1], got 1.5"),
+    (["--tasks", "vt", "--lengths", "512"], "ruler_vt builds its prompts for lengths of 1024 tokens and more"),
 ])
 def test_bad_harness_input_is_refused_before_the_model_loads(extra, message, capsys, tmp_path):
     err = _refused(["eval", "harness", "--model", str(tmp_path / "never-loaded"), *extra], capsys)
@@ -91,6 +92,11 @@ def test_a_missing_lm_eval_names_the_extra_to_install(monkeypatch, capsys, tmp_p
     assert "pip install 'hf_posenc[harness]'" in err
     err = _refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:vt", "--output", str(tmp_path / "o")], capsys)
     assert "pip install 'hf_posenc[harness]'" in err and not (tmp_path / "o").exists()
+
+
+def test_a_tokenizer_without_an_end_token_is_refused(tiny_checkpoint, capsys):
+    err = _refused(["eval", "harness", "--model", tiny_checkpoint, *TASK], capsys)  # a BERT tokenizer
+    assert "has none (an encoder's?)" in err and "Traceback" not in err
 
 
 def test_patch_refuses_an_empty_or_unknown_harness_task(capsys, tmp_path):

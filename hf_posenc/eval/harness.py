@@ -30,6 +30,7 @@ LOCAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt"
 SHORT_NAMES = {"vt": "ruler_vt", "cwe": "ruler_cwe", "fwe": "ruler_fwe", "qa_squad": "ruler_qa_squad",
                "qa_hotpot": "ruler_qa_hotpot"}  # RULER's own names, as lm-eval prefixes them
 MIN_LENGTH = 256  # RULER keeps 128 tokens of each length for the answer
+TASK_MIN_LENGTH = {"ruler_vt": 1024, "ruler_cwe": 1024}  # shorter, lm-eval's builders loop forever or divide by 0
 OUTPUTS_KEPT = 5  # answers kept per cell in the report, to see what the model said
 
 
@@ -70,16 +71,30 @@ def check_tasks(tasks: list[str]) -> list[str]:
     return tasks
 
 
-def check_lengths(lengths: list[int]) -> list[int]:
+def check_lengths(lengths: list[int], tasks: list[str] = ()) -> list[int]:
     short = [n for n in lengths if n < MIN_LENGTH]
     if short:
         raise ValueError(f"harness lengths must be >= {MIN_LENGTH} tokens (RULER keeps 128 of them for the answer), "
                          f"got {short}")
+    for task in tasks:
+        least = TASK_MIN_LENGTH.get(task, 0)
+        if min(lengths) < least:
+            raise ValueError(f"{task} builds its prompts for lengths of {least} tokens and more (lm-eval's builder "
+                             f"does not finish below), got {min(lengths)}")
     return lengths
+
+
+def check_tokenizer(tokenizer) -> None:
+    """lm-eval's generation stops at the tokenizer's end-of-sequence token: one without it is refused."""
+    if getattr(tokenizer, "eos_token_id", None) is None:
+        raise ValueError(f"lm-eval generates until the end-of-sequence token, and the tokenizer "
+                         f"{getattr(tokenizer, 'name_or_path', '')!r} has none (an encoder's?); the harness runs "
+                         "decoders with their own tokenizer (--tokenizer)")
 
 
 def saved_tokenizer(tokenizer, folder: str) -> str:
     """RULER sizes its prompts with a tokenizer it loads by name: the run's tokenizer, saved in ``folder``."""
+    check_tokenizer(tokenizer)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -133,11 +148,19 @@ def harness_cell(model, tokenizer, tokenizer_dir: str, task: str, length: int, *
     gen = max_gen_tokens or 128
     metadata = json.dumps({"max_seq_lengths": [length], "tokenizer": tokenizer_dir}, sort_keys=True)
     with _one_process_and_quiet():
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, max_length=length + gen, batch_size=batch_size)
-        res = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=limit, task_manager=_task_manager(metadata),
-                                      gen_kwargs={"max_gen_toks": max_gen_tokens} if max_gen_tokens else None,
-                                      log_samples=True, random_seed=seed, numpy_random_seed=seed,
-                                      torch_random_seed=seed, fewshot_random_seed=seed)
+        try:
+            lm = HFLM(pretrained=model, tokenizer=tokenizer, max_length=length + gen, batch_size=batch_size)
+            res = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=limit, task_manager=_task_manager(metadata),
+                                          gen_kwargs={"max_gen_toks": max_gen_tokens} if max_gen_tokens else None,
+                                          log_samples=True, random_seed=seed, numpy_random_seed=seed,
+                                          torch_random_seed=seed, fewshot_random_seed=seed)
+        except (OSError, ConnectionError) as err:  # a task whose data is downloaded, on a machine without network
+            raise ValueError(f"lm-eval could not get the data of task {task!r} ({type(err).__name__}: "
+                             f"{' '.join(str(err).split())[:300]}); offline, use the tasks that build their data "
+                             f"locally: {', '.join(LOCAL_TASKS)}") from None
+        except (ValueError, ArithmeticError, AssertionError, KeyError) as err:
+            raise ValueError(f"lm-eval failed on task {task!r} at {length} tokens ({type(err).__name__}: "
+                             f"{' '.join(str(err).split())[:300]})") from None
     cell: dict[str, Any] = {"scores": {}, "metrics": {}, "samples": {}, "outputs": {}}
     for name, samples in sorted(res["samples"].items()):
         metric, value = _score(res["results"][name], length, res["higher_is_better"].get(name, {}))
@@ -182,7 +205,7 @@ def evaluate(model, tokenizer, tasks: list[str], lengths: list[int], *, limit: i
     Returns scores per task and length, the mean per length and the effective length. (``hf-posenc eval
     harness`` computes the same cells for several variants, resumably, see ``run_harness``.)"""
     tasks = check_tasks(tasks)
-    check_lengths(lengths)
+    check_lengths(lengths, tasks)
     with tempfile.TemporaryDirectory() as folder:
         where = saved_tokenizer(tokenizer, folder)
         cells = [(t, n, harness_cell(model, tokenizer, where, t, n, limit=limit, max_gen_tokens=max_gen_tokens,

@@ -22,7 +22,7 @@ def run_harness(*, tasks: list[str], lengths: list[int], limit: int | None = Non
         raise ValueError(f"--limit must be >= 1 (prompts per task and length), got {limit}")
     version = require_lm_eval()
     tasks = check_tasks(tasks)
-    check_lengths(lengths)
+    check_lengths(lengths, tasks)
     job = Run(**run)
     lm, tok, _ = job.load()
     settings = {"tasks": tasks, "limit": limit, "max_gen_tokens": max_gen_tokens, "lm_eval": version,
