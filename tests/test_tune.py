@@ -171,11 +171,14 @@ def test_a_checkpoint_patched_from_best_json_says_how_it_was_tuned(tiny_checkpoi
     assert "hf-posenc tune" not in (tmp_path / "q" / "README.md").read_text()
 
 
-def test_tune_from_python_on_a_loaded_model(bert_tokenizer):
+def test_tune_from_python_on_a_loaded_model(bert_tokenizer, monkeypatch):
+    chunks, nll = [], objective.token_nll
+    monkeypatch.setattr(objective, "token_nll", lambda *a, **k: chunks.append(k["chunk_size"]) or nll(*a, **k))
     model = tiny_model("llama", vocab_size=bert_tokenizer.vocab_size)
     report = hf_posenc.tune(model, bert_tokenizer, target_length=T, methods=["dca"],
-                            docs=builtin_corpus("python-docs"), progress=False)
+                            docs=builtin_corpus("python-docs"), progress=False, chunk_size=7)
     assert report["results"]["best"] in report["results"]["configs"] and not hf_posenc.is_patched(model)
+    assert chunks and set(chunks) == {7}  # --chunk-size reaches the LM head
 
 
 @pytest.mark.parametrize("extra, message", [

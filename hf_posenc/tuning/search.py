@@ -57,10 +57,11 @@ class Plan:
 class Search:
     """One tune run: the candidates, the data, the cells, the rungs."""
 
-    def __init__(self, job: Run, plan: Plan, candidates: list[Variant], data: TuneData, settings: dict[str, Any]):
+    def __init__(self, job: Run, plan: Plan, candidates: list[Variant], data: TuneData, settings: dict[str, Any],
+                 chunk_size: int = 1024):
         self.job, self.plan, self.candidates, self.data, self.settings = job, plan, candidates, data, settings
         self.original = original_context(job.loaded[0])
-        self.compute = CellComputer(job.loaded[0], job.loaded[1], data, self.original)
+        self.compute = CellComputer(job.loaded[0], job.loaded[1], data, self.original, chunk_size)
         self.seconds: dict[str, float] = {}  # compute seconds recorded in each label's cells so far
 
     @property
@@ -172,7 +173,7 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
                 "depths": list(plan.depths), "windows": windows, "keys": keys, "reduction": reduction,
                 "budget_minutes": budget_minutes, "documents": data.names,
                 "document_tokens": [len(t) for t in token_docs]}
-    results = Search(job, plan, job.variants[1:], data, settings).run()
+    results = Search(job, plan, job.variants[1:], data, settings, chunk_size).run()
     from .report import tune_plots, tune_table, write_best
 
     report = job.report("tune", settings, results, tune_table, tune_plots)
