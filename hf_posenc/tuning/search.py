@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..config import PosEncConfig
@@ -40,7 +40,6 @@ class Plan:
     keys: int = 1
     reduction: int = 3
     budget_seconds: float | None = None
-    rungs: list[dict[str, Any]] = field(default_factory=list)
 
     def check(self) -> None:
         if not 0 <= self.max_short_cost < float("inf"):
@@ -63,6 +62,7 @@ class Search:
         self.original = original_context(job.loaded[0])
         self.compute = CellComputer(job.loaded[0], job.loaded[1], data, self.original, chunk_size)
         self.seconds: dict[str, float] = {}  # compute seconds recorded in each label's cells so far
+        self.rungs: list[dict[str, Any]] = []
 
     @property
     def spent(self) -> float:
@@ -80,31 +80,32 @@ class Search:
         self.seconds.update({label: m["seconds"] for label, m in out.items()})
         return out
 
-    def over_budget(self, metrics: dict[str, dict], survivors: int, now: list[list], later: list[list]) -> bool:
-        """Whether the next rung and the confirmation would pass the budget, at the seconds per cell so far."""
+    def over_budget(self, metrics: dict[str, dict], survivors: int, now: list[list], windows: int, keys: int) -> bool:
+        """Whether a next rung of ``windows`` and ``keys`` (its new cells, for the survivors and the unpatched
+        model) and the confirmation after it (3 variants) would pass the budget, at the seconds per cell so far."""
         if self.plan.budget_seconds is None:
             return False
         per_cell = sum(m["seconds"] for m in metrics.values()) / (len(metrics) * len(now))
-        confirm = len(self.keys("confirmation", self.plan.windows, self.plan.keys)) * 3
-        cost = per_cell * ((survivors + 1) * (len(later) - len(now)) + confirm * len(later) / len(now))
-        return self.spent + cost > self.plan.budget_seconds
+        later = len(self.keys("calibration", windows, keys))
+        confirm = len(self.keys("confirmation", windows, keys)) * 3
+        return self.spent + per_cell * ((survivors + 1) * (later - len(now)) + confirm) > self.plan.budget_seconds
 
     def run(self) -> dict[str, Any]:
         p, alive, windows, keys = self.plan, list(self.candidates), self.plan.windows, self.plan.keys
         stopped_by_budget = False
         while True:
-            sample, rung = self.keys("calibration", windows, keys), len(p.rungs)
+            sample, rung = self.keys("calibration", windows, keys), len(self.rungs)
             print(f"tune rung {rung}: {len(alive)} candidates (and the unpatched model) x {len(sample)} cells",
                   file=sys.stderr)
             metrics = self.measure([BASELINE, *alive], sample, f"tune rung {rung}")
             baseline = metrics.pop(BASELINE.label)
             order = rank(metrics, baseline, p.max_short_cost, p.rank_by)
-            p.rungs.append({"rung": rung, "windows": min(windows, len(self.data.long["calibration"])),
+            self.rungs.append({"rung": rung, "windows": min(windows, len(self.data.long["calibration"])),
                             "keys_per_depth": keys, "baseline": baseline, "ranking": order, "metrics": metrics})
             if len(alive) <= 2:
                 break
             keep = max(2, math.ceil(len(alive) / p.reduction))
-            if self.over_budget({**metrics, "none": baseline}, keep, sample, self.keys("calibration", windows * 2, keys * 2)):
+            if self.over_budget({**metrics, "none": baseline}, keep, sample, windows * 2, keys * 2):
                 stopped_by_budget = True
                 print(f"tune: the budget ({p.budget_seconds / 60:g} min) stops the halving after rung {rung}",
                       file=sys.stderr)
@@ -114,7 +115,7 @@ class Search:
         return self.confirm(order, stopped_by_budget)
 
     def confirm(self, order: list[str], stopped_by_budget: bool) -> dict[str, Any]:
-        last = self.plan.rungs[-1]
+        last = self.rungs[-1]
         top = [label for label in order[:2] if not last["metrics"][label]["disqualified"]]
         conf_windows = min(last["windows"], len(self.data.long["confirmation"]))
         chosen = [v for label in top for v in self.candidates if v.label == label]
@@ -124,18 +125,12 @@ class Search:
         if baseline is not None:
             rank(confirmed, baseline, self.plan.max_short_cost, self.plan.rank_by)
         return {"best": top[0] if top else None, "runner_up": top[1] if len(top) > 1 else None,
-                "stopped_by_budget": stopped_by_budget, "rungs": self.plan.rungs,
+                "stopped_by_budget": stopped_by_budget, "rungs": self.rungs,
                 "confirmation": {"windows": conf_windows, "keys_per_depth": last["keys_per_depth"],
                                  "baseline": baseline, "metrics": confirmed},
                 "configs": {v.label: v.config.to_dict() for v in self.candidates},
-                "reached": {v.label: max(r["rung"] for r in self.plan.rungs if v.label in r["metrics"])
+                "reached": {v.label: max(r["rung"] for r in self.rungs if v.label in r["metrics"])
                             for v in self.candidates}}
-
-
-def _candidates(methods, space, params, original: int, target: int) -> list[Variant]:
-    if space:
-        return load_space(space)
-    return grid_candidates(list(methods or DEFAULT_METHODS), original, target, params)
 
 
 def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None = None, space: str | None = None,
@@ -156,16 +151,16 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
         raise ValueError(f"--budget-minutes must be > 0, got {budget_minutes}")
     if space and methods:
         raise ValueError("--space replaces the grid of --methods: give one or the other")
-    if space:
-        load_space(space)  # a bad file or method is found before the slow load
-    elif methods:
+    spaced = load_space(space) if space else None  # a bad file or method is found before the slow load
+    if methods:
         check_methods(methods)
     job = _job(model, tokenizer, run)
     lm, tok, _ = job.load()
     original = original_context(lm)
     if original is None:
         raise ValueError(f"{type(lm).__name__} has no fixed context length: tune extends RoPE decoders")
-    job.variants = [BASELINE, *_candidates(methods, space, method_params or {}, original, target_length)]
+    job.variants = [BASELINE, *(spaced or grid_candidates(list(methods or DEFAULT_METHODS), original, target_length,
+                                                          method_params or {}))]
     docs = docs if docs is not None else gather_documents()
     token_docs = tokenize_documents(tok, docs)
     data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original, target_length)

@@ -112,8 +112,8 @@ def _variant(method: str, knobs: dict[str, Any], fixed: dict[str, Any]) -> Varia
     spec = resolve_method(method)
     knobs = {**knobs, **{k: v for k, v in fixed.items() if k in spec.params}}
     factor = knobs.pop("factor", None)
-    label = "-".join([spec.name, *(f"{k}_{_fmt(v)}" for k, v in ([("factor", factor)] if factor else []) +
-                                   sorted(knobs.items()) if k not in fixed)])
+    varied = ([("factor", factor)] if factor else []) + sorted((k, v) for k, v in knobs.items() if k not in fixed)
+    label = "-".join([spec.name, *(f"{k}_{_fmt(v)}" for k, v in varied)])
     params = {k: v for k, v in knobs.items() if v is not None}
     return Variant(label, PosEncConfig(spec.name, factor if spec.uses_factor else None, params=params))
 
