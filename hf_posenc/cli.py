@@ -357,6 +357,8 @@ def _tune_parser(sub) -> None:
                    "each rung).")
     s.add_argument("--reduction", type=_positive, default=3, help="each rung keeps 1/reduction of the candidates.")
     s.add_argument("--chunk-size", type=_positive, default=1024, help="tokens per LM-head chunk.")
+    s.add_argument("--no-reference", action="store_true", help="confirm only the winner and the runner-up, not "
+                   "also YaRN with its default knobs at the winner's factor (the reference).")
     o = tu.add_argument_group("run and output")
     o.add_argument("--output", required=True, help="folder for tune.json, tune.md, the plot, best.json and the "
                    "cells (the same command run again resumes).")
@@ -377,8 +379,8 @@ def _tune(args, command: str) -> int:
                   space=args.space, method_params=parse_method_params(args.method_param), docs=docs,
                   budget_minutes=args.budget_minutes, max_short_cost=args.max_short_cost, rank_by=args.rank_by,
                   depths=args.depths, windows=args.windows, keys=args.keys, reduction=args.reduction,
-                  chunk_size=args.chunk_size, seed=args.seed, dtype=args.dtype, device=args.device,
-                  attn_implementation=args.attn_implementation, output=args.output, overwrite=args.overwrite,
+                  chunk_size=args.chunk_size, reference=not args.no_reference, seed=args.seed, dtype=args.dtype,
+                  device=args.device, attn_implementation=args.attn_implementation, output=args.output, overwrite=args.overwrite,
                   progress=not args.no_progress, plots=not args.no_plots, command=command)
     if report.get("written_by_another_process"):
         return 0

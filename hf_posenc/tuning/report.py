@@ -63,6 +63,9 @@ def tune_table(report: dict[str, Any]) -> str:
     conf = res["confirmation"]
     if conf["metrics"]:
         rows = [_row(label, conf["metrics"][label]) for label in (res["best"], res["runner_up"]) if label]
+        ref = (res.get("reference") or {}).get("label")
+        if ref in conf["metrics"] and ref not in (res["best"], res["runner_up"]):
+            rows.append(_row(f"{ref} (reference: YaRN, default knobs)", conf["metrics"][ref]))
         confirmed = markdown_table(head, [_row("none (unpatched)", conf["baseline"]), *rows])
     else:
         confirmed = "No candidate stayed within the short-input cost: nothing to confirm, no best.json."

@@ -4,8 +4,10 @@ Rung 0 measures every candidate (and the unpatched model, the reference for the 
 calibration sample: ``windows`` windows of each length and ``keys`` passkey keys per depth. Each next rung keeps
 the best third (``reduction``; at least 2) and doubles the sample, reusing the cells already computed, until
 2 candidates are left or the budget would be passed. The winner and the runner-up are then measured again, with
-the unpatched model, on the confirmation part (windows and keys never used for ranking). The budget counts the
-compute time recorded in the cells, so a resumed run takes the same decisions as the run it resumes.
+the unpatched model, on the confirmation part (windows and keys never used for ranking), beside the reference
+(YaRN with its default knobs at the winner's factor, or at T / L rounded up to a half when the winner takes
+none): what tuning gained over the usual default. The budget counts the compute time recorded in the cells, so
+a resumed run takes the same decisions as the run it resumes.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..eval.perplexity import doc_digest
 from ..eval.variants import Variant
 from ..files import atomic_write_text
 from .objective import DEPTHS, CellComputer, TuneData, measure, plan_data, rank, sample_keys
-from .space import DEFAULT_METHODS, check_methods, grid_candidates, load_space
+from .space import DEFAULT_METHODS, check_methods, factors, grid_candidates, load_space
 
 BASELINE = Variant("none", PosEncConfig("none"))
 
@@ -40,6 +42,7 @@ class Plan:
     keys: int = 1
     reduction: int = 3
     budget_seconds: float | None = None
+    reference: bool = True
 
     def check(self) -> None:
         if not 0 <= self.max_short_cost < float("inf"):
@@ -87,7 +90,7 @@ class Search:
             return False
         per_cell = sum(m["seconds"] for m in metrics.values()) / (len(metrics) * len(now))
         later = len(self.keys("calibration", windows, keys))
-        confirm = len(self.keys("confirmation", windows, keys)) * 3
+        confirm = len(self.keys("confirmation", windows, keys)) * (3 + self.plan.reference)
         return self.spent + per_cell * ((survivors + 1) * (later - len(now)) + confirm) > self.plan.budget_seconds
 
     def run(self) -> dict[str, Any]:
@@ -119,12 +122,17 @@ class Search:
         top = [label for label in order[:2] if not last["metrics"][label]["disqualified"]]
         conf_windows = min(last["windows"], len(self.data.long["confirmation"]))
         chosen = [v for label in top for v in self.candidates if v.label == label]
+        reference = self.reference(chosen[0]) if chosen and self.plan.reference else None
+        if reference is not None and all(v.config != reference.config for v in chosen):
+            chosen.append(reference)
         sample = self.keys("confirmation", conf_windows, last["keys_per_depth"])
         confirmed = self.measure([BASELINE, *chosen], sample, "tune confirmation") if chosen else {}
         baseline = confirmed.pop(BASELINE.label, None)
         if baseline is not None:
             rank(confirmed, baseline, self.plan.max_short_cost, self.plan.rank_by)
         return {"best": top[0] if top else None, "runner_up": top[1] if len(top) > 1 else None,
+                "reference": None if reference is None else {"label": reference.label,
+                                                             "config": reference.config.to_dict()},
                 "stopped_by_budget": stopped_by_budget, "rungs": self.rungs,
                 "confirmation": {"windows": conf_windows, "keys_per_depth": last["keys_per_depth"],
                                  "baseline": baseline, "metrics": confirmed},
@@ -132,11 +140,17 @@ class Search:
                 "reached": {v.label: max(r["rung"] for r in self.rungs if v.label in r["metrics"])
                             for v in self.candidates}}
 
+    def reference(self, winner: Variant) -> Variant:
+        """YaRN with its default knobs at ``winner``'s factor (or the least half-step factor reaching the target)."""
+        config = PosEncConfig("yarn", winner.config.factor or factors(self.original, self.plan.target)[0])
+        same = [v for v in self.candidates if v.config == config]
+        return same[0] if same else Variant(f"reference-yarn-factor_{config.factor:g}", config)
+
 
 def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None = None, space: str | None = None,
          method_params: dict[str, dict[str, Any]] | None = None, docs=None, budget_minutes: float | None = None,
          max_short_cost: float = 0.01, rank_by: str = "passkey", depths=DEPTHS, windows: int = 1, keys: int = 1,
-         reduction: int = 3, chunk_size: int = 1024, **run: Any) -> dict[str, Any]:
+         reduction: int = 3, chunk_size: int = 1024, reference: bool = True, **run: Any) -> dict[str, Any]:
     """Find the method and knobs for ``model`` at ``target_length`` (see the module docstring). ``model``: a name
     (Hub id, folder, alias) or a loaded model (then ``tokenizer`` too); ``docs``: :class:`eval.data.Document` s
     (default: the default corpus); ``run``: the keywords of :class:`eval.common.Run` (seed, output, dtype, ...).
@@ -145,7 +159,7 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
     from ..eval.run_ppl import gather_documents, tokenize_documents
 
     plan = Plan(target_length, max_short_cost, rank_by, tuple(depths), windows, keys, reduction,
-                None if budget_minutes is None else 60 * budget_minutes)
+                None if budget_minutes is None else 60 * budget_minutes, reference)
     plan.check()
     if budget_minutes is not None and not budget_minutes > 0:
         raise ValueError(f"--budget-minutes must be > 0, got {budget_minutes}")
@@ -166,7 +180,7 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
     data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original, target_length)
     settings = {"target_length": target_length, "max_short_cost": max_short_cost, "rank_by": rank_by,
                 "depths": list(plan.depths), "windows": windows, "keys": keys, "reduction": reduction,
-                "budget_minutes": budget_minutes, "documents": data.names,
+                "budget_minutes": budget_minutes, "reference": reference, "documents": data.names,
                 "document_tokens": [len(t) for t in token_docs]}
     results = Search(job, plan, job.variants[1:], data, settings, chunk_size).run()
     from .report import tune_plots, tune_table, write_best

@@ -1,0 +1,127 @@
+"""``hf-posenc tune`` shown on a real model: SmolLM2-135M (original context 8,192) tuned for 12,288 and 16,384
+tokens on one book, each run an ordinary ``hf-posenc tune`` command (printed with its table) whose candidates
+come from a ``--space`` file this script writes beside the results. With --write the section replaces this
+script's section of BENCHMARKS.md.
+
+The candidates (F = T / L rounded up to a half): YaRN with its defaults at F (also the reference of the
+confirmation), at G = 4F/3 (rounded up to a half: some room beyond T) YaRN with attention_factor 1.0, YaRN,
+dynamic NTK and dynamic YaRN, and the
+attention-level methods with the grid's first setting that reaches T (Self-Extend) or their defaults (DCA,
+STRING). The full grid (``hf-posenc tune --methods ...``) is ~30 candidates: hours per rung on 2 CPU cores.
+
+CPU cost (2 cores): a 12k forward is ~90 s; each candidate's first rung is 5 forwards (one window of T, one of
+L, 3 passkey prompts), so about 1 h per target for rung 0 and as much again for rung 1 and the confirmation.
+The runs resume: kill the script and run it again.
+
+    python scripts/bench_tune.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg1342.txt")
+TITLE = "## Choosing the method and knobs: hf-posenc tune on SmolLM2"
+ORIGINAL = 8192
+
+
+def _list(kind):
+    def parse(text: str):
+        return [kind(x) for x in text.split(",") if x.strip()]
+    return parse
+
+
+def candidates(original: int, target: int) -> list[str]:
+    """The ``--space`` list for ``target`` (see the module docstring)."""
+    from hf_posenc.tuning.space import _self_extend, factors
+
+    f = factors(original, target)[0]
+    f2 = math.ceil(4 * f / 3 * 2) / 2  # a third more than needed, rounded up to a half
+    se = _self_extend(original, target)[0]
+    return [f"yarn-factor_{f:g}=yarn:factor={f:g}",
+            f"yarn-factor_{f2:g}-attention_factor_1=yarn:factor={f2:g},attention_factor=1.0",
+            f"yarn-factor_{f2:g}=yarn:factor={f2:g}",
+            f"dynamic_ntk-factor_{f2:g}=dynamic_ntk:factor={f2:g}",
+            f"dynamic_yarn-factor_{f2:g}=dynamic_yarn:factor={f2:g}",
+            f"self_extend-window_{se['window']}-group_size_{se['group_size']}=self_extend:window={se['window']},"
+            f"group_size={se['group_size']}",
+            "dca-default=dca", "string-default=string"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf file or alias).")
+    p.add_argument("--original", type=int, default=ORIGINAL, help="the model's original context (for the space).")
+    p.add_argument("--targets", type=_list(int), default=[12288, 16384], help="target lengths (comma-separated).")
+    p.add_argument("--text-file", default=BOOK, help="the book tuned on (default: Pride and Prejudice).")
+    p.add_argument("--depths", default="0.1,0.5,0.9", help="passkey depths.")
+    p.add_argument("--reduction", type=int, default=4, help="each rung keeps 1/reduction of the candidates.")
+    p.add_argument("--device", default="cpu", help="torch device.")
+    p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "tune"), help="folder of the runs.")
+    p.add_argument("--write", action="store_true", help="replace this script's section of BENCHMARKS.md.")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars.")
+    return p
+
+
+def _rel(path: str) -> str:
+    return os.path.relpath(path, ROOT)
+
+
+def run_target(args, target: int) -> list[str]:
+    """Tune for ``target``; the lines of its part of the section."""
+    from hf_posenc.cli import main as cli
+
+    out = os.path.join(args.output, str(target))
+    os.makedirs(out, exist_ok=True)
+    space = os.path.join(out, "space.json")
+    with open(space, "w", encoding="utf-8") as f:
+        json.dump(candidates(args.original, target), f, indent=1)
+    argv = ["tune", "--model", args.model, "--target-length", str(target), "--space", _rel(space),
+            "--text-file", _rel(args.text_file), "--depths", args.depths, "--reduction", str(args.reduction),
+            "--device", args.device, "--output", _rel(out)]
+    started = time.time()
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        if cli(argv + (["--no-progress"] if args.no_progress else [])) != 0:
+            raise SystemExit(f"hf-posenc tune for {target} failed")
+    finally:
+        os.chdir(cwd)
+    with open(os.path.join(out, "tune.md"), encoding="utf-8") as f:
+        table = f.read().strip()
+    with open(os.path.join(out, "best.json"), encoding="utf-8") as f:
+        best = f.read().strip()
+    return [f"### Target {target} tokens", "", f"Command: `hf-posenc {shlex.join(argv)}`  ",
+            f"Wall time of this call: {(time.time() - started) / 60:.1f} min (cells already in "
+            f"`{_rel(out)}/cells.jsonl` are not recomputed).", "", table, "",
+            f"Chosen configuration (`{_rel(out)}/best.json`, apply with `hf-posenc patch --config`):", "",
+            "```json", best, "```", "", f"![loss by position]({_rel(out)}/tune_loss_by_position.png)", ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hf_posenc.eval.report import emit_section
+
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    if not os.path.isfile(args.text_file):
+        raise SystemExit(f"--text-file {args.text_file}: no such file (the books live in ../shared/data/books/)")
+    parts = [TITLE, "", f"Command: `python scripts/bench_tune.py {shlex.join(argv)}`", "",
+             f"Machine: {os.cpu_count()} CPU cores, device {args.device}. Each target is one `hf-posenc tune` run "
+             "(below) on one book; the confirmation re-measures the winner, the runner-up and YaRN with its "
+             "default knobs at the winner's factor on windows and keys never used for ranking.", ""]
+    for target in args.targets:
+        parts += run_target(args, target)
+    emit_section("\n".join(parts).rstrip() + "\n", args.write, os.path.join(ROOT, "BENCHMARKS.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
