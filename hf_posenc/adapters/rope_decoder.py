@@ -18,10 +18,11 @@ pre-hook on that module instance which recomputes them from the current position
 Length-dependent methods and the KV cache: the frequencies are chosen from the largest position in
 the current forward call (``max(position_ids) + 1``), exactly as transformers does for its dynamic
 types. During ``generate`` the prompt is encoded with the frequencies for the prompt length; each
-new token past the original context recomputes them for the grown length, but the keys already in
-the cache keep the rotation they were stored with. Like transformers, hf_posenc does not re-rotate
-the cache; recomputation only ever happens when the length grows past what was seen, and the
-original frequencies return once a call is shorter than the original context again.
+new token past the original context recomputes them for the grown length. With ``cache="stale"``
+the keys already in the cache keep the rotation they were stored with (transformers' behaviour);
+with ``cache="consistent"`` (the default) they are re-rotated (``consistent_cache``). Recomputation
+only ever happens when the length grows past what was seen, and the original frequencies return
+once a call is shorter than the original context again.
 
 The model config is updated so that ``save_pretrained`` writes native ``rope_parameters`` wherever
 transformers implements the method (``ntk`` is written as a rewritten ``rope_theta``):
@@ -32,7 +33,6 @@ transformers reads the original length from ``max_position_embeddings``, so it s
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import torch
@@ -41,8 +41,9 @@ from torch import nn
 from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..methods.remapped import KIND as ATTENTION
-from ..methods.rope import DYNAMIC, ROPE_FUNCTIONS
+from ..methods.rope import SCALINGS
 from .base import Adapter, PatchRecord, text_config
+from .consistent_cache import CacheWatcher, RecomputeAtSwitch, layers_of_type, rerotate_cache, watch
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
 from .decoder_swaps import SWAPS, TABLE_NAME, apply_swap, resolve_swap
 from .layout import RotarySlot, rope_geometry, rotary_slots
@@ -57,19 +58,25 @@ class LengthAwareRope:
     ``grow_only`` follows transformers' dynamic update: recompute when the length grows past the
     largest seen, return to the original frequencies when a call is shorter than the original
     context after having grown past it. Otherwise (LongRoPE) the short or long set is picked
-    per call."""
+    per call. With a ``watcher`` (``cache="consistent"``), each change re-rotates the keys of the KV cache
+    of the call in progress (those of ``layers``, None: all) to the new frequencies."""
 
-    def __init__(self, fn, geom: R.RopeGeometry, cfg: PosEncConfig, grow_only: bool, slot: RotarySlot):
+    def __init__(self, fn, geom: R.RopeGeometry, cfg: PosEncConfig, grow_only: bool, slot: RotarySlot,
+                 watcher: CacheWatcher | None = None, layers: list[int] | None = None):
         self.fn, self.geom, self.cfg, self.grow_only, self.slot = fn, geom, cfg, grow_only, slot
+        self.watcher, self.layers = watcher, layers
         self.cached = geom.original_max_position_embeddings
         self.current: int | None = None  # seq_len the module's frequencies were computed for
 
-    def _set(self, module: nn.Module, seq_len: int | None, device) -> None:
+    def _set(self, module: nn.Module, seq_len: int | None, device, position_ids: torch.Tensor) -> None:
+        old = (self.slot.get("inv_freq"), self.slot.get("attention_scaling"))
         inv_freq, attention = self.fn(self.geom, self.cfg.factor, self.cfg.params, seq_len=seq_len, device=device)
         name = self.slot.attr("inv_freq")
         setattr(module, name, inv_freq.to(device=device, dtype=getattr(module, name).dtype))
         setattr(module, self.slot.attr("attention_scaling"), attention)
         self.current = seq_len
+        if self.watcher is not None and self.watcher.cache is not None:
+            rerotate_cache(self.watcher.cache, self.layers, position_ids, old, (self.slot.get("inv_freq"), attention))
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         position_ids = kwargs["position_ids"] if "position_ids" in kwargs else args[1]
@@ -78,15 +85,15 @@ class LengthAwareRope:
         L = self.geom.original_max_position_embeddings
         if self.grow_only:
             if seq_len > self.cached:
-                self._set(module, seq_len, device)
+                self._set(module, seq_len, device, position_ids)
                 self.cached = seq_len
             if seq_len < L and self.cached > L:
-                self._set(module, None, device)
+                self._set(module, None, device, position_ids)
                 self.cached = L
         else:
             want = seq_len if seq_len > L else None
             if (want is None) != (self.current is None):
-                self._set(module, want, device)
+                self._set(module, want, device, position_ids)
 
 
 class RopeDecoderAdapter(Adapter):
@@ -227,14 +234,9 @@ class RopeDecoderAdapter(Adapter):
                     f"{type(s.module).__name__} holds {n} frequencies but head_dim x partial_rotary_factor gives "
                     f"{geom.dim // 2}: unsupported rotary layout for model_type={config.model_type!r}."
                 )
-            if cfg.method == "longrope":
-                half = geom.dim // 2
-                params["short_factor"] = list(params["short_factor"] or [1.0] * half)
-                params["long_factor"] = list(params["long_factor"] or [cfg.factor] * half)
-                for key in ("short_factor", "long_factor"):
-                    if len(params[key]) != half:
-                        raise ValueError(f"{key} must have {half} entries (rotary dim / 2) for this model, "
-                                         f"got {len(params[key])}.")
+            defaults = SCALINGS[cfg.method].defaults
+            if defaults is not None:
+                params = defaults(params, geom.dim // 2, cfg.factor)
             old = s.rope_parameters(config).get("rope_type", "default")
             if old != "default":
                 logger.warning(
@@ -256,8 +258,9 @@ class RopeDecoderAdapter(Adapter):
             return False
         config, prefix = text_config(model.config)
         selected = self._selected(model, slots, cfg) if self._per_type(cfg) else slots
-        fn = ROPE_FUNCTIONS[cfg.method]
-        natives, ours = {}, {}
+        scaling = SCALINGS[cfg.method]
+        fn = scaling.frequencies
+        natives, ours, watchers = {}, {}, {}
         for s in selected:
             m, base_rp = s.module, s.rope_parameters(config)
             geom = rope_geometry(config, cfg.original_max_position_embeddings, base_rp)
@@ -267,18 +270,20 @@ class RopeDecoderAdapter(Adapter):
             if isinstance(m._buffers.get(s.attr("original_inv_freq")), torch.Tensor):
                 record.set_attr(m, s.attr("original_inv_freq"), inv_freq.clone().to(device=device, dtype=dtype))
             record.set_attr(m, s.attr("attention_scaling"), attention)
-            if cfg.method in DYNAMIC:
-                hook = LengthAwareRope(fn, geom, cfg, grow_only=cfg.method != "longrope", slot=s)
+            if scaling.dynamic:
+                consistent, grow_only = cfg.params.get("cache") == "consistent", scaling.dynamic == "grow"
+                watcher = watch(model, m, record, watchers) if consistent else None
+                hook = LengthAwareRope(fn, geom, cfg, grow_only=grow_only, slot=s, watcher=watcher,
+                                       layers=layers_of_type(config, s.layer_type))
+                if consistent and not grow_only and "prepare_inputs_for_generation" not in model.__dict__:
+                    record.set_attr(model, "prepare_inputs_for_generation", RecomputeAtSwitch(model, geom.original_max_position_embeddings))
                 record.add_hook(m.register_forward_pre_hook(hook, with_kwargs=True))
             natives[s.layer_type] = native_rope_parameters(cfg, geom, base_rp)
             ours[s] = (inv_freq, attention)
         for s in selected:
             s.set_default_type(record)
-        changes = {}
-        if cfg.method != "none":
-            L = cfg.original_max_position_embeddings
-            changes["max_position_embeddings"] = L if cfg.method == "dynamic_ntk" else int(math.ceil(cfg.factor * L))
-            record.set_config(prefix + "max_position_embeddings", changes["max_position_embeddings"])
+        changes = {"max_position_embeddings": scaling.max_position(cfg.factor, cfg.original_max_position_embeddings)}
+        record.set_config(prefix + "max_position_embeddings", changes["max_position_embeddings"])
         if any(n is None for n in natives.values()):
             return False
         base = config.rope_parameters

@@ -12,41 +12,18 @@ from torch import nn
 
 from ..config import PosEncConfig
 from ..encodings import rope as R
+from ..methods.rope import SCALINGS
 
 
 def native_rope_parameters(cfg: PosEncConfig, geom: R.RopeGeometry, base_rp: dict[str, Any]) -> dict[str, Any] | None:
     """The transformers ``rope_parameters`` equal to ``cfg``, or None when transformers has no such type."""
+    native = SCALINGS[cfg.method].native
+    if native is None:
+        return None
     common = {"rope_theta": geom.base}
     if "partial_rotary_factor" in base_rp:
         common["partial_rotary_factor"] = base_rp["partial_rotary_factor"]
-    s, L, p = cfg.factor, cfg.original_max_position_embeddings, cfg.params
-    optional = lambda *keys: {k: float(p[k]) for k in keys if p.get(k) is not None}  # noqa: E731
-    if cfg.method == "none":
-        return {**common, "rope_type": "default"}
-    if cfg.method == "pi":
-        return {**common, "rope_type": "linear", "factor": s}
-    if cfg.method == "ntk":
-        return {**common, "rope_type": "default", "rope_theta": R.ntk_base(geom.base, geom.dim, s)}
-    if cfg.method == "dynamic_ntk":
-        return {**common, "rope_type": "dynamic", "factor": s}
-    if cfg.method == "yarn":
-        return {
-            **common, "rope_type": "yarn", "factor": s, "original_max_position_embeddings": L,
-            "beta_fast": float(p["beta_fast"]), "beta_slow": float(p["beta_slow"]), "truncate": p["truncate"],
-            **optional("attention_factor", "mscale", "mscale_all_dim"),
-        }
-    if cfg.method == "llama3":
-        return {
-            **common, "rope_type": "llama3", "factor": s, "original_max_position_embeddings": L,
-            "low_freq_factor": float(p["low_freq_factor"]), "high_freq_factor": float(p["high_freq_factor"]),
-        }
-    if cfg.method == "longrope":
-        return {
-            **common, "rope_type": "longrope", "factor": s, "original_max_position_embeddings": L,
-            "short_factor": [float(x) for x in p["short_factor"]], "long_factor": [float(x) for x in p["long_factor"]],
-            **optional("attention_factor"),
-        }
-    return None
+    return {**common, **native(cfg.factor, cfg.original_max_position_embeddings, cfg.params, geom)}
 
 
 def softmax_rescalers(model: nn.Module) -> list[tuple[nn.Module, Any]]:

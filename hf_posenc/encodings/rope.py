@@ -205,3 +205,37 @@ def rope_longrope(geom: RopeGeometry, factor: float, params: dict[str, Any], seq
     ext = torch.tensor(params["long_factor" if long else "short_factor"], dtype=torch.float32, device=device)
     shape = torch.arange(0, geom.dim, 2, dtype=torch.int64, device=device).float() / geom.dim
     return 1.0 / (ext * geom.base**shape), attention_factor
+
+
+
+
+def rerotation(positions: torch.Tensor, old: tuple[torch.Tensor, float], new: tuple[torch.Tensor, float],
+               device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (cos, sin) ``[b, 1, m, rot / 2]`` that turn keys at ``positions`` ``[b, m]`` stored rotated by ``old``
+    = (inv_freq, attention_scaling) into the keys ``new`` gives (:func:`rerotate_keys`); the ratio of the two
+    attention scalings is folded into both.
+
+    Rotations by a and b compose to a + b (RoFormer, eq. 34), so ``s_new R(p theta_new) k = (s_new / s_old)
+    R(p theta_new - p theta_old) (s_old R(p theta_old) k)``. Each angle is the float32 product transformers'
+    rotary module forms (``inv_freq @ position`` in float32) and their difference is taken in float64 (float32
+    on MPS), so repeated re-rotations telescope to the angles of a forward over the whole sequence."""
+    (inv_old, s_old), (inv_new, s_new) = old, new
+    device = device or positions.device
+    wide = torch.float32 if torch.device(device).type == "mps" else torch.float64
+    p = positions.to(device=device, dtype=torch.float32)[..., None]
+    delta = ((p * inv_new.to(device).float()).to(wide) - (p * inv_old.to(device).float()).to(wide))[:, None]
+    ratio = float(s_new) / float(s_old)
+    return (delta.cos() * ratio).float(), (delta.sin() * ratio).float()
+
+
+def rerotate_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``keys`` ``[b, h, m, d]`` (rotate-half layout: dims i and i + rot/2 form a pair; the first ``rot`` =
+    ``2 * cos.shape[-1]`` dims rotary, the rest untouched) turned by the (cos, sin) of :func:`rerotation`, in
+    place (computed in float32, written in ``keys``' dtype); returns ``keys``."""
+    half = cos.shape[-1]
+    x1, x2 = keys[..., :half].float(), keys[..., half : 2 * half].float()
+    first = torch.addcmul(x1 * cos, x2, sin, value=-1.0)
+    second = torch.addcmul(x2 * cos, x1, sin)
+    keys[..., :half] = first
+    keys[..., half : 2 * half] = second
+    return keys

@@ -1,9 +1,14 @@
-"""The RoPE methods: their knobs, defaults and checks, and the frequency function of each."""
+"""The RoPE scalings, one record each: knobs, defaults and checks (its :class:`MethodSpec`), and what the
+adapter needs (:class:`RopeScaling`): the frequency function, whether and how it follows the length, its native
+transformers ``rope_parameters`` (or None), knob defaults that depend on the model, and the new
+``max_position_embeddings``. Adding a scaling: its math in ``encodings/rope.py``, one ``_add`` call here, a test.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+from typing import Any, Callable
 
 from ..encodings import rope as R
 from . import MethodSpec, check_layer_types, positive_number, register_method
@@ -21,6 +26,12 @@ def _check_yarn(factor: float, p: dict[str, Any]) -> None:
         raise ValueError(f"truncate must be True or False, got {p['truncate']!r}.")
     if "finetuned" in p and not isinstance(p["finetuned"], bool):
         raise ValueError(f"finetuned must be True or False, got {p['finetuned']!r}.")
+
+
+def _check_cache(p: dict[str, Any]) -> None:
+    if p["cache"] not in CACHE_MODES:
+        raise ValueError(f"cache must be one of {list(CACHE_MODES)} (what happens to the KV cache when the frequencies "
+                         f"change while generating), got {p['cache']!r}.")
 
 
 def _check_llama3(factor: float, p: dict[str, Any]) -> None:
@@ -45,43 +56,113 @@ def _check_longrope(factor: float, p: dict[str, Any]) -> None:
     positive_number("attention_factor", p["attention_factor"], allow_none=True)
 
 
-# Each RoPE method: its spec, and the frequency function (``hf_posenc.encodings.rope``) it runs.
-ROPE_FUNCTIONS = {}
-# Methods whose frequencies depend on the current sequence length (recomputed in the forward pass).
-DYNAMIC = {"dynamic_ntk", "dynamic_yarn", "longrope"}
+# Length-dependent scalings recompute their frequencies in the forward pass and take the knob ``cache``:
+# "stale" (transformers' behaviour: cached keys keep the rotation they were stored with) or "consistent" (cached
+# keys are re-rotated when the frequencies change; hf_posenc.adapters.consistent_cache).
+CACHE_MODES = ("stale", "consistent")
+DEFAULT_CACHE = "consistent"  # measured within 1.3x of "stale" per decoded token (BENCHMARKS.md)
 
 
-def _add(spec: MethodSpec, fn) -> None:
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """What the RoPE adapter needs of one scaling.
+
+    ``frequencies(geom, factor, params, seq_len, device) -> (inv_freq, attention_scaling)`` (``encodings.rope``);
+    ``dynamic``: None (fixed), ``"grow"`` (recomputed when the length grows past the longest seen, as
+    transformers' dynamic types) or ``"switch"`` (a short and a long set, picked per call: LongRoPE);
+    ``native(factor, original, params, geom) -> dict`` the transformers ``rope_parameters`` it equals (without
+    ``rope_theta`` unless it rewrites it), None when transformers has no such type; ``defaults(params, half,
+    factor) -> params`` fills knobs whose defaults depend on the model (``half`` = rotary dim / 2);
+    ``keeps_max_position``: ``max_position_embeddings`` stays the original length (else factor x original)."""
+
+    frequencies: Callable[..., tuple[Any, float]]
+    native: Callable[..., dict[str, Any]] | None = None
+    dynamic: str | None = None
+    defaults: Callable[[dict[str, Any], int, float], dict[str, Any]] | None = None
+    keeps_max_position: bool = False
+
+    def max_position(self, factor: float, original: int) -> int:
+        return original if self.keeps_max_position else int(math.ceil(factor * original))
+
+
+SCALINGS: dict[str, RopeScaling] = {}
+# the names of the length-dependent scalings (cells of an evaluation start them from a fresh state)
+DYNAMIC: set[str] = set()
+
+
+def _add(spec: MethodSpec, scaling: RopeScaling) -> None:
     if spec.kind == "rope":  # every scaling takes layer_types: which RoPE of a per-layer-type model it changes
-        own = spec.check
+        own, dynamic = spec.check, scaling.dynamic is not None
 
         def check(factor: float, p: dict[str, Any]) -> None:
             check_layer_types(p["layer_types"])
+            if dynamic:
+                _check_cache(p)
             if own is not None:
                 own(factor, p)
 
-        spec = dataclasses.replace(spec, params={**spec.params, "layer_types": None}, check=check)
+        extra = {"layer_types": None, **({"cache": DEFAULT_CACHE} if dynamic else {})}
+        spec = dataclasses.replace(spec, params={**spec.params, **extra}, check=check)
     register_method(spec)
-    ROPE_FUNCTIONS[spec.name] = fn
+    SCALINGS[spec.name] = scaling
+    if scaling.dynamic:
+        DYNAMIC.add(spec.name)
+
+
+def _floats(p: dict[str, Any], *keys: str) -> dict[str, float]:
+    return {k: float(p[k]) for k in keys if p.get(k) is not None}
+
+
+def _native_yarn(s: float, L: int, p: dict[str, Any], geom) -> dict[str, Any]:
+    return {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L, "truncate": p["truncate"],
+            **_floats(p, "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim")}
+
+
+def _native_longrope(s: float, L: int, p: dict[str, Any], geom) -> dict[str, Any]:
+    return {"rope_type": "longrope", "factor": s, "original_max_position_embeddings": L,
+            "short_factor": [float(x) for x in p["short_factor"]], "long_factor": [float(x) for x in p["long_factor"]],
+            **_floats(p, "attention_factor")}
+
+
+def _longrope_defaults(params: dict[str, Any], half: int, factor: float) -> dict[str, Any]:
+    """LongRoPE's lists default to PI-like uniform ones (short: 1, long: factor), one entry per frequency."""
+    params = {**params, "short_factor": list(params["short_factor"] or [1.0] * half),
+              "long_factor": list(params["long_factor"] or [factor] * half)}
+    for key in ("short_factor", "long_factor"):
+        if len(params[key]) != half:
+            raise ValueError(f"{key} must have {half} entries (rotary dim / 2) for this model, got {len(params[key])}.")
+    return params
 
 
 # "none" is its own kind: every adapter takes it (the unchanged model, as a baseline)
-_add(MethodSpec("none", "none", "No change: the checkpoint's own positions (a baseline).", uses_factor=False), R.rope_none)
+_add(MethodSpec("none", "none", "No change: the checkpoint's own positions (a baseline).", uses_factor=False),
+     RopeScaling(R.rope_none, native=lambda s, L, p, g: {"rope_type": "default"}))
 _add(MethodSpec("pi", "rope", "Position interpolation: every frequency divided by factor (Chen et al. 2023).",
-                aliases=("linear",)), R.rope_linear)
+                aliases=("linear",)),
+     RopeScaling(R.rope_linear, native=lambda s, L, p, g: {"rope_type": "linear", "factor": s}))
 _add(MethodSpec("ntk", "rope", "Static NTK-aware scaling: rope_theta' = rope_theta * factor^(d/(d-2)).",
-                aliases=("ntk_aware", "static_ntk")), R.rope_ntk)
+                aliases=("ntk_aware", "static_ntk")),
+     RopeScaling(R.rope_ntk, native=lambda s, L, p, g: {"rope_type": "default", "rope_theta": R.ntk_base(g.base, g.dim, s)}))
 _add(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the current length once it exceeds the original context.",
-                aliases=("dynamic",)), R.rope_dynamic_ntk)
+                aliases=("dynamic",)),
+     # transformers reads the original length of its dynamic type from max_position_embeddings: it stays
+     RopeScaling(R.rope_dynamic_ntk, native=lambda s, L, p, g: {"rope_type": "dynamic", "factor": s}, dynamic="grow",
+                 keeps_max_position=True))
 _add(MethodSpec("yarn", "rope", "YaRN: NTK-by-parts interpolation plus attention temperature (Peng et al. 2023).",
                 params={"beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None, "mscale": None,
                         "mscale_all_dim": None, "truncate": True},
-                check=_check_yarn), R.rope_yarn)
+                check=_check_yarn),
+     RopeScaling(R.rope_yarn, native=_native_yarn))
 _add(MethodSpec("dynamic_yarn", "rope", "Dynamic YaRN: YaRN with scale = current length / original context (jquesnelle/yarn).",
                 params={"beta_fast": 32.0, "beta_slow": 1.0, "attn_factor": 1.0, "finetuned": False},
-                check=_check_yarn), R.rope_dynamic_yarn)
+                check=_check_yarn),
+     RopeScaling(R.rope_dynamic_yarn, dynamic="grow"))
 _add(MethodSpec("llama3", "rope", "Llama 3.1 wavelength-band smoothing of PI.",
-                params={"low_freq_factor": 1.0, "high_freq_factor": 4.0}, check=_check_llama3), R.rope_llama3)
+                params={"low_freq_factor": 1.0, "high_freq_factor": 4.0}, check=_check_llama3),
+     RopeScaling(R.rope_llama3, native=lambda s, L, p, g: {"rope_type": "llama3", "factor": s,
+                                                            "original_max_position_embeddings": L,
+                                                            **_floats(p, "low_freq_factor", "high_freq_factor")}))
 _add(MethodSpec("longrope", "rope", "LongRoPE per-dimension rescale factors (short/long lists; default: PI-like uniform lists).",
                 params={"short_factor": None, "long_factor": None, "attention_factor": None},
-                check=_check_longrope), R.rope_longrope)
+                check=_check_longrope),
+     RopeScaling(R.rope_longrope, native=_native_longrope, dynamic="switch", defaults=_longrope_defaults))

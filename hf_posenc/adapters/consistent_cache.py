@@ -1,0 +1,125 @@
+"""``cache="consistent"``: length-dependent RoPE (dynamic NTK, dynamic YaRN, LongRoPE) that agrees with the KV cache.
+
+Those methods change their frequencies while generating (one step past the original context grows the
+length, so the frequencies); the keys already in the cache keep the rotation they were stored with
+(transformers issue #25104), and cached generation drifts from a forward over the whole sequence. With
+``cache="consistent"`` the rotary module's hook re-rotates every cached key to the new frequencies whenever
+they change (:func:`hf_posenc.encodings.rope.rerotate_keys`), so each step equals recomputing the sequence.
+
+To reach the cache, a :class:`CacheWatcher` on the module that owns the rotary module (the decoder body)
+holds the ``past_key_values`` of the call in progress. The cached keys of a row are taken to be the tokens
+just before the call's first position (how ``generate`` fills a cache, left padding included: padded slots
+are masked, whatever their rotation). Supported: transformers' dynamic cache (``DynamicCache``, the default
+of ``generate``), sliding-window layers included; another cache type is refused by name.
+
+What re-rotation reaches: every cached key is rotated as a forward over the whole sequence would rotate it,
+so the first layer's cache is exactly the recomputed one. The keys and values of deeper layers were computed
+from hidden states of earlier steps, when the frequencies were those of a shorter length; for the small
+per-step changes of dynamic NTK and dynamic YaRN this stays within 1e-4 of recomputing (tested). LongRoPE
+switches once, from its short to its long factors, a change too large for that: there ``generate`` drops
+the cache at the switch and encodes the sequence again with the long factors (one prefill, as transformers'
+Phi-3 does), after which nothing changes any more. Without ``generate`` (a cache passed by hand), the keys
+are re-rotated.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..encodings import rope as R
+
+
+class CacheWatcher:
+    """Forward pre- and post-hook of the rotary module's owner: ``cache`` is the running call's KV cache."""
+
+    def __init__(self, owner: nn.Module):
+        self.cache: Any = None
+        try:
+            self._names = list(inspect.signature(owner.forward).parameters)
+        except (TypeError, ValueError):
+            self._names = []
+
+    def before(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        cache = kwargs.get("past_key_values")
+        if cache is None and "past_key_values" in self._names[: len(args)]:
+            cache = args[self._names.index("past_key_values")]
+        self.cache = cache
+
+    def after(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        self.cache = None  # no reference to a cache outlives its call
+
+
+def owner_of(model: nn.Module, rotary: nn.Module) -> nn.Module:
+    """The module holding ``rotary`` as a direct child (the decoder body, whose forward takes the cache)."""
+    for m in model.modules():
+        if any(child is rotary for child in m.children()):
+            return m
+    raise ValueError(f"cache='consistent': no module of {type(model).__name__} holds its {type(rotary).__name__}")
+
+
+def watch(model: nn.Module, rotary: nn.Module, record, watchers: dict[int, CacheWatcher]) -> CacheWatcher:
+    """The watcher of ``rotary``'s owner, registered (reversibly, through ``record``) the first time."""
+    owner = owner_of(model, rotary)
+    if id(owner) not in watchers:
+        w = watchers[id(owner)] = CacheWatcher(owner)
+        record.add_hook(owner.register_forward_pre_hook(w.before, with_kwargs=True))
+        record.add_hook(owner.register_forward_hook(w.after, with_kwargs=True))
+    return watchers[id(owner)]
+
+
+def layers_of_type(text_config: Any, layer_type: str | None) -> list[int] | None:
+    """The decoder layers a rotary slot serves: those of ``layer_type`` (per-layer-type RoPE), else all (None)."""
+    if layer_type is None:
+        return None
+    return [i for i, t in enumerate(text_config.layer_types) if t == layer_type]
+
+
+def _check_layer(layer: Any) -> None:
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+        raise ValueError(f"cache='consistent' re-rotates the keys of transformers' DynamicCache (generate's default); "
+                         f"this cache has a {type(layer).__name__} layer. Generate with the default cache, or patch "
+                         "with cache='stale'.")
+
+
+def rerotate_cache(cache: Any, layers: list[int] | None, position_ids: torch.Tensor,
+                   old: tuple[torch.Tensor, float], new: tuple[torch.Tensor, float]) -> None:
+    """Re-rotate the cached keys of ``layers`` (None: all) from ``old`` to ``new`` (inv_freq, attention_scaling);
+    the call's first positions ``position_ids[:, 0]`` follow the cached keys of each row."""
+    cache_layers = getattr(cache, "layers", None)
+    if cache_layers is None:
+        raise ValueError(f"cache='consistent' needs a transformers Cache with .layers, got {type(cache).__name__}")
+    turns: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # one (cos, sin) per cache length, batch and device
+    for i in range(len(cache_layers)) if layers is None else layers:
+        layer = cache_layers[i]
+        keys = getattr(layer, "keys", None)
+        if not isinstance(keys, torch.Tensor) or keys.numel() == 0:
+            continue
+        _check_layer(layer)
+        (b, _, m, _), device = keys.shape, keys.device
+        if (m, b, device) not in turns:
+            first = position_ids[:, :1].to(device)
+            positions = (first - m + torch.arange(m, device=device)).clamp(min=0).expand(b, m)
+            turns[m, b, device] = R.rerotation(positions, old, new, device)
+        R.rerotate_keys(keys, *turns[m, b, device])
+
+
+class RecomputeAtSwitch:
+    """``prepare_inputs_for_generation`` of one model instance (LongRoPE, ``cache="consistent"``): the step whose
+    length first passes ``original`` gets no cache, so the sequence is encoded again with the long factors."""
+
+    def __init__(self, model: nn.Module, original: int):
+        self.model, self.original = model, original
+
+    def __call__(self, input_ids: torch.Tensor, past_key_values: Any = None, **kwargs: Any) -> dict:
+        if past_key_values is not None and input_ids.shape[1] > self.original \
+                and past_key_values.get_seq_length() <= self.original:
+            past_key_values = None
+            kwargs["next_sequence_length"] = None
+        return type(self.model).prepare_inputs_for_generation(self.model, input_ids, past_key_values=past_key_values,
+                                                              **kwargs)

@@ -1,0 +1,157 @@
+"""cache="consistent" for length-dependent RoPE: cached generation equals recomputing the whole sequence at every
+step (issue 12, section 3); cache="stale" keeps transformers' behaviour; the math of the re-rotation itself."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from conftest import ORIGINAL, THETA, ids, tiny_model
+
+import hf_posenc
+from hf_posenc.encodings import rope as R
+
+DYNAMIC = {"dynamic_ntk": {"factor": 2.0}, "dynamic_yarn": {"factor": 2.0}, "longrope": {"factor": 2.0}}
+
+
+@torch.no_grad()
+def cached_greedy(model, prompt, mask, n):
+    out = model.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                         use_cache=True, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    return out.sequences, torch.stack(out.logits, 1).float()
+
+
+@torch.no_grad()
+def recomputed_greedy(model, prompt, mask, n):
+    """Greedy decoding by a full forward over the whole sequence at every step (no cache)."""
+    seq, scores = prompt, []
+    for _ in range(n):
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(seq, attention_mask=mask, position_ids=position_ids, use_cache=False).logits[:, -1].float()
+        scores.append(logits)
+        seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=-1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+    return seq, torch.stack(scores, 1)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("method", sorted(DYNAMIC))
+def test_consistent_cache_equals_recomputing_the_sequence(method, family):
+    model = hf_posenc.patch(tiny_model(family), method, cache="consistent", **DYNAMIC[method])
+    prompt = ids(56)
+    mask = torch.ones_like(prompt)
+    seq, scores = cached_greedy(model, prompt, mask, 24)  # 56 + 24 crosses the original 64
+    ref_seq, ref_scores = recomputed_greedy(model, prompt, mask, 24)
+    assert torch.equal(seq, ref_seq)
+    assert (scores - ref_scores).abs().max().item() <= 1e-4
+
+
+def test_stale_cache_drifts_from_recomputing_and_consistent_is_the_default():
+    """The knob matters: with stale keys the cached logits stray from a recomputation past the original context,
+    several times further than with re-rotated keys."""
+    stale = hf_posenc.patch(tiny_model("llama"), "dynamic_ntk", factor=4.0, cache="stale")
+    consistent = hf_posenc.patch(tiny_model("llama"), "dynamic_ntk", factor=4.0)
+    assert hf_posenc.get_config(consistent).params["cache"] == "consistent"
+    prompt = ids(56)
+    mask = torch.ones_like(prompt)
+    _, ref_scores = recomputed_greedy(stale, prompt, mask, 24)
+    inside = ORIGINAL - 56  # steps whose length stays within the original context agree either way
+    errors = {}
+    for name, model in (("stale", stale), ("consistent", consistent)):
+        _, scores = cached_greedy(model, prompt, mask, 24)
+        assert (scores[:, :inside] - ref_scores[:, :inside]).abs().max().item() <= 1e-5
+        errors[name] = (scores - ref_scores).abs().max().item()
+    assert errors["stale"] > 5 * errors["consistent"] and errors["consistent"] <= 1e-4, errors
+
+
+def test_the_first_layer_cache_is_exactly_the_recomputed_one():
+    """Re-rotation gives every cached key the rotation of a forward over the whole sequence (layer 0: its
+    inputs do not depend on the frequencies, so its cache equals the recomputed cache)."""
+    from transformers import DynamicCache
+
+    model = hf_posenc.patch(tiny_model("llama"), "dynamic_ntk", factor=4.0, cache="consistent")
+    x = ids(80)
+    with torch.no_grad():
+        stepped = DynamicCache(config=model.config)
+        model(x[:, :56], past_key_values=stepped, use_cache=True)
+        for t in range(56, 80):
+            model(x[:, t : t + 1], past_key_values=stepped, use_cache=True)
+        whole = DynamicCache(config=model.config)
+        model(x, past_key_values=whole, use_cache=True)
+    assert (stepped.layers[0].keys - whole.layers[0].keys).abs().max().item() <= 1e-5
+
+
+def test_consistent_cache_with_a_left_padded_batch():
+    model = hf_posenc.patch(tiny_model("llama"), "dynamic_ntk", factor=2.0, cache="consistent")
+    long, short = ids(58, seed=3), ids(50, seed=4)
+    prompt = torch.cat([long, torch.cat([torch.zeros(1, 8, dtype=torch.long), short], -1)])
+    mask = torch.ones_like(prompt)
+    mask[1, :8] = 0
+    seq, scores = cached_greedy(model, prompt, mask, 16)
+    ref_seq, ref_scores = recomputed_greedy(model, prompt, mask, 16)
+    assert torch.equal(seq, ref_seq)
+    assert (scores - ref_scores).abs().max().item() <= 1e-4
+
+
+def test_consistent_cache_on_sliding_window_layers():
+    model = hf_posenc.patch(tiny_model("mistral", sliding_window=24), "dynamic_ntk", factor=2.0, cache="consistent")
+    model.config._attn_implementation = "sdpa"
+    prompt = ids(56)
+    mask = torch.ones_like(prompt)
+    seq, scores = cached_greedy(model, prompt, mask, 16)
+    ref_seq, ref_scores = recomputed_greedy(model, prompt, mask, 16)
+    assert torch.equal(seq, ref_seq)
+    assert (scores - ref_scores).abs().max().item() <= 1e-4
+
+
+def test_consistent_cache_survives_save_load_copy_and_unpatch(tmp_path):
+    import copy
+
+    model = hf_posenc.patch(tiny_model("llama"), "dynamic_yarn", factor=2.0, cache="consistent")
+    prompt, n = ids(56), 16
+    mask = torch.ones_like(prompt)
+    want = cached_greedy(model, prompt, mask, n)[1]
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded = hf_posenc.from_pretrained(str(tmp_path / "ckpt"))
+    assert hf_posenc.get_config(loaded).params["cache"] == "consistent"
+    for other in (loaded, copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert torch.allclose(cached_greedy(other, prompt, mask, n)[1], want, atol=1e-5)
+    hf_posenc.unpatch(model)
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+def test_a_static_cache_is_refused_by_name():
+    from transformers import StaticCache
+
+    model = hf_posenc.patch(tiny_model("llama"), "dynamic_ntk", factor=2.0, cache="consistent")
+    cache = StaticCache(config=model.config, max_cache_len=96)
+    with pytest.raises(ValueError, match="StaticLayer.*cache='stale'"):
+        with torch.no_grad():
+            model.generate(ids(60), max_new_tokens=8, do_sample=False, past_key_values=cache, pad_token_id=0)
+
+
+def test_a_bad_cache_mode_names_the_allowed_values():
+    with pytest.raises(ValueError, match=r"cache must be one of \['stale', 'consistent'\].*'fresh'"):
+        hf_posenc.patch(tiny_model("llama"), "dynamic_ntk", factor=2.0, cache="fresh")
+    with pytest.raises(ValueError, match="cache"):  # a static scaling has no such knob
+        hf_posenc.patch(tiny_model("llama"), "yarn", factor=2.0, cache="consistent")
+
+
+def test_rerotating_keys_equals_rotating_them_afresh():
+    """rerotate_keys(R_old k) == R_new k, scaling included, on a partial rotary head (16 of 24 dims rotated)."""
+    torch.manual_seed(0)
+    k = torch.randn(2, 3, 40, 24)
+    positions = torch.arange(100, 140).expand(2, 40)
+    old, new = R.default_inv_freq(THETA, 16), R.default_inv_freq(THETA * 3.7, 16)
+
+    def stored(inv, scale):
+        rot = R.apply_rotary(k[..., :16], positions[0], inv) * scale
+        return torch.cat([rot, k[..., 16:]], -1)
+
+    keys = stored(old, 1.1)
+    got = R.rerotate_keys(keys, *R.rerotation(positions, (old, 1.1), (new, 1.3)))
+    assert got is keys and torch.allclose(got, stored(new, 1.3), atol=1e-5)  # in place
+    half = stored(old, 1.1).bfloat16()
+    R.rerotate_keys(half, *R.rerotation(positions, (old, 1.1), (new, 1.3)))
+    assert half.dtype == torch.bfloat16 and torch.allclose(half.float(), stored(new, 1.3), atol=5e-2)
