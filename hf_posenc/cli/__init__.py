@@ -1,0 +1,42 @@
+"""The ``hf-posenc`` command: ``methods``, ``eval ppl|passkey|retrieval|harness``, ``tune``, ``patch``, ``finetune``
+and ``upload``. One module per command, each with ``add_parser(sub)`` and ``run(args, command) -> exit status``;
+``args`` holds the argument types and the flag groups they share."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..hub import Terminated, UploadError
+from ..provenance import command_line, scrub
+from . import eval_cmd, finetune_cmd, methods_cmd, patch_cmd, tune_cmd, upload_cmd
+
+COMMANDS = {"methods": methods_cmd, "eval": eval_cmd, "tune": tune_cmd, "patch": patch_cmd,
+            "finetune": finetune_cmd, "upload": upload_cmd}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-posenc", description="Change, extend and measure the positional "
+                                     "encoding of Hugging Face models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS.values():
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command].run(args, command_line(argv, "hf-posenc"))
+    except ValueError as err:
+        print(f"hf-posenc: error: {scrub(str(err))}", file=sys.stderr)
+        return 2
+    except UploadError as err:  # the local save is complete; the message says what to rerun
+        print(f"hf-posenc: error: {scrub(str(err))}", file=sys.stderr)
+        return 1
+    except Terminated:  # SIGTERM during an upload, which printed what to rerun
+        return 143
+    except KeyboardInterrupt:
+        print("hf-posenc: interrupted", file=sys.stderr)
+        return 130

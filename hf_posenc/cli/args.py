@@ -1,0 +1,152 @@
+"""What the command line's values are: argument types (each a clear error naming the bad value), the flag groups
+several commands share, and the method configuration a command was given."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def ints(text: str) -> list[int]:
+    """Comma-separated integers >= 1 (lengths, ...), at least one."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected one or more comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+def floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected one or more comma-separated numbers, got {text!r}")
+    return values
+
+
+def depths(text: str) -> list[float]:
+    values = floats(text)
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"depths are fractions of the filler between 0 and 1, got {text!r}")
+    return values
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r} (leave the flag out for the default)")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def memory(text: str) -> dict:
+    """``0=20GiB,cpu=64GiB`` -> {0: "20GiB", "cpu": "64GiB"} (accelerate's max_memory)."""
+    out: dict = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        device, eq, size = item.partition("=")
+        if not eq or not size.strip() or not device.strip():
+            raise argparse.ArgumentTypeError(f"expected DEVICE=SIZE,... (e.g. 0=20GiB,cpu=64GiB), got {text!r}")
+        device = device.strip()
+        out[int(device) if device.isdigit() else device] = size.strip()
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected DEVICE=SIZE,... (e.g. 0=20GiB,cpu=64GiB), got {text!r}")
+    return out
+
+
+def names(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected one or more comma-separated names, got {text!r}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{', '.join(repeated)} listed more than once in {text!r}")
+    return names
+
+
+def encoding(text: str) -> str:
+    from ..eval.data import check_encoding
+
+    try:
+        return check_encoding(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def encoding_flag(g) -> None:
+    g.add_argument("--encoding", type=encoding, default="utf-8",
+                   help="the text files' encoding; a file not valid in it is refused by name.")
+
+
+def data_flags(p: argparse.ArgumentParser, split: str, purpose: str):
+    """Where the text comes from: files, folders or a Hugging Face dataset."""
+    d = p.add_argument_group("data")
+    d.add_argument("--text-file", action="append",
+                   help=f"a {purpose}text file (Gutenberg header/footer dropped); repeatable.")
+    d.add_argument("--text-dir", action="append", help=f"a folder of {purpose}.txt/.md files, one document each; "
+                   "repeatable.")
+    d.add_argument("--dataset", help=f"{purpose}data from a Hugging Face dataset: Hub name (pg19, ...) or a "
+                   "save_to_disk folder.")
+    d.add_argument("--dataset-config", help="the dataset's configuration name, if it has several.")
+    d.add_argument("--split", default=split, help="dataset split.")
+    d.add_argument("--column", default="text", help="dataset column holding the text.")
+    encoding_flag(d)
+    return d
+
+
+def upload_flags(g) -> None:
+    g.add_argument("--private", action="store_true", default=None, help="create the repo private.")
+    g.add_argument("--revision", default=None, help="branch to commit to (created from main if missing).")
+    g.add_argument("--commit-message", default=None, help="commit message (default: 'Upload model patched by hf_posenc').")
+    g.add_argument("--timeout", type=positive_float, default=60.0,
+                   help="seconds to wait for the Hub to answer one request before the upload gives up.")
+
+
+def file_config(args):
+    from ..config import PosEncConfig
+
+    given = [flag for flag, value in (("--method", args.method), ("--factor", args.factor),
+                                      ("--method-param", args.method_param)) if value]
+    if given:
+        raise ValueError(f"--config {args.config} holds the whole configuration: drop {', '.join(given)}")
+    try:
+        with open(args.config, encoding="utf-8") as f:
+            return PosEncConfig.from_json(f.read())
+    except OSError as err:
+        raise ValueError(f"--config {args.config}: cannot read it ({err.strerror})") from None
+    except (json.JSONDecodeError, TypeError, KeyError) as err:
+        raise ValueError(f"--config {args.config}: not a PosEncConfig JSON file ({err})") from None
+
+
+def method_config(args):
+    from ..config import PosEncConfig
+    from ..eval.common import parse_method_params
+    from ..methods import resolve_method
+
+    if getattr(args, "config", None):
+        return file_config(args)
+    if not args.method:
+        raise ValueError("give --method (see 'hf-posenc methods') or --config FILE")
+
+    knobs = parse_method_params(args.method_param)
+    name = resolve_method(args.method).name
+    params = {**knobs.pop("*", {}), **knobs.pop(name, {})}
+    if knobs:  # METHOD.KEY=VALUE for a method other than the one applied
+        raise ValueError(f"--method-param names {sorted(knobs)}, but --method is {name!r}; use KEY=VALUE or "
+                         f"{name}.KEY=VALUE")
+    return PosEncConfig(name, args.factor, getattr(args, "original_max_position_embeddings", None), params)

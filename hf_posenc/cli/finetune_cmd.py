@@ -1,0 +1,64 @@
+"""``hf-posenc finetune``: patch a model and adapt it with a short continued training on long documents."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..models import DEFAULT_MODEL
+from .args import data_flags, method_config, positive
+
+
+def add_parser(sub) -> None:
+    ft = sub.add_parser("finetune", help="patch a model and adapt it with a short continued training on long "
+                        "documents (Trainer + accelerate), measuring held-out perplexity before and after.",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = ft.add_argument_group("model and method")
+    g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias of the base model.")
+    g.add_argument("--method", required=True, help="the method to apply before training (see 'hf-posenc methods').")
+    g.add_argument("--factor", type=float, default=None, help="context-extension factor (methods that take one).")
+    g.add_argument("--method-param", action="append", metavar="KEY=VALUE", help="a knob of the method; repeatable.")
+    g.add_argument("--output", required=True, help="folder for the trained checkpoint, its card and the training report.")
+    d = data_flags(ft, "train", "training ")
+    d.add_argument("--eval-text-file", action="append", required=True,
+                   help="held-out text (never trained on) for perplexity before/after; repeatable.")
+    t = ft.add_argument_group("training")
+    t.add_argument("--seq-len", type=positive, default=1024, help="tokens per packed training sequence (and eval window).")
+    t.add_argument("--steps", type=positive, default=40, help="optimizer steps.")
+    t.add_argument("--learning-rate", type=float, default=1e-4, help="peak learning rate (AdamW, cosine decay).")
+    t.add_argument("--batch-size", type=positive, default=1, help="sequences per device step.")
+    t.add_argument("--grad-accum", type=positive, default=1, help="gradient-accumulation steps per optimizer step.")
+    t.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps.")
+    t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay.")
+    t.add_argument("--no-gradient-checkpointing", action="store_true", help="keep activations (faster, more memory).")
+    t.add_argument("--eval-windows", type=positive, default=4, help="held-out windows of --seq-len tokens per document.")
+    t.add_argument("--dtype", default="float32", help="float32 or bfloat16 (training precision).")
+    t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu).")
+    t.add_argument("--seed", type=int, default=0, help="random seed (data order, initialisation).")
+    t.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
+
+
+
+def run(args, command: str) -> int:
+    from ..eval.data import read_text_file
+    from ..eval.run_ppl import gather_documents
+    from ..finetune import finetune
+
+    config = method_config(args)  # validated before the slow load
+    if not (args.text_file or args.text_dir or args.dataset):
+        raise ValueError("finetune needs training text: --text-file, --text-dir or --dataset")
+    train = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
+                             encoding=args.encoding)
+    held = [read_text_file(p, args.encoding) for p in args.eval_text_file]
+    overlap = {d.name for d in train} & {d.name for d in held}
+    if overlap:
+        raise ValueError(f"held-out documents {sorted(overlap)} are also in the training data")
+    report = finetune(model=args.model, config=config, train_docs=train, eval_docs=held, output=args.output,
+                      seq_len=args.seq_len, steps=args.steps, learning_rate=args.learning_rate,
+                      batch_size=args.batch_size, grad_accum=args.grad_accum, warmup_steps=args.warmup_steps,
+                      weight_decay=args.weight_decay, gradient_checkpointing=not args.no_gradient_checkpointing,
+                      eval_windows=args.eval_windows, seed=args.seed, dtype=args.dtype, device=args.device,
+                      command=command, progress=not args.no_progress)
+    print(report["table"])
+    print(f"\nsaved: {args.output} (load with hf_posenc.from_pretrained); training report in "
+          f"{args.output}/hf_posenc_eval/")
+    return 0

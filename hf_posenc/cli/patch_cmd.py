@@ -1,0 +1,85 @@
+"""``hf-posenc patch``: patch a model, optionally evaluate it, save it with a model card, optionally upload it."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..models import DEFAULT_MODEL
+from .args import depths, encoding_flag, ints, method_config, names, positive, upload_flags
+
+
+def add_parser(sub) -> None:
+    pa = sub.add_parser("patch", help="patch a model, optionally evaluate it, save it with a model card, optionally "
+                        "upload it to the Hub.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = pa.add_argument_group("model and method")
+    g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias of the base model.")
+    g.add_argument("--method", default=None, help="the method to apply (see 'hf-posenc methods').")
+    g.add_argument("--config", default=None, metavar="FILE", help="a PosEncConfig JSON file (e.g. best.json of "
+                   "'hf-posenc tune') in place of --method/--factor/--method-param; a tune.json beside it puts the "
+                   "tuning table into the model card.")
+    g.add_argument("--factor", type=float, default=None, help="context-extension factor (methods that take one).")
+    g.add_argument("--original-max-position-embeddings", type=int, default=None,
+                   help="the context the model was trained for, when its config does not say it right.")
+    g.add_argument("--method-param", action="append", metavar="KEY=VALUE",
+                   help="a knob of the method, e.g. beta_fast=16 or 'layer_types=[\"full_attention\"]' (values are "
+                        "read as JSON); repeatable.")
+    g.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the model's folder has "
+                   "none (needed only with --eval; saved with the checkpoint).")
+    g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (also the dtype saved).")
+    g.add_argument("--device", default="cpu", help="torch device for the evaluation.")
+    g.add_argument("--output", required=True, help="folder to save the patched checkpoint, tokenizer and model card in.")
+    e = pa.add_argument_group("evaluation (results go into the model card and its model-index metadata)")
+    e.add_argument("--eval", type=names, default=[], help="comma-separated: ppl, passkey (decoders), retrieval "
+                   "(encoders), harness:TASK (an lm-eval task such as harness:niah_single_1; repeatable); each "
+                   "compares the patched model with the unpatched one.")
+    e.add_argument("--ppl-lengths", type=ints, default=None,
+                   help="perplexity (and retrieval) lengths (default: the original context and original x factor).")
+    e.add_argument("--passkey-lengths", type=ints, default=None, help="passkey lengths (default: as --ppl-lengths).")
+    e.add_argument("--harness-lengths", type=ints, default=None, help="lm-eval (harness:TASK) lengths (default: as "
+                   "--ppl-lengths).")
+    e.add_argument("--harness-limit", type=positive, default=50, help="lm-eval prompts per task and length.")
+    e.add_argument("--max-gen-tokens", type=positive, default=None,
+                   help="tokens generated per lm-eval answer (default: the task's, 128 for RULER).")
+    e.add_argument("--text-file", action="append", help="text for perplexity (default: the default corpus, see "
+                   "'hf-posenc eval ppl --help'); repeatable.")
+    encoding_flag(e)
+    e.add_argument("--max-windows", type=positive, default=1, help="perplexity windows per document and length.")
+    e.add_argument("--depths", type=depths, default=[0.5], help="passkey needle depths.")
+    e.add_argument("--trials", type=positive, default=2, help="passkey keys per (length, depth).")
+    e.add_argument("--seed", type=int, default=0, help="random seed.")
+    e.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
+    h = pa.add_argument_group("upload (token: HF_TOKEN or 'hf auth login'; endpoint: HF_ENDPOINT)")
+    h.add_argument("--push-to-hub", metavar="USER/NAME", default=None, help="upload the saved folder to this repo.")
+    upload_flags(h)
+
+
+
+def run(args, command: str) -> int:
+    from ..publish import patch_and_save
+
+    config = method_config(args)
+    done = patch_and_save(model=args.model, config=config, output=args.output, evals=args.eval,
+                          ppl_lengths=args.ppl_lengths, passkey_lengths=args.passkey_lengths, text_file=args.text_file,
+                          encoding=args.encoding, tokenizer=args.tokenizer,
+                          max_windows=args.max_windows, depths=args.depths, trials=args.trials, seed=args.seed,
+                          dtype=args.dtype, device=args.device, push_to_hub=args.push_to_hub, private=args.private,
+                          revision=args.revision, commit_message=args.commit_message, command=command,
+                          progress=not args.no_progress, timeout=args.timeout, harness_lengths=args.harness_lengths,
+                          harness_limit=args.harness_limit, max_gen_tokens=args.max_gen_tokens,
+                          tuned=_tune_report(args.config))
+    for report in done["reports"]:
+        print(report["table"] + "\n")
+    tokenizer = "tokenizer, " if done["tokenizer_saved"] else ""
+    print(f"saved: {done['output']} (weights, {tokenizer}config.json with the hf_posenc block, README.md model card)")
+    if not done["tokenizer_saved"]:
+        print("note: the model has no tokenizer, so none was saved; evaluations of this checkpoint need --tokenizer")
+    if done["commit_url"]:
+        print(f"uploaded: {done['commit_url']}")
+    return 0
+
+
+def _tune_report(config_path: str | None):
+    """The tune report beside a best.json (its table goes into the model card), when there is one."""
+    from ..tuning.report import tune_report_beside
+
+    return tune_report_beside(config_path) if config_path else None

@@ -1,0 +1,80 @@
+"""``hf-posenc tune``: rank methods and knobs for a model at a target length, write best.json."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..models import DEFAULT_MODEL
+from .args import data_flags, depths, names, positive, positive_float
+
+
+def add_parser(sub) -> None:
+    from ..tuning.objective import DEPTHS
+    from ..tuning.space import DEFAULT_METHODS
+
+    tu = sub.add_parser("tune", help="measure, don't guess: rank methods and knobs for a model at a target length "
+                        "(successive halving, confirmed on unseen data), write best.json.",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = tu.add_argument_group("model and candidates")
+    g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias.")
+    g.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the model's folder has none.")
+    g.add_argument("--target-length", type=positive, required=True, help="the context length to extend to (tokens).")
+    g.add_argument("--methods", type=names, default=None, help="methods whose grid is searched (default: "
+                   f"{','.join(DEFAULT_METHODS)}); the grid per method is in 'hf_posenc.tuning.space' and the README.")
+    g.add_argument("--space", default=None, metavar="FILE", help="a JSON file of candidates that replaces the grid: a "
+                   "list of 'LABEL=METHOD:K=V,...' / {label, method, factor, params}, or {METHOD: {KNOB: [values]}}.")
+    g.add_argument("--method-param", action="append", metavar="[METHOD.]KEY=VALUE",
+                   help="a knob fixed for every candidate that takes it (the grid does not vary it); repeatable.")
+    g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16.")
+    g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda.")
+    g.add_argument("--attn-implementation", default=None, help="transformers attention implementation.")
+    d = data_flags(tu, "test", "")
+    d.add_argument("--corpus", choices=["python-docs"], default=None, help="the built-in corpus (see 'eval ppl --help').")
+    d.add_argument("--limit", type=positive, help="use at most this many documents.")
+    s = tu.add_argument_group("search")
+    s.add_argument("--budget-minutes", type=positive_float, default=None,
+                   help="compute time the halving may spend (the cells' recorded seconds); default: no limit.")
+    s.add_argument("--max-short-cost", type=float, default=0.01, help="a candidate whose perplexity on inputs of the "
+                   "original length is more than this fraction above the unpatched model's is disqualified.")
+    s.add_argument("--rank-by", choices=["passkey", "ppl"], default="passkey", help="passkey: passkey accuracy at "
+                   "the target, then perplexity beyond the original context; ppl: the other way round.")
+    s.add_argument("--depths", type=depths, default=list(DEPTHS), help="passkey depths.")
+    s.add_argument("--windows", type=positive, default=1, help="windows of each length per candidate at the first "
+                   "rung (doubled at each rung).")
+    s.add_argument("--keys", type=positive, default=1, help="passkey keys per depth at the first rung (doubled at "
+                   "each rung).")
+    s.add_argument("--reduction", type=positive, default=3, help="each rung keeps 1/reduction of the candidates.")
+    s.add_argument("--chunk-size", type=positive, default=1024, help="tokens per LM-head chunk.")
+    s.add_argument("--no-reference", action="store_true", help="confirm only the winner and the runner-up, not "
+                   "also YaRN with its default knobs at the winner's factor (the reference).")
+    o = tu.add_argument_group("run and output")
+    o.add_argument("--output", required=True, help="folder for tune.json, tune.md, the plot, best.json and the "
+                   "cells (the same command run again resumes).")
+    o.add_argument("--overwrite", action="store_true", help="discard finished cells of another setup in --output.")
+    o.add_argument("--seed", type=int, default=0, help="random seed (passkey keys).")
+    o.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
+    o.add_argument("--no-plots", action="store_true", help="skip the PNG plot.")
+
+
+def run(args, command: str) -> int:
+    from ..eval.common import parse_method_params
+    from ..eval.run_ppl import gather_documents
+    from ..tuning import tune
+
+    docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
+                            args.limit, args.corpus, args.encoding)
+    report = tune(args.model, args.tokenizer, target_length=args.target_length, methods=args.methods,
+                  space=args.space, method_params=parse_method_params(args.method_param), docs=docs,
+                  budget_minutes=args.budget_minutes, max_short_cost=args.max_short_cost, rank_by=args.rank_by,
+                  depths=args.depths, windows=args.windows, keys=args.keys, reduction=args.reduction,
+                  chunk_size=args.chunk_size, reference=not args.no_reference, seed=args.seed, dtype=args.dtype,
+                  device=args.device, attn_implementation=args.attn_implementation, output=args.output, overwrite=args.overwrite,
+                  progress=not args.no_progress, plots=not args.no_plots, command=command)
+    if report.get("written_by_another_process"):
+        return 0
+    print(report["table"])
+    best = report["results"]["best"]
+    print(f"\nresults: {args.output}/ (tune.json, tune.md" + (", plot" if not args.no_plots else "") + ")")
+    if best:
+        print(f"best: {best} -> {args.output}/best.json (apply: hf-posenc patch --config {args.output}/best.json ...)")
+    return 0

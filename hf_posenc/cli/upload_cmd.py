@@ -1,0 +1,24 @@
+"""``hf-posenc upload``: upload a folder saved by ``hf-posenc patch`` (e.g. after a failed upload)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .args import upload_flags
+
+
+def add_parser(sub) -> None:
+    up = sub.add_parser("upload", help="upload a folder saved by 'hf-posenc patch' (e.g. after a failed upload).",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    up.add_argument("folder", help="the saved checkpoint folder.")
+    up.add_argument("repo_id", help="the Hub repo, user/name (created if missing).")
+    upload_flags(up)
+
+
+def run(args, command: str) -> int:
+    from ..hub import upload
+
+    url = upload(args.folder, args.repo_id, private=args.private, revision=args.revision,
+                 commit_message=args.commit_message, timeout=args.timeout)
+    print(f"uploaded {args.folder} -> {url}")
+    return 0
