@@ -41,11 +41,11 @@ def _list(kind):
 
 def candidates(original: int, target: int) -> list[str]:
     """The ``--space`` list for ``target`` (see the module docstring)."""
-    from hf_posenc.tuning.space import _self_extend, factors
+    from hf_posenc.tuning.space import factors, method_grid
 
     f = factors(original, target)[0]
     f2 = math.ceil(4 * f / 3 * 2) / 2  # a third more than needed, rounded up to a half
-    se = _self_extend(original, target)[0]
+    se = method_grid("self_extend", original, target)[0]
     return [f"yarn-factor_{f:g}=yarn:factor={f:g}",
             f"yarn-factor_{f2:g}-attention_factor_1=yarn:factor={f2:g},attention_factor=1.0",
             f"yarn-factor_{f2:g}=yarn:factor={f2:g}",

@@ -167,6 +167,15 @@ def cached_last_logits(model, input_ids, prompt: int):
     return torch.stack(steps, 1).float()
 
 
+@torch.no_grad()
+def greedy(model, prompt, n=12, mask=None):
+    """``generate`` greedy with the KV cache for exactly ``n`` tokens: (sequences, logits ``[batch, n, vocab]``)."""
+    mask = torch.ones_like(prompt) if mask is None else mask
+    out = model.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                         use_cache=True, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    return out.sequences, torch.stack(out.logits, 1).float()
+
+
 def all_text(folder) -> str:
     """Every file below ``folder``, as text."""
     out = []

@@ -7,19 +7,12 @@ import pickle
 
 import pytest
 import torch
-from conftest import ORIGINAL, THETA, ids, tiny_model
+from conftest import ORIGINAL, THETA, greedy, ids, tiny_model
 
 import hf_posenc
 from hf_posenc.encodings import rope as R
 
 DYNAMIC = {"dynamic_ntk": {"factor": 2.0}, "dynamic_yarn": {"factor": 2.0}, "longrope": {"factor": 2.0}}
-
-
-@torch.no_grad()
-def cached_greedy(model, prompt, mask, n):
-    out = model.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         use_cache=True, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-    return out.sequences, torch.stack(out.logits, 1).float()
 
 
 @torch.no_grad()
@@ -41,7 +34,7 @@ def test_consistent_cache_equals_recomputing_the_sequence(method, family):
     model = hf_posenc.patch(tiny_model(family), method, cache="consistent", **DYNAMIC[method])
     prompt = ids(56)
     mask = torch.ones_like(prompt)
-    seq, scores = cached_greedy(model, prompt, mask, 24)  # 56 + 24 crosses the original 64
+    seq, scores = greedy(model, prompt, 24, mask)  # 56 + 24 crosses the original 64
     ref_seq, ref_scores = recomputed_greedy(model, prompt, mask, 24)
     assert torch.equal(seq, ref_seq)
     assert (scores - ref_scores).abs().max().item() <= 1e-4
@@ -59,7 +52,7 @@ def test_stale_cache_drifts_from_recomputing_and_consistent_is_the_default():
     inside = ORIGINAL - 56  # steps whose length stays within the original context agree either way
     errors = {}
     for name, model in (("stale", stale), ("consistent", consistent)):
-        _, scores = cached_greedy(model, prompt, mask, 24)
+        _, scores = greedy(model, prompt, 24, mask)
         assert (scores[:, :inside] - ref_scores[:, :inside]).abs().max().item() <= 1e-5
         errors[name] = (scores - ref_scores).abs().max().item()
     assert errors["stale"] > 5 * errors["consistent"] and errors["consistent"] <= 1e-4, errors
@@ -88,7 +81,7 @@ def test_consistent_cache_with_a_left_padded_batch():
     prompt = torch.cat([long, torch.cat([torch.zeros(1, 8, dtype=torch.long), short], -1)])
     mask = torch.ones_like(prompt)
     mask[1, :8] = 0
-    seq, scores = cached_greedy(model, prompt, mask, 16)
+    seq, scores = greedy(model, prompt, 16, mask)
     ref_seq, ref_scores = recomputed_greedy(model, prompt, mask, 16)
     assert torch.equal(seq, ref_seq)
     assert (scores - ref_scores).abs().max().item() <= 1e-4
@@ -99,7 +92,7 @@ def test_consistent_cache_on_sliding_window_layers():
     model.config._attn_implementation = "sdpa"
     prompt = ids(56)
     mask = torch.ones_like(prompt)
-    seq, scores = cached_greedy(model, prompt, mask, 16)
+    seq, scores = greedy(model, prompt, 16, mask)
     ref_seq, ref_scores = recomputed_greedy(model, prompt, mask, 16)
     assert torch.equal(seq, ref_seq)
     assert (scores - ref_scores).abs().max().item() <= 1e-4
@@ -111,12 +104,12 @@ def test_consistent_cache_survives_save_load_copy_and_unpatch(tmp_path):
     model = hf_posenc.patch(tiny_model("llama"), "dynamic_yarn", factor=2.0, cache="consistent")
     prompt, n = ids(56), 16
     mask = torch.ones_like(prompt)
-    want = cached_greedy(model, prompt, mask, n)[1]
+    want = greedy(model, prompt, n, mask)[1]
     model.save_pretrained(tmp_path / "ckpt")
     loaded = hf_posenc.from_pretrained(str(tmp_path / "ckpt"))
     assert hf_posenc.get_config(loaded).params["cache"] == "consistent"
     for other in (loaded, copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
-        assert torch.allclose(cached_greedy(other, prompt, mask, n)[1], want, atol=1e-5)
+        assert torch.allclose(greedy(other, prompt, n, mask)[1], want, atol=1e-5)
     hf_posenc.unpatch(model)
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
 

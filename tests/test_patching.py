@@ -5,7 +5,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 import hf_posenc
-from conftest import ORIGINAL, THETA, clone_with_config, ids, logits, tiny_config, tiny_model
+from conftest import ORIGINAL, THETA, clone_with_config, greedy, ids, logits, tiny_config, tiny_model
 
 METHODS = {
     "none": {},
@@ -100,13 +100,6 @@ NATIVE_FOR_GENERATE = {
         2 * ORIGINAL,
     ),
 }
-
-
-def greedy(model, prompt, n=12):
-    with torch.no_grad():
-        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=0)
-    return out.sequences, torch.stack(out.logits).float()
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

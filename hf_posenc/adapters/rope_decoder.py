@@ -41,7 +41,7 @@ from torch import nn
 from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..methods.remapped import KIND as ATTENTION
-from ..methods.rope import SCALINGS
+from ..methods.rope import SCALINGS, RopeScaling
 from .base import Adapter, PatchRecord, text_config
 from .consistent_cache import CacheWatcher, RecomputeAtSwitch, layers_of_type, rerotate_cache, watch
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
@@ -55,16 +55,15 @@ logger = logging.getLogger(__name__)
 class LengthAwareRope:
     """Forward pre-hook of one rotary module: recomputes the frequencies from the current length.
 
-    ``grow_only`` follows transformers' dynamic update: recompute when the length grows past the
-    largest seen, return to the original frequencies when a call is shorter than the original
-    context after having grown past it. Otherwise (LongRoPE) the short or long set is picked
-    per call. With a ``watcher`` (``cache="consistent"``), each change re-rotates the keys of the KV cache
+    ``scaling.dynamic == "grow"`` follows transformers' dynamic update: recompute when the length grows
+    past the largest seen, return to the original frequencies when a call is shorter than the original
+    context after having grown past it. ``"switch"`` (LongRoPE): the short or long set is picked per call. With a ``watcher`` (``cache="consistent"``), each change re-rotates the keys of the KV cache
     of the call in progress (those of ``layers``, None: all) to the new frequencies."""
 
-    def __init__(self, fn, geom: R.RopeGeometry, cfg: PosEncConfig, grow_only: bool, slot: RotarySlot,
+    def __init__(self, scaling: RopeScaling, geom: R.RopeGeometry, cfg: PosEncConfig, slot: RotarySlot,
                  watcher: CacheWatcher | None = None, layers: list[int] | None = None):
-        self.fn, self.geom, self.cfg, self.grow_only, self.slot = fn, geom, cfg, grow_only, slot
-        self.watcher, self.layers = watcher, layers
+        self.fn, self.grow_only = scaling.frequencies, scaling.dynamic == "grow"
+        self.geom, self.cfg, self.slot, self.watcher, self.layers = geom, cfg, slot, watcher, layers
         self.cached = geom.original_max_position_embeddings
         self.current: int | None = None  # seq_len the module's frequencies were computed for
 
@@ -259,24 +258,23 @@ class RopeDecoderAdapter(Adapter):
         config, prefix = text_config(model.config)
         selected = self._selected(model, slots, cfg) if self._per_type(cfg) else slots
         scaling = SCALINGS[cfg.method]
-        fn = scaling.frequencies
         natives, ours, watchers = {}, {}, {}
         for s in selected:
             m, base_rp = s.module, s.rope_parameters(config)
             geom = rope_geometry(config, cfg.original_max_position_embeddings, base_rp)
             device, dtype = s.get("inv_freq").device, s.get("inv_freq").dtype
-            inv_freq, attention = fn(geom, cfg.factor, cfg.params, seq_len=None, device=device)
+            inv_freq, attention = scaling.frequencies(geom, cfg.factor, cfg.params, seq_len=None, device=device)
             record.set_attr(m, s.attr("inv_freq"), inv_freq.to(device=device, dtype=dtype))
             if isinstance(m._buffers.get(s.attr("original_inv_freq")), torch.Tensor):
                 record.set_attr(m, s.attr("original_inv_freq"), inv_freq.clone().to(device=device, dtype=dtype))
             record.set_attr(m, s.attr("attention_scaling"), attention)
             if scaling.dynamic:
-                consistent, grow_only = cfg.params.get("cache") == "consistent", scaling.dynamic == "grow"
+                consistent = cfg.params.get("cache") == "consistent"
                 watcher = watch(model, m, record, watchers) if consistent else None
-                hook = LengthAwareRope(fn, geom, cfg, grow_only=grow_only, slot=s, watcher=watcher,
-                                       layers=layers_of_type(config, s.layer_type))
-                if consistent and not grow_only and "prepare_inputs_for_generation" not in model.__dict__:
-                    record.set_attr(model, "prepare_inputs_for_generation", RecomputeAtSwitch(model, geom.original_max_position_embeddings))
+                hook = LengthAwareRope(scaling, geom, cfg, s, watcher, layers_of_type(config, s.layer_type))
+                if consistent and scaling.dynamic == "switch" and "prepare_inputs_for_generation" not in model.__dict__:
+                    record.set_attr(model, "prepare_inputs_for_generation",
+                                    RecomputeAtSwitch(model, geom.original_max_position_embeddings))
                 record.add_hook(m.register_forward_pre_hook(hook, with_kwargs=True))
             natives[s.layer_type] = native_rope_parameters(cfg, geom, base_rp)
             ours[s] = (inv_freq, attention)

@@ -207,8 +207,6 @@ def rope_longrope(geom: RopeGeometry, factor: float, params: dict[str, Any], seq
     return 1.0 / (ext * geom.base**shape), attention_factor
 
 
-
-
 def rerotation(positions: torch.Tensor, old: tuple[torch.Tensor, float], new: tuple[torch.Tensor, float],
                device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The (cos, sin) ``[b, 1, m, rot / 2]`` that turn keys at ``positions`` ``[b, m]`` stored rotated by ``old``
