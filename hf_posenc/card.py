@@ -139,14 +139,21 @@ def _harness_entries(report: dict[str, Any], res: dict[str, Any]) -> list[tuple[
     return out
 
 
-def _metric_entries(report: dict[str, Any], res: dict[str, Any]) -> list[tuple[dict[str, Any], str, float, str]]:
-    """(model-index fields, metric name, value, metric config) of a report's numbers for one method."""
-    if report["task"] == "harness":
-        return _harness_entries(report, res)
-    value_of, fields, name = _METRICS[report["task"]]
-    fields = {"dataset_name": _dataset_label(report["setup"].get("documents", [])), **fields}
-    values = [(str(n), value_of(res, str(n))) for n in report["setup"]["lengths"]]
-    return [(fields, name.format(n=n), v, n) for n, v in values if v is not None]
+def _length_entries(task: str):
+    """The entries of a task with one number per length (``_METRICS``)."""
+    value_of, fields, name = _METRICS[task]
+
+    def entries(report: dict[str, Any], res: dict[str, Any]) -> list[tuple[dict[str, Any], str, float, str]]:
+        labelled = {"dataset_name": _dataset_label(report["setup"].get("documents", [])), **fields}
+        values = [(str(n), value_of(res, str(n))) for n in report["setup"]["lengths"]]
+        return [(labelled, name.format(n=n), v, n) for n, v in values if v is not None]
+
+    return entries
+
+
+# per report task: (model-index fields, metric name, value, metric config) of its numbers for one method;
+# reports of other tasks (a fine-tune's, tune's) are tables in the card's body only
+_ENTRIES = {**{task: _length_entries(task) for task in _METRICS}, "harness": _harness_entries}
 
 
 def eval_results(reports: list[dict[str, Any]], method: str) -> list:
@@ -155,13 +162,12 @@ def eval_results(reports: list[dict[str, Any]], method: str) -> list:
 
     out = []
     for report in reports:
-        if report["task"] not in _METRICS and report["task"] != "harness":
-            continue  # e.g. a fine-tune's report: a table in the body only
-        res = report["results"].get(method)
+        entries = _ENTRIES.get(report["task"])
+        res = report["results"].get(method) if entries is not None else None
         if res is None:
             continue
         out += [EvalResult(**fields, metric_name=name, metric_value=round(float(value), 4), metric_config=config)
-                for fields, name, value, config in _metric_entries(report, res)]
+                for fields, name, value, config in entries(report, res)]
     return out
 
 

@@ -57,9 +57,6 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
              command: str | None = None, progress: bool = True) -> dict[str, Any]:
     """Patch ``model`` with ``config``, train it ``steps`` optimizer steps on packed ``train_docs``, measure
     held-out perplexity on ``eval_docs`` before and after, save to ``output``; returns the report."""
-    from datasets import Dataset
-    from transformers import Trainer, TrainerCallback, TrainingArguments
-
     from .files import StagedFolder, check_output_folder
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
@@ -84,6 +81,42 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         raise ValueError(f"too little held-out text for seq_len={seq_len}: the longest held-out document has "
                          f"{max(len(t) for t in heldout)} tokens")
     before = heldout_perplexity(lm, heldout, seq_len, eval_windows)
+
+    losses, seconds = _train(lm, blocks, steps=steps, batch_size=batch_size, grad_accum=grad_accum,
+                             learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
+                             gradient_checkpointing=gradient_checkpointing, seed=seed, device=device, progress=progress)
+    lm.eval()
+    after = heldout_perplexity(lm, heldout, seq_len, eval_windows)
+    report = {
+        "task": "finetune",
+        "setup": {"model": model, "method": config.to_dict(), "seq_len": seq_len, "steps": steps,
+                  "batch_size": batch_size, "grad_accum": grad_accum, "learning_rate": learning_rate,
+                  "warmup_steps": warmup_steps, "weight_decay": weight_decay,
+                  "gradient_checkpointing": gradient_checkpointing, "train_blocks": int(blocks.shape[0]),
+                  "blocks_seen": need, "train_documents": [d.name for d in train_docs],
+                  "eval_documents": [d.name for d in eval_docs], "eval_windows": eval_windows, "seed": seed,
+                  "device": device, "dtype": dtype, "command": recorded_command(command), "seconds": round(seconds, 1)},
+        "losses": losses,
+        "heldout_before": before,
+        "heldout_after": after,
+    }
+    report["table"] = finetune_table(report)
+    # the checkpoint, its card (with the training table) and the report (JSON, Markdown) in hf_posenc_eval/;
+    # written into a staged folder that replaces --output only when all of it is written
+    with StagedFolder(output) as staged:
+        save_pretrained(lm, staged, tok, eval_results=[report], base_model=model, command=command, trained=True)
+        plotted = plot_losses(report, os.path.join(staged, EVAL_FOLDER, "finetune_loss.png"))
+    report["plot"] = os.path.join(output, os.path.relpath(plotted, staged)) if plotted else ""
+    return report
+
+
+def _train(lm, blocks: torch.Tensor, *, steps: int, batch_size: int, grad_accum: int, learning_rate: float,
+           warmup_steps: int, weight_decay: float, gradient_checkpointing: bool, seed: int, device: str,
+           progress: bool) -> tuple[list[dict[str, float]], float]:
+    """Trains ``lm`` in place on the packed ``blocks`` (transformers' Trainer, cosine schedule); returns the
+    logged losses by step and the seconds it took."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     data = Dataset.from_dict({"input_ids": blocks.tolist()}).with_format("torch")
     losses: list[dict[str, float]] = []
@@ -116,29 +149,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     seconds = time.time() - started
     if gradient_checkpointing:
         (getattr(lm, "activation_checkpointing_disable", None) or lm.gradient_checkpointing_disable)()
-    lm.eval()
-    after = heldout_perplexity(lm, heldout, seq_len, eval_windows)
-    report = {
-        "task": "finetune",
-        "setup": {"model": model, "method": config.to_dict(), "seq_len": seq_len, "steps": steps,
-                  "batch_size": batch_size, "grad_accum": grad_accum, "learning_rate": learning_rate,
-                  "warmup_steps": warmup_steps, "weight_decay": weight_decay,
-                  "gradient_checkpointing": gradient_checkpointing, "train_blocks": int(blocks.shape[0]),
-                  "blocks_seen": need, "train_documents": [d.name for d in train_docs],
-                  "eval_documents": [d.name for d in eval_docs], "eval_windows": eval_windows, "seed": seed,
-                  "device": device, "dtype": dtype, "command": recorded_command(command), "seconds": round(seconds, 1)},
-        "losses": losses,
-        "heldout_before": before,
-        "heldout_after": after,
-    }
-    report["table"] = finetune_table(report)
-    # the checkpoint, its card (with the training table) and the report (JSON, Markdown) in hf_posenc_eval/;
-    # written into a staged folder that replaces --output only when all of it is written
-    with StagedFolder(output) as staged:
-        save_pretrained(lm, staged, tok, eval_results=[report], base_model=model, command=command, trained=True)
-        plotted = plot_losses(report, os.path.join(staged, EVAL_FOLDER, "finetune_loss.png"))
-    report["plot"] = os.path.join(output, os.path.relpath(plotted, staged)) if plotted else ""
-    return report
+    return losses, seconds
 
 
 def _checkpointing_arg(training_args_cls) -> str:

@@ -32,6 +32,46 @@ def split_evals(evals: list[str] | None) -> tuple[list[str], list[str]]:
     return plain, harness
 
 
+def _default_lengths(lm, config: PosEncConfig, evals: list[str], harness_tasks: list[str], ppl_lengths, passkey_lengths,
+                     harness_lengths) -> list[int] | None:
+    """The evaluation lengths around the model's context (None where every evaluation has its own lengths)."""
+    from .context import original_context
+
+    original = original_context(lm)
+    unsized = (({"ppl", "retrieval"} & set(evals) and not ppl_lengths) or ("passkey" in evals and not passkey_lengths)
+               or (harness_tasks and not harness_lengths))
+    if original is None and unsized:  # T5: relative buckets, no context length to evaluate around
+        raise ValueError(f"{type(lm).__name__} has no fixed context length to evaluate around; pass "
+                         "--ppl-lengths / --passkey-lengths / --harness-lengths")
+    return default_eval_lengths(original, config.factor) if original is not None else None
+
+
+def _eval_reports(evals: list[str], harness_tasks: list[str], common: dict[str, Any], *, docs: list,
+                  ppl_lengths: list[int], passkey_lengths: list[int], harness_lengths: list[int], max_windows: int,
+                  depths: list[float], trials: int, harness_limit: int | None,
+                  max_gen_tokens: int | None) -> list[dict[str, Any]]:
+    """The reports of the evaluations asked for, each of the unpatched model beside the patched one."""
+    reports = []
+    if "ppl" in evals:
+        from .eval.run_ppl import run_perplexity
+
+        reports.append(run_perplexity(lengths=ppl_lengths, docs=docs, max_windows=max_windows, **common))
+    if "passkey" in evals:
+        from .eval.run_passkey import run_passkey
+
+        reports.append(run_passkey(lengths=passkey_lengths, depths=depths, trials=trials, **common))
+    if "retrieval" in evals:
+        from .eval.run_retrieval import run_retrieval
+
+        reports.append(run_retrieval(lengths=ppl_lengths, docs=docs, depths=depths, trials=trials, **common))
+    if harness_tasks:
+        from .eval.run_harness import run_harness
+
+        reports.append(run_harness(tasks=harness_tasks, lengths=harness_lengths, limit=harness_limit,
+                                   max_gen_tokens=max_gen_tokens, **common))
+    return reports
+
+
 def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list[str] | None = None,
                    ppl_lengths: list[int] | None = None, passkey_lengths: list[int] | None = None,
                    text_file: list[str] | None = None, encoding: str = "utf-8", max_windows: int = 1,
@@ -45,7 +85,6 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     """The whole ``hf-posenc patch`` job; returns what was done (folder, reports, commit URL). ``evals``: ppl,
     passkey, retrieval and ``harness:TASK`` (an lm-eval task, e.g. ``harness:niah_single_1``; repeatable).
     ``tuned``: the report of the ``hf-posenc tune`` run that chose ``config`` (its table goes into the card)."""
-    from .context import original_context
     from . import runtime
     from .eval.run_ppl import gather_documents
     from .hub import UPLOAD_TIMEOUT, save_pretrained, upload
@@ -62,36 +101,14 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     docs = gather_documents(text_file=text_file, encoding=encoding) if {"ppl", "retrieval"} & set(evals) else []
     lm, tok, src = runtime.load_model_and_tokenizer(model, dtype, device, tokenizer=tokenizer,
                                                     need_tokenizer=bool(evals or harness_tasks))
-    original = original_context(lm)
-    unsized = (({"ppl", "retrieval"} & set(evals) and not ppl_lengths) or ("passkey" in evals and not passkey_lengths)
-               or (harness_tasks and not harness_lengths))
-    if original is None and unsized:  # T5: relative buckets, no context length to evaluate around
-        raise ValueError(f"{type(lm).__name__} has no fixed context length to evaluate around; pass "
-                         "--ppl-lengths / --passkey-lengths / --harness-lengths")
-    lengths = default_eval_lengths(original, config.factor) if original is not None else None
-    reports = []
+    lengths = _default_lengths(lm, config, evals, harness_tasks, ppl_lengths, passkey_lengths, harness_lengths)
     methods = ["none", config] if config.method != "none" else ["none"]
     common = dict(model=model, methods=methods, factor=config.factor, method_params={}, seed=seed, dtype=dtype,
                   device=device, progress=progress, plots=False, loaded=(lm, tok, src), command=command)
-    if "ppl" in evals:
-        from .eval.run_ppl import run_perplexity
-
-        reports.append(run_perplexity(lengths=ppl_lengths or lengths, docs=docs, max_windows=max_windows, **common))
-    if "passkey" in evals:
-        from .eval.run_passkey import run_passkey
-
-        reports.append(run_passkey(lengths=passkey_lengths or lengths, depths=depths or [0.5], trials=trials,
-                                   **common))
-    if "retrieval" in evals:
-        from .eval.run_retrieval import run_retrieval
-
-        reports.append(run_retrieval(lengths=ppl_lengths or lengths, docs=docs, depths=depths or [0.5],
-                                     trials=trials, **common))
-    if harness_tasks:
-        from .eval.run_harness import run_harness
-
-        reports.append(run_harness(tasks=harness_tasks, lengths=harness_lengths or lengths, limit=harness_limit,
-                                   max_gen_tokens=max_gen_tokens, **common))
+    reports = _eval_reports(evals, harness_tasks, common, docs=docs, ppl_lengths=ppl_lengths or lengths,
+                            passkey_lengths=passkey_lengths or lengths, harness_lengths=harness_lengths or lengths,
+                            max_windows=max_windows, depths=depths or [0.5], trials=trials, harness_limit=harness_limit,
+                            max_gen_tokens=max_gen_tokens)
     if tuned is not None:
         reports.insert(0, tuned)
     patch(lm, config)

@@ -23,6 +23,8 @@ and sin = 0): the attention code of transformers stays as it is. Then:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -33,10 +35,10 @@ from ..encodings.alibi import alibi_slopes
 from .alibi_attention import STATE_ATTR as ALIBI_STATE, AlibiState, register
 from .attention import check_attention, select
 from .base import PatchRecord
-from .layout import attention_modules, body, decoder_layers
+from .layout import Layout, attention_modules, body, decoder_layers
+from .rope_native import softmax_rescalers
 
 TABLE_NAME = "hf_posenc_positions"  # the learned table's attribute on the model body
-SWAPS = ("alibi", "nope", "sinusoidal", "learned")
 
 
 def neutralize_rope(slots, record: PatchRecord) -> None:
@@ -94,45 +96,109 @@ class AbsolutePositions:
         return args, kwargs
 
 
-def resolve_swap(model: nn.Module, cfg: PosEncConfig, original: int) -> PosEncConfig:
-    params = dict(cfg.params)
-    if cfg.method == "alibi":
-        check_attention(model, "alibi")
-        decoder_layers(model)
-    n = params.get("max_position_embeddings")
-    if n is not None and cfg.method in ("alibi", "nope") and n < original:
-        raise ValueError(f"max_position_embeddings={n} is shorter than the model's context ({original}).")
-    if cfg.method in ("sinusoidal", "learned") and params.get("scale") is None:
+def _install_alibi(model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> None:
+    state = AlibiState(alibi_slopes(model.config.num_attention_heads))
+    record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
+    if check_attention(model, "alibi") == "sdpa":
+        select(model, record, state, attention_modules(model), register(), ALIBI_STATE)
+    else:  # eager: the same shared mask, handed to each layer as its attention mask
+        for layer in decoder_layers(model):
+            record.add_hook(layer.register_forward_pre_hook(state.eager_layer_hook, with_kwargs=True))
+
+
+def _check_alibi(model: nn.Module) -> None:
+    check_attention(model, "alibi")
+    decoder_layers(model)
+
+
+def _install_absolute(model: nn.Module, cfg: PosEncConfig, record: PatchRecord, learned: bool) -> None:
+    table = None
+    length = int(math.ceil(cfg.factor * cfg.original_max_position_embeddings))
+    if learned:
+        w = model.get_input_embeddings().weight
+        init = A.sinusoid_table(length, w.shape[1], cfg.params["base"]) * cfg.params["scale"]
+        table = nn.Embedding(length, w.shape[1], device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            table.weight.copy_(init)
+        record.set_attr(body(model), TABLE_NAME, table)
+    hook = AbsolutePositions(model, cfg, table)
+    record.add_hook(body(model).register_forward_pre_hook(hook, with_kwargs=True))
+    if length != model.config.max_position_embeddings:
+        record.set_config("max_position_embeddings", length)
+
+
+def _matching_scale(model: nn.Module, params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("scale") is None:
         params["scale"] = A.matching_scale(model.get_input_embeddings().weight)  # the token embeddings' RMS
+    return params
+
+
+@dataclass(frozen=True)
+class Swap:
+    """One family swap on RoPE decoders: what it installs once the rotary embedding is the identity.
+    ``advertises_length``: its ``max_position_embeddings`` knob is the length the model then advertises
+    (at least the original); ``per_layer_type``: on per-layer-type RoPE it changes the chosen types only."""
+
+    install: Callable[[nn.Module, PosEncConfig, PatchRecord], None]
+    check: Callable[[nn.Module], None] = lambda model: None
+    defaults: Callable[[nn.Module, dict[str, Any]], dict[str, Any]] = lambda model, params: params
+    advertises_length: bool = False
+    per_layer_type: bool = False
+
+
+SWAPS: dict[str, Swap] = {
+    "alibi": Swap(_install_alibi, check=_check_alibi, advertises_length=True),
+    "nope": Swap(lambda model, cfg, record: None, advertises_length=True, per_layer_type=True),
+    "sinusoidal": Swap(lambda m, c, r: _install_absolute(m, c, r, learned=False), defaults=_matching_scale),
+    "learned": Swap(lambda m, c, r: _install_absolute(m, c, r, learned=True), defaults=_matching_scale),
+}
+
+
+def resolve_swap(model: nn.Module, cfg: PosEncConfig, original: int) -> PosEncConfig:
+    swap = SWAPS[cfg.method]
+    swap.check(model)
+    params = swap.defaults(model, dict(cfg.params))
+    n = params.get("max_position_embeddings")
+    if n is not None and swap.advertises_length and n < original:
+        raise ValueError(f"max_position_embeddings={n} is shorter than the model's context ({original}).")
     factor = cfg.factor if cfg.spec.uses_factor else None
     return PosEncConfig(cfg.method, factor, original, params)
 
 
 def apply_swap(model: nn.Module, cfg: PosEncConfig, rotary: list, record: PatchRecord) -> None:
+    swap = SWAPS[cfg.method]
     neutralize_rope(rotary, record)
     n = cfg.params.get("max_position_embeddings")
-    if n is not None and cfg.method in ("alibi", "nope"):
+    if n is not None and swap.advertises_length:
         record.set_config("max_position_embeddings", n)
-    if cfg.method == "alibi":
-        slopes = alibi_slopes(model.config.num_attention_heads)
-        state = AlibiState(slopes)
-        record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
-        if check_attention(model, "alibi") == "sdpa":
-            select(model, record, state, attention_modules(model), register(), ALIBI_STATE)
-        else:  # eager: the same shared mask, handed to each layer as its attention mask
-            for layer in decoder_layers(model):
-                record.add_hook(layer.register_forward_pre_hook(state.eager_layer_hook, with_kwargs=True))
-    elif cfg.method in ("sinusoidal", "learned"):
-        table = None
-        length = int(math.ceil(cfg.factor * cfg.original_max_position_embeddings))
-        if cfg.method == "learned":
-            w = model.get_input_embeddings().weight
-            init = A.sinusoid_table(length, w.shape[1], cfg.params["base"]) * cfg.params["scale"]
-            table = nn.Embedding(length, w.shape[1], device=w.device, dtype=w.dtype)
-            with torch.no_grad():
-                table.weight.copy_(init)
-            record.set_attr(body(model), TABLE_NAME, table)
-        hook = AbsolutePositions(model, cfg, table)
-        record.add_hook(body(model).register_forward_pre_hook(hook, with_kwargs=True))
-        if length != model.config.max_position_embeddings:
-            record.set_config("max_position_embeddings", length)
+    swap.install(model, cfg, record)
+
+
+class Swapped:
+    """A swap to another family (``decoder_swaps``): the rotary embedding becomes the identity."""
+
+    def per_type(self, spec) -> bool:
+        return SWAPS[spec.name].per_layer_type
+
+    def on_layered(self, spec) -> bool:
+        return SWAPS[spec.name].per_layer_type
+
+    def resolve(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -> PosEncConfig:
+        model_type = lay.config.model_type
+        if lay.layered and not self.on_layered(cfg.spec):
+            raise ValueError(f"{cfg.method!r} (a family swap) on per-layer-type RoPE (model_type={model_type!r}) is "
+                             "not supported yet; RoPE scalings and nope are.")
+        if softmax_rescalers(model):
+            raise ValueError(f"{cfg.method!r} (a family swap) on model_type={model_type!r}, whose attention scale "
+                             "depends on its RoPE parameters, is not supported yet; RoPE scalings are.")
+        if lay.prefix:
+            raise ValueError(f"{cfg.method!r} (a family swap) on a composite model ({model.config.model_type!r} with "
+                             f"its language model in {lay.prefix[:-1]}) is not supported yet; RoPE scalings are.")
+        resolved = resolve_swap(model, cfg, L)
+        if lay.layered:  # nope: the chosen types, recorded explicitly
+            resolved.params["layer_types"] = lay.chosen_types()
+        return resolved
+
+    def apply(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, record: PatchRecord) -> bool:
+        apply_swap(model, cfg, lay.selected, record)
+        return False

@@ -83,3 +83,21 @@ def rope_geometry(hf_config: Any, original: int, rp: dict[str, Any] | None = Non
     rp = hf_config.rope_parameters if rp is None else rp
     partial = rp.get("partial_rotary_factor", None) or getattr(hf_config, "partial_rotary_factor", None) or 1.0
     return R.RopeGeometry(base=float(rp["rope_theta"]), dim=int(head_dim(hf_config) * partial), original_max_position_embeddings=original)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one model keeps its RoPE, as a method sees it: every rotary slot, those the method changes,
+    the language-model config and its path prefix in the model config."""
+
+    slots: list[RotarySlot]
+    selected: list[RotarySlot]
+    config: Any
+    prefix: str
+
+    @property
+    def layered(self) -> bool:
+        return self.slots[0].layer_type is not None
+
+    def chosen_types(self) -> list[str]:
+        return sorted({s.layer_type for s in self.selected})

@@ -9,7 +9,7 @@ from ..config import PosEncConfig
 from ..methods.remapped import REMAPPED
 from .attention import check_attention, select
 from .base import PatchRecord
-from .layout import RotarySlot, attention_modules, body, head_dim, rope_geometry
+from .layout import Layout, RotarySlot, attention_modules, body, head_dim, rope_geometry
 from .remapped_attention import STATE_ATTR, RemapState, register
 from .rope_native import softmax_rescalers
 
@@ -45,3 +45,20 @@ def apply_remapped(model: nn.Module, cfg: PosEncConfig, slots: list[RotarySlot],
     record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
     select(model, record, state, attention_modules(model), register(), STATE_ATTR)
     record.set_config("max_position_embeddings", method.context(cfg.params, L))
+
+
+class Remapped:
+    """An attention-level method (``remapped``): the RoPE stays, the attention function changes."""
+
+    def per_type(self, spec) -> bool:
+        return False
+
+    def on_layered(self, spec) -> bool:
+        return False
+
+    def resolve(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -> PosEncConfig:
+        return resolve_remapped(model, cfg, lay.slots, L, lay.prefix)
+
+    def apply(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, record: PatchRecord) -> bool:
+        apply_remapped(model, cfg, lay.slots, record)
+        return False
