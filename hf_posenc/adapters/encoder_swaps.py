@@ -71,23 +71,34 @@ def _heads(model: nn.Module) -> tuple[int, int]:
     return heads, hidden // heads
 
 
+def _bert_alibi(model: nn.Module, mods: list[nn.Module], heads: int, head_dim: int, cfg: PosEncConfig,
+                record: PatchRecord) -> None:
+    from .alibi_attention import STATE_ATTR, AlibiState, register
+    from .attention import check_attention, select
+
+    check_attention(model, "alibi")  # eager BERT runs through the SDPA-based function too
+    select(model, record, AlibiState(alibi_slopes(heads), causal=False), mods, register(), STATE_ATTR)  # both ways
+
+
+def _bert_rope(model: nn.Module, mods: list[nn.Module], heads: int, head_dim: int, cfg: PosEncConfig,
+               record: PatchRecord) -> None:
+    if head_dim % 2:
+        raise ValueError(f"rope needs an even head dim, got {head_dim}.")
+    for m in mods:
+        for proj in _projections(m):
+            record.add_hook(proj.register_forward_hook(RotaryProjection(head_dim, cfg.params["base"])))
+
+
+# what each swap adds to BERT's self-attention once its position table is zero (nope: nothing)
+BERT_SWAPS = {"alibi": _bert_alibi, "rope": _bert_rope, "nope": lambda *args: None}
+
+
 def apply_bert_swap(model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> None:
     mods = bert_attention_modules(model)
     if not mods:
         raise ValueError(f"no self-attention with query/key projections found in {type(model).__name__}.")
     heads, head_dim = _heads(model)
-    if cfg.method == "alibi":
-        from .alibi_attention import STATE_ATTR, AlibiState, register
-        from .attention import check_attention, select
-
-        check_attention(model, "alibi")  # eager BERT runs through the SDPA-based function too
-        select(model, record, AlibiState(alibi_slopes(heads), causal=False), mods, register(), STATE_ATTR)  # encoders attend both ways
-    elif cfg.method == "rope":
-        if head_dim % 2:
-            raise ValueError(f"rope needs an even head dim, got {head_dim}.")
-        for m in mods:
-            for proj in _projections(m):
-                record.add_hook(proj.register_forward_hook(RotaryProjection(head_dim, cfg.params["base"])))
+    BERT_SWAPS[cfg.method](model, mods, heads, head_dim, cfg, record)
 
 
 # -- T5 family ---------------------------------------------------------------------------------------
@@ -135,20 +146,27 @@ def t5_self_attention_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if hasattr(m, "relative_attention_num_buckets") and id(m) not in cross]
 
 
+def _t5_rope(model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> None:
+    head_dim = model.config.d_kv
+    for m in t5_self_attention_modules(model):
+        length = CachedLength(m) if m.is_decoder else None
+        if length is not None:
+            record.add_hook(m.register_forward_pre_hook(length.hook, with_kwargs=True))
+        for proj in (m.q, m.k):
+            record.add_hook(proj.register_forward_hook(RotaryProjection(head_dim, cfg.params["base"], length)))
+
+
+# per swap: the bias T5's bias-holding modules compute instead of their buckets, and what else it adds
+T5_SWAPS = {
+    "alibi": (lambda m, model: AlibiBias(m, alibi_slopes(model.config.num_heads)), None),
+    "rope": (lambda m, model: ZeroBias(m), _t5_rope),
+    "nope": (lambda m, model: ZeroBias(m), None),
+}
+
+
 def apply_t5_swap(model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> None:
-    with_bias = [m for m in model.modules() if getattr(m, "has_relative_attention_bias", False)]
-    if cfg.method == "alibi":
-        slopes = alibi_slopes(model.config.num_heads)
-        for m in with_bias:
-            record.set_attr(m, "compute_bias", AlibiBias(m, slopes))
-    elif cfg.method in ("rope", "nope"):
-        for m in with_bias:
-            record.set_attr(m, "compute_bias", ZeroBias(m))
-    if cfg.method == "rope":
-        head_dim = model.config.d_kv
-        for m in t5_self_attention_modules(model):
-            length = CachedLength(m) if m.is_decoder else None
-            if length is not None:
-                record.add_hook(m.register_forward_pre_hook(length.hook, with_kwargs=True))
-            for proj in (m.q, m.k):
-                record.add_hook(proj.register_forward_hook(RotaryProjection(head_dim, cfg.params["base"], length)))
+    bias, extra = T5_SWAPS[cfg.method]
+    for m in [m for m in model.modules() if getattr(m, "has_relative_attention_bias", False)]:
+        record.set_attr(m, "compute_bias", bias(m, model))
+    if extra is not None:
+        extra(model, cfg, record)

@@ -14,7 +14,8 @@ the patch (``get_config``) but cannot be unpatched; load the base model for that
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -49,6 +50,38 @@ def table_offset(model: nn.Module, emb: nn.Module) -> int:
     return 0
 
 
+def _check_hierarchical(n: int, factor: float) -> None:
+    if factor > n:
+        raise ValueError(f"hierarchical reaches at most n^2 = {n * n} positions (factor {n}) from a table of "
+                         f"{n}; got factor={factor}.")
+
+
+def _sinusoid_scale(table: torch.Tensor, params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("scale") is None:  # the learned table's RMS
+        params["scale"] = A.matching_scale(table)
+    return params
+
+
+@dataclass(frozen=True)
+class TableMethod:
+    """How one absolute method builds the new table: ``build(old table in fp32, rows, params)``; ``check(n,
+    factor)`` refuses factors it cannot reach from ``n`` rows; ``defaults(old table, params)`` fills knobs that
+    depend on the table; ``trainable``: whether the new table is a trained weight (the sinusoid is fixed)."""
+
+    build: Callable[[torch.Tensor, int, dict[str, Any]], torch.Tensor]
+    check: Callable[[int, float], None] = lambda n, factor: None
+    defaults: Callable[[torch.Tensor, dict[str, Any]], dict[str, Any]] = lambda table, params: params
+    trainable: bool = True
+
+
+TABLES = {
+    "interpolate": TableMethod(lambda t, m, p: A.interpolate_table(t, m)),
+    "hierarchical": TableMethod(lambda t, m, p: A.hierarchical_table(t, m, p["alpha"]), check=_check_hierarchical),
+    "sinusoidal": TableMethod(lambda t, m, p: A.sinusoid_table(m, t.shape[1], p["base"]) * p["scale"],
+                              defaults=_sinusoid_scale, trainable=False),
+}
+
+
 class LearnedAbsoluteAdapter(Adapter):
     name = "learned_absolute"
     model_types = ("bert", "roberta", "xlm-roberta", "distilbert", "electra")
@@ -74,26 +107,21 @@ class LearnedAbsoluteAdapter(Adapter):
         if L is not None and L != n:
             raise ValueError(f"original_max_position_embeddings={L} conflicts with the model's position table, "
                              f"which has {n} positions; omit it or pass {n}.")
-        if cfg.method == "hierarchical" and cfg.factor > n:
-            raise ValueError(f"hierarchical reaches at most n^2 = {n * n} positions (factor {n}) from a table of "
-                             f"{n}; got factor={cfg.factor}.")
         params = dict(cfg.params)
-        if cfg.method == "sinusoidal" and params.get("scale") is None:  # the learned table's RMS
-            params["scale"] = A.matching_scale(emb.position_embeddings.weight[table_offset(model, emb):])
+        table = TABLES.get(cfg.method)
+        if table is not None:
+            table.check(n, cfg.factor)
+            params = table.defaults(emb.position_embeddings.weight[table_offset(model, emb):], params)
         return PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None, n, params)
 
     def new_table(self, table: torch.Tensor, cfg: PosEncConfig) -> torch.Tensor:
-        m = A.extended_length(table.shape[0], cfg.factor)
-        if cfg.method == "interpolate":
-            return A.interpolate_table(table, m)
-        if cfg.method == "hierarchical":
-            return A.hierarchical_table(table, m, cfg.params["alpha"])
-        if cfg.method == "sinusoidal":
-            return A.sinusoid_table(m, table.shape[1], cfg.params["base"]) * cfg.params["scale"]
-        raise ValueError(f"method {cfg.method!r} does not apply to a learned position table.")
+        if cfg.method not in TABLES:
+            raise ValueError(f"method {cfg.method!r} does not apply to a learned position table; "
+                             f"those that do: {', '.join(TABLES)}.")
+        return TABLES[cfg.method].build(table, A.extended_length(table.shape[0], cfg.factor), cfg.params)
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> bool:
-        if cfg.method == "none":
+        if cfg.spec.kind == "none":
             return True
         emb = self._emb(model)
         off = table_offset(model, emb)
@@ -107,7 +135,7 @@ class LearnedAbsoluteAdapter(Adapter):
             apply_bert_swap(model, cfg, record)
             return False  # plain transformers would rebuild the table-only model
         table = self.new_table(weight[off:].float(), cfg).to(weight.dtype)
-        trainable = cfg.method != "sinusoidal" and emb.position_embeddings.weight.requires_grad  # the sinusoid is fixed
+        trainable = TABLES[cfg.method].trainable and emb.position_embeddings.weight.requires_grad
         self._install(model, emb, torch.cat([weight[:off], table.to(weight.device)]), trainable, record)
         return True
 

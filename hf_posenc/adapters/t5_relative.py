@@ -44,6 +44,24 @@ class ScaledBuckets:
         )
 
 
+def _scale_max_distance(model: nn.Module, mods: list[nn.Module], cfg: PosEncConfig, record: PatchRecord) -> bool:
+    new = int(round(model.config.relative_attention_max_distance * cfg.factor))
+    for m in mods:
+        record.set_attr(m, "relative_attention_max_distance", new)
+    record.set_config("relative_attention_max_distance", new)
+    return True  # a config field: plain transformers rebuilds it
+
+
+def _scale_buckets(model: nn.Module, mods: list[nn.Module], cfg: PosEncConfig, record: PatchRecord) -> bool:
+    for m in mods:
+        record.set_attr(m, "_relative_position_bucket", ScaledBuckets(m, cfg.factor))
+    return False
+
+
+# each bucket method: applies itself, returns whether plain transformers rebuilds it from the config
+BUCKET_METHODS = {"max_distance": _scale_max_distance, "bucket_scale": _scale_buckets}
+
+
 class T5RelativeAdapter(Adapter):
     name = "t5_relative"
     model_types = ("t5", "mt5", "umt5")
@@ -71,14 +89,4 @@ class T5RelativeAdapter(Adapter):
 
             apply_t5_swap(model, cfg, record)
             return False
-        if cfg.method == "max_distance":
-            new = int(round(model.config.relative_attention_max_distance * cfg.factor))
-            for m in mods:
-                record.set_attr(m, "relative_attention_max_distance", new)
-            record.set_config("relative_attention_max_distance", new)
-            return True
-        if cfg.method == "bucket_scale":
-            for m in mods:
-                record.set_attr(m, "_relative_position_bucket", ScaledBuckets(m, cfg.factor))
-            return False
-        return True  # none
+        return BUCKET_METHODS[cfg.method](model, mods, cfg, record) if cfg.spec.kind != "none" else True
