@@ -7,10 +7,10 @@ The candidates (F = T / L rounded up to a half): YaRN with its defaults at F (al
 confirmation), at G = 4F/3 (rounded up to a half: some room beyond T) YaRN with attention_factor 1.0, YaRN,
 dynamic NTK and dynamic YaRN, and the
 attention-level methods with the grid's first setting that reaches T (Self-Extend) or their defaults (DCA,
-STRING). The full grid (``hf-posenc tune --methods ...``) is ~30 candidates: hours per rung on 2 CPU cores.
+STRING, ReRoPE, leaky ReRoPE). The full grid (``hf-posenc tune --methods ...``) is ~30 candidates: hours per rung on 2 CPU cores.
 
 CPU cost (2 cores): a 12k forward is ~90 s; each candidate's first rung is 5 forwards (one window of T, one of
-L, 3 passkey prompts), so about 1 h per target for rung 0 and as much again for rung 1 and the confirmation.
+L, 3 passkey prompts), so about 1.5 h per target for rung 0 and as much again for rung 1 and the confirmation.
 The runs resume: kill the script and run it again.
 
     python scripts/bench_tune.py --write
@@ -53,7 +53,8 @@ def candidates(original: int, target: int) -> list[str]:
             f"dynamic_yarn-factor_{f2:g}=dynamic_yarn:factor={f2:g}",
             f"self_extend-window_{se['window']}-group_size_{se['group_size']}=self_extend:window={se['window']},"
             f"group_size={se['group_size']}",
-            "dca-default=dca", "string-default=string"]
+            "dca-default=dca", "string-default=string", "rerope-default=rerope",
+            "leaky_rerope-default=leaky_rerope"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,175 @@
+"""Quality of the long-context methods side by side on a real model: SmolLM2-135M (original context 8,192)
+at 12,288 (1.5x) and 16,384 (2x) tokens, perplexity by position and passkey retrieval at depths 0.1/0.5/0.9,
+for none, yarn, dynamic_yarn, self_extend, dca, string, rerope and leaky_rerope.
+
+Knobs are chosen on one book and reported on another: for each method, the configuration that
+``hf-posenc tune`` ranked best among that method's candidates for the same target length on Pride and
+Prejudice (``scripts/bench_tune.py``, ``benchmarks/tune/<T>/``); the numbers here are measured on
+Frankenstein. Each length is two ordinary ``hf-posenc eval`` commands (ppl, passkey), printed with their
+tables; the runs resume (cells.jsonl), so the script can be killed and run again. With --write the section
+replaces this script's section of BENCHMARKS.md.
+
+CPU cost (2 cores): one forward of SmolLM2 is ~90 s at 12k and ~150 s at 16k; each method costs one
+perplexity window and one passkey prompt per depth and key, so with the defaults ~45 min at 12k and
+~80 min at 16k.
+
+    python scripts/bench_remapped_quality.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg84.txt")
+TITLE = "## Training-free long context side by side: perplexity and passkey (tuned on one book, measured on another)"
+METHODS = ["yarn", "dynamic_yarn", "self_extend", "dca", "string", "rerope", "leaky_rerope"]
+
+
+def _list(kind):
+    def parse(text: str):
+        return [kind(x) for x in text.split(",") if x.strip()]
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf file or alias).")
+    p.add_argument("--lengths", type=_list(int), default=[12288, 16384], help="lengths in tokens (comma-separated); "
+                   "each needs a finished tune run for it in --tune.")
+    p.add_argument("--methods", type=_list(str), default=METHODS, help="methods compared with the unpatched model.")
+    p.add_argument("--tune", default=os.path.join(ROOT, "benchmarks", "tune"),
+                   help="folder of the tune runs (<T>/tune.json and <T>/space.json) the knobs are taken from.")
+    p.add_argument("--text-file", default=BOOK, help="the book measured on (default: Frankenstein).")
+    p.add_argument("--depths", default="0.1,0.5,0.9", help="passkey depths.")
+    p.add_argument("--trials", type=int, default=1, help="passkey keys per depth.")
+    p.add_argument("--device", default="cpu", help="torch device.")
+    p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "remapped_quality"), help="folder of the runs.")
+    p.add_argument("--write", action="store_true", help="replace this script's section of BENCHMARKS.md.")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars.")
+    return p
+
+
+def _rel(path: str) -> str:
+    return os.path.relpath(path, ROOT)
+
+
+def chosen_variants(tune_dir: str, methods: list[str]) -> list[tuple[str, str, int]]:
+    """(method, the ``--variant`` of its best-ranked tune candidate, that candidate's overall rank) per method."""
+    from hf_posenc.tuning.report import ranked_rows
+
+    tune_json, space_json = os.path.join(tune_dir, "tune.json"), os.path.join(tune_dir, "space.json")
+    for path in (tune_json, space_json):
+        if not os.path.isfile(path):
+            raise SystemExit(f"{_rel(path)}: missing; run scripts/bench_tune.py for this length first")
+    with open(tune_json, encoding="utf-8") as f:
+        res = json.load(f)["results"]
+    with open(space_json, encoding="utf-8") as f:
+        space = {entry.split("=", 1)[0]: entry for entry in json.load(f)}
+    order = [row[1] for row in ranked_rows(res)]
+    out = []
+    for method in methods:
+        labels = [label for label in order if res["configs"][label]["method"] == method]
+        if not labels:
+            raise SystemExit(f"{_rel(tune_json)} has no {method} candidate; add one to scripts/bench_tune.py")
+        out.append((method, space[labels[0]], order.index(labels[0]) + 1))
+    return out
+
+
+def _run(argv: list[str], no_progress: bool) -> None:
+    from hf_posenc.cli import main as cli
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        if cli(argv + (["--no-progress"] if no_progress else [])) != 0:
+            raise SystemExit(f"hf-posenc {argv[0]} {argv[1]} failed")
+    finally:
+        os.chdir(cwd)
+
+
+def _load(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _split_ppl(curve: list[dict], tokens: int, original: int) -> tuple[int, float, float]:
+    """(E, perplexity of the predicted tokens before E, from E on), E the bucket edge of the loss curve
+    nearest the original context."""
+    edge = min((b["from"] for b in curve[1:]), key=lambda e: abs(e - original))
+    sizes = [b["to"] - b["from"] for b in curve]
+    if sum(sizes) != tokens:
+        raise SystemExit(f"the loss curve covers {sum(sizes)} tokens, the window {tokens}: cannot split it")
+    parts = [[(b["nll"], n) for b, n in zip(curve, sizes) if (b["from"] < edge) == before] for before in (True, False)]
+    before, after = (math.exp(sum(x * n for x, n in p) / sum(n for _, n in p)) for p in parts)
+    return edge, before, after
+
+
+def side_by_side(out: str, length: int, chosen: list[tuple[str, str, int]]) -> list[str]:
+    """One table: each method's configuration, perplexity (whole window, before and after the original
+    context) and passkey hit rate per depth."""
+    ppl, pk = _load(os.path.join(out, "ppl", "perplexity.json")), _load(os.path.join(out, "passkey", "passkey.json"))
+    original, depths = ppl["setup"]["original_context"], pk["setup"]["depths"]
+    rows, edge = [], None
+    for method, variant in [("none", "none"), *[(m, v) for m, v, _ in chosen]]:
+        label = variant.split("=", 1)[0]
+        r = ppl["results"][label][str(length)]
+        edge, before, after = _split_ppl(r["curve"], r["tokens"], original)
+        cells = pk["results"][label]["cells"]
+        hits = [f"{cells[f'{length}@{d:g}']['accuracy']:.2f}" for d in depths]
+        rows.append(f"| {method} | `{variant}` | {r['ppl']:.2f} | {before:.2f} | {after:.2f} | {' | '.join(hits)} |")
+    head = (f"| method | configuration | ppl (whole window) | ppl, tokens < {edge} | ppl, tokens >= {edge} | "
+            + " | ".join(f"passkey @ {d:g}" for d in depths) + " |")
+    return [head, "|" + "---|" * (5 + len(depths)), *rows]
+
+
+def run_length(args, length: int) -> list[str]:
+    """Both evaluations at ``length``; the lines of its part of the section."""
+    chosen = chosen_variants(os.path.join(args.tune, str(length)), args.methods)
+    variants = [a for _, variant, _ in chosen for a in ("--variant", variant)]
+    out = os.path.join(args.output, str(length))
+    common = ["--model", args.model, "--methods", "none", *variants, "--lengths", str(length), "--device", args.device]
+    ppl = ["eval", "ppl", *common, "--text-file", _rel(args.text_file), "--max-windows", "1",
+           "--output", _rel(os.path.join(out, "ppl"))]
+    passkey = ["eval", "passkey", *common, "--depths", args.depths, "--trials", str(args.trials),
+               "--output", _rel(os.path.join(out, "passkey"))]
+    started = time.time()
+    _run(ppl, args.no_progress)
+    _run(passkey, args.no_progress)
+    ranks = ", ".join(f"{m} {rank}" for m, _, rank in chosen)
+    return [f"### {length} tokens", "", *side_by_side(out, length, chosen), "",
+            f"Rank of each configuration in the tune run for {length} (out of all its candidates): {ranks}.", "",
+            f"![loss by position]({_rel(out)}/ppl/loss_by_position_{length}.png)", "",
+            f"Perplexity: `hf-posenc {shlex.join(ppl)}`  ", f"Passkey: `hf-posenc {shlex.join(passkey)}`  ",
+            f"Wall time of this length: {(time.time() - started) / 60:.1f} min (cells already in `{_rel(out)}` "
+            "are not recomputed).", ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hf_posenc.eval.report import emit_section
+
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    if not os.path.isfile(args.text_file):
+        raise SystemExit(f"--text-file {args.text_file}: no such file (the books live in ../shared/data/books/)")
+    parts = [TITLE, "", f"Command: `python scripts/bench_remapped_quality.py {shlex.join(argv)}`", "",
+             f"Machine: {os.cpu_count()} CPU cores, device {args.device}. How the knobs were chosen: for each method, "
+             "the candidate `hf-posenc tune` ranked best among that method's candidates for the same length on "
+             "pg1342.txt (Pride and Prejudice; see the tune section); measured here on "
+             f"{os.path.basename(args.text_file)}. Passkey: {args.trials} key(s) per depth, so each depth is a "
+             "single hit or miss -- a coarse signal.", ""]
+    for length in args.lengths:
+        parts += run_length(args, length)
+    emit_section("\n".join(parts).rstrip() + "\n", args.write, os.path.join(ROOT, "BENCHMARKS.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
