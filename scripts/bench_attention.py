@@ -131,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         native = statistics.median(per["native"])
         for v in variants:
             t = statistics.median(per[v])
-            rows.append([n, v, round(n / t, 1), round(t, 2), round(native / t, 3)])
-            at.setdefault(v, {})[n] = native / t
+            ratio = round(native / t, 2)  # rounded once: the table and the summary line show the same number
+            rows.append([n, v, round(n / t, 1), round(t, 2), ratio])
+            at.setdefault(v, {})[n] = ratio
     mem = memory(args, variants) if args.memory_length else {}
     command = "python scripts/bench_attention.py " + shlex.join(argv)
     lines = [
