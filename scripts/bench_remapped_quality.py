@@ -26,25 +26,19 @@ import shlex
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from _bench import ROOT, comma_list, rel, run_cli
+
 BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg84.txt")
 TITLE = "## Training-free long context side by side: perplexity and passkey (tuned on one book, measured on another)"
 METHODS = ["yarn", "dynamic_yarn", "self_extend", "dca", "string", "rerope", "leaky_rerope"]
 
 
-def _list(kind):
-    def parse(text: str):
-        return [kind(x) for x in text.split(",") if x.strip()]
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf file or alias).")
-    p.add_argument("--lengths", type=_list(int), default=[12288, 16384], help="lengths in tokens (comma-separated); "
+    p.add_argument("--lengths", type=comma_list(int), default=[12288, 16384], help="lengths in tokens (comma-separated); "
                    "each needs a finished tune run for it in --tune.")
-    p.add_argument("--methods", type=_list(str), default=METHODS, help="methods compared with the unpatched model.")
+    p.add_argument("--methods", type=comma_list(str), default=METHODS, help="methods compared with the unpatched model.")
     p.add_argument("--tune", default=os.path.join(ROOT, "benchmarks", "tune"),
                    help="folder of the tune runs (<T>/tune.json and <T>/space.json) the knobs are taken from.")
     p.add_argument("--text-file", default=BOOK, help="the book measured on (default: Frankenstein).")
@@ -57,10 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _rel(path: str) -> str:
-    return os.path.relpath(path, ROOT)
-
-
 def chosen_variants(tune_dir: str, methods: list[str]) -> list[tuple[str, str, int]]:
     """(method, the ``--variant`` of its best-ranked tune candidate, that candidate's overall rank) per method."""
     from hf_posenc.tuning.report import ranked_rows
@@ -68,7 +58,7 @@ def chosen_variants(tune_dir: str, methods: list[str]) -> list[tuple[str, str, i
     tune_json, space_json = os.path.join(tune_dir, "tune.json"), os.path.join(tune_dir, "space.json")
     for path in (tune_json, space_json):
         if not os.path.isfile(path):
-            raise SystemExit(f"{_rel(path)}: missing; run scripts/bench_tune.py for this length first")
+            raise SystemExit(f"{rel(path)}: missing; run scripts/bench_tune.py for this length first")
     with open(tune_json, encoding="utf-8") as f:
         res = json.load(f)["results"]
     with open(space_json, encoding="utf-8") as f:
@@ -78,21 +68,9 @@ def chosen_variants(tune_dir: str, methods: list[str]) -> list[tuple[str, str, i
     for method in methods:
         labels = [label for label in order if res["configs"][label]["method"] == method]
         if not labels:
-            raise SystemExit(f"{_rel(tune_json)} has no {method} candidate; add one to scripts/bench_tune.py")
+            raise SystemExit(f"{rel(tune_json)} has no {method} candidate; add one to scripts/bench_tune.py")
         out.append((method, space[labels[0]], order.index(labels[0]) + 1))
     return out
-
-
-def _run(argv: list[str], no_progress: bool) -> None:
-    from hf_posenc.cli import main as cli
-
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        if cli(argv + (["--no-progress"] if no_progress else [])) != 0:
-            raise SystemExit(f"hf-posenc {argv[0]} {argv[1]} failed")
-    finally:
-        os.chdir(cwd)
 
 
 def _load(path: str) -> dict:
@@ -136,19 +114,19 @@ def run_length(args, length: int) -> list[str]:
     variants = [a for _, variant, _ in chosen for a in ("--variant", variant)]
     out = os.path.join(args.output, str(length))
     common = ["--model", args.model, "--methods", "none", *variants, "--lengths", str(length), "--device", args.device]
-    ppl = ["eval", "ppl", *common, "--text-file", _rel(args.text_file), "--max-windows", "1",
-           "--output", _rel(os.path.join(out, "ppl"))]
+    ppl = ["eval", "ppl", *common, "--text-file", rel(args.text_file), "--max-windows", "1",
+           "--output", rel(os.path.join(out, "ppl"))]
     passkey = ["eval", "passkey", *common, "--depths", args.depths, "--trials", str(args.trials),
-               "--output", _rel(os.path.join(out, "passkey"))]
+               "--output", rel(os.path.join(out, "passkey"))]
     started = time.time()
-    _run(ppl, args.no_progress)
-    _run(passkey, args.no_progress)
+    run_cli(ppl, args.no_progress)
+    run_cli(passkey, args.no_progress)
     ranks = ", ".join(f"{m} {rank}" for m, _, rank in chosen)
     return [f"### {length} tokens", "", *side_by_side(out, length, chosen), "",
             f"Rank of each configuration in the tune run for {length} (out of all its candidates): {ranks}.", "",
-            f"![loss by position]({_rel(out)}/ppl/loss_by_position_{length}.png)", "",
+            f"![loss by position]({rel(out)}/ppl/loss_by_position_{length}.png)", "",
             f"Perplexity: `hf-posenc {shlex.join(ppl)}`  ", f"Passkey: `hf-posenc {shlex.join(passkey)}`  ",
-            f"Wall time of this length: {(time.time() - started) / 60:.1f} min (cells already in `{_rel(out)}` "
+            f"Wall time of this length: {(time.time() - started) / 60:.1f} min (cells already in `{rel(out)}` "
             "are not recomputed).", ""]
 
 

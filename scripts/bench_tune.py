@@ -26,17 +26,11 @@ import shlex
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from _bench import ROOT, comma_list, rel, run_cli
+
 BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg1342.txt")
 TITLE = "## Choosing the method and knobs: hf-posenc tune on SmolLM2"
 ORIGINAL = 8192
-
-
-def _list(kind):
-    def parse(text: str):
-        return [kind(x) for x in text.split(",") if x.strip()]
-    return parse
 
 
 def candidates(original: int, target: int) -> list[str]:
@@ -61,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf file or alias).")
     p.add_argument("--original", type=int, default=ORIGINAL, help="the model's original context (for the space).")
-    p.add_argument("--targets", type=_list(int), default=[12288, 16384], help="target lengths (comma-separated).")
+    p.add_argument("--targets", type=comma_list(int), default=[12288, 16384], help="target lengths (comma-separated).")
     p.add_argument("--text-file", default=BOOK, help="the book tuned on (default: Pride and Prejudice).")
     p.add_argument("--depths", default="0.1,0.5,0.9", help="passkey depths.")
     p.add_argument("--reduction", type=int, default=4, help="each rung keeps 1/reduction of the candidates.")
@@ -72,39 +66,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _rel(path: str) -> str:
-    return os.path.relpath(path, ROOT)
-
-
 def run_target(args, target: int) -> list[str]:
     """Tune for ``target``; the lines of its part of the section."""
-    from hf_posenc.cli import main as cli
-
     out = os.path.join(args.output, str(target))
     os.makedirs(out, exist_ok=True)
     space = os.path.join(out, "space.json")
     with open(space, "w", encoding="utf-8") as f:
         json.dump(candidates(args.original, target), f, indent=1)
-    argv = ["tune", "--model", args.model, "--target-length", str(target), "--space", _rel(space),
-            "--text-file", _rel(args.text_file), "--depths", args.depths, "--reduction", str(args.reduction),
-            "--device", args.device, "--output", _rel(out)]
+    argv = ["tune", "--model", args.model, "--target-length", str(target), "--space", rel(space),
+            "--text-file", rel(args.text_file), "--depths", args.depths, "--reduction", str(args.reduction),
+            "--device", args.device, "--output", rel(out)]
     started = time.time()
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        if cli(argv + (["--no-progress"] if args.no_progress else [])) != 0:
-            raise SystemExit(f"hf-posenc tune for {target} failed")
-    finally:
-        os.chdir(cwd)
+    run_cli(argv, args.no_progress)
     with open(os.path.join(out, "tune.md"), encoding="utf-8") as f:
         table = f.read().strip()
     with open(os.path.join(out, "best.json"), encoding="utf-8") as f:
         best = f.read().strip()
     return [f"### Target {target} tokens", "", f"Command: `hf-posenc {shlex.join(argv)}`  ",
             f"Wall time of this call: {(time.time() - started) / 60:.1f} min (cells already in "
-            f"`{_rel(out)}/cells.jsonl` are not recomputed).", "", table, "",
-            f"Chosen configuration (`{_rel(out)}/best.json`, apply with `hf-posenc patch --config`):", "",
-            "```json", best, "```", "", f"![loss by position]({_rel(out)}/tune_loss_by_position.png)", ""]
+            f"`{rel(out)}/cells.jsonl` are not recomputed).", "", table, "",
+            f"Chosen configuration (`{rel(out)}/best.json`, apply with `hf-posenc patch --config`):", "",
+            "```json", best, "```", "", f"![loss by position]({rel(out)}/tune_loss_by_position.png)", ""]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,33 @@
+"""Helpers shared by the benchmark scripts (each is run as ``python scripts/<name>.py``, which puts this folder
+on ``sys.path``)."""
+
+from __future__ import annotations
+
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def comma_list(kind):
+    """An argparse type: ``"a,b,c"`` -> ``[kind(a), kind(b), kind(c)]``."""
+    def parse(text: str):
+        return [kind(x) for x in text.split(",") if x.strip()]
+    return parse
+
+
+def rel(path: str) -> str:
+    """``path`` relative to the repository root (as the commands in BENCHMARKS.md are run from there)."""
+    return os.path.relpath(path, ROOT)
+
+
+def run_cli(argv: list[str], no_progress: bool = False) -> None:
+    """``hf-posenc ARGV`` run from the repository root, in this process; SystemExit if it fails."""
+    from hf_posenc.cli import main as cli
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        if cli(argv + (["--no-progress"] if no_progress else [])) != 0:
+            raise SystemExit(f"hf-posenc {' '.join(argv[:2])} failed")
+    finally:
+        os.chdir(cwd)
