@@ -156,17 +156,23 @@ def _t5_rope(model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> None:
             record.add_hook(proj.register_forward_hook(RotaryProjection(head_dim, cfg.params["base"], length)))
 
 
-# per swap: the bias T5's bias-holding modules compute instead of their buckets, and what else it adds
+def _alibi_biases(model: nn.Module):
+    slopes = alibi_slopes(model.config.num_heads)  # one set, shared by every bias-holding module
+    return lambda m: AlibiBias(m, slopes)
+
+
+# per swap: (model -> the bias each of T5's bias-holding modules computes instead of its buckets), what else it adds
 T5_SWAPS = {
-    "alibi": (lambda m, model: AlibiBias(m, alibi_slopes(model.config.num_heads)), None),
-    "rope": (lambda m, model: ZeroBias(m), _t5_rope),
-    "nope": (lambda m, model: ZeroBias(m), None),
+    "alibi": (_alibi_biases, None),
+    "rope": (lambda model: ZeroBias, _t5_rope),
+    "nope": (lambda model: ZeroBias, None),
 }
 
 
 def apply_t5_swap(model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> None:
-    bias, extra = T5_SWAPS[cfg.method]
+    biases, extra = T5_SWAPS[cfg.method]
+    bias_of = biases(model)
     for m in [m for m in model.modules() if getattr(m, "has_relative_attention_bias", False)]:
-        record.set_attr(m, "compute_bias", bias(m, model))
+        record.set_attr(m, "compute_bias", bias_of(m))
     if extra is not None:
         extra(model, cfg, record)

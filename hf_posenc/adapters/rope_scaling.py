@@ -32,7 +32,7 @@ from torch import nn
 from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..methods.rope import SCALINGS, RopeScaling
-from .base import PatchRecord, text_config
+from .base import PatchRecord
 from .consistent_cache import CacheWatcher, RecomputeAtSwitch, layers_of_type, rerotate_cache, watch
 from .layout import Layout, RotarySlot, rope_geometry
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
@@ -45,8 +45,9 @@ class LengthAwareRope:
 
     ``scaling.dynamic == "grow"`` follows transformers' dynamic update: recompute when the length grows
     past the largest seen, return to the original frequencies when a call is shorter than the original
-    context after having grown past it. ``"switch"`` (LongRoPE): the short or long set is picked per call. With a ``watcher`` (``cache="consistent"``), each change re-rotates the keys of the KV cache
-    of the call in progress (those of ``layers``, None: all) to the new frequencies."""
+    context after having grown past it. ``"switch"`` (LongRoPE): the short or long set is picked per call.
+    With a ``watcher`` (``cache="consistent"``), each change re-rotates the keys of the KV cache of the call
+    in progress (those of ``layers``, None: all) to the new frequencies."""
 
     def __init__(self, scaling: RopeScaling, geom: R.RopeGeometry, cfg: PosEncConfig, slot: RotarySlot,
                  watcher: CacheWatcher | None = None, layers: list[int] | None = None):
@@ -97,18 +98,19 @@ class Scaled:
         params = dict(cfg.params)
         if lay.layered:
             params["layer_types"] = lay.chosen_types()
+        defaults = SCALINGS[cfg.method].defaults
         for s in lay.selected:
-            geom = rope_geometry(lay.config, L, s.rope_parameters(lay.config))
+            rp = s.rope_parameters(lay.config)
+            geom = rope_geometry(lay.config, L, rp)
             n = s.get("inv_freq").shape[-1]
             if n != geom.dim // 2:
                 raise ValueError(
                     f"{type(s.module).__name__} holds {n} frequencies but head_dim x partial_rotary_factor gives "
                     f"{geom.dim // 2}: unsupported rotary layout for model_type={lay.config.model_type!r}."
                 )
-            defaults = SCALINGS[cfg.method].defaults
             if defaults is not None:
                 params = defaults(params, geom.dim // 2, cfg.factor)
-            old = s.rope_parameters(lay.config).get("rope_type", "default")
+            old = rp.get("rope_type", "default")
             if old != "default":
                 logger.warning(
                     "model already uses rope_type=%r%s; hf_posenc replaces it with %r computed from rope_theta=%s and "
@@ -121,11 +123,12 @@ class Scaled:
         scaling = SCALINGS[cfg.method]
         natives, ours, watchers = {}, {}, {}
         for s in lay.selected:
-            geom = rope_geometry(lay.config, cfg.original_max_position_embeddings, s.rope_parameters(lay.config))
+            rp = s.rope_parameters(lay.config)
+            geom = rope_geometry(lay.config, cfg.original_max_position_embeddings, rp)
             ours[s] = self._set_frequencies(s, scaling, geom, cfg, record)
             if scaling.dynamic:
-                self._hook(model, s, scaling, geom, cfg, record, watchers)
-            natives[s.layer_type] = native_rope_parameters(cfg, geom, s.rope_parameters(lay.config))
+                self._hook(model, lay, s, scaling, geom, cfg, record, watchers)
+            natives[s.layer_type] = native_rope_parameters(cfg, geom, rp)
         for s in lay.selected:
             s.set_default_type(record)
         length = scaling.max_position(cfg.factor, cfg.original_max_position_embeddings)
@@ -146,11 +149,11 @@ class Scaled:
         return inv_freq, attention
 
     @staticmethod
-    def _hook(model: nn.Module, s: RotarySlot, scaling: RopeScaling, geom: R.RopeGeometry, cfg: PosEncConfig,
-              record: PatchRecord, watchers: dict) -> None:
+    def _hook(model: nn.Module, lay: Layout, s: RotarySlot, scaling: RopeScaling, geom: R.RopeGeometry,
+              cfg: PosEncConfig, record: PatchRecord, watchers: dict) -> None:
         consistent = cfg.params.get("cache") == "consistent"
         watcher = watch(model, s.module, record, watchers) if consistent else None
-        layers = layers_of_type(text_config(model.config)[0], s.layer_type)
+        layers = layers_of_type(lay.config, s.layer_type)
         hook = LengthAwareRope(scaling, geom, cfg, s, watcher, layers)
         if consistent and scaling.dynamic == "switch" and "prepare_inputs_for_generation" not in model.__dict__:
             record.set_attr(model, "prepare_inputs_for_generation",
