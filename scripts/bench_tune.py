@@ -9,9 +9,12 @@ dynamic NTK and dynamic YaRN, and the
 attention-level methods with the grid's first setting that reaches T (Self-Extend) or their defaults (DCA,
 STRING, ReRoPE, leaky ReRoPE). The full grid (``hf-posenc tune --methods ...``) is ~30 candidates: hours per rung on 2 CPU cores.
 
-CPU cost (2 cores): a 12k forward is ~90 s; each candidate's first rung is 5 forwards (one window of T, one of
-L, 3 passkey prompts), so about 1.5 h per target for rung 0 and as much again for rung 1 and the confirmation.
-The runs resume: kill the script and run it again.
+CPU cost (2 cores): a 12k forward is ~60-90 s; each candidate's first rung is 5 forwards (one window of T, one
+of L, 3 passkey prompts), so about 1 h for rung 0 at 12k; run to its end (rungs 0-2 and the confirmation) the
+12k search is ~4 h of compute. At 16k (a forward ~1.7x dearer) the run is given ``--budget-minutes`` 200
+(``--budget-minutes 16384:200``, the default): the budget stops the halving where the next rung and the
+confirmation would no longer fit, as a user with an afternoon would run it. The runs resume: kill the script and
+run it again (the budget counts the compute seconds recorded in the cells, resumed ones included).
 
     python scripts/bench_tune.py --write
 """
@@ -24,7 +27,6 @@ import math
 import os
 import shlex
 import sys
-import time
 
 from _bench import ROOT, comma_list, rel, run_cli
 
@@ -51,6 +53,17 @@ def candidates(original: int, target: int) -> list[str]:
             "leaky_rerope-default=leaky_rerope"]
 
 
+def budget_pair(text: str) -> tuple[int, float]:
+    """``"16384:200"`` -> ``(16384, 200.0)``."""
+    target, sep, minutes = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(target), float(minutes)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"budget {text!r}: expected TARGET:MINUTES, e.g. 16384:200") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf file or alias).")
@@ -59,11 +72,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-file", default=BOOK, help="the book tuned on (default: Pride and Prejudice).")
     p.add_argument("--depths", default="0.1,0.5,0.9", help="passkey depths.")
     p.add_argument("--reduction", type=int, default=4, help="each rung keeps 1/reduction of the candidates.")
+    p.add_argument("--budget-minutes", type=comma_list(budget_pair), default=[(16384, 200.0)],
+                   help="per-target compute budgets, TARGET:MINUTES pairs (comma-separated); targets not named "
+                        "run without a budget.")
     p.add_argument("--device", default="cpu", help="torch device.")
     p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "tune"), help="folder of the runs.")
     p.add_argument("--write", action="store_true", help="replace this script's section of BENCHMARKS.md.")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars.")
     return p
+
+
+def compute_minutes(out: str) -> float:
+    """Minutes the cells of a tune run took to compute, summed over its cells file (resumed runs included)."""
+    total = 0.0
+    with open(os.path.join(out, "cells.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            if record.get("kind") == "cell":
+                total += record["result"].get("seconds", 0.0)
+    return total / 60
 
 
 def run_target(args, target: int) -> list[str]:
@@ -76,15 +103,17 @@ def run_target(args, target: int) -> list[str]:
     argv = ["tune", "--model", args.model, "--target-length", str(target), "--space", rel(space),
             "--text-file", rel(args.text_file), "--depths", args.depths, "--reduction", str(args.reduction),
             "--device", args.device, "--output", rel(out)]
-    started = time.time()
+    budget = dict(args.budget_minutes).get(target)
+    if budget is not None:
+        argv += ["--budget-minutes", f"{budget:g}"]
     run_cli(argv, args.no_progress)
     with open(os.path.join(out, "tune.md"), encoding="utf-8") as f:
         table = f.read().strip()
     with open(os.path.join(out, "best.json"), encoding="utf-8") as f:
         best = f.read().strip()
     return [f"### Target {target} tokens", "", f"Command: `hf-posenc {shlex.join(argv)}`  ",
-            f"Wall time of this call: {(time.time() - started) / 60:.1f} min (cells already in "
-            f"`{rel(out)}/cells.jsonl` are not recomputed).", "", table, "",
+            f"Compute: {compute_minutes(out):.0f} min of forwards in all (the `seconds` of each cell in "
+            f"`{rel(out)}/cells.jsonl`; a rerun resumes from them).", "", table, "",
             f"Chosen configuration (`{rel(out)}/best.json`, apply with `hf-posenc patch --config`):", "",
             "```json", best, "```", "", f"![loss by position]({rel(out)}/tune_loss_by_position.png)", ""]
 

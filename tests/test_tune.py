@@ -140,7 +140,10 @@ def test_tune_halves_confirms_writes_best_and_resumes(tiny_checkpoint, tmp_path,
     assert conf[res["best"]]["ppl_beyond"] != last["metrics"][res["best"]]["ppl_beyond"]  # other data
     best = PosEncConfig.from_json((out / "best.json").read_text())
     assert best == PosEncConfig.from_dict(res["configs"][res["best"]])
-    assert (out / "tune_loss_by_position.png").exists() and "**best**" in (out / "tune.md").read_text()
+    md = (out / "tune.md").read_text()
+    assert (out / "tune_loss_by_position.png").exists() and "**best**" in md
+    for r in res["rungs"]:  # the unpatched model is shown on each rung's data, beside the rows of that rung
+        assert f"| none (unpatched) | {r['rung']}: {r['windows']} window(s), {r['keys_per_depth']} key(s)" in md
     cells = (out / "cells.jsonl").read_text()
     capsys.readouterr()
     assert main(_tune(tiny_checkpoint, out, "--methods", "yarn,dynamic_ntk,dca")) == 0

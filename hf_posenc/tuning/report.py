@@ -47,6 +47,10 @@ def ranked_rows(res: dict[str, Any]) -> list[list[Any]]:
     return [[i + 1, *row] for i, row in enumerate(rows)]
 
 
+def _rung_data(r: dict[str, Any], s: dict[str, Any]) -> str:
+    return f"{r['rung']}: {r['windows']} window(s), {r['keys_per_depth']} key(s) x {len(s['depths'])} depths"
+
+
 def tune_table(report: dict[str, Any]) -> str:
     s, res = report["setup"], report["results"]
     head = ["candidate", "passkey (keys)", f"ppl beyond {s['original_context']}", f"ppl at {s['original_context']}",
@@ -59,7 +63,8 @@ def tune_table(report: dict[str, Any]) -> str:
             f"{len(res['rungs'])} rung(s) of successive halving"
             f"{' (stopped by the budget)' if res['stopped_by_budget'] else ''}.")
     calib = markdown_table(["rank", head[0], "rung", "status", *head[1:]], ranked_rows(res))
-    baseline = markdown_table(head, [_row("none (unpatched)", last["baseline"])])
+    baseline = markdown_table([head[0], "rung", *head[1:]],
+                              [_row("none (unpatched)", r["baseline"], _rung_data(r, s)) for r in res["rungs"]])
     conf = res["confirmation"]
     if conf["metrics"]:
         rows = [_row(label, conf["metrics"][label]) for label in (res["best"], res["runner_up"]) if label]
@@ -70,7 +75,8 @@ def tune_table(report: dict[str, Any]) -> str:
     else:
         confirmed = "No candidate stayed within the short-input cost: nothing to confirm, no best.json."
     return (f"{note}\n\n**Calibration** (ranking data, rung {last['rung']}: {last['windows']} window(s) of each length, "
-            f"{last['keys_per_depth']} key(s) x {len(s['depths'])} depths)\n\n{calib}\n\nUnpatched, same data:\n\n"
+            f"{last['keys_per_depth']} key(s) x {len(s['depths'])} depths; each candidate's numbers come from the last "
+            f"rung it reached)\n\n{calib}\n\nUnpatched, on each rung's data:\n\n"
             f"{baseline}\n\n**Confirmation** (data never used for ranking: {conf['windows']} window(s) of each "
             f"length, {conf['keys_per_depth']} key(s) x {len(s['depths'])} depths)\n\n{confirmed}")
 
