@@ -20,6 +20,12 @@ def rel(path: str) -> str:
     return os.path.relpath(path, ROOT)
 
 
+def require_book(path: str) -> None:
+    """SystemExit naming ``path`` unless it is a file (the benchmark books live outside the repository)."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"--text-file {path}: no such file (the books live in ../shared/data/books/)")
+
+
 def run_cli(argv: list[str], no_progress: bool = False) -> None:
     """``hf-posenc ARGV`` run from the repository root, in this process; SystemExit if it fails."""
     from hf_posenc.cli import main as cli

@@ -27,7 +27,7 @@ import shlex
 import sys
 import time
 
-from _bench import ROOT, comma_list, rel, run_cli
+from _bench import ROOT, comma_list, rel, require_book, run_cli
 
 BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg84.txt")
 TITLE = "## Training-free long context side by side: perplexity and passkey (tuned on one book, measured on another)"
@@ -136,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    if not os.path.isfile(args.text_file):
-        raise SystemExit(f"--text-file {args.text_file}: no such file (the books live in ../shared/data/books/)")
+    require_book(args.text_file)
     parts = [TITLE, "", f"Command: `python scripts/bench_remapped_quality.py {shlex.join(argv)}`", "",
              f"Machine: {os.cpu_count()} CPU cores, device {args.device}. How the knobs were chosen: for each method, "
              "the candidate `hf-posenc tune` ranked best among that method's candidates for the same length on "

@@ -28,7 +28,7 @@ import os
 import shlex
 import sys
 
-from _bench import ROOT, comma_list, rel, run_cli
+from _bench import ROOT, comma_list, rel, require_book, run_cli
 
 BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg1342.txt")
 TITLE = "## Choosing the method and knobs: hf-posenc tune on SmolLM2"
@@ -89,7 +89,7 @@ def compute_minutes(out: str) -> float:
         for line in f:
             record = json.loads(line)
             if record.get("kind") == "cell":
-                total += record["result"].get("seconds", 0.0)
+                total += record["result"]["seconds"]
     return total / 60
 
 
@@ -123,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    if not os.path.isfile(args.text_file):
-        raise SystemExit(f"--text-file {args.text_file}: no such file (the books live in ../shared/data/books/)")
+    require_book(args.text_file)
     parts = [TITLE, "", f"Command: `python scripts/bench_tune.py {shlex.join(argv)}`", "",
              f"Machine: {os.cpu_count()} CPU cores, device {args.device}. Each target is one `hf-posenc tune` run "
              "(below) on one book; the confirmation re-measures the winner, the runner-up and YaRN with its "
