@@ -25,7 +25,6 @@ import math
 import os
 import shlex
 import sys
-import time
 
 from _bench import ROOT, comma_list, rel, require_book, run_cli
 
@@ -119,7 +118,6 @@ def run_length(args, length: int) -> list[str]:
            "--output", rel(os.path.join(out, "ppl"))]
     passkey = ["eval", "passkey", *common, "--depths", args.depths, "--trials", str(args.trials),
                "--output", rel(os.path.join(out, "passkey"))]
-    started = time.time()
     run_cli(ppl, args.no_progress)
     run_cli(passkey, args.no_progress)
     ranks = ", ".join(f"{m} {rank}" for m, _, rank in chosen)
@@ -127,8 +125,20 @@ def run_length(args, length: int) -> list[str]:
             f"Rank of each configuration in the tune run for {length} (out of all its candidates): {ranks}.", "",
             f"![loss by position]({rel(out)}/ppl/loss_by_position_{length}.png)", "",
             f"Perplexity: `hf-posenc {shlex.join(ppl)}`  ", f"Passkey: `hf-posenc {shlex.join(passkey)}`  ",
-            f"Wall time of this length: {(time.time() - started) / 60:.1f} min (cells already in `{rel(out)}` "
-            "are not recomputed).", ""]
+            compute_line(out), ""]
+
+
+def compute_line(out: str) -> str:
+    """The compute time of this length's cells, summed over the calls that computed them (the runs resume)."""
+    spent = [_load(os.path.join(out, task, name))["setup"]["compute"]
+             for task, name in (("ppl", "perplexity.json"), ("passkey", "passkey.json"))]
+    cells, untimed = sum(c["cells"] for c in spent), sum(c["untimed"] for c in spent)
+    if untimed == cells:
+        return f"Compute: not recorded for these {cells} cells (computed before `hf-posenc eval` recorded each cell's time)."
+    line = f"Compute: {sum(c['seconds'] for c in spent) / 60:.1f} min for {cells} cells"
+    if untimed:
+        line += f" ({untimed} of them computed by a release that did not record their time, not counted)"
+    return line + "."
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,8 +69,8 @@ def _passkey(checkpoint, out, *extra):
 
 def _stable(report):
     """A report without what differs between two runs of one command (timings, processes, the command)."""
-    setup = {k: v for k, v in report["setup"].items() if k not in ("seconds", "environment", "processes", "command")}
-    return {**report, "setup": setup}
+    drop = ("seconds", "compute", "environment", "processes", "command")
+    return {**report, "setup": {k: v for k, v in report["setup"].items() if k not in drop}}
 
 
 def test_a_killed_run_resumes_where_it_stopped_and_gives_the_same_report(tiny_checkpoint, tmp_path, capsys,
@@ -82,7 +82,11 @@ def test_a_killed_run_resumes_where_it_stopped_and_gives_the_same_report(tiny_ch
     assert main(_passkey(tiny_checkpoint, cut)) == 0
     lines = (cut / "cells.jsonl").read_text().splitlines(keepends=True)
     assert len(lines) == 1 + 2 * 4  # the setup, then 2 variants x 2 lengths x 2 depths
-    # killed while writing the fourth cell: three whole cells and half a line survive, no report yet
+    # killed while writing the fourth cell: three whole cells and half a line survive, no report yet; the
+    # first cell was written by a release that recorded no seconds
+    old = json.loads(lines[1])
+    del old["seconds"]
+    lines[1] = json.dumps(old) + "\n"
     (cut / "cells.jsonl").write_text("".join(lines[:4]) + lines[4][: len(lines[4]) // 2])
     (cut / "passkey.json").unlink()
     capsys.readouterr()
@@ -91,7 +95,13 @@ def test_a_killed_run_resumes_where_it_stopped_and_gives_the_same_report(tiny_ch
     monkeypatch.setattr(run_passkey, "passkey_cell", lambda *a, **k: computed.append(a[3:5]) or real(*a, **k))
     assert main(_passkey(tiny_checkpoint, cut)) == 0
     assert "resumed 3 of 8 cells" in capsys.readouterr().err and len(computed) == 5
-    assert _stable(json.loads((cut / "passkey.json").read_text())) == _stable(json.loads((whole / "passkey.json").read_text()))
+    resumed, once = (json.loads((d / "passkey.json").read_text()) for d in (cut, whole))
+    assert _stable(resumed) == _stable(once)
+    # the cost of the cells over both calls, the untimed one said, not counted as zero
+    kept = [json.loads(line) for line in (cut / "cells.jsonl").read_text().splitlines()[1:] if line.endswith("}")]
+    assert resumed["setup"]["compute"]["seconds"] == pytest.approx(sum(c.get("seconds", 0) for c in kept), abs=0.1)
+    assert {k: resumed["setup"]["compute"][k] for k in ("cells", "untimed")} == {"cells": 8, "untimed": 1}
+    assert once["setup"]["compute"]["untimed"] == 0 and once["setup"]["compute"]["seconds"] > 0
     capsys.readouterr()
     assert main(_passkey(tiny_checkpoint, cut)) == 0 and len(computed) == 5  # all done: nothing computed again
     assert "resumed 8 of 8 cells" in capsys.readouterr().err

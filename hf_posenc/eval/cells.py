@@ -9,7 +9,9 @@ settings, the seed, the versions). Run again, the same command skips the cells a
 ``overwrite``. A method whose frequencies follow the lengths seen so far (dynamic NTK, dynamic YaRN, LongRoPE)
 is patched afresh before each of its cells, so that a cell's numbers never depend on which cells ran before
 it in the same process (resumed, shared out or not). A line cut short by a kill is ignored (that cell is computed again). Results pass through
-JSON before they are used, so a resumed report equals an uninterrupted one.
+JSON before they are used, so a resumed report equals an uninterrupted one. Each cell line also records the
+seconds its computation took, so that a run resumed over several calls can still say what it cost in all
+(:meth:`CellStore.compute`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +67,8 @@ class CellStore:
         self.done: dict[str, Any] = {}
         self.kept: set[str] = set()  # the cells found in the file (computed by an earlier run)
         self.configs: dict[str, dict[str, Any]] = {}  # label -> its config in the finished cells
+        self.seconds: dict[str, float] = {}  # cell id -> the seconds it took (cells of older releases have none)
+        self.used: set[str] = set()  # the cells this run's results are made of
         if self.path is None:
             return
         if processes.is_main:
@@ -107,6 +112,8 @@ class CellStore:
                     self.done[_key_id(item["variant"], item["key"])] = item["result"]
                     self.kept.add(_key_id(item["variant"], item["key"]))
                     self.configs[item["variant"]] = item["config"]
+                    if "seconds" in item:
+                        self.seconds[_key_id(item["variant"], item["key"])] = item["seconds"]
 
     def check(self, variants: list[Variant]) -> None:
         """Refuse a label whose configuration differs from the one its finished cells were computed with."""
@@ -126,13 +133,21 @@ class CellStore:
         finally:
             os.close(fd)
 
-    def add(self, variant: Variant, key: list, result: Any) -> Any:
-        result = _normal(result)
+    def add(self, variant: Variant, key: list, result: Any, seconds: float) -> Any:
+        result, seconds = _normal(result), round(seconds, 3)
         self.done[_key_id(variant.label, key)] = result
+        self.seconds[_key_id(variant.label, key)] = seconds
         if self.path is not None:
             self._append({"kind": "cell", "variant": variant.label, "config": variant.config.to_dict(),
-                          "key": key, "result": result})
+                          "key": key, "result": result, "seconds": seconds})
         return result
+
+    def compute(self) -> dict[str, Any]:
+        """What the cells this run's results are made of cost, in whichever call computed them:
+        ``{"seconds": sum of their recorded seconds, "cells": how many, "untimed": how many of them were
+        computed by a release that recorded no seconds}``."""
+        timed = [self.seconds[c] for c in self.used if c in self.seconds]
+        return {"seconds": round(sum(timed), 1), "cells": len(self.used), "untimed": len(self.used) - len(timed)}
 
 
 def run_cells(model, variants: list[Variant], keys: dict[str, list[list]], compute: Callable[[Variant, list], Any],
@@ -158,8 +173,13 @@ def run_cells(model, variants: list[Variant], keys: dict[str, list[list]], compu
                 if v.config.method in DYNAMIC:
                     patch(model, v.config)  # the state of the lengths seen so far starts afresh
                 bar.set_postfix_str(v.label)
-                computed.append((_key_id(v.label, k), store.add(v, k, compute(v, k))))
+                start = time.perf_counter()
+                result = store.add(v, k, compute(v, k), time.perf_counter() - start)
+                computed.append((_key_id(v.label, k), result, store.seconds[_key_id(v.label, k)]))
                 bar.update(1)
         bar.close()
-    store.done.update(processes.gather(computed))
+    gathered = processes.gather(computed)
+    store.done.update((cell, result) for cell, result, _ in gathered)
+    store.seconds.update((cell, seconds) for cell, _, seconds in gathered)
+    store.used.update(_key_id(v.label, k) for v in variants for k in keys[v.label])
     return {v.label: [store.done[_key_id(v.label, k)] for k in keys[v.label]] for v in variants}

@@ -141,6 +141,8 @@ class Run:
             "attn_implementation": self.attention, "command": recorded_command(self.command), "environment": environment(),
             "seconds": round(time.time() - self.started, 1), **settings,
         }
+        if task in self._stores:  # what its cells cost in all, over every call that computed some of them
+            setup["compute"] = self._stores[task].compute()
         if not self.processes.is_main:  # the main process writes and prints the report
             return {"task": task, "setup": setup, "results": results, "table": "", "written_by_another_process": True}
         return finish_report(task, setup, results, table, self.output, plots if self.plots else None)
