@@ -152,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
              "the candidate `hf-posenc tune` ranked best among that method's candidates for the same length on "
              "pg1342.txt (Pride and Prejudice; see the tune section); measured here on "
              f"{os.path.basename(args.text_file)}. Passkey: {args.trials} key(s) per depth, so each depth is a "
-             "single hit or miss -- a coarse signal.", ""]
+             "single hit or miss -- a coarse signal. The dynamic methods recompute their frequencies for the length "
+             "they are given: on one whole window of T tokens dynamic YaRN is YaRN with factor T/L whatever its "
+             "`factor` knob (a floor only with `finetuned`), so its row equals YaRN's wherever the tune chose "
+             "factor T/L for YaRN -- the same numbers, not a copy.", ""]
     for length in args.lengths:
         parts += run_length(args, length)
     emit_section("\n".join(parts).rstrip() + "\n", args.write, os.path.join(ROOT, "BENCHMARKS.md"))
