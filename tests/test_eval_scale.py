@@ -98,10 +98,10 @@ def test_a_killed_run_resumes_where_it_stopped_and_gives_the_same_report(tiny_ch
     resumed, once = (json.loads((d / "passkey.json").read_text()) for d in (cut, whole))
     assert _stable(resumed) == _stable(once)
     # the cost of the cells over both calls, the untimed one said, not counted as zero
-    kept = [json.loads(line) for line in (cut / "cells.jsonl").read_text().splitlines()[1:] if line.endswith("}")]
-    assert resumed["setup"]["compute"]["seconds"] == pytest.approx(sum(c.get("seconds", 0) for c in kept), abs=0.1)
-    assert {k: resumed["setup"]["compute"][k] for k in ("cells", "untimed")} == {"cells": 8, "untimed": 1}
-    assert once["setup"]["compute"]["untimed"] == 0 and once["setup"]["compute"]["seconds"] > 0
+    for folder, report, untimed in ((cut, resumed, 1), (whole, once, 0)):
+        kept = [json.loads(line) for line in (folder / "cells.jsonl").read_text().splitlines()[1:] if line.endswith("}")]
+        assert report["setup"]["compute"]["seconds"] == pytest.approx(sum(c.get("seconds", 0) for c in kept), abs=1e-3)
+        assert {k: report["setup"]["compute"][k] for k in ("cells", "untimed")} == {"cells": 8, "untimed": untimed}
     capsys.readouterr()
     assert main(_passkey(tiny_checkpoint, cut)) == 0 and len(computed) == 5  # all done: nothing computed again
     assert "resumed 8 of 8 cells" in capsys.readouterr().err

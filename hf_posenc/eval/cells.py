@@ -147,7 +147,7 @@ class CellStore:
         ``{"seconds": sum of their recorded seconds, "cells": how many, "untimed": how many of them were
         computed by a release that recorded no seconds}``."""
         timed = [self.seconds[c] for c in self.used if c in self.seconds]
-        return {"seconds": round(sum(timed), 1), "cells": len(self.used), "untimed": len(self.used) - len(timed)}
+        return {"seconds": round(sum(timed), 3), "cells": len(self.used), "untimed": len(self.used) - len(timed)}
 
 
 def run_cells(model, variants: list[Variant], keys: dict[str, list[list]], compute: Callable[[Variant, list], Any],
