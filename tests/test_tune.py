@@ -132,8 +132,9 @@ def test_tune_halves_confirms_writes_best_and_resumes(tiny_checkpoint, tmp_path,
             if label.startswith("dynamic_ntk"):
                 assert m["short_cost"] == 0.0
     conf = res["confirmation"]["metrics"]
-    ref = res["reference"]["label"]  # YaRN, default knobs, at the winner's factor
-    factor = res["configs"][res["best"]].get("factor") or 2.0
+    ref = res["reference"]["label"]  # YaRN, default knobs, at the winner's factor (at T / L for DCA: it takes none)
+    winner = res["configs"][res["best"]]
+    factor = T / ORIGINAL if winner["method"] == "dca" else winner["factor"]
     assert PosEncConfig.from_dict(res["reference"]["config"]) == PosEncConfig("yarn", factor)
     assert set(conf) == {res["best"], res["runner_up"], ref} and len(conf) in (2, 3)
     assert f"{ref} (reference: YaRN, default knobs)" in (out / "tune.md").read_text() or ref in (res["best"], res["runner_up"])
@@ -157,13 +158,15 @@ def test_a_small_budget_stops_the_halving_but_still_confirms(tiny_checkpoint, tm
     out = tmp_path / "tune"
     assert main(_tune(tiny_checkpoint, out, "--methods", "yarn", "--budget-minutes", "0.0001")) == 0
     res = json.loads((out / "tune.json").read_text())["results"]
-    assert res["stopped_by_budget"] and len(res["rungs"]) == 1 
+    assert res["stopped_by_budget"] and len(res["rungs"]) == 1
     assert set(res["confirmation"]["metrics"]) == {res["best"], res["runner_up"], res["reference"]["label"]} - {None}
 
 
 def test_a_checkpoint_patched_from_best_json_says_how_it_was_tuned(tiny_checkpoint, tmp_path, capsys):
     out = tmp_path / "tune"
     assert main(_tune(tiny_checkpoint, out, "--methods", "dca")) == 0
+    res = json.loads((out / "tune.json").read_text())["results"]  # DCA takes no factor: the reference is YaRN at T / L
+    assert PosEncConfig.from_dict(res["reference"]["config"]) == PosEncConfig("yarn", T / ORIGINAL) and T / ORIGINAL > 1
     assert main(["patch", "--model", tiny_checkpoint, "--config", str(out / "best.json"), "--output",
                  str(tmp_path / "p")]) == 0
     card = (tmp_path / "p" / "README.md").read_text()

@@ -23,7 +23,7 @@ from ..context import original_context
 from ..eval.common import Run
 from ..eval.perplexity import doc_digest
 from ..eval.variants import Variant
-from ..files import atomic_write_text
+from ..methods import resolve_method
 from .objective import DEPTHS, CellComputer, TuneData, measure, plan_data, rank, sample_keys
 from .space import DEFAULT_METHODS, check_methods, factors, grid_candidates, load_space
 
@@ -142,7 +142,9 @@ class Search:
 
     def reference(self, winner: Variant) -> Variant:
         """YaRN with its default knobs at ``winner``'s factor (or the least half-step factor reaching the target)."""
-        config = PosEncConfig("yarn", winner.config.factor or factors(self.original, self.plan.target)[0])
+        takes_factor = resolve_method(winner.config.method).uses_factor
+        factor = winner.config.factor if takes_factor else factors(self.original, self.plan.target)[0]
+        config = PosEncConfig("yarn", factor)
         same = [v for v in self.candidates if v.config == config]
         return same[0] if same else Variant(f"reference-yarn-factor_{config.factor:g}", config)
 
