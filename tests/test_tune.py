@@ -12,7 +12,7 @@ import torch
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.config import PosEncConfig
-from hf_posenc.eval.data import builtin_corpus
+from hf_posenc.eval.data import builtin_corpus, read_text_file
 from hf_posenc.eval.perplexity import Window, window_cell
 from hf_posenc.tuning import objective, space
 
@@ -190,6 +190,23 @@ def test_tune_from_python_on_a_loaded_model(bert_tokenizer, monkeypatch):
                             docs=builtin_corpus("python-docs"), progress=False, chunk_size=7)
     assert report["results"]["best"] in report["results"]["configs"] and not hf_posenc.is_patched(model)
     assert chunks and set(chunks) == {7}  # --chunk-size reaches the LM head
+
+
+def test_tune_from_python_takes_the_cli_data_keywords_and_refuses_unknown_ones(bert_tokenizer, tmp_path):
+    model = tiny_model("llama", vocab_size=bert_tokenizer.vocab_size)
+    book = tmp_path / "book.txt"
+    book.write_text(builtin_corpus("python-docs")[0].text)
+    common = dict(target_length=T, methods=["dca"], progress=False)
+    by_file = hf_posenc.tune(model, bert_tokenizer, text_file=str(book), **common)  # as --text-file does
+    by_docs = hf_posenc.tune(model, bert_tokenizer, docs=[read_text_file(str(book))], **common)
+    assert by_file["setup"]["documents"] == by_docs["setup"]["documents"] == [read_text_file(str(book)).name]
+    def ranked(report):  # the numbers, not the seconds they took
+        return [(r["ranking"], {k: m["ppl_beyond"] for k, m in r["metrics"].items()}) for r in report["results"]["rungs"]]
+    assert ranked(by_file) == ranked(by_docs) and by_file["results"]["best"] == by_docs["results"]["best"]
+    with pytest.raises(ValueError, match="unknown keyword.*text_flie.*text_file"):
+        hf_posenc.tune(model, bert_tokenizer, text_flie=str(book), **common)
+    with pytest.raises(ValueError, match="give docs or corpus, not both"):
+        hf_posenc.tune(model, bert_tokenizer, docs=[read_text_file(str(book))], corpus="python-docs", **common)
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -12,6 +12,7 @@ a resumed run takes the same decisions as the run it resumes.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import sys
@@ -28,6 +29,11 @@ from .objective import DEPTHS, CellComputer, TuneData, measure, plan_data, rank,
 from .space import DEFAULT_METHODS, check_methods, factors, grid_candidates, load_space
 
 BASELINE = Variant("none", PosEncConfig("none"))
+# the documents, as the CLI's data flags give them (eval.run_ppl.gather_documents), and the run's keywords
+DATA_KEYWORDS = ("text_file", "text_dir", "dataset", "dataset_config", "split", "column", "limit", "corpus",
+                 "encoding")
+RUN_KEYWORDS = set(inspect.signature(Run).parameters) - {"model", "methods", "factor", "method_params", "variants",
+                                                         "tokenizer", "loaded"}
 
 
 @dataclass
@@ -154,8 +160,10 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
          max_short_cost: float = 0.01, rank_by: str = "passkey", depths=DEPTHS, windows: int = 1, keys: int = 1,
          reduction: int = 3, chunk_size: int = 1024, reference: bool = True, **run: Any) -> dict[str, Any]:
     """Find the method and knobs for ``model`` at ``target_length`` (see the module docstring). ``model``: a name
-    (Hub id, folder, alias) or a loaded model (then ``tokenizer`` too); ``docs``: :class:`eval.data.Document` s
-    (default: the default corpus); ``run``: the keywords of :class:`eval.common.Run` (seed, output, dtype, ...).
+    (Hub id, folder, alias) or a loaded model (then ``tokenizer`` too); the documents: ``docs``
+    (:class:`eval.data.Document` s) or the keywords of the CLI's data flags (``text_file``, ``text_dir``,
+    ``dataset``, ``corpus``, ... see ``DATA_KEYWORDS``), else the default corpus; ``run``: the keywords of
+    :class:`eval.common.Run` (seed, output, dtype, device, ...).
     Returns the report; with ``output``, writes ``tune.json``, ``tune.md``, a plot and ``best.json`` (the winner's
     :class:`PosEncConfig`)."""
     from ..eval.run_ppl import gather_documents, tokenize_documents
@@ -170,6 +178,8 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
     spaced = load_space(space) if space else None  # a bad file or method is found before the slow load
     if methods:
         check_methods(methods)
+    data_keys = {k: run.pop(k) for k in DATA_KEYWORDS if k in run}
+    _check_keywords(docs, data_keys, run)
     job = _job(model, tokenizer, run)
     lm, tok, _ = job.load()
     original = original_context(lm)
@@ -177,7 +187,7 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
         raise ValueError(f"{type(lm).__name__} has no fixed context length: tune extends RoPE decoders")
     job.variants = [BASELINE, *(spaced or grid_candidates(list(methods or DEFAULT_METHODS), original, target_length,
                                                           method_params or {}))]
-    docs = docs if docs is not None else gather_documents()
+    docs = docs if docs is not None else gather_documents(**data_keys)
     token_docs = tokenize_documents(tok, docs)
     data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original, target_length)
     settings = {"target_length": target_length, "max_short_cost": max_short_cost, "rank_by": rank_by,
@@ -191,6 +201,20 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
     if job.output and job.processes.is_main:
         write_best(report, job.output)
     return report
+
+
+def _check_keywords(docs, data_keys: dict[str, Any], run: dict[str, Any]) -> None:
+    """Unknown keywords, or documents given twice, are refused before the slow load, naming what is allowed."""
+    unknown = sorted(set(run) - RUN_KEYWORDS)
+    if unknown:
+        raise ValueError(f"tune() got unknown keyword(s) {', '.join(unknown)}; besides its own it takes the "
+                         f"documents' ({', '.join(DATA_KEYWORDS)}) and the run's ({', '.join(sorted(RUN_KEYWORDS))})")
+    if docs is not None and data_keys:
+        raise ValueError(f"tune(): give docs or {', '.join(data_keys)}, not both")
+    if isinstance(data_keys.get("text_file"), (str, os.PathLike)):
+        data_keys["text_file"] = [data_keys["text_file"]]
+    if isinstance(data_keys.get("text_dir"), (str, os.PathLike)):
+        data_keys["text_dir"] = [data_keys["text_dir"]]
 
 
 def _job(model, tokenizer, run: dict[str, Any]) -> Run:
