@@ -105,7 +105,7 @@ def test_a_long_cell_splits_the_window_loss_at_the_original_context(bert_tokeniz
     whole = window_cell(model, data.docs[w.doc], Window(w.doc, w.begin, w.end, 1))
     assert cell["beyond_cnt"] == T - ORIGINAL and cell["inside_cnt"] == ORIGINAL - 1
     assert cell["inside_sum"] + cell["beyond_sum"] == pytest.approx(whole["nll_sum"], rel=1e-9)
-    assert sum(cell["bucket_sum"]) == pytest.approx(whole["nll_sum"], rel=1e-9) and cell["seconds"] >= 0
+    assert sum(cell["bucket_sum"]) == pytest.approx(whole["nll_sum"], rel=1e-9)
 
 
 def _tune(checkpoint, out, *extra):
@@ -152,6 +152,21 @@ def test_tune_halves_confirms_writes_best_and_resumes(tiny_checkpoint, tmp_path,
     again = json.loads((out / "tune.json").read_text())["results"]
     assert {k: again[k] for k in ("best", "runner_up", "rungs", "confirmation")} == \
         {k: res[k] for k in ("best", "runner_up", "rungs", "confirmation")}
+    compute = report["setup"]["compute"]  # every cell of the file is used, each timed once, on its line
+    lines = [json.loads(line) for line in cells.splitlines()]
+    assert compute["untimed"] == 0 and compute["cells"] == sum(item.get("kind") == "cell" for item in lines)
+    assert compute["seconds"] == pytest.approx(sum(item.get("seconds", 0) for item in lines), abs=1e-3)
+    assert all("seconds" not in item.get("result", {}) for item in lines)  # the line's, not twice
+    old_release = []  # cells of earlier releases: the tune timed each inside its result, the line had no seconds
+    for line in cells.splitlines():
+        item = json.loads(line)
+        if item.get("kind") == "cell":
+            item["result"]["seconds"] = item.pop("seconds")
+        old_release.append(json.dumps(item))
+    (out / "cells.jsonl").write_text("\n".join(old_release) + "\n")
+    assert main(_tune(tiny_checkpoint, out, "--methods", "yarn,dynamic_ntk,dca")) == 0
+    resumed = json.loads((out / "tune.json").read_text())
+    assert resumed["results"]["rungs"] == res["rungs"] and resumed["setup"]["compute"] == compute
 
 
 def test_a_small_budget_stops_the_halving_but_still_confirms(tiny_checkpoint, tmp_path):

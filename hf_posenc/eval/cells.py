@@ -57,6 +57,15 @@ def _normal(data: Any) -> Any:
     return json.loads(json.dumps(data))
 
 
+def _recorded_seconds(item: dict[str, Any]) -> float | None:
+    """A cell line's seconds. Tune cells written before the lines carried them timed themselves inside the
+    result; that time comes first, as the tune's budget counted it, so that a resumed run decides the same."""
+    result = item.get("result")
+    if isinstance(result, dict) and "seconds" in result:
+        return result["seconds"]
+    return item.get("seconds")
+
+
 class CellStore:
     """The finished cells of one run folder (or, without a folder, of this run only)."""
 
@@ -112,8 +121,9 @@ class CellStore:
                     self.done[_key_id(item["variant"], item["key"])] = item["result"]
                     self.kept.add(_key_id(item["variant"], item["key"]))
                     self.configs[item["variant"]] = item["config"]
-                    if "seconds" in item:
-                        self.seconds[_key_id(item["variant"], item["key"])] = item["seconds"]
+                    seconds = _recorded_seconds(item)
+                    if seconds is not None:
+                        self.seconds[_key_id(item["variant"], item["key"])] = seconds
 
     def check(self, variants: list[Variant]) -> None:
         """Refuse a label whose configuration differs from the one its finished cells were computed with."""
@@ -141,6 +151,10 @@ class CellStore:
             self._append({"kind": "cell", "variant": variant.label, "config": variant.config.to_dict(),
                           "key": key, "result": result, "seconds": seconds})
         return result
+
+    def seconds_of(self, label: str, keys: list[list]) -> float:
+        """The recorded seconds of ``label``'s cells ``keys`` in all (untimed cells count nothing)."""
+        return round(sum(self.seconds.get(_key_id(label, k), 0.0) for k in keys), 3)
 
     def compute(self) -> dict[str, Any]:
         """What the cells this run's results are made of cost, in whichever call computed them:

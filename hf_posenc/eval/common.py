@@ -131,6 +131,10 @@ class Run:
         return run_cells(self.loaded[0], variants or self.variants, keys, compute, store, self.processes,
                          self.progress and self.processes.is_main, desc=desc or task)
 
+    def cell_seconds(self, task: str, label: str, keys: list[list]) -> float:
+        """The recorded compute seconds of ``label``'s cells ``keys`` of ``task`` (see :meth:`cells`)."""
+        return self._stores[task].seconds_of(label, keys)
+
     def report(self, task: str, settings: dict[str, Any], results: dict[str, Any], table, plots) -> dict[str, Any]:
         """The report (written by the main process only, when there is an output folder)."""
         lm, _, src = self.loaded

@@ -16,7 +16,6 @@ disjoint seeds.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +74,7 @@ def sample_keys(data: TuneData, part: str, windows: int, keys: int, depths: tupl
 
 
 class CellComputer:
-    """Computes one cell of a key (the model patched as the candidate wants), timing it."""
+    """Computes one cell of a key (the model patched as the candidate wants; run_cells times it)."""
 
     def __init__(self, model, tokenizer, data: TuneData, original: int, chunk_size: int = 1024):
         self.model, self.tok, self.data, self.original, self.chunk_size = model, tokenizer, data, original, chunk_size
@@ -83,13 +82,10 @@ class CellComputer:
         self._docs = {(n, g): i for i, (n, g) in enumerate(zip(data.names, data.digests))}
 
     def __call__(self, variant, key: list) -> dict[str, Any]:
-        start = time.perf_counter()
         if key[0] == "passkey":
             got = passkey_cell(self.model, self.tok, self.builder, key[1], key[2], key[3], trials=1)
-            out = {"hits": got["hits"], "trials": got["trials"]}
-        else:
-            out = self._window(key)
-        return {**out, "seconds": round(time.perf_counter() - start, 3)}
+            return {"hits": got["hits"], "trials": got["trials"]}
+        return self._window(key)
 
     def _window(self, key: list) -> dict[str, Any]:
         kind, n, name, digest, begin = key
@@ -123,7 +119,7 @@ def measure(keys: list[list], cells: list[dict[str, Any]]) -> dict[str, Any]:
     return {"ppl_beyond": math.exp(beyond), "ppl_before": inside,
             "ppl_short": math.exp(total("short", "nll_sum") / total("short", "tokens")),
             "passkey": total("passkey", "hits") / trials if trials else None, "passkey_trials": trials,
-            "curve": curve, "seconds": round(sum(c["seconds"] for c in cells), 3)}
+            "curve": curve}
 
 
 def rank(metrics: dict[str, dict[str, Any]], baseline: dict[str, Any], max_short_cost: float,

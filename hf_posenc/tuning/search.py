@@ -85,7 +85,8 @@ class Search:
     def measure(self, variants: list[Variant], keys: list[list], desc: str) -> dict[str, dict[str, Any]]:
         done = self.job.cells("tune", self.settings, {v.label: keys for v in variants}, self.compute,
                               variants=variants, desc=desc)
-        out = {label: measure(keys, cells) for label, cells in done.items()}
+        out = {label: {**measure(keys, cells), "seconds": self.job.cell_seconds("tune", label, keys)}
+               for label, cells in done.items()}
         self.seconds.update({label: m["seconds"] for label, m in out.items()})
         return out
 
