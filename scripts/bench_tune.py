@@ -83,14 +83,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def compute_minutes(out: str) -> float:
-    """Minutes the cells of a tune run took to compute, summed over its cells file (resumed runs included)."""
-    total = 0.0
-    with open(os.path.join(out, "cells.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            record = json.loads(line)
-            if record.get("kind") == "cell":
-                total += record["result"]["seconds"]
-    return total / 60
+    """Minutes the cells of a tune run took to compute (its report's ``setup.compute``: every call's cells)."""
+    with open(os.path.join(out, "tune.json"), encoding="utf-8") as f:
+        return json.load(f)["setup"]["compute"]["seconds"] / 60
+
+
+def verdict(out: str) -> str:
+    """One sentence from the confirmation: the winner beside YaRN with its default knobs, on unseen data."""
+    with open(os.path.join(out, "tune.json"), encoding="utf-8") as f:
+        res = json.load(f)["results"]
+    conf, ref = res["confirmation"]["metrics"], (res.get("reference") or {}).get("label")
+    if res["best"] is None or ref is None or ref == res["best"]:
+        return ""
+
+    def said(label):
+        m = conf[label]
+        return (f"passkey {m['passkey']:.2f} ({m['passkey_trials']} keys), perplexity beyond L {m['ppl_beyond']:.2f}, "
+                f"short-input cost {100 * m['short_cost']:+.2f}%")
+    return (f"On the confirmation data (never used for ranking): `{res['best']}` {said(res['best'])}; YaRN with its "
+            f"default knobs (`{ref}`) {said(ref)}.")
 
 
 def run_target(args, target: int) -> list[str]:
@@ -113,7 +124,7 @@ def run_target(args, target: int) -> list[str]:
         best = f.read().strip()
     return [f"### Target {target} tokens", "", f"Command: `hf-posenc {shlex.join(argv)}`  ",
             f"Compute: {compute_minutes(out):.0f} min of forwards in all (the `seconds` of each cell in "
-            f"`{rel(out)}/cells.jsonl`; a rerun resumes from them).", "", table, "",
+            f"`{rel(out)}/cells.jsonl`; a rerun resumes from them).", "", verdict(out), "", table, "",
             f"Chosen configuration (`{rel(out)}/best.json`, apply with `hf-posenc patch --config`):", "",
             "```json", best, "```", "", f"![loss by position]({rel(out)}/tune_loss_by_position.png)", ""]
 
@@ -127,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parts = [TITLE, "", f"Command: `python scripts/bench_tune.py {shlex.join(argv)}`", "",
              f"Machine: {os.cpu_count()} CPU cores, device {args.device}. Each target is one `hf-posenc tune` run "
              "(below) on one book; the confirmation re-measures the winner, the runner-up and YaRN with its "
-             "default knobs at the winner's factor on windows and keys never used for ranking.", ""]
+             "default knobs at the winner's factor (at T / L rounded up to a half when the winner takes no factor) on "
+             "windows and keys never used for ranking.", ""]
     for target in args.targets:
         parts += run_target(args, target)
     emit_section("\n".join(parts).rstrip() + "\n", args.write, os.path.join(ROOT, "BENCHMARKS.md"))
