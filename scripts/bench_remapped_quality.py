@@ -155,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
              "single hit or miss -- a coarse signal. The dynamic methods recompute their frequencies for the length "
              "they are given: on one whole window of T tokens dynamic YaRN is YaRN with factor T/L whatever its "
              "`factor` knob (a floor only with `finetuned`), so its row equals YaRN's wherever the tune chose "
-             "factor T/L for YaRN -- the same numbers, not a copy.", ""]
+             "factor T/L for YaRN -- the same numbers, not a copy. STRING's only candidate in the tune was its "
+             "defaults, which put keys past the original context at both lengths (see the tune section): its rows "
+             "are STRING past its reach.", ""]
     for length in args.lengths:
         parts += run_length(args, length)
     emit_section("\n".join(parts).rstrip() + "\n", args.write, os.path.join(ROOT, "BENCHMARKS.md"))

@@ -53,6 +53,23 @@ def candidates(original: int, target: int) -> list[str]:
             "leaky_rerope-default=leaky_rerope"]
 
 
+def string_reach(original: int, targets: list[int]) -> str:
+    """What ``string-default`` means at these targets: the farthest relative position it gives a key, beside
+    the settings of the grid that keep every position below the original context."""
+    from hf_posenc.tuning.space import method_grid
+
+    offset, window = original // 3, 128  # STRING's defaults (shifted_offset L // 3, local_window 128)
+    parts = []
+    for t in targets:
+        grid = [g["shifted_offset"] for g in method_grid("string", original, t)]
+        fits = (f"the grid's offsets {', '.join(map(str, grid))} would stay below {original}" if grid else
+                f"no offset stays below {original}: STRING reaches at most 2L - window")
+        parts.append(f"at {t} it reaches {t - 1 - offset + window} ({fits})")
+    return (f"STRING enters with its defaults (offset L/3 = {offset}, local window {window}), so its keys sit at "
+            f"relative positions the model never saw: {'; '.join(parts)}. Its rows measure STRING past its reach, "
+            "as a user taking its defaults would run it, not STRING at its best.")
+
+
 def budget_pair(text: str) -> tuple[int, float]:
     """``"16384:200"`` -> ``(16384, 200.0)``."""
     target, sep, minutes = text.partition(":")
@@ -139,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
              f"Machine: {os.cpu_count()} CPU cores, device {args.device}. Each target is one `hf-posenc tune` run "
              "(below) on one book; the confirmation re-measures the winner, the runner-up and YaRN with its "
              "default knobs at the winner's factor (at T / L rounded up to a half when the winner takes no factor) on "
-             "windows and keys never used for ranking.", ""]
+             "windows and keys never used for ranking. " + string_reach(args.original, args.targets), ""]
     for target in args.targets:
         parts += run_target(args, target)
     emit_section("\n".join(parts).rstrip() + "\n", args.write, os.path.join(ROOT, "BENCHMARKS.md"))
