@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def chosen_variants(tune_dir: str, methods: list[str]) -> list[tuple[str, str, int]]:
-    """(method, the ``--variant`` of its best-ranked tune candidate, that candidate's overall rank) per method."""
+    """(method, the ``--variant`` of its best-ranked tune candidate, that candidate's overall rank, with its short-input
+    cost when the tune disqualified it) per method."""
     from hf_posenc.tuning.report import ranked_rows
 
     tune_json, space_json = os.path.join(tune_dir, "tune.json"), os.path.join(tune_dir, "space.json")
@@ -63,13 +64,15 @@ def chosen_variants(tune_dir: str, methods: list[str]) -> list[tuple[str, str, i
         res = json.load(f)["results"]
     with open(space_json, encoding="utf-8") as f:
         space = {entry.split("=", 1)[0]: entry for entry in json.load(f)}
-    order = [row[1] for row in ranked_rows(res)]
+    rows = ranked_rows(res)
     out = []
     for method in methods:
-        labels = [label for label in order if res["configs"][label]["method"] == method]
-        if not labels:
+        mine = [row for row in rows if res["configs"][row[1]]["method"] == method]
+        if not mine:
             raise SystemExit(f"{rel(tune_json)} has no {method} candidate; add one to scripts/bench_tune.py")
-        out.append((method, space[labels[0]], order.index(labels[0]) + 1))
+        rank, label, status, cost = mine[0][0], mine[0][1], mine[0][3], mine[0][-1]
+        said = f"{rank} (disqualified: {cost} on inputs of L tokens)" if status.startswith("disqualified") else str(rank)
+        out.append((method, space[label], said))
     return out
 
 
