@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def chosen_variants(tune_dir: str, methods: list[str]) -> list[tuple[str, str, int]]:
+def chosen_variants(tune_dir: str, methods: list[str]) -> list[tuple[str, str, str]]:
     """(method, the ``--variant`` of its best-ranked tune candidate, that candidate's overall rank, with its short-input
     cost when the tune disqualified it) per method."""
     from hf_posenc.tuning.report import ranked_rows

@@ -56,9 +56,12 @@ def candidates(original: int, target: int) -> list[str]:
 def string_reach(original: int, targets: list[int]) -> str:
     """What ``string-default`` means at these targets: the farthest relative position it gives a key, beside
     the settings of the grid that keep every position below the original context."""
+    from hf_posenc.methods.remapped import REMAPPED
     from hf_posenc.tuning.space import method_grid
 
-    offset, window = original // 3, 128  # STRING's defaults (shifted_offset L // 3, local_window 128)
+    string = REMAPPED["string"]
+    defaults = string.defaults(dict(string.spec.params), original)
+    offset, window = defaults["shifted_offset"], defaults["local_window"]
     parts = []
     for t in targets:
         grid = [g["shifted_offset"] for g in method_grid("string", original, t)]
@@ -99,16 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def compute_minutes(out: str) -> float:
-    """Minutes the cells of a tune run took to compute (its report's ``setup.compute``: every call's cells)."""
-    with open(os.path.join(out, "tune.json"), encoding="utf-8") as f:
-        return json.load(f)["setup"]["compute"]["seconds"] / 60
-
-
-def verdict(out: str) -> str:
-    """One sentence from the confirmation: the winner beside YaRN with its default knobs, on unseen data."""
-    with open(os.path.join(out, "tune.json"), encoding="utf-8") as f:
-        res = json.load(f)["results"]
+def verdict(res: dict) -> str:
+    """One sentence from a tune report's results: the winner beside YaRN with its default knobs, on the
+    confirmation data."""
     conf, ref = res["confirmation"]["metrics"], (res.get("reference") or {}).get("label")
     if res["best"] is None or ref is None or ref == res["best"]:
         return ""
@@ -139,9 +135,12 @@ def run_target(args, target: int) -> list[str]:
         table = f.read().strip()
     with open(os.path.join(out, "best.json"), encoding="utf-8") as f:
         best = f.read().strip()
+    with open(os.path.join(out, "tune.json"), encoding="utf-8") as f:
+        report = json.load(f)
+    minutes = report["setup"]["compute"]["seconds"] / 60  # every call's cells, resumed ones included
     return [f"### Target {target} tokens", "", f"Command: `hf-posenc {shlex.join(argv)}`  ",
-            f"Compute: {compute_minutes(out):.0f} min of forwards in all (the `seconds` of each cell in "
-            f"`{rel(out)}/cells.jsonl`; a rerun resumes from them).", "", verdict(out), "", table, "",
+            f"Compute: {minutes:.0f} min of forwards in all (the `seconds` of each cell in "
+            f"`{rel(out)}/cells.jsonl`; a rerun resumes from them).", "", verdict(report["results"]), "", table, "",
             f"Chosen configuration (`{rel(out)}/best.json`, apply with `hf-posenc patch --config`):", "",
             "```json", best, "```", "", f"![loss by position]({rel(out)}/tune_loss_by_position.png)", ""]
 

@@ -16,20 +16,27 @@ from .report import markdown_table, plot_lines
 
 def gather_documents(text_file=None, text_dir=None, dataset=None, dataset_config=None, split="test",
                      column="text", limit=None, corpus=None, encoding="utf-8") -> list[D.Document]:
-    """The documents asked for (files and folders read as ``encoding``, a dataset, a built-in corpus), else
-    the default corpus."""
+    """The documents asked for (files and folders read as ``encoding``: one path or a list; a dataset, a built-in
+    corpus), else the default corpus."""
     docs: list[D.Document] = []
     if corpus:
         docs.extend(D.builtin_corpus(corpus))
-    for path in text_file or []:
+    for path in _paths(text_file):
         docs.append(D.read_text_file(path, encoding))
-    for path in text_dir or []:
+    for path in _paths(text_dir):
         docs.extend(D.read_text_dir(path, encoding))
     if dataset:
         docs.extend(D.read_dataset(dataset, dataset_config, split, column, limit))
     if not docs:
         docs = D.default_corpus()
     return docs[:limit] if limit else docs
+
+
+def _paths(given) -> list:
+    """One path (a string or os.PathLike) or an iterable of them, as a list; None as none."""
+    if given is None:
+        return []
+    return [given] if isinstance(given, (str, os.PathLike)) else list(given)
 
 
 def tokenize_documents(tok, docs: list[D.Document], max_tokens: int | None = None) -> list[torch.Tensor]:

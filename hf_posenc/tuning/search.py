@@ -212,10 +212,6 @@ def _check_keywords(docs, data_keys: dict[str, Any], run: dict[str, Any]) -> Non
                          f"documents' ({', '.join(DATA_KEYWORDS)}) and the run's ({', '.join(sorted(RUN_KEYWORDS))})")
     if docs is not None and data_keys:
         raise ValueError(f"tune(): give docs or {', '.join(data_keys)}, not both")
-    if isinstance(data_keys.get("text_file"), (str, os.PathLike)):
-        data_keys["text_file"] = [data_keys["text_file"]]
-    if isinstance(data_keys.get("text_dir"), (str, os.PathLike)):
-        data_keys["text_dir"] = [data_keys["text_dir"]]
 
 
 def _job(model, tokenizer, run: dict[str, Any]) -> Run:
