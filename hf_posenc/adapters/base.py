@@ -75,13 +75,15 @@ class PatchRecord:
         sub-configs: the language model of a composite model) gets the copy."""
         old = self.model.config
         new = copy.deepcopy(old)
-        pairs = {id(old): new}
+        pairs = [(old, new)]
         for name in getattr(old, "sub_configs", None) or {}:
             if getattr(old, name, None) is not None:
-                pairs[id(getattr(old, name))] = getattr(new, name)
-        holders = [(m, m.config) for m in self.model.modules() if id(getattr(m, "config", None)) in pairs]
-        for m, held in holders:
-            m.config = pairs[id(held)]
+                pairs.append((getattr(old, name), getattr(new, name)))
+        holders = [(m, m.config, copy_) for m in self.model.modules() for held, copy_ in pairs
+                   if getattr(m, "config", None) is held]
+        for m, _, copy_ in holders:
+            m.config = copy_
+        holders = [(m, held) for m, held, _ in holders]
         self._undo.append(("configs", holders))
 
     def undo(self) -> None:

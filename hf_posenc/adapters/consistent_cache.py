@@ -15,11 +15,14 @@ of ``generate``), sliding-window layers included; another cache type is refused 
 What re-rotation reaches: every cached key is rotated as a forward over the whole sequence would rotate it,
 so the first layer's cache is exactly the recomputed one. The keys and values of deeper layers were computed
 from hidden states of earlier steps, when the frequencies were those of a shorter length; for the small
-per-step changes of dynamic NTK and dynamic YaRN this stays within 1e-4 of recomputing (tested). LongRoPE
-switches once, from its short to its long factors, a change too large for that: there ``generate`` drops
-the cache at the switch and encodes the sequence again with the long factors (one prefill, as transformers'
-Phi-3 does), after which nothing changes any more. Without ``generate`` (a cache passed by hand), the keys
-are re-rotated.
+per-step changes of dynamic NTK and dynamic YaRN this stays within 1e-4 of recomputing (tested). This is
+not exact (the cached keys and values of deeper layers stay those of the shorter lengths), so
+``cache="exact"`` does what exactness takes: ``generate`` drops the cache at each step whose frequencies
+change and encodes the whole sequence again (:class:`RecomputeOnChange`), so every step equals recomputing
+the sequence, at the cost of a forward over it per step past the original context. LongRoPE switches once,
+from its short to its long factors, a change too large for re-rotation: with ``"consistent"`` or ``"exact"``,
+``generate`` encodes the sequence again at the switch (one prefill, as transformers' Phi-3 does), after which
+nothing changes any more. Without ``generate`` (a cache passed by hand), the keys are re-rotated.
 """
 
 from __future__ import annotations
@@ -61,14 +64,18 @@ def owner_of(model: nn.Module, rotary: nn.Module) -> nn.Module:
     raise ValueError(f"cache='consistent': no module of {type(model).__name__} holds its {type(rotary).__name__}")
 
 
-def watch(model: nn.Module, rotary: nn.Module, record, watchers: dict[int, CacheWatcher]) -> CacheWatcher:
-    """The watcher of ``rotary``'s owner, registered (reversibly, through ``record``) the first time."""
+def watch(model: nn.Module, rotary: nn.Module, record, watchers: list[tuple[nn.Module, CacheWatcher]]) -> CacheWatcher:
+    """The watcher of ``rotary``'s owner (one per owner in ``watchers``, the patch call's own (owner, watcher)
+    list), registered (reversibly, through ``record``) the first time."""
     owner = owner_of(model, rotary)
-    if id(owner) not in watchers:
-        w = watchers[id(owner)] = CacheWatcher(owner)
-        record.add_hook(owner.register_forward_pre_hook(w.before, with_kwargs=True))
-        record.add_hook(owner.register_forward_hook(w.after, with_kwargs=True))
-    return watchers[id(owner)]
+    for held, w in watchers:
+        if held is owner:
+            return w
+    w = CacheWatcher(owner)
+    watchers.append((owner, w))
+    record.add_hook(owner.register_forward_pre_hook(w.before, with_kwargs=True))
+    record.add_hook(owner.register_forward_hook(w.after, with_kwargs=True))
+    return w
 
 
 def layers_of_type(text_config: Any, layer_type: str | None) -> list[int] | None:
@@ -109,17 +116,29 @@ def rerotate_cache(cache: Any, layers: list[int] | None, position_ids: torch.Ten
         R.rerotate_keys(keys, *turns[m, b, device])
 
 
-class RecomputeAtSwitch:
-    """``prepare_inputs_for_generation`` of one model instance (LongRoPE, ``cache="consistent"``): the step whose
-    length first passes ``original`` gets no cache, so the sequence is encoded again with the long factors."""
+def generated_length(input_ids: torch.Tensor, attention_mask: Any) -> int:
+    """The ``max(position_ids) + 1`` that ``generate``'s next forward will have: the longest row without its
+    padding."""
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
+        return int(attention_mask.sum(-1).max())
+    return input_ids.shape[1]
 
-    def __init__(self, model: nn.Module, original: int):
-        self.model, self.original = model, original
+
+class RecomputeOnChange:
+    """``prepare_inputs_for_generation`` of one model instance: a step at which the frequencies change gets no
+    cache, so the whole sequence is encoded again with the new frequencies (``generate`` keeps the new cache).
+    LongRoPE (``cache="consistent"``): once, at the switch from the short to the long factors. Dynamic NTK and
+    dynamic YaRN (``cache="exact"``): at every step that grows the length past the longest seen, i.e. each step
+    past the original context costs a forward over the whole sequence, and every step equals recomputing it."""
+
+    def __init__(self, model: nn.Module, hooks: list):
+        self.model, self.hooks = model, hooks
 
     def __call__(self, input_ids: torch.Tensor, past_key_values: Any = None, **kwargs: Any) -> dict:
-        if past_key_values is not None and input_ids.shape[1] > self.original \
-                and past_key_values.get_seq_length() <= self.original:
-            past_key_values = None
-            kwargs["next_sequence_length"] = None
+        if past_key_values is not None and past_key_values.get_seq_length() > 0:
+            n = generated_length(input_ids, kwargs.get("attention_mask"))
+            if any(h.would_change(n) for h in self.hooks):
+                past_key_values = None
+                kwargs["next_sequence_length"] = None
         return type(self.model).prepare_inputs_for_generation(self.model, input_ids, past_key_values=past_key_values,
                                                               **kwargs)

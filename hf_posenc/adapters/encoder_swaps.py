@@ -142,8 +142,9 @@ class CachedLength:
 
 def t5_self_attention_modules(model: nn.Module) -> list[nn.Module]:
     """T5Attention modules used as self-attention (not a decoder's cross-attention)."""
-    cross = {id(m.EncDecAttention) for m in model.modules() if hasattr(m, "EncDecAttention")}
-    return [m for m in model.modules() if hasattr(m, "relative_attention_num_buckets") and id(m) not in cross]
+    cross = [m.EncDecAttention for m in model.modules() if hasattr(m, "EncDecAttention")]
+    return [m for m in model.modules()
+            if hasattr(m, "relative_attention_num_buckets") and not any(m is c for c in cross)]
 
 
 def _t5_rope(model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> None:

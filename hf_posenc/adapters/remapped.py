@@ -43,6 +43,7 @@ def apply_remapped(model: nn.Module, cfg: PosEncConfig, slots: list[RotarySlot],
     method, L = REMAPPED[cfg.method], cfg.original_max_position_embeddings
     state = RemapState(method.scheme(cfg.params, L), slots[0].get("inv_freq"))
     record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
+    record.add_hook(body(model).register_forward_hook(state.body_done, with_kwargs=True, always_call=True))
     select(model, record, state, attention_modules(model), register(), STATE_ATTR)
     record.set_config("max_position_embeddings", method.context(cfg.params, L))
 

@@ -47,16 +47,26 @@ class RemapState(CacheOffset):
         self.scheme = scheme
         self.inv_freq = inv_freq.detach().float().clone()
         self.block = block
-        self._starts_key = self._starts = None
+        self._starts: dict[tuple, list[int] | None] | None = None  # this forward call's row starts, by mask shape
+
+    def body_hook(self, module, args, kwargs) -> None:
+        super().body_hook(module, args, kwargs)
+        self._starts = {}  # a new forward call: its layers share its mask, and nothing of an earlier call is kept
+
+    def body_done(self, module, args, kwargs, output) -> None:
+        self._starts = None
 
     def row_starts(self, attention_mask, k_total: int) -> list[int] | None:
-        """The cache index of each row's first real key (once per forward call: layers share the mask)."""
+        """The cache index of each row's first real key. Computed from the mask's content; within one forward
+        call of the model body (whose layers all get the same mask) once per mask shape, never across calls."""
         if attention_mask is None:
             return None
-        key = (id(attention_mask), attention_mask.data_ptr(), tuple(attention_mask.shape), k_total)
-        if self._starts_key != key:
-            self._starts, self._starts_key = padding_starts(attention_mask, k_total), key
-        return self._starts
+        if self._starts is None:  # an attention call outside a body call (a layer run alone): no sharing
+            return padding_starts(attention_mask, k_total)
+        key = (tuple(attention_mask.shape), k_total)
+        if key not in self._starts:
+            self._starts[key] = padding_starts(attention_mask, k_total)
+        return self._starts[key]
 
 
 def padding_starts(attention_mask: torch.Tensor, k_total: int) -> list[int] | None:

@@ -11,7 +11,8 @@ the current forward call (``max(position_ids) + 1``), exactly as transformers do
 types. During ``generate`` the prompt is encoded with the frequencies for the prompt length; each
 new token past the original context recomputes them for the grown length. With ``cache="stale"``
 the keys already in the cache keep the rotation they were stored with (transformers' behaviour);
-with ``cache="consistent"`` (the default) they are re-rotated (``consistent_cache``). Recomputation
+with ``cache="consistent"`` (the default) they are re-rotated (``consistent_cache``); with ``cache="exact"``
+``generate`` encodes the sequence again whenever they change. Recomputation
 only ever happens when the length grows past what was seen, and the original frequencies return
 once a call is shorter than the original context again.
 
@@ -33,7 +34,7 @@ from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..methods.rope import SCALINGS, RopeScaling
 from .base import PatchRecord
-from .consistent_cache import CacheWatcher, RecomputeAtSwitch, layers_of_type, rerotate_cache, watch
+from .consistent_cache import CacheWatcher, RecomputeOnChange, layers_of_type, rerotate_cache, watch
 from .layout import Layout, RotarySlot, rope_geometry
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
 
@@ -65,6 +66,13 @@ class LengthAwareRope:
         self.current = seq_len
         if self.watcher is not None and self.watcher.cache is not None:
             rerotate_cache(self.watcher.cache, self.layers, position_ids, old, (self.slot.get("inv_freq"), attention))
+
+    def would_change(self, seq_len: int) -> bool:
+        """Whether a forward call whose longest row is ``seq_len`` long changes the frequencies."""
+        L = self.geom.original_max_position_embeddings
+        if self.grow_only:
+            return seq_len > self.cached or (seq_len < L and self.cached > L)
+        return (seq_len > L) != (self.current is not None)
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         position_ids = kwargs["position_ids"] if "position_ids" in kwargs else args[1]
@@ -121,7 +129,7 @@ class Scaled:
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, record: PatchRecord) -> bool:
         scaling = SCALINGS[cfg.method]
-        natives, ours, watchers = {}, {}, {}
+        natives, ours, watchers = {}, {}, []
         for s in lay.selected:
             rp = s.rope_parameters(lay.config)
             geom = rope_geometry(lay.config, cfg.original_max_position_embeddings, rp)
@@ -150,14 +158,17 @@ class Scaled:
 
     @staticmethod
     def _hook(model: nn.Module, lay: Layout, s: RotarySlot, scaling: RopeScaling, geom: R.RopeGeometry,
-              cfg: PosEncConfig, record: PatchRecord, watchers: dict) -> None:
-        consistent = cfg.params.get("cache") == "consistent"
-        watcher = watch(model, s.module, record, watchers) if consistent else None
+              cfg: PosEncConfig, record: PatchRecord, watchers: list) -> None:
+        mode = cfg.params.get("cache")
+        watcher = watch(model, s.module, record, watchers) if mode in ("consistent", "exact") else None
         layers = layers_of_type(lay.config, s.layer_type)
         hook = LengthAwareRope(scaling, geom, cfg, s, watcher, layers)
-        if consistent and scaling.dynamic == "switch" and "prepare_inputs_for_generation" not in model.__dict__:
-            record.set_attr(model, "prepare_inputs_for_generation",
-                            RecomputeAtSwitch(model, geom.original_max_position_embeddings))
+        if mode == "exact" or (mode == "consistent" and scaling.dynamic == "switch"):
+            recompute = model.__dict__.get("prepare_inputs_for_generation")
+            if not isinstance(recompute, RecomputeOnChange):
+                recompute = RecomputeOnChange(model, [])
+                record.set_attr(model, "prepare_inputs_for_generation", recompute)
+            recompute.hooks.append(hook)
         record.add_hook(s.module.register_forward_pre_hook(hook, with_kwargs=True))
 
     @staticmethod

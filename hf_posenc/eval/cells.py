@@ -17,6 +17,7 @@ seconds its computation took, so that a run resumed over several calls can still
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -57,6 +58,42 @@ def _normal(data: Any) -> Any:
     return json.loads(json.dumps(data))
 
 
+NUMBER = "number"  # a field type of a cell result: a finite int or float, not a bool
+Fields = dict[str, Any]  # a cell result's fields and their types (NUMBER, list, dict)
+
+
+def _fits(value: Any, kind: Any) -> bool:
+    if kind == NUMBER:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, kind)
+
+
+def result_fits(result: Any, fields: Fields | None) -> bool:
+    """Whether a cell result read from a file has every field its task's results have, each of its type."""
+    if fields is None:
+        return True
+    return isinstance(result, dict) and all(k in result and _fits(result[k], t) for k, t in fields.items())
+
+
+def _is_cell(item: Any) -> bool:
+    """Whether a parsed line has the fields of a cell line, each of its type."""
+    if not isinstance(item, dict) or item.get("kind") != "cell" or "result" not in item:
+        return False
+    seconds = _recorded_seconds(item)
+    timed = seconds is None or (isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0)
+    return (isinstance(item.get("variant"), str) and isinstance(item.get("key"), list)
+            and isinstance(item.get("config"), dict) and timed)
+
+
+def _describe(item: Any) -> str:
+    if not isinstance(item, dict):
+        return f"a JSON {type(item).__name__}, not an object"
+    missing = [k for k in ("kind", "variant", "config", "key", "result") if k not in item]
+    if missing:
+        return f"no {', '.join(missing)}"
+    return "a field of the wrong type: " + ", ".join(f"{k}={item[k]!r}"[:60] for k in ("kind", "variant", "key"))
+
+
 def _recorded_seconds(item: dict[str, Any]) -> float | None:
     """A cell line's seconds. Tune cells written before the lines carried them timed themselves inside the
     result; that time comes first, as the tune's budget counted it, so that a resumed run decides the same."""
@@ -74,8 +111,8 @@ class CellStore:
         self.path = os.path.join(output, CELLS_FILE) if output else None
         self.fingerprint = _normal(fingerprint)
         self.done: dict[str, Any] = {}
-        self.kept: set[str] = set()  # the cells found in the file (computed by an earlier run)
-        self.configs: dict[str, dict[str, Any]] = {}  # label -> its config in the finished cells
+        self.kept: dict[str, int] = {}  # the cells found in the file (computed by an earlier run): their line
+        self.configs: dict[str, list[dict[str, Any]]] = {}  # label -> the configs of its finished cells
         self.seconds: dict[str, float] = {}  # cell id -> the seconds it took (cells of older releases have none)
         self.used: set[str] = set()  # the cells this run's results are made of
         if self.path is None:
@@ -112,27 +149,49 @@ class CellStore:
 
     def _read(self) -> None:
         with open(self.path, encoding="utf-8") as f:
-            for line in f:
+            for number, line in enumerate(f, 1):
                 try:
                     item = json.loads(line)
                 except ValueError:  # a line cut short by a kill: that cell is computed again
                     continue
-                if item.get("kind") == "cell":
-                    self.done[_key_id(item["variant"], item["key"])] = item["result"]
-                    self.kept.add(_key_id(item["variant"], item["key"]))
-                    self.configs[item["variant"]] = item["config"]
-                    seconds = _recorded_seconds(item)
-                    if seconds is not None:
-                        self.seconds[_key_id(item["variant"], item["key"])] = seconds
+                if number == 1 and isinstance(item, dict) and item.get("kind") == "setup":
+                    continue
+                self._take(item, number)
+
+    def _take(self, item: Any, number: int) -> None:
+        """One finished cell of the file (line ``number``), checked field by field."""
+        if not _is_cell(item):
+            raise ValueError(f"line {number} of {self.path} is not a cell of this run ({_describe(item)}); "
+                             "use another --output, or --overwrite to start it anew")
+        cell = _key_id(item["variant"], item["key"])
+        self.done[cell] = item["result"]
+        self.kept[cell] = number
+        configs = self.configs.setdefault(item["variant"], [])
+        if item["config"] not in configs:
+            configs.append(item["config"])
+        seconds = _recorded_seconds(item)
+        if seconds is not None:
+            self.seconds[cell] = seconds
 
     def check(self, variants: list[Variant]) -> None:
-        """Refuse a label whose configuration differs from the one its finished cells were computed with."""
+        """Refuse a label whose configuration differs from one its finished cells were computed with (every
+        cell line is checked, not only the last of the label)."""
         for v in variants:
-            old = self.configs.get(v.label)
-            if old is not None and old != _normal(v.config.to_dict()):
-                raise ValueError(f"variant {v.label!r} is {v.config.to_dict()} now, but its finished cells in "
-                                 f"{self.path} were computed with {old} ({'; '.join(differences(old, v.config.to_dict()))}); "
-                                 "give it another label, or --overwrite")
+            now = _normal(v.config.to_dict())
+            for old in self.configs.get(v.label, []):
+                if old != now:
+                    raise ValueError(f"variant {v.label!r} is {now} now, but finished cells of it in {self.path} "
+                                     f"were computed with {old} ({'; '.join(differences(old, now))}); give it "
+                                     "another label, or --overwrite")
+
+    def check_results(self, cells: list[tuple[str, list]], fields: Fields | Callable[[list], Fields] | None) -> None:
+        """Refuse a finished cell of the file whose result lacks a field of the task (or has one of another type)."""
+        for label, key in cells:
+            cell = _key_id(label, key)
+            if cell in self.kept and not result_fits(self.done[cell], fields(key) if callable(fields) else fields):
+                raise ValueError(f"line {self.kept[cell]} of {self.path} is not a cell of this run (its result lacks "
+                                 f"a field of the task, or has one of another type); use another --output, or "
+                                 "--overwrite to start it anew")
 
     def _append(self, item: dict[str, Any]) -> None:
         line = (json.dumps(item) + "\n").encode("utf-8")
@@ -165,11 +224,14 @@ class CellStore:
 
 
 def run_cells(model, variants: list[Variant], keys: dict[str, list[list]], compute: Callable[[Variant, list], Any],
-              store: CellStore, processes: Processes, progress: bool = True, desc: str = "") -> dict[str, dict]:
+              store: CellStore, processes: Processes, progress: bool = True, desc: str = "",
+              fields: Fields | Callable[[list], Fields] | None = None) -> dict[str, dict]:
     """Compute every cell of ``keys`` (label -> the variant's cell keys) that ``store`` does not hold, this
     process its share, each with the model patched by its variant; returns label -> the results in the
-    order of its keys, complete on every process. The model is left as it was."""
+    order of its keys, complete on every process. The model is left as it was. ``fields``: the fields of the
+    task's results (or a function of the cell key giving them), which every result read from the file must have."""
     store.check(variants)
+    store.check_results([(v.label, k) for v in variants for k in keys[v.label]], fields)
     total = sum(len(k) for k in keys.values())
     pending = [(v, k) for v in variants for k in keys[v.label] if _key_id(v.label, k) not in store.done]
     resumed = sum(_key_id(v.label, k) in store.kept for v in variants for k in keys[v.label])

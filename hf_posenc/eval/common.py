@@ -12,7 +12,8 @@ from ..config import PosEncConfig
 from ..patching import patch, trying
 from ..methods import resolve_method
 from ..context import original_context
-from ..files import check_output_folder
+from ..digests import file_digests
+from ..files import OutputLock, check_output_folder
 from ..provenance import environment, recorded_command
 from ..runtime import load_model_and_tokenizer, seed_everything
 from .cells import CellStore, run_cells
@@ -53,21 +54,17 @@ MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".json")
 
 def model_identity(model: str, lm, src) -> dict[str, Any]:
     """What names the exact weights: the Hub revision transformers resolved, or for a local folder a digest
-    of its model files (names, sizes, and the first and last MiB of each)."""
+    of its model files (names, sizes and every byte: see :mod:`hf_posenc.digests`)."""
     identity = {"model": model, "revision": getattr(lm.config, "_commit_hash", None)}
     folder = src.path if os.path.isdir(src.path) else None
     if folder is not None:
-        digest = hashlib.sha256()
         names = sorted(f for f in os.listdir(folder) if f.endswith(MODEL_FILES))
         names = [f for f in names if f == src.kwargs.get("gguf_file") or not f.endswith(".gguf")]
-        for name in names:
-            path = os.path.join(folder, name)
-            size = os.path.getsize(path)
-            with open(path, "rb") as f:
-                digest.update(f"{name}:{size}:".encode() + f.read(1 << 20))
-                f.seek(max(0, size - (1 << 20)))
-                digest.update(f.read())
-        identity["files"] = digest.hexdigest()[:24]
+        paths = [os.path.join(folder, name) for name in names]
+        digest = hashlib.sha256()
+        for name, path, content in zip(names, paths, file_digests(paths)):
+            digest.update(f"{name}:{os.path.getsize(path)}:{content}\n".encode())
+        identity["files"] = "sha256:" + digest.hexdigest()[:32]
     return identity
 
 
@@ -98,6 +95,19 @@ class Run:
         self.output, self.overwrite, self.progress, self.plots = output, overwrite, progress, plots
         self.command, self.loaded = command, loaded
         self._stores: dict[str, CellStore] = {}
+        # one run per output folder: a second one is refused here, before the slow load
+        self._lock = OutputLock(output) if output and self.processes.is_main else None
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the output folder (see :class:`files.OutputLock`)."""
+        if self._lock is not None:
+            self._lock.release()
 
     def load(self):
         """(model, tokenizer, source), loaded once."""
@@ -120,7 +130,7 @@ class Run:
                 "dtype": self.dtype, "attn_implementation": self.attention, "versions": versions}
 
     def cells(self, task: str, settings: dict[str, Any], keys: dict[str, list[list]], compute,
-              variants: list | None = None, desc: str | None = None) -> dict[str, list]:
+              variants: list | None = None, desc: str | None = None, fields=None) -> dict[str, list]:
         """The cell results of ``variants`` (default: every variant of the run; see :func:`cells.run_cells`),
         resumed from ``output`` when it has them. Called again for the same task in one run, it reuses the
         cells computed so far (the settings of the first call are the task's)."""
@@ -129,7 +139,7 @@ class Run:
             kept = self.fingerprint(task, settings) if self.output else {}  # only a cells file needs one
             store = self._stores[task] = CellStore(self.output, kept, self.processes, self.overwrite)
         return run_cells(self.loaded[0], variants or self.variants, keys, compute, store, self.processes,
-                         self.progress and self.processes.is_main, desc=desc or task)
+                         self.progress and self.processes.is_main, desc=desc or task, fields=fields)
 
     def cell_seconds(self, task: str, label: str, keys: list[list]) -> float:
         """The recorded compute seconds of ``label``'s cells ``keys`` of ``task`` (see :meth:`cells`)."""

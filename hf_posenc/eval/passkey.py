@@ -77,13 +77,18 @@ def random_key(rng: random.Random, digits: int) -> str:
     return str(rng.randint(10 ** (digits - 1), 10**digits - 1))
 
 
-def batches(prompts: list[PasskeyPrompt], batch_size: int, with_answer: bool) -> list[list[PasskeyPrompt]]:
-    """Prompts grouped so that each group has one prompt length (and, ``with_answer``, one answer length),
-    so batches need no padding, with at most ``batch_size`` rows each."""
-    groups: dict[tuple[int, int], list[PasskeyPrompt]] = {}
-    for p in prompts:
-        groups.setdefault((len(p.input_ids), len(p.answer_ids) if with_answer else 0), []).append(p)
+def batch_indices(prompts: list[PasskeyPrompt], batch_size: int, with_answer: bool) -> list[list[int]]:
+    """The prompts' indices grouped so that each group has one prompt length (and, ``with_answer``, one answer
+    length), so batches need no padding, with at most ``batch_size`` rows each."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault((len(p.input_ids), len(p.answer_ids) if with_answer else 0), []).append(i)
     return [g[i : i + batch_size] for g in groups.values() for i in range(0, len(g), batch_size)]
+
+
+def batches(prompts: list[PasskeyPrompt], batch_size: int, with_answer: bool) -> list[list[PasskeyPrompt]]:
+    """The prompts in the groups of :func:`batch_indices`."""
+    return [[prompts[i] for i in g] for g in batch_indices(prompts, batch_size, with_answer)]
 
 
 @torch.no_grad()
@@ -150,16 +155,17 @@ def passkey_cell(model, tokenizer, builder: PasskeyBuilder, length: int, depth: 
     Prompts of one token length run ``batch_size`` at a time (results do not depend on it)."""
     rng = random.Random(key_seed)
     prompts = [builder.build(length, depth, random_key(rng, digits)) for _ in range(trials)]
-    outcome: dict[int, tuple[bool, str | None]] = {}
-    for group in batches(prompts, batch_size, with_answer=scoring == "teacher_forced"):
+    outcome: list[tuple[bool, str | None]] = [(False, None)] * len(prompts)
+    for group in batch_indices(prompts, batch_size, with_answer=scoring == "teacher_forced"):
+        rows = [prompts[i] for i in group]
         if scoring == "teacher_forced":
-            got = [(ok, None) for ok in score_teacher_forced(model, group)]
+            got = [(ok, None) for ok in score_teacher_forced(model, rows)]
         else:
-            got = score_greedy(model, tokenizer, group)
-        for p, r in zip(group, got):
-            outcome[id(p)] = r
-    samples = [{"length": length, "depth": depth, "tokens": p.length, "key": p.key, "correct": outcome[id(p)][0],
-                **({"output": outcome[id(p)][1]} if outcome[id(p)][1] is not None else {})} for p in prompts]
+            got = score_greedy(model, tokenizer, rows)
+        for i, r in zip(group, got):
+            outcome[i] = r
+    samples = [{"length": length, "depth": depth, "tokens": p.length, "key": p.key, "correct": ok,
+                **({"output": said} if said is not None else {})} for p, (ok, said) in zip(prompts, outcome)]
     return {"hits": sum(s["correct"] for s in samples), "trials": trials, "samples": samples}
 
 

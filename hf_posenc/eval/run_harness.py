@@ -23,21 +23,22 @@ def run_harness(*, tasks: list[str], lengths: list[int], limit: int | None = Non
     version = require_lm_eval()
     tasks = check_tasks(tasks)
     check_lengths(lengths, tasks)
-    job = Run(**run)
-    lm, tok, _ = job.load()
-    settings = {"tasks": tasks, "limit": limit, "max_gen_tokens": max_gen_tokens, "lm_eval": version,
-                "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
-    keys = [[t, n] for n in lengths for t in tasks]
-    with tempfile.TemporaryDirectory() as folder:
-        where = saved_tokenizer(tok, folder)
-        done = job.cells("harness", {**settings, "lengths": lengths}, {v.label: keys for v in job.variants},
-                         lambda v, k: harness_cell(lm, tok, where, k[0], k[1], limit=limit,
-                                                   max_gen_tokens=max_gen_tokens, batch_size=batch_size,
-                                                   seed=job.seed))
-    results = {label: aggregate_harness(lengths, [(t, n, c) for (t, n), c in zip(keys, values)], threshold)
-               for label, values in done.items()}
-    settings.update(lengths=lengths, batch_size=batch_size, threshold=threshold)
-    return job.report("harness", settings, results, harness_table, harness_plots)
+    with Run(**run) as job:
+        lm, tok, _ = job.load()
+        settings = {"tasks": tasks, "limit": limit, "max_gen_tokens": max_gen_tokens, "lm_eval": version,
+                    "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
+        keys = [[t, n] for n in lengths for t in tasks]
+        with tempfile.TemporaryDirectory() as folder:
+            where = saved_tokenizer(tok, folder)
+            done = job.cells("harness", {**settings, "lengths": lengths}, {v.label: keys for v in job.variants},
+                             lambda v, k: harness_cell(lm, tok, where, k[0], k[1], limit=limit,
+                                                       max_gen_tokens=max_gen_tokens, batch_size=batch_size,
+                                                       seed=job.seed),
+                             fields=dict.fromkeys(("scores", "metrics", "samples", "outputs"), dict))
+        results = {label: aggregate_harness(lengths, [(t, n, c) for (t, n), c in zip(keys, values)], threshold)
+                   for label, values in done.items()}
+        settings.update(lengths=lengths, batch_size=batch_size, threshold=threshold)
+        return job.report("harness", settings, results, harness_table, harness_plots)
 
 
 def _pct(value: float | None) -> str:

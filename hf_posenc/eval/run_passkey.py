@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .cells import NUMBER
 from .common import Run
 from .passkey import FILLER, NEEDLE, PasskeyBuilder, aggregate_passkey, check_needle, check_scoring, grid, passkey_cell
 from .report import markdown_table, plot_heatmap, plot_lines
@@ -16,22 +17,23 @@ def run_passkey(*, lengths: list[int], depths: list[float], trials: int = 5, dig
     """Passkey accuracy of each variant per (length, depth); ``run``: the keywords of :class:`common.Run`
     (model, methods or variants, seed, output, ...). Each (length, depth) is a cell: resumable, and shared
     between processes under ``accelerate launch``."""
-    job = Run(**run)
-    if any(not 0 <= d <= 1 for d in depths):
-        raise ValueError(f"--depths must lie in [0, 1], got {depths}")
-    check_needle(needle)
-    check_scoring(scoring, trials, digits, batch_size)
-    lm, tok, _ = job.load()
-    builder = PasskeyBuilder(tok, filler=filler, needle=needle)
-    cells = grid(lengths, depths, job.seed)
-    settings = {"trials": trials, "digits": digits, "scoring": scoring, "filler": filler, "needle": needle,
-                "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
-    done = job.cells("passkey", settings, {v.label: [list(c) for c in cells] for v in job.variants},
-                     lambda v, k: passkey_cell(lm, tok, builder, *k, trials, digits, scoring, batch_size))
-    results = {label: aggregate_passkey(lengths, [(n, d, c) for (n, d, _), c in zip(cells, values)])
-               for label, values in done.items()}
-    settings.update(lengths=lengths, depths=depths, batch_size=batch_size)
-    return job.report("passkey", settings, results, passkey_table, passkey_plots)
+    with Run(**run) as job:
+        if any(not 0 <= d <= 1 for d in depths):
+            raise ValueError(f"--depths must lie in [0, 1], got {depths}")
+        check_needle(needle)
+        check_scoring(scoring, trials, digits, batch_size)
+        lm, tok, _ = job.load()
+        builder = PasskeyBuilder(tok, filler=filler, needle=needle)
+        cells = grid(lengths, depths, job.seed)
+        settings = {"trials": trials, "digits": digits, "scoring": scoring, "filler": filler, "needle": needle,
+                    "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
+        done = job.cells("passkey", settings, {v.label: [list(c) for c in cells] for v in job.variants},
+                         lambda v, k: passkey_cell(lm, tok, builder, *k, trials, digits, scoring, batch_size),
+                         fields={"hits": NUMBER, "trials": NUMBER, "samples": list})
+        results = {label: aggregate_passkey(lengths, [(n, d, c) for (n, d, _), c in zip(cells, values)])
+                   for label, values in done.items()}
+        settings.update(lengths=lengths, depths=depths, batch_size=batch_size)
+        return job.report("passkey", settings, results, passkey_table, passkey_plots)
 
 
 def passkey_table(report: dict[str, Any]) -> str:

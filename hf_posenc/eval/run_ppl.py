@@ -11,7 +11,10 @@ import torch
 from . import data as D
 from .common import Run
 from .perplexity import aggregate_length, doc_digest, plan_lengths, window_cell
+from .cells import NUMBER
 from .report import markdown_table, plot_lines
+
+WINDOW_FIELDS = {"tokens": NUMBER, "nll_sum": NUMBER, "bucket_sum": list, "bucket_cnt": list}
 
 
 def gather_documents(text_file=None, text_dir=None, dataset=None, dataset_config=None, split="test",
@@ -55,39 +58,39 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
     """Perplexity of each variant at each of ``lengths`` over ``docs``; ``run``: the keywords of
     :class:`common.Run` (model, methods or variants, output, ...). Each window is a cell: resumable, and
     shared between processes under ``accelerate launch``."""
-    job = Run(**run)
-    if not lengths or any(n < 2 for n in lengths):
-        raise ValueError(f"--lengths must be token counts >= 2, got {lengths}")
-    if stride is not None and mode != "sliding":
-        raise ValueError(f"--stride {stride} applies to --mode sliding; windows mode scores non-overlapping windows "
-                         "(drop --stride, or add --mode sliding)")
-    lm, tok, _ = job.load()
-    need = None
-    if max_windows and mode == "windows":
-        need = max(lengths) * max_windows
-    elif max_windows:
-        need = max(lengths) + (stride or max(lengths)) * max_windows
-    token_docs = tokenize_documents(tok, docs, need)
-    names = [d.name for d in docs]
-    plans = plan_lengths(token_docs, lengths, mode, stride, max_windows)
-    digests = [doc_digest(t) for t in token_docs]
-    cells = [(n, w) for n in lengths for w in plans[n]]
-    keys = [[n, names[w.doc], digests[w.doc], w.begin] for n, w in cells]
-    settings = {"mode": mode, "stride": stride, "buckets": buckets}
-    window_of = {json.dumps(k): w for k, (_, w) in zip(keys, cells)}
+    with Run(**run) as job:
+        if not lengths or any(n < 2 for n in lengths):
+            raise ValueError(f"--lengths must be token counts >= 2, got {lengths}")
+        if stride is not None and mode != "sliding":
+            raise ValueError(f"--stride {stride} applies to --mode sliding; windows mode scores non-overlapping windows "
+                             "(drop --stride, or add --mode sliding)")
+        lm, tok, _ = job.load()
+        need = None
+        if max_windows and mode == "windows":
+            need = max(lengths) * max_windows
+        elif max_windows:
+            need = max(lengths) + (stride or max(lengths)) * max_windows
+        token_docs = tokenize_documents(tok, docs, need)
+        names = [d.name for d in docs]
+        plans = plan_lengths(token_docs, lengths, mode, stride, max_windows)
+        digests = [doc_digest(t) for t in token_docs]
+        cells = [(n, w) for n in lengths for w in plans[n]]
+        keys = [[n, names[w.doc], digests[w.doc], w.begin] for n, w in cells]
+        settings = {"mode": mode, "stride": stride, "buckets": buckets}
+        window_of = {json.dumps(k): w for k, (_, w) in zip(keys, cells)}
 
-    def compute(variant, key):
-        w = window_of[json.dumps(key)]
-        return window_cell(lm, token_docs[w.doc], w, buckets, chunk_size)
+        def compute(variant, key):
+            w = window_of[json.dumps(key)]
+            return window_cell(lm, token_docs[w.doc], w, buckets, chunk_size)
 
-    done = job.cells("perplexity", settings, {v.label: keys for v in job.variants}, compute)
-    results = {}
-    for label, values in done.items():
-        results[label] = {str(n): aggregate_length(n, plans[n], [c for (m, _), c in zip(cells, values) if m == n],
-                                                   names, buckets) for n in lengths}
-    settings.update(lengths=lengths, max_windows=max_windows, documents=names,
-                    document_tokens=[len(t) for t in token_docs])
-    return job.report("perplexity", settings, results, ppl_table, ppl_plots)
+        done = job.cells("perplexity", settings, {v.label: keys for v in job.variants}, compute, fields=WINDOW_FIELDS)
+        results = {}
+        for label, values in done.items():
+            results[label] = {str(n): aggregate_length(n, plans[n], [c for (m, _), c in zip(cells, values) if m == n],
+                                                       names, buckets) for n in lengths}
+        settings.update(lengths=lengths, max_windows=max_windows, documents=names,
+                        document_tokens=[len(t) for t in token_docs])
+        return job.report("perplexity", settings, results, ppl_table, ppl_plots)
 
 
 def ppl_table(report: dict[str, Any]) -> str:

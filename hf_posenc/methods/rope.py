@@ -57,9 +57,12 @@ def _check_longrope(factor: float, p: dict[str, Any]) -> None:
 
 
 # Length-dependent scalings recompute their frequencies in the forward pass and take the knob ``cache``:
-# "stale" (transformers' behaviour: cached keys keep the rotation they were stored with) or "consistent" (cached
-# keys are re-rotated when the frequencies change; hf_posenc.adapters.consistent_cache).
-CACHE_MODES = ("stale", "consistent")
+# "stale" (transformers' behaviour: cached keys keep the rotation they were stored with), "consistent" (cached
+# keys are re-rotated when the frequencies change; within ~1e-4 of recomputing, since deeper layers' cached
+# keys and values stay those of shorter lengths) or "exact" (generate encodes the sequence again whenever the
+# frequencies change: equal to recomputing, a forward over the sequence per step past the original context);
+# hf_posenc.adapters.consistent_cache.
+CACHE_MODES = ("stale", "consistent", "exact")
 DEFAULT_CACHE = "consistent"  # measured within 1.3x of "stale" per decoded token (BENCHMARKS.md)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..eval.cells import NUMBER
 from ..eval.passkey import PasskeyBuilder, passkey_cell
 from ..eval.perplexity import Window, bucket_edges, plan_windows
 from ..eval.scoring import token_nll
@@ -101,6 +102,16 @@ class CellComputer:
         return {"inside_sum": inside.sum().item(), "inside_cnt": inside.numel(), "beyond_sum": beyond.sum().item(),
                 "beyond_cnt": beyond.numel(), "bucket_sum": buckets,
                 "bucket_cnt": [b - a for a, b in zip(edges[:-1], edges[1:])]}
+
+
+def result_fields(key: list) -> dict[str, Any]:
+    """The fields of a tune cell's result, by the kind of its key (see :meth:`CellComputer.__call__`)."""
+    if key[0] == "passkey":
+        return {"hits": NUMBER, "trials": NUMBER}
+    if key[0] == "short":
+        return {"tokens": NUMBER, "nll_sum": NUMBER}
+    return {**dict.fromkeys(("inside_sum", "inside_cnt", "beyond_sum", "beyond_cnt"), NUMBER),
+            "bucket_sum": list, "bucket_cnt": list}
 
 
 def measure(keys: list[list], cells: list[dict[str, Any]]) -> dict[str, Any]:

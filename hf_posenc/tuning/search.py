@@ -25,7 +25,7 @@ from ..eval.common import Run
 from ..eval.perplexity import doc_digest
 from ..eval.variants import Variant
 from ..methods import resolve_method
-from .objective import DEPTHS, CellComputer, TuneData, measure, plan_data, rank, sample_keys
+from .objective import DEPTHS, CellComputer, TuneData, measure, plan_data, rank, result_fields, sample_keys
 from .space import DEFAULT_METHODS, check_methods, factors, grid_candidates, load_space
 
 BASELINE = Variant("none", PosEncConfig("none"))
@@ -84,7 +84,7 @@ class Search:
 
     def measure(self, variants: list[Variant], keys: list[list], desc: str) -> dict[str, dict[str, Any]]:
         done = self.job.cells("tune", self.settings, {v.label: keys for v in variants}, self.compute,
-                              variants=variants, desc=desc)
+                              variants=variants, desc=desc, fields=result_fields)
         out = {label: {**measure(keys, cells), "seconds": self.job.cell_seconds("tune", label, keys)}
                for label, cells in done.items()}
         self.seconds.update({label: m["seconds"] for label, m in out.items()})
@@ -181,27 +181,27 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
         check_methods(methods)
     data_keys = {k: run.pop(k) for k in DATA_KEYWORDS if k in run}
     _check_keywords(docs, data_keys, run)
-    job = _job(model, tokenizer, run)
-    lm, tok, _ = job.load()
-    original = original_context(lm)
-    if original is None:
-        raise ValueError(f"{type(lm).__name__} has no fixed context length: tune extends RoPE decoders")
-    job.variants = [BASELINE, *(spaced or grid_candidates(list(methods or DEFAULT_METHODS), original, target_length,
-                                                          method_params or {}))]
-    docs = docs if docs is not None else gather_documents(**data_keys)
-    token_docs = tokenize_documents(tok, docs)
-    data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original, target_length)
-    settings = {"target_length": target_length, "max_short_cost": max_short_cost, "rank_by": rank_by,
-                "depths": list(plan.depths), "windows": windows, "keys": keys, "reduction": reduction,
-                "budget_minutes": budget_minutes, "reference": reference, "documents": data.names,
-                "document_tokens": [len(t) for t in token_docs]}
-    results = Search(job, plan, job.variants[1:], data, settings, chunk_size).run()
-    from .report import tune_plots, tune_table, write_best
+    with _job(model, tokenizer, run) as job:
+        lm, tok, _ = job.load()
+        original = original_context(lm)
+        if original is None:
+            raise ValueError(f"{type(lm).__name__} has no fixed context length: tune extends RoPE decoders")
+        job.variants = [BASELINE, *(spaced or grid_candidates(list(methods or DEFAULT_METHODS), original, target_length,
+                                                              method_params or {}))]
+        docs = docs if docs is not None else gather_documents(**data_keys)
+        token_docs = tokenize_documents(tok, docs)
+        data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original, target_length)
+        settings = {"target_length": target_length, "max_short_cost": max_short_cost, "rank_by": rank_by,
+                    "depths": list(plan.depths), "windows": windows, "keys": keys, "reduction": reduction,
+                    "budget_minutes": budget_minutes, "reference": reference, "documents": data.names,
+                    "document_tokens": [len(t) for t in token_docs]}
+        results = Search(job, plan, job.variants[1:], data, settings, chunk_size).run()
+        from .report import tune_plots, tune_table, write_best
 
-    report = job.report("tune", settings, results, tune_table, tune_plots)
-    if job.output and job.processes.is_main:
-        write_best(report, job.output)
-    return report
+        report = job.report("tune", settings, results, tune_table, tune_plots)
+        if job.output and job.processes.is_main:
+            write_best(report, job.output)
+        return report
 
 
 def _check_keywords(docs, data_keys: dict[str, Any], run: dict[str, Any]) -> None:
