@@ -10,10 +10,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .methods import check_factor, resolve_method, resolve_params
+from .methods import MIN_ORIGINAL_CONTEXT, check_factor, resolve_method, resolve_params
 
 CONFIG_KEY = "hf_posenc"  # the key of the block in config.json
-MIN_ORIGINAL_CONTEXT = 16  # a trained context below this is a typo (1 divides by log 1 in longrope, yarn)
+BLOCK_FIELDS = {"version", "native", "original", "family", "schema"}  # what a stored block adds to a PosEncConfig
 
 
 @dataclass
@@ -76,7 +76,11 @@ class PosEncConfig:
         if not isinstance(data, dict) or "method" not in data:
             raise ValueError(f"a PosEncConfig dict needs at least a 'method' key, got {data!r}.")
         known = {"method", "factor", "original_max_position_embeddings", "params"}
-        extra = sorted(set(data) - known - {"version", "native", "original", "family", "schema"})
+        if set(data) & BLOCK_FIELDS:  # a checkpoint's stored block (or a copy of it): checked as one, field by field
+            from .saved_block import SavedBlock
+
+            return SavedBlock.from_dict(data, "this configuration").config
+        extra = sorted(set(data) - known)
         if extra:
             raise ValueError(f"unknown PosEncConfig field(s) {extra}; allowed: {sorted(known)}.")
         return cls(**{k: data[k] for k in known if k in data})

@@ -4,16 +4,37 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import BinaryIO, Callable
 
 
-def atomic_write_text(path: str, text: str) -> str:
-    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over ``path``."""
+def umask() -> int:
+    """The process's file-mode creation mask (read by setting it and setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(folder: str) -> None:
+    """Give the files below ``folder`` that were written as private temporary files (mode 0600: safetensors
+    writes its weights so) the mode a plain ``open`` gives (0644 under umask 022): a checkpoint is for sharing."""
+    mode = 0o666 & ~umask()
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path) and os.stat(path).st_mode & 0o777 == 0o600:
+                os.chmod(path, mode)
+
+
+def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> str:
+    """``write(f)`` into a temporary file beside ``path``, flushed to disk, then renamed over ``path``. The file
+    gets the mode a plain ``open`` would give it (0644 under umask 022), not the temporary file's 0600."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        os.fchmod(fd, 0o666 & ~umask())
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -22,6 +43,11 @@ def atomic_write_text(path: str, text: str) -> str:
             os.unlink(tmp)
         raise
     return path
+
+
+def atomic_write_text(path: str, text: str) -> str:
+    """``text`` (UTF-8) at ``path``, written as :func:`atomic_write` does."""
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def check_output_folder(output: str, source: str | None = None) -> str:
@@ -36,9 +62,20 @@ def check_output_folder(output: str, source: str | None = None) -> str:
     parent = path if os.path.isdir(path) else os.path.dirname(path)
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not os.access(parent, os.W_OK | os.X_OK) or not _can_create_in(parent):
         raise ValueError(f"--output {output!r}: {parent} is not writable.")
     return path
+
+
+def _can_create_in(folder: str) -> bool:
+    """Whether a file can really be created in ``folder`` (``os.access`` says yes to root on /proc, /sys, ...)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".hf_posenc-probe-")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
 
 
 class StagedFolder:
@@ -52,6 +89,7 @@ class StagedFolder:
         parent = os.path.dirname(self.output)
         os.makedirs(parent, exist_ok=True)
         self.tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(self.output)}.partial-")
+        os.chmod(self.tmp, 0o777 & ~umask())  # the mode of a folder made by os.makedirs, not mkdtemp's 0700
         return self.tmp
 
     def __exit__(self, kind, value, tb) -> bool:

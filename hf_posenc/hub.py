@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .context import context_length
-from .files import atomic_write_text
+from .files import atomic_write_text, follow_umask
 from .provenance import scrub
 from .card import BaseModel, build_model_card, describe_base
 from .eval.report import save_report
@@ -66,6 +66,7 @@ def save_pretrained(model, save_directory: str, tokenizer=None, *, eval_results:
         save_report({k: v for k, v in report.items() if k != "plots"}, os.path.join(save_directory, EVAL_FOLDER),
                     report["task"])
     atomic_write_text(os.path.join(save_directory, "README.md"), card.content)
+    follow_umask(save_directory)
     return save_directory
 
 

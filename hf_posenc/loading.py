@@ -45,12 +45,7 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
     if block is not None:
         saved = SavedBlock.from_dict(block, str(path_or_id))
         stored = saved.config
-        adapter = next((a for a in ADAPTERS if a.name == saved.family), None)
-        if adapter is None:
-            raise ValueError(
-                f"{path_or_id}: its config.json's hf_posenc block names the family adapter {saved.family!r}, which "
-                f"this hf_posenc (adapters: {[a.name for a in ADAPTERS]}) does not have; upgrade hf_posenc."
-            )
+        adapter = next(a for a in ADAPTERS if a.name == saved.family)  # SavedBlock knows the families
         hf_config = adapter.prepare_load_config(hf_config, block)
         delattr(hf_config, CONFIG_KEY)
         if requested is not None:
@@ -102,8 +97,16 @@ def model_class_for(hf_config: Any):
     T5ForConditionalGeneration, ...), else ``AutoModelForCausalLM``."""
     import transformers
 
-    for name in getattr(hf_config, "architectures", None) or []:
+    names = getattr(hf_config, "architectures", None) or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"the model's config.json has architectures={names!r}; expected a list of model class names "
+                         "(e.g. [\"LlamaForCausalLM\"])")
+    for name in names:
         cls = getattr(transformers, name, None)
-        if cls is not None:
-            return cls
+        if cls is None:
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+            raise ValueError(f"the model's config.json names architectures={names!r}, but transformers' {name!r} is "
+                             "not a model class; the file was edited or corrupted (e.g. [\"LlamaForCausalLM\"])")
+        return cls
     return transformers.AutoModelForCausalLM

@@ -13,7 +13,8 @@ from typing import Any
 
 MASK = "***"
 _TOKEN_SHAPE = re.compile(r"\b(?:hf_|api_org_)[A-Za-z0-9]{20,}\b")
-_SECRET_FLAG = re.compile(r"(--(?:hf[-_])?token|--api[-_]key|--password|--secret)(=|\s+)('[^']*'|\"[^\"]*\"|\S+)")
+# --token and its prefixes (--tok, --toke: what an abbreviating parser would take for it), not --tokenizer
+_SECRET_FLAG = re.compile(r"(--(?:hf[-_])?tok(?:en?)?|--api[-_]key|--password|--secret)(=|\s+)('[^']*'|\"[^\"]*\"|\S+)")
 
 
 def known_secrets(*extra: str | None) -> set[str]:

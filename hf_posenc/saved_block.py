@@ -50,6 +50,12 @@ class SavedBlock:
         unknown = sorted(set(data) - set(CONFIG_FIELDS) - set(checks) - {"schema"})
         if unknown:
             raise ValueError(f"{where} has unknown field(s) {unknown}.")
+        from .adapters import ADAPTERS
+
+        families = [a.name for a in ADAPTERS]
+        if data["family"] not in families:
+            raise ValueError(f"{where} names the family adapter {data['family']!r}, which this hf_posenc ({__version__}; "
+                             f"adapters: {families}) does not have; upgrade hf_posenc, or save the checkpoint again.")
         try:
             config = PosEncConfig.from_dict({k: data[k] for k in CONFIG_FIELDS if k in data})
         except ValueError as err:

@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     from hf_posenc.eval.report import emit_section, markdown_table
 
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf, alias); default knobs of "
                                                             "every method are derived from its context.")
     p.add_argument("--lengths", default="2048,4096,8192,12288", help="comma-separated tokens per forward pass.")

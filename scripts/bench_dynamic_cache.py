@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     from hf_posenc.eval.report import emit_section
 
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf, alias).")
     p.add_argument("--methods", type=lambda s: [x for x in s.split(",") if x], default=["dynamic_ntk", "dynamic_yarn"],
                    help="comma-separated length-dependent methods.")

@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     from hf_posenc.eval.report import emit_section, markdown_table
 
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, alias).")
     p.add_argument("--methods", default="none,yarn", help="comma-separated methods.")
     p.add_argument("--lengths", default="1024,2048", help="passkey prompt lengths (tokens).")

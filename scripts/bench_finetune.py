@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     from hf_posenc.finetune import finetune
 
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--model", default="smollm2-135m", help="base model (Hub id, folder, .gguf, alias).")
     p.add_argument("--runs", default="alibi:40:3e-4,yarn:40:2e-5",
                    help="comma-separated METHOD:STEPS:LEARNING_RATE runs (yarn uses --factor).")

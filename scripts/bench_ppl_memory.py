@@ -51,7 +51,8 @@ def child(args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--model", default="smollm2-135m", help="model to score (Hub id, folder, .gguf, alias)")
     p.add_argument("--length", type=int, default=8192, help="sequence length in tokens")
     p.add_argument("--chunk-size", type=int, default=1024, help="LM-head chunk of the hf_posenc variant")

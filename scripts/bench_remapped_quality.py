@@ -34,7 +34,8 @@ METHODS = ["yarn", "dynamic_ntk", "dynamic_yarn", "self_extend", "dca", "string"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf file or alias).")
     p.add_argument("--lengths", type=comma_list(int), default=[12288, 16384], help="lengths in tokens (comma-separated); "
                    "each needs a finished tune run for it in --tune.")

@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     from hf_posenc.eval.run_retrieval import run_retrieval
 
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--model", default="all-minilm-l6-v2", help="encoder (Hub id, folder, alias).")
     p.add_argument("--methods", default="none,interpolate,hierarchical", help="comma-separated methods.")
     p.add_argument("--factor", type=float, default=4.0, help="table growth of interpolate/hierarchical.")

@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     from hf_posenc.eval.report import markdown_table, emit_section
 
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf, alias).")
     p.add_argument("--lengths", default="1024,2048", help="comma-separated tokens per forward pass.")
     p.add_argument("--batch", type=int, default=1, help="sequences per forward pass.")

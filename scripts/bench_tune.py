@@ -85,7 +85,8 @@ def budget_pair(text: str) -> tuple[int, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf file or alias).")
     p.add_argument("--original", type=int, default=ORIGINAL, help="the model's original context (for the space).")
     p.add_argument("--targets", type=comma_list(int), default=[12288, 16384], help="target lengths (comma-separated).")

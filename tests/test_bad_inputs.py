@@ -328,3 +328,113 @@ def test_sigterm_during_a_hung_upload_prints_the_rerun_command(saved_folder, tmp
     assert f"upload interrupted; the local save in {saved_folder} is complete. Rerun: hf-posenc upload " \
            f"{saved_folder} me/x" in err
     assert "Traceback" not in err and HUB_TOKEN not in out + err
+
+
+# -- every command: flags are never abbreviated, and a token never shows --------------------------------------
+COMMANDS = {
+    "eval ppl": ["eval", "ppl", "--lengths", "32"],
+    "eval passkey": ["eval", "passkey", "--lengths", "64"],
+    "eval retrieval": ["eval", "retrieval", "--lengths", "64"],
+    "eval harness": ["eval", "harness", "--tasks", "niah_single_1", "--lengths", "1024"],
+    "tune": ["tune", "--target-length", "128", "--output", "o"],
+    "patch": ["patch", "--method", "yarn", "--factor", "2", "--output", "o"],
+    "finetune": ["finetune", "--method", "yarn", "--factor", "2", "--output", "o", "--eval-text-file", "h.txt"],
+    "upload": ["upload", "folder", "me/x"],
+    "methods": ["methods"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("flag", ["--token", "--tok", "--hf-token"])
+def test_every_command_refuses_a_token_flag_and_never_prints_it(command, flag, tiny_checkpoint, capsys,
+                                                                no_model_load, monkeypatch):
+    import hf_posenc.cli as cli
+
+    for name, module in cli.COMMANDS.items():  # the command never runs: argparse refuses first
+        monkeypatch.setattr(module, "run", lambda *a, **k: pytest.fail("the command ran"))
+    for secret in (SHAPED, FLAGGED):
+        err = _refused(COMMANDS[command] + [flag, secret], capsys)
+        assert f"unrecognized arguments: {flag} ***" in err and secret not in err
+
+
+@pytest.mark.parametrize("argv,prefix", [
+    (["eval", "ppl", "--tokeni", "x"], "--tokeni"),  # a prefix of --tokenizer
+    (["eval", "ppl", "--max-w", "2"], "--max-w"),
+    (["patch", "--meth", "yarn", "--output", "o"], "--meth"),
+    (["tune", "--target-length", "128", "--output", "o", "--budget", "5"], "--budget"),
+])
+def test_a_prefix_of_a_flag_is_not_that_flag(argv, prefix, capsys):
+    assert f"unrecognized arguments: {prefix}" in _refused(argv, capsys)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["eval", "ppl", "--factor", "nan"], "factor must be a number from 1 to 1024, got nan"),
+    (["eval", "ppl", "--factor", "inf"], "factor must be a number from 1 to 1024, got inf"),
+    (["eval", "ppl", "--variant", "y=yarn:factor=2,attention_factor=1e30"], "attention_factor must be a number from 0"),
+    (["eval", "ppl", "--variant", "lk=leaky_rerope:leak=1e308"], "leak must be a number > 1 and <= 1e+06"),
+    (["eval", "passkey", "--variant", "s=string:attention_factor=1e300"], "attention_factor must be a number from 0"),
+    (["eval", "ppl", "--variant", "d=dca:max_position_embeddings=1"], "max_position_embeddings must be an integer >= 16"),
+    (["eval", "ppl", "--variant", "y=yarn:factor=NaN"], "factor must be a number from 1 to 1024"),
+    (["patch", "--method", "yarn", "--factor", "inf", "--output", "o"], "factor must be a number from 1 to 1024"),
+    (["patch", "--method", "rerope", "--method-param", "max_position_embeddings=1", "--output", "o"],
+     "max_position_embeddings must be an integer >= 16"),
+    (["tune", "--target-length", "128", "--output", "o", "--method-param", "yarn.attention_factor=1e30"],
+     "attention_factor must be a number from 0"),
+])
+def test_non_finite_and_overflowing_knobs_are_refused_before_loading(argv, message, tiny_checkpoint, capsys,
+                                                                     no_model_load, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = _refused(argv[:2] + ["--model", tiny_checkpoint] + argv[2:] if argv[0] == "eval" else
+                   argv[:1] + ["--model", tiny_checkpoint] + argv[1:], capsys)
+    assert message in err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["eval", "ppl", "--lengths", "32", "--corpus", "python-docs"],
+    ["eval", "passkey", "--lengths", "64"],
+    ["tune", "--target-length", "128"],
+    ["patch", "--method", "yarn", "--factor", "2"],
+    ["finetune", "--method", "yarn", "--factor", "2", "--eval-text-file", "h.txt", "--text-file", "t.txt"],
+])
+@pytest.mark.parametrize("output", ["/proc/hf_posenc_x", "/proc/self/hf_posenc_x/y"])
+def test_an_output_that_cannot_be_written_is_refused_before_loading(argv, output, tiny_checkpoint, capsys,
+                                                                    no_model_load, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "h.txt").write_text("held out " * 200)
+    (tmp_path / "t.txt").write_text("train " * 200)
+    at = 2 if argv[0] == "eval" else 1
+    err = _refused(argv[:at] + ["--model", tiny_checkpoint] + argv[at:] + ["--output", output], capsys)
+    assert f"--output '{output}'" in err and "is not writable" in err
+
+
+@pytest.mark.parametrize("content,message", [
+    ('[{"label": "y", "method": "yarn", "factor": 2, "params": [1, 2]}]', "params must be an object of the method's knobs"),
+    ('{"yarn": {"factor": 2}}', "'yarn' must map each knob to a non-empty list of values"),
+    ('[{"label": "y", "method": "yarn", "factor": 1e309}]', "factor must be a number from 1 to 1024"),
+    ('[{"label": "l", "method": "leaky_rerope", "params": {"leak": 1e308}}]', "leak must be a number > 1"),
+    ("[1, 2", "not JSON"),
+    ('"yarn"', "expected a JSON list of candidates"),
+])
+def test_a_malformed_space_file_is_refused_before_loading(content, message, tiny_checkpoint, tmp_path, capsys,
+                                                          no_model_load):
+    space = tmp_path / "space.json"
+    space.write_text(content)
+    err = _refused(["tune", "--model", tiny_checkpoint, "--target-length", "128", "--space", str(space), "--output",
+                    str(tmp_path / "o")], capsys)
+    assert message in err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("architectures,message", [
+    (["logging"], "transformers' 'logging' is not a model class"),
+    ("LlamaForCausalLM", "expected a list of model class names"),
+])
+def test_a_config_naming_no_model_class_is_refused(architectures, message, tiny_checkpoint, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "edited"
+    shutil.copytree(tiny_checkpoint, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = architectures
+    (folder / "config.json").write_text(json.dumps(config))
+    err = _refused(["eval", "ppl", "--model", str(folder), "--lengths", "32", "--corpus", "python-docs"], capsys)
+    assert message in err

@@ -125,7 +125,7 @@ def test_a_static_cache_is_refused_by_name():
 
 
 def test_a_bad_cache_mode_names_the_allowed_values():
-    with pytest.raises(ValueError, match=r"cache must be one of \['stale', 'consistent'\].*'fresh'"):
+    with pytest.raises(ValueError, match=r"cache must be one of \['stale', 'consistent', 'exact'\].*'fresh'"):
         hf_posenc.patch(tiny_model("llama"), "dynamic_ntk", factor=2.0, cache="fresh")
     with pytest.raises(ValueError, match="cache"):  # a static scaling has no such knob
         hf_posenc.patch(tiny_model("llama"), "yarn", factor=2.0, cache="consistent")

@@ -10,13 +10,14 @@ import sys
 from ..hub import Terminated, UploadError
 from ..provenance import command_line, scrub
 from . import eval_cmd, finetune_cmd, methods_cmd, patch_cmd, tune_cmd, upload_cmd
+from .parser import Parser
 
 COMMANDS = {"methods": methods_cmd, "eval": eval_cmd, "tune": tune_cmd, "patch": patch_cmd,
             "finetune": finetune_cmd, "upload": upload_cmd}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-posenc", description="Change, extend and measure the positional "
+    parser = Parser(prog="hf-posenc", description="Change, extend and measure the positional "
                                      "encoding of Hugging Face models.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS.values():

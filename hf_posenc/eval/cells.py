@@ -58,13 +58,13 @@ def _normal(data: Any) -> Any:
     return json.loads(json.dumps(data))
 
 
-NUMBER = "number"  # a field type of a cell result: a finite int or float, not a bool
+NUMBER = "number"  # a field type of a cell result: an int or float (NaN included: a computation may overflow), not a bool
 Fields = dict[str, Any]  # a cell result's fields and their types (NUMBER, list, dict)
 
 
 def _fits(value: Any, kind: Any) -> bool:
     if kind == NUMBER:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
     return isinstance(value, kind)
 
 

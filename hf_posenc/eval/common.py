@@ -49,7 +49,18 @@ def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, A
     return results
 
 
-MODEL_FILES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".json")
+WEIGHT_FILES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".index.json")
+MODEL_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+               "vocab.txt", "merges.txt", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
+               "chat_template.jinja"}  # beside the weights: what makes the model and its tokenizer
+
+
+def model_files(folder: str, gguf_file: str | None) -> list[str]:
+    """The files of a model folder that decide its outputs: weights (of a GGUF folder, the file loaded), config and
+    tokenizer. Reports, cells and plots written into the folder are not among them, so an evaluation whose
+    ``--output`` is the model's folder resumes."""
+    names = sorted(f for f in os.listdir(folder) if f.endswith(WEIGHT_FILES) or f in MODEL_FILES)
+    return [f for f in names if f == gguf_file or not f.endswith(".gguf")]
 
 
 def model_identity(model: str, lm, src) -> dict[str, Any]:
@@ -58,8 +69,7 @@ def model_identity(model: str, lm, src) -> dict[str, Any]:
     identity = {"model": model, "revision": getattr(lm.config, "_commit_hash", None)}
     folder = src.path if os.path.isdir(src.path) else None
     if folder is not None:
-        names = sorted(f for f in os.listdir(folder) if f.endswith(MODEL_FILES))
-        names = [f for f in names if f == src.kwargs.get("gguf_file") or not f.endswith(".gguf")]
+        names = model_files(folder, src.kwargs.get("gguf_file"))
         paths = [os.path.join(folder, name) for name in names]
         digest = hashlib.sha256()
         for name, path, content in zip(names, paths, file_digests(paths)):

@@ -3,17 +3,39 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 from typing import Any
 
-from ..files import atomic_write_text
+from ..files import atomic_write, atomic_write_text
 from ..provenance import scrub, scrub_data
 
 
+def finite(data: Any, where: str = "", found: list[str] | None = None) -> Any:
+    """``data`` (JSON-like) with every NaN or infinity replaced by None (JSON's null); their paths are appended
+    to ``found``."""
+    if isinstance(data, float) and not math.isfinite(data):
+        if found is not None:
+            found.append(where or "(the value)")
+        return None
+    if isinstance(data, dict):
+        return {k: finite(v, f"{where}.{k}" if where else str(k), found) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite(v, f"{where}[{i}]", found) for i, v in enumerate(data)]
+    return data
+
+
 def write_json(data: dict[str, Any], path: str) -> str:
-    """``data`` as JSON at ``path``, scrubbed of secrets, written atomically (the old file or the new one, never
-    half of one)."""
-    atomic_write_text(path, json.dumps(scrub_data(data), indent=2))
+    """``data`` as standard JSON at ``path`` (a NaN or infinity is written as null, with a warning naming it),
+    scrubbed of secrets, written atomically (the old file or the new one, never half of one)."""
+    found: list[str] = []
+    clean = finite(scrub_data(data), found=found)
+    if found:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        print(f"hf-posenc: warning: {os.path.basename(path)}: {len(found)} value(s) are not finite numbers (NaN or "
+              f"infinite: the computation overflowed) and are written as null: {shown}", file=sys.stderr)
+    atomic_write_text(path, json.dumps(clean, indent=2, allow_nan=False))
     return path
 
 
@@ -105,8 +127,15 @@ def plot_lines(series: dict[str, tuple[list[float], list[float]]], title: str, x
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return _save_figure(plt, fig, path)
+
+
+def _save_figure(plt, fig, path: str) -> str:
+    """The figure as a PNG at ``path``, written atomically (a reader never sees half a picture)."""
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png"))
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -125,6 +154,4 @@ def plot_heatmap(matrix: list[list[float]], rows: list[str], cols: list[str], ti
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save_figure(plt, fig, path)

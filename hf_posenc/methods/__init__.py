@@ -56,6 +56,7 @@ def resolve_method(name: str) -> MethodSpec:
     raise ValueError(f"unknown method {name!r}.{hint} Known methods: {', '.join(sorted(METHODS))}.")
 
 
+MIN_ORIGINAL_CONTEXT = 16  # a trained context below this is a typo (1 divides by log 1 in longrope, yarn)
 MAX_FACTOR = 1024.0  # 4k x 1024 = 4M tokens; beyond it the frequencies underflow and lengths overflow
 
 
@@ -99,11 +100,20 @@ def check_layer_types(value: Any) -> None:
                          f"{value!r}.")
 
 
-def positive_number(name: str, value: Any, allow_none: bool = False) -> None:
+def positive_number(name: str, value: Any, allow_none: bool = False, most: float | None = None,
+                    meaning: str = "") -> None:
+    """A finite number > 0 (and <= ``most`` when given: past it the knob means nothing and the arithmetic
+    overflows); ``meaning`` says what the knob does, in the error."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
+        raise ValueError(f"{name} must be a finite number > 0{meaning}, got {value!r}.")
+    if most is not None and value > most:
+        raise ValueError(f"{name} must be a number from 0 (excluded) to {most:g}{meaning}, got {value!r}.")
+
+
+MAX_ATTENTION_FACTOR = 10.0  # a temperature that multiplies every attention score by up to 100
+MAX_KNOB = 1e6  # rotations (YaRN's betas), frequency-band factors, leaks: far past any meaningful value
 
 
 from . import rope  # noqa: E402,F401  (registers the RoPE methods)

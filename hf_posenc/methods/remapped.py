@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..encodings import remap as M
-from . import MethodSpec, positive_number, register_method
+from . import MAX_ATTENTION_FACTOR, MAX_FACTOR, MAX_KNOB, MIN_ORIGINAL_CONTEXT, MethodSpec, positive_number, register_method
 
 KIND = "attention"
 UNBOUNDED_CONTEXT = 4  # max_position_embeddings advertised by methods without a length limit: this x L
@@ -57,6 +57,16 @@ def _filled(p: dict[str, Any], **defaults: Any) -> dict[str, Any]:
     return {**p, **{k: v for k, v in defaults.items() if p[k] is None}}
 
 
+def _advertised(p: dict[str, Any], original: int) -> None:
+    """The ``max_position_embeddings`` knob (the context the patched model advertises): from the original
+    context to ``MAX_FACTOR`` times it."""
+    n = p.get("max_position_embeddings")
+    if n is not None and not original <= n <= MAX_FACTOR * original:
+        raise ValueError(f"max_position_embeddings={n} must lie between the original context ({original}) and "
+                         f"{MAX_FACTOR:g} x it ({int(MAX_FACTOR * original)}): it is the context the patched model "
+                         "advertises.")
+
+
 def _below(name: str, value: int, original: int) -> None:
     if value >= original:
         raise ValueError(f"{name}={value} must be shorter than the original context ({original}).")
@@ -98,17 +108,19 @@ _add(MethodSpec(
 def _check_rerope(factor: float, p: dict[str, Any]) -> None:
     _integer("window", p["window"], 1)
     _check_bool("logn_scaling", p["logn_scaling"])
-    _integer("max_position_embeddings", p.get("max_position_embeddings"), 1)
+    _integer("max_position_embeddings", p.get("max_position_embeddings"), MIN_ORIGINAL_CONTEXT)
     if "leak" in p:
         leak = p["leak"]
-        if isinstance(leak, bool) or not isinstance(leak, (int, float)) or not math.isfinite(leak) or leak <= 1:
-            raise ValueError(f"leak must be a finite number > 1 (how many times slower positions grow past the "
-                             f"window), got {leak!r}.")
+        if isinstance(leak, bool) or not isinstance(leak, (int, float)) or not math.isfinite(leak) \
+                or not 1 < leak <= MAX_KNOB:
+            raise ValueError(f"leak must be a number > 1 and <= {MAX_KNOB:g} (how many times slower positions grow "
+                             f"past the window; a larger one is rerope), got {leak!r}.")
 
 
 def _rerope_defaults(p, L):
     p = _filled(p, window=L // 2)
     _below("window", p["window"], L)
+    _advertised(p, L)
     return p
 
 
@@ -131,7 +143,8 @@ _add(MethodSpec(
 def _check_string(factor: float, p: dict[str, Any]) -> None:
     _integer("shifted_offset", p["shifted_offset"], 1)
     _integer("local_window", p["local_window"], 0, allow_none=False)
-    positive_number("attention_factor", p["attention_factor"])
+    positive_number("attention_factor", p["attention_factor"], most=MAX_ATTENTION_FACTOR,
+                    meaning=" (every attention score is scaled by its square)")
     if p["shifted_offset"] is not None and p["local_window"] >= p["shifted_offset"]:
         raise ValueError(f"local_window ({p['local_window']}) must be smaller than shifted_offset "
                          f"({p['shifted_offset']}): the shift moves distant keys closer, never farther.")
@@ -159,7 +172,7 @@ _add(MethodSpec(
 def _check_dca(factor: float, p: dict[str, Any]) -> None:
     _integer("chunk_size", p["chunk_size"], 2)
     _integer("local_window", p["local_window"], 1)
-    _integer("max_position_embeddings", p.get("max_position_embeddings"), 1)
+    _integer("max_position_embeddings", p.get("max_position_embeddings"), MIN_ORIGINAL_CONTEXT)
     s, w = p["chunk_size"], p["local_window"]
     if s is not None and w is not None and s <= 2 * w:
         raise ValueError(f"chunk_size ({s}) must be more than twice local_window ({w}): chunks hold "
@@ -171,6 +184,7 @@ def _dca_defaults(p, L):
     _check_dca(1.0, p)
     if p["chunk_size"] > L:
         raise ValueError(f"chunk_size={p['chunk_size']} must not exceed the original context ({L}).")
+    _advertised(p, L)
     return p
 
 

@@ -11,17 +11,23 @@ import math
 from typing import Any, Callable
 
 from ..encodings import rope as R
-from . import MethodSpec, check_layer_types, positive_number, register_method
+from . import MAX_ATTENTION_FACTOR, MAX_FACTOR, MAX_KNOB, MethodSpec, check_layer_types, positive_number, register_method
+
+_ROTATIONS = " (rotations of a frequency within the original context)"
+_TEMPERATURE = " (it scales the rotary cos and sin, so every attention score by its square)"
 
 
 def _check_yarn(factor: float, p: dict[str, Any]) -> None:
-    positive_number("beta_fast", p["beta_fast"])
-    positive_number("beta_slow", p["beta_slow"])
+    positive_number("beta_fast", p["beta_fast"], most=MAX_KNOB, meaning=_ROTATIONS)
+    positive_number("beta_slow", p["beta_slow"], most=MAX_KNOB, meaning=_ROTATIONS)
     if p["beta_fast"] <= p["beta_slow"]:
         raise ValueError(f"beta_fast must be greater than beta_slow, got beta_fast={p['beta_fast']}, beta_slow={p['beta_slow']}.")
-    for key in ("attention_factor", "mscale", "mscale_all_dim", "attn_factor"):
+    for key in ("attention_factor", "attn_factor"):
         if key in p:
-            positive_number(key, p[key], allow_none=True)
+            positive_number(key, p[key], allow_none=True, most=MAX_ATTENTION_FACTOR, meaning=_TEMPERATURE)
+    for key in ("mscale", "mscale_all_dim"):
+        if key in p:
+            positive_number(key, p[key], allow_none=True, most=MAX_KNOB)
     if "truncate" in p and not isinstance(p["truncate"], bool):
         raise ValueError(f"truncate must be True or False, got {p['truncate']!r}.")
     if "finetuned" in p and not isinstance(p["finetuned"], bool):
@@ -35,8 +41,8 @@ def _check_cache(p: dict[str, Any]) -> None:
 
 
 def _check_llama3(factor: float, p: dict[str, Any]) -> None:
-    positive_number("low_freq_factor", p["low_freq_factor"])
-    positive_number("high_freq_factor", p["high_freq_factor"])
+    positive_number("low_freq_factor", p["low_freq_factor"], most=MAX_KNOB)
+    positive_number("high_freq_factor", p["high_freq_factor"], most=MAX_KNOB)
     if p["high_freq_factor"] <= p["low_freq_factor"]:
         raise ValueError(
             f"high_freq_factor must be greater than low_freq_factor, got high_freq_factor={p['high_freq_factor']}, "
@@ -52,8 +58,9 @@ def _check_longrope(factor: float, p: dict[str, Any]) -> None:
         if not isinstance(value, (list, tuple)) or not value:
             raise ValueError(f"{key} must be a non-empty list of numbers > 0 (one per rotary frequency), got {value!r}.")
         for x in value:
-            positive_number(f"every entry of {key}", x)
-    positive_number("attention_factor", p["attention_factor"], allow_none=True)
+            positive_number(f"every entry of {key}", x, most=MAX_FACTOR)
+    positive_number("attention_factor", p["attention_factor"], allow_none=True, most=MAX_ATTENTION_FACTOR,
+                    meaning=_TEMPERATURE)
 
 
 # Length-dependent scalings recompute their frequencies in the forward pass and take the knob ``cache``:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import MethodSpec, check_layer_types, positive_number, register_method
+from . import MIN_ORIGINAL_CONTEXT, MethodSpec, check_layer_types, positive_number, register_method
 from .absolute import check_sinusoid
+
+MAX_LENGTH = 1 << 24  # 16M tokens: the longest context a swapped model may advertise (and size buffers for)
 
 
 def _check_length(factor: float, p: dict[str, Any]) -> None:
     n = p.get("max_position_embeddings")
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"max_position_embeddings must be a positive integer (or None: unchanged), got {n!r}.")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not MIN_ORIGINAL_CONTEXT <= n <= MAX_LENGTH):
+        raise ValueError(f"max_position_embeddings must be an integer from {MIN_ORIGINAL_CONTEXT} to {MAX_LENGTH} (the "
+                         f"context the swapped model advertises), or None (unchanged), got {n!r}.")
     if "base" in p:
         positive_number("base", p["base"])
     check_layer_types(p.get("layer_types"))

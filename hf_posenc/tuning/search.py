@@ -13,6 +13,7 @@ a resumed run takes the same decisions as the run it resumes.
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import os
 import sys
@@ -26,7 +27,7 @@ from ..eval.perplexity import doc_digest
 from ..eval.variants import Variant
 from ..methods import resolve_method
 from .objective import DEPTHS, CellComputer, TuneData, measure, plan_data, rank, result_fields, sample_keys
-from .space import DEFAULT_METHODS, check_methods, factors, grid_candidates, load_space
+from .space import DEFAULT_METHODS, check_methods, check_pinned, factors, grid_candidates, load_space
 
 BASELINE = Variant("none", PosEncConfig("none"))
 # the documents, as the CLI's data flags give them (eval.run_ppl.gather_documents), and the run's keywords
@@ -66,9 +67,12 @@ class Search:
     """One tune run: the candidates, the data, the cells, the rungs."""
 
     def __init__(self, job: Run, plan: Plan, candidates: list[Variant], data: TuneData, settings: dict[str, Any],
-                 chunk_size: int = 1024):
+                 chunk_size: int = 1024, original: int | None = None, pinned: int | None = None):
+        """``original``: the context L the search extends (default: the model's); ``pinned``: an
+        ``original_max_position_embeddings`` fixed for every candidate (then also L), which the reference takes too."""
         self.job, self.plan, self.candidates, self.data, self.settings = job, plan, candidates, data, settings
-        self.original = original_context(job.loaded[0])
+        self.original = pinned or original or original_context(job.loaded[0])
+        self.pinned = pinned
         self.compute = CellComputer(job.loaded[0], job.loaded[1], data, self.original, chunk_size)
         self.seconds: dict[str, float] = {}  # compute seconds recorded in each label's cells so far
         self.rungs: list[dict[str, Any]] = []
@@ -151,7 +155,7 @@ class Search:
         """YaRN with its default knobs at ``winner``'s factor (or the least half-step factor reaching the target)."""
         takes_factor = resolve_method(winner.config.method).uses_factor
         factor = winner.config.factor if takes_factor else factors(self.original, self.plan.target)[0]
-        config = PosEncConfig("yarn", factor)
+        config = PosEncConfig("yarn", factor, self.pinned)
         same = [v for v in self.candidates if v.config == config]
         return same[0] if same else Variant(f"reference-yarn-factor_{config.factor:g}", config)
 
@@ -179,29 +183,57 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
     spaced = load_space(space) if space else None  # a bad file or method is found before the slow load
     if methods:
         check_methods(methods)
+    method_params, pinned = pinned_original(method_params or {})
+    if not spaced:
+        check_pinned(list(methods or DEFAULT_METHODS), method_params)
     data_keys = {k: run.pop(k) for k in DATA_KEYWORDS if k in run}
     _check_keywords(docs, data_keys, run)
     with _job(model, tokenizer, run) as job:
         lm, tok, _ = job.load()
-        original = original_context(lm)
+        original = pinned or original_context(lm)
         if original is None:
             raise ValueError(f"{type(lm).__name__} has no fixed context length: tune extends RoPE decoders")
-        job.variants = [BASELINE, *(spaced or grid_candidates(list(methods or DEFAULT_METHODS), original, target_length,
-                                                              method_params or {}))]
+        candidates = spaced or grid_candidates(list(methods or DEFAULT_METHODS), original, target_length, method_params)
+        job.variants = [BASELINE, *(pin_original(v, pinned) for v in candidates)]
         docs = docs if docs is not None else gather_documents(**data_keys)
         token_docs = tokenize_documents(tok, docs)
         data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original, target_length)
         settings = {"target_length": target_length, "max_short_cost": max_short_cost, "rank_by": rank_by,
                     "depths": list(plan.depths), "windows": windows, "keys": keys, "reduction": reduction,
-                    "budget_minutes": budget_minutes, "reference": reference, "documents": data.names,
-                    "document_tokens": [len(t) for t in token_docs]}
-        results = Search(job, plan, job.variants[1:], data, settings, chunk_size).run()
+                    "reference": reference, "documents": data.names, "document_tokens": [len(t) for t in token_docs]}
+        # the budget changes which cells are computed, never a cell: a resumed run may change it
+        results = Search(job, plan, job.variants[1:], data, settings, chunk_size, original, pinned).run()
         from .report import tune_plots, tune_table, write_best
 
-        report = job.report("tune", settings, results, tune_table, tune_plots)
+        report = job.report("tune", {**settings, "budget_minutes": budget_minutes}, results, tune_table, tune_plots)
         if job.output and job.processes.is_main:
             write_best(report, job.output)
         return report
+
+
+def pinned_original(method_params: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], int | None]:
+    """``method_params`` without ``original_max_position_embeddings``, and its value: a fixed original context
+    applies to every candidate (and to the target check and the grid), whichever method it was given for."""
+    key, rest, values = "original_max_position_embeddings", {}, set()
+    for method, knobs in method_params.items():
+        if key in knobs:
+            values.add(json.dumps(knobs[key]))
+        rest[method] = {k: v for k, v in knobs.items() if k != key}
+    if len(values) > 1:
+        raise ValueError(f"--method-param {key} is given {len(values)} values ({', '.join(sorted(values))}); the "
+                         "original context is one for every candidate")
+    if not values:
+        return method_params, None
+    value = json.loads(values.pop())
+    PosEncConfig("none", original_max_position_embeddings=value)  # checked as every config checks it
+    return rest, value
+
+
+def pin_original(variant: Variant, pinned: int | None) -> Variant:
+    """``variant`` with its ``original_max_position_embeddings`` set to ``pinned`` (when given and not its own)."""
+    if pinned is None or variant.config.original_max_position_embeddings is not None:
+        return variant
+    return Variant(variant.label, variant.config.replace(original_max_position_embeddings=pinned))
 
 
 def _check_keywords(docs, data_keys: dict[str, Any], run: dict[str, Any]) -> None:

@@ -87,6 +87,19 @@ def check_methods(methods: list[str]) -> list[str]:
     return names
 
 
+def check_pinned(methods: list[str], fixed: dict[str, dict[str, Any]]) -> None:
+    """Each method's fixed knobs (``{"*"|METHOD: {knob: value}}``) checked as a config of it checks them, before
+    any model is loaded (the defaults that depend on the model are checked once it is)."""
+    for name in check_methods(methods):
+        spec = resolve_method(name)
+        knobs = {**{k: v for k, v in fixed.get("*", {}).items() if k in spec.params}, **fixed.get(name, {})}
+        factor = knobs.pop("factor", None)
+        try:
+            PosEncConfig(name, factor if factor is not None else (2.0 if spec.uses_factor else None), params=knobs)
+        except ValueError as err:
+            raise ValueError(f"--method-param for {name}: {err}") from None
+
+
 def method_grid(method: str, original: int, target: int) -> list[dict[str, Any]]:
     """The knob sets (``factor`` among them for methods that take one) tried for ``method``."""
     L, T, fs = original, target, factors(original, target)
@@ -144,6 +157,9 @@ def _from_object(item: Any, where: str) -> Variant:
             raise ValueError(f"{where}: unknown keys {unknown}; a candidate has label, method, factor, params")
         if not isinstance(item["label"], str) or not LABEL.fullmatch(item["label"]):
             raise ValueError(f"{where}: a label is letters, digits and _.+-, got {item['label']!r}")
+        if not isinstance(item.get("params") or {}, dict):
+            raise ValueError(f"{where} ({item['label']}): params must be an object of the method's knobs "
+                             f"(e.g. {{\"beta_fast\": 16}}), got {item['params']!r}")
         try:
             config = PosEncConfig(item["method"], item.get("factor"), item.get("original_max_position_embeddings"),
                                   dict(item.get("params") or {}))
