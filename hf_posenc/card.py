@@ -201,6 +201,7 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
 
     from .methods import resolve_method
     from .patching import get_config
+    from .serving import known_status
 
     cfg = get_config(model)
     if cfg is None:
@@ -231,7 +232,7 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         rope_parameters=getattr(lm_config, "rope_parameters", None),
         changes_weights=holds_patch(block), trained=trained, auto_class=auto_class,
         command=recorded_command(command), environment=environment(), eval_sections=_eval_sections(reports),
-        in_model_index=bool(results),
+        in_model_index=bool(results), serving=known_status(block),
     )
     card.content = scrub(card.content)  # the commands it quotes (the card's own and its reports') carry no secret
     return card

@@ -14,17 +14,10 @@ import json
 import os
 
 from .files import atomic_write_text
+from .models import cache_dir
 
 CACHE_FILE = "file_digests.json"
 _CHUNK = 1 << 24
-
-
-def cache_folder() -> str:
-    root = os.environ.get("HF_POSENC_CACHE")
-    if root:
-        return root
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(xdg, "hf_posenc")
 
 
 def _load(path: str) -> dict:
@@ -48,7 +41,7 @@ def hash_file(path: str) -> str:
 def file_digests(paths: list[str]) -> list[str]:
     """The SHA-256 of each file of ``paths`` (hex), read from the cache where the file's real path, size and
     modification time are those recorded, hashed (and recorded) otherwise."""
-    cache_path = os.path.join(cache_folder(), CACHE_FILE)
+    cache_path = os.path.join(cache_dir(), CACHE_FILE)
     cache, out, changed = _load(cache_path), [], False
     for path in paths:
         real, st = os.path.realpath(path), os.stat(path)

@@ -112,35 +112,45 @@ LOCK_FILE = ".hf_posenc.lock"
 
 
 class OutputLock:
-    """An exclusive lock on an output folder for one run (``<folder>/.hf_posenc.lock``, held with ``flock``, so
-    that the system releases it when the process ends, however it ends). A second run on the same folder is
-    refused with the pid of the one holding it. A folder that the lock itself created and that holds nothing
-    else when the run ends (it failed before writing anything) is removed again."""
+    """An exclusive lock on an output folder for one run: ``<folder>/.hf_posenc.lock``, held with ``flock`` (the
+    system releases it when the process ends, however it ends) and removed when the run ends. A second run on
+    the same folder is refused with the pid of the one holding it. A folder that the lock itself created and
+    that holds nothing else when the run ends (it failed before writing anything) is removed too."""
 
     def __init__(self, folder: str):
-        import fcntl
-
         self.folder = os.path.abspath(folder)
         self.created = not os.path.exists(self.folder)
         os.makedirs(self.folder, exist_ok=True)
         self.path = os.path.join(self.folder, LOCK_FILE)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask applies
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(self.fd, 64).decode("ascii", "replace").strip() or "unknown"
+        while True:  # the file locked must still be the one at the path (a releasing run removes it)
+            self.fd = self._take(folder)
+            try:
+                if os.stat(self.path).st_ino == os.fstat(self.fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
             os.close(self.fd)
-            raise ValueError(f"--output {folder!r} is in use by another hf-posenc run (pid {holder}, lock "
-                             f"{self.path}); wait for it to finish, or give another --output.") from None
         os.ftruncate(self.fd, 0)
         os.write(self.fd, f"{os.getpid()}\n".encode())
+
+    def _take(self, folder: str) -> int:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask applies
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise ValueError(f"--output {folder!r} is in use by another hf-posenc run (pid {holder}, lock "
+                             f"{self.path}); wait for it to finish, or give another --output.") from None
+        return fd
 
     def release(self) -> None:
         if self.fd is None:
             return
-        if os.listdir(self.folder) == [LOCK_FILE]:  # the run wrote nothing: leave no trace of it
-            os.unlink(self.path)
-            if self.created:
-                os.rmdir(self.folder)
+        os.unlink(self.path)  # while still held: a run waiting on this file sees it gone and takes a new one
+        if self.created and not os.listdir(self.folder):  # the run wrote nothing: leave no trace of it
+            os.rmdir(self.folder)
         os.close(self.fd)  # closing releases the flock
         self.fd = None

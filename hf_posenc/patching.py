@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from .adapters import PatchRecord, find_adapter
+from .adapters.base import SavedAsOriginal
 from .config import CONFIG_KEY, PosEncConfig, as_config
 
 _STATE = "_hf_posenc_record"
@@ -34,6 +35,8 @@ def _apply(model: nn.Module, cfg: PosEncConfig) -> None:
         record.isolate_config()
         native = adapter.apply(model, resolved, record)
         record.set_config(CONFIG_KEY, record.block(native))
+        if not native and adapter.restores(record.block(native)):  # plain loaders get the unpatched model's fields
+            record.set_attr(model, "save_pretrained", SavedAsOriginal(model, record))
     except BaseException:
         record.undo()
         raise

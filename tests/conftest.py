@@ -176,6 +176,20 @@ def greedy(model, prompt, n=12, mask=None):
     return out.sequences, torch.stack(out.logits, 1).float()
 
 
+def refused(argv, capsys) -> str:
+    """Run the CLI; it must exit with status 2 and one error line, no traceback. Returns stderr."""
+    from hf_posenc.cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as stop:  # argparse's own refusal
+        rc = stop.code
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    return err
+
+
 def all_text(folder) -> str:
     """Every file below ``folder``, as text."""
     out = []

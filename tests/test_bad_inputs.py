@@ -8,7 +8,7 @@ import pytest
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.provenance import command_line, scrub
-from conftest import all_text, tiny_model
+from conftest import all_text, refused, tiny_model
 
 SHAPED = "hf_" + "Q7x" * 12  # shaped like a Hub token, known to nobody
 FLAGGED = "plainsecret-42"  # a value after --token: no shape, still a secret
@@ -68,18 +68,6 @@ def test_the_cli_records_its_command_without_the_token(tiny_checkpoint, tmp_path
     assert SHAPED not in all_text(out) and SHAPED not in capsys.readouterr().out
 
 
-def _refused(argv, capsys) -> str:
-    """Run the CLI; it must exit with status 2 and one error line, no traceback. Returns stderr."""
-    try:
-        rc = main(argv)
-    except SystemExit as stop:  # argparse's own refusal
-        rc = stop.code
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert "Traceback" not in err
-    return err
-
-
 @pytest.mark.parametrize("argv,message", [
     (["eval", "ppl", "--max-windows", "-1"], "argument --max-windows: expected an integer >= 1, got '-1'"),
     (["eval", "ppl", "--max-windows", "0"], "argument --max-windows: expected an integer >= 1, got '0'"),
@@ -98,11 +86,11 @@ def _refused(argv, capsys) -> str:
      "argument --steps: expected an integer >= 1, got '0'"),
 ])
 def test_cli_refuses_bad_numbers_and_lists_by_name(argv, message, capsys):
-    assert message in _refused(argv, capsys)
+    assert message in refused(argv, capsys)
 
 
 def test_eval_refuses_a_knob_no_method_takes(tiny_checkpoint, tmp_path, capsys):
-    err = _refused(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,yarn", "--method-param",
+    err = refused(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,yarn", "--method-param",
                     "beta_fastt=16", "--lengths", "32", "--corpus", "python-docs", "--output", str(tmp_path / "o")],
                    capsys)
     assert "--method-param beta_fastt: no method of this run takes it (methods ['none', 'yarn'] take: " in err
@@ -119,9 +107,9 @@ def test_patch_refuses_outputs_it_must_not_write_before_any_compute(tiny_checkpo
     a_file = tmp_path / "file.txt"
     a_file.write_text("keep me")
     base = ["patch", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2"]
-    assert f"--output '{a_file}' is an existing file" in _refused(base + ["--output", str(a_file)], capsys)
-    assert "is the folder of the model being patched" in _refused(base + ["--output", tiny_checkpoint], capsys)
-    err = _refused(base + ["--output", str(tmp_path / "o"), "--private"], capsys)
+    assert f"--output '{a_file}' is an existing file" in refused(base + ["--output", str(a_file)], capsys)
+    assert "is the folder of the model being patched" in refused(base + ["--output", tiny_checkpoint], capsys)
+    err = refused(base + ["--output", str(tmp_path / "o"), "--private"], capsys)
     assert "--private and --revision apply to an upload: add --push-to-hub" in err
     assert a_file.read_text() == "keep me" and not (tmp_path / "o").exists()
 
@@ -140,7 +128,7 @@ def test_a_failing_patch_leaves_the_output_as_it_was(tiny_checkpoint, tmp_path, 
         raise ValueError("disk full (simulated)")
 
     monkeypatch.setattr(hub, "save_tokenizer", broken)
-    assert "disk full (simulated)" in _refused(["patch", "--model", tiny_checkpoint, "--method", "pi", "--factor",
+    assert "disk full (simulated)" in refused(["patch", "--model", tiny_checkpoint, "--method", "pi", "--factor",
                                                 "2", "--output", str(out), "--no-progress"], capsys)
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # the yarn save, untouched
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no partial folder left beside it
@@ -168,17 +156,17 @@ def no_model_load(monkeypatch):
 def test_eval_ppl_refuses_before_loading(extra, message, tiny_checkpoint, tmp_path, capsys, no_model_load):
     argv = ["eval", "ppl", "--model", tiny_checkpoint, "--lengths", "32", "--corpus", "python-docs",
             "--no-progress", *extra]
-    assert message in _refused(argv, capsys)
+    assert message in refused(argv, capsys)
 
 
 def test_a_bad_needle_and_an_output_that_is_a_file_are_refused_before_loading(tiny_checkpoint, tmp_path, capsys,
                                                                              no_model_load):
     base = ["eval", "passkey", "--model", tiny_checkpoint, "--lengths", "64", "--no-progress"]
-    err = _refused(base + ["--needle", "The key is {key}, not {other}."], capsys)
+    err = refused(base + ["--needle", "The key is {key}, not {other}."], capsys)
     assert "the needle template may hold only the field {key}" in err and "'other'" in err
     a_file = tmp_path / "taken.txt"
     a_file.write_text("keep")
-    assert f"--output '{a_file}' is an existing file" in _refused(base + ["--output", str(a_file)], capsys)
+    assert f"--output '{a_file}' is an existing file" in refused(base + ["--output", str(a_file)], capsys)
     assert a_file.read_text() == "keep"
 
 
@@ -187,10 +175,10 @@ def test_text_that_is_not_utf8_is_refused_by_name_and_read_with_encoding(tiny_ch
 
     latin = tmp_path / "latin.txt"
     latin.write_bytes("Caf\u00e9 cr\u00e8me, na\u00efve fa\u00e7ade. ".encode("latin-1") * 40)
-    err = _refused(["eval", "ppl", "--model", tiny_checkpoint, "--text-file", str(latin), "--lengths", "32"], capsys)
+    err = refused(["eval", "ppl", "--model", tiny_checkpoint, "--text-file", str(latin), "--lengths", "32"], capsys)
     assert f"{latin} is not utf-8 text (byte 0xe9 at offset 3); pass its encoding with --encoding" in err
     assert read_text_file(str(latin), "latin-1").text.startswith("Caf\u00e9 cr\u00e8me")
-    assert "unknown text encoding 'klingon'" in _refused(["eval", "ppl", "--encoding", "klingon"], capsys)
+    assert "unknown text encoding 'klingon'" in refused(["eval", "ppl", "--encoding", "klingon"], capsys)
     out = tmp_path / "o"
     assert main(["eval", "ppl", "--model", tiny_checkpoint, "--text-file", str(latin), "--encoding", "latin-1",
                  "--methods", "none", "--lengths", "32", "--max-windows", "1", "--output", str(out), "--no-plots",
@@ -203,7 +191,7 @@ def test_an_unknown_model_alias_gets_a_suggestion_not_a_hub_error(monkeypatch, c
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    err = _refused(["eval", "ppl", "--model", "smolm2-135m", "--lengths", "32", "--corpus", "python-docs"], capsys)
+    err = refused(["eval", "ppl", "--model", "smolm2-135m", "--lengths", "32", "--corpus", "python-docs"], capsys)
     assert "cannot load model 'smolm2-135m': it is not a local folder, a .gguf file or an alias" in err
     assert "Did you mean the alias 'smollm2-135m'?" in err
 
@@ -214,7 +202,7 @@ def test_a_method_that_does_not_fit_is_refused_before_any_method_runs(tiny_check
     ran = []
     real = run_ppl.window_cell
     monkeypatch.setattr(run_ppl, "window_cell", lambda *a, **k: ran.append(a[2]) or real(*a, **k))
-    err = _refused(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,yarn,hierarchical", "--lengths",
+    err = refused(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,yarn,hierarchical", "--lengths",
                     "32", "--max-windows", "1", "--corpus", "python-docs", "--no-progress"], capsys)
     assert "hierarchical" in err and ran == []  # none and yarn were not evaluated and thrown away
 
@@ -231,7 +219,7 @@ def test_a_checkpoint_without_a_tokenizer_patches_and_saves(tmp_path, bert_token
     assert hf_posenc.get_config(hf_posenc.from_pretrained(str(out))).method == "yarn"
     argv = ["eval", "ppl", "--model", str(out), "--methods", "none", "--lengths", "32", "--max-windows", "1",
             "--corpus", "python-docs", "--no-progress", "--no-plots"]
-    assert "no tokenizer could be loaded from the model folder" in _refused(argv, capsys)
+    assert "no tokenizer could be loaded from the model folder" in refused(argv, capsys)
     tok = tmp_path / "tok"
     bert_tokenizer.save_pretrained(tok)
     assert main(argv + ["--tokenizer", str(tok)]) == 0
@@ -242,7 +230,7 @@ def test_finetune_refuses_an_output_file_before_loading(tiny_checkpoint, tmp_pat
     a_file.write_text("keep")
     (tmp_path / "train.txt").write_text("words " * 500)
     (tmp_path / "held.txt").write_text("other words " * 500)
-    err = _refused(["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--output",
+    err = refused(["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--output",
                     str(a_file), "--text-file", str(tmp_path / "train.txt"), "--eval-text-file",
                     str(tmp_path / "held.txt"), "--no-progress"], capsys)
     assert f"--output '{a_file}' is an existing file" in err
@@ -353,7 +341,7 @@ def test_every_command_refuses_a_token_flag_and_never_prints_it(command, flag, t
     for name, module in cli.COMMANDS.items():  # the command never runs: argparse refuses first
         monkeypatch.setattr(module, "run", lambda *a, **k: pytest.fail("the command ran"))
     for secret in (SHAPED, FLAGGED):
-        err = _refused(COMMANDS[command] + [flag, secret], capsys)
+        err = refused(COMMANDS[command] + [flag, secret], capsys)
         assert f"unrecognized arguments: {flag} ***" in err and secret not in err
 
 
@@ -364,7 +352,7 @@ def test_every_command_refuses_a_token_flag_and_never_prints_it(command, flag, t
     (["tune", "--target-length", "128", "--output", "o", "--budget", "5"], "--budget"),
 ])
 def test_a_prefix_of_a_flag_is_not_that_flag(argv, prefix, capsys):
-    assert f"unrecognized arguments: {prefix}" in _refused(argv, capsys)
+    assert f"unrecognized arguments: {prefix}" in refused(argv, capsys)
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -384,7 +372,7 @@ def test_a_prefix_of_a_flag_is_not_that_flag(argv, prefix, capsys):
 def test_non_finite_and_overflowing_knobs_are_refused_before_loading(argv, message, tiny_checkpoint, capsys,
                                                                      no_model_load, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    err = _refused(argv[:2] + ["--model", tiny_checkpoint] + argv[2:] if argv[0] == "eval" else
+    err = refused(argv[:2] + ["--model", tiny_checkpoint] + argv[2:] if argv[0] == "eval" else
                    argv[:1] + ["--model", tiny_checkpoint] + argv[1:], capsys)
     assert message in err and not (tmp_path / "o").exists()
 
@@ -403,7 +391,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_loading(argv, output
     (tmp_path / "h.txt").write_text("held out " * 200)
     (tmp_path / "t.txt").write_text("train " * 200)
     at = 2 if argv[0] == "eval" else 1
-    err = _refused(argv[:at] + ["--model", tiny_checkpoint] + argv[at:] + ["--output", output], capsys)
+    err = refused(argv[:at] + ["--model", tiny_checkpoint] + argv[at:] + ["--output", output], capsys)
     assert f"--output '{output}'" in err and "is not writable" in err
 
 
@@ -419,7 +407,7 @@ def test_a_malformed_space_file_is_refused_before_loading(content, message, tiny
                                                           no_model_load):
     space = tmp_path / "space.json"
     space.write_text(content)
-    err = _refused(["tune", "--model", tiny_checkpoint, "--target-length", "128", "--space", str(space), "--output",
+    err = refused(["tune", "--model", tiny_checkpoint, "--target-length", "128", "--space", str(space), "--output",
                     str(tmp_path / "o")], capsys)
     assert message in err and not (tmp_path / "o").exists()
 
@@ -428,7 +416,7 @@ def test_a_malformed_space_file_is_refused_before_loading(content, message, tiny
     (["logging"], "transformers' 'logging' is not a model class"),
     ("LlamaForCausalLM", "expected a list of model class names"),
 ])
-def test_a_config_naming_no_model_class_is_refused(architectures, message, tiny_checkpoint, tmp_path, capsys):
+def test_a_config_naming_no_model_class_isrefused(architectures, message, tiny_checkpoint, tmp_path, capsys):
     import shutil
 
     folder = tmp_path / "edited"
@@ -436,5 +424,5 @@ def test_a_config_naming_no_model_class_is_refused(architectures, message, tiny_
     config = json.loads((folder / "config.json").read_text())
     config["architectures"] = architectures
     (folder / "config.json").write_text(json.dumps(config))
-    err = _refused(["eval", "ppl", "--model", str(folder), "--lengths", "32", "--corpus", "python-docs"], capsys)
+    err = refused(["eval", "ppl", "--model", str(folder), "--lengths", "32", "--corpus", "python-docs"], capsys)
     assert message in err

@@ -9,15 +9,9 @@ import pytest
 
 from hf_posenc.cli import main
 from hf_posenc.eval.variants import build_variants, parse_variant
+from conftest import refused
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _refused(argv, capsys) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err
 
 
 def test_variant_specs_parse_to_validated_configs():
@@ -44,7 +38,7 @@ def test_bad_variants_are_refused_by_name(spec, message):
 
 
 def test_two_labels_may_not_name_one_variant(capsys):
-    err = _refused(["eval", "ppl", "--methods", "yarn", "--variant", "yarn=yarn:factor=4"], capsys)
+    err = refused(["eval", "ppl", "--methods", "yarn", "--variant", "yarn=yarn:factor=4"], capsys)
     assert "the label 'yarn' names two variants" in err
 
 
@@ -110,14 +104,14 @@ def test_a_killed_run_resumes_where_it_stopped_and_gives_the_same_report(tiny_ch
 def test_another_setup_in_the_same_folder_is_refused_unless_overwrite(tiny_checkpoint, tmp_path, capsys):
     out = tmp_path / "o"
     assert main(_passkey(tiny_checkpoint, out)) == 0
-    err = _refused(_passkey(tiny_checkpoint, out, "--digits", "4"), capsys)
+    err = refused(_passkey(tiny_checkpoint, out, "--digits", "4"), capsys)
     assert "holds the cells of another setup (settings.digits: 5 -> 4)" in err and "--overwrite" in err
     assert main(_passkey(tiny_checkpoint, out, "--digits", "4", "--overwrite")) == 0
     assert json.loads((out / "passkey.json").read_text())["setup"]["digits"] == 4
     base = ["eval", "ppl", "--model", tiny_checkpoint, "--lengths", "32", "--max-windows", "1", "--corpus",
             "python-docs", "--output", str(tmp_path / "p"), "--no-progress", "--no-plots"]
     assert main(base + ["--variant", "y=yarn:factor=2"]) == 0
-    err = _refused(base + ["--variant", "y=yarn:factor=3"], capsys)
+    err = refused(base + ["--variant", "y=yarn:factor=3"], capsys)
     assert "variant 'y' is" in err and "factor: 2.0 -> 3.0" in err
     assert main(base + ["--variant", "y=yarn:factor=2", "--variant", "y3=yarn:factor=3"]) == 0  # a new label: fine
 
@@ -170,5 +164,5 @@ def test_device_map_loads_through_accelerate_and_gives_the_same_numbers(tiny_che
     assert main(base + ["--device-map", "auto", "--max-memory", "cpu=2GiB", "--output", str(tmp_path / "mapped")]) == 0
     plain, mapped = (json.loads((tmp_path / f / "perplexity.json").read_text()) for f in ("plain", "mapped"))
     assert plain["results"] == mapped["results"]
-    err = _refused(base + ["--max-memory", "cpu=2GiB"], capsys)
+    err = refused(base + ["--max-memory", "cpu=2GiB"], capsys)
     assert "--max-memory sets how much of each device --device-map may use; add --device-map auto" in err

@@ -16,7 +16,7 @@ from hf_posenc.cli import main
 from hf_posenc.eval import harness
 from hf_posenc.eval.run_harness import harness_table
 
-from conftest import load_real, tiny_config
+from conftest import load_real, refused, tiny_config
 from test_eval_scale import _launch
 
 TASK = ["--tasks", "niah_single_1", "--lengths", "512", "--limit", "2", "--max-gen-tokens", "12"]
@@ -70,11 +70,6 @@ def test_aggregate_averages_tasks_per_length_and_the_table_and_card_show_them():
                        ("lm-eval vt", "512"): 0.8, ("lm-eval vt", "1024"): 0.2}
 
 
-def _refused(argv, capsys) -> str:
-    assert main(argv) == 2
-    return capsys.readouterr().err
-
-
 @pytest.mark.parametrize("extra, message", [
     (["--tasks", "niah_singel_1"], "lm-eval has no task, group or tag 'niah_singel_1'. Did you mean niah_single_1"),
     (["--lengths", "128"], "harness lengths must be >= 256 tokens"),
@@ -82,27 +77,27 @@ def _refused(argv, capsys) -> str:
     (["--tasks", "vt", "--lengths", "512"], "ruler_vt builds its prompts for lengths of 1024 tokens and more"),
 ])
 def test_bad_harness_input_is_refused_before_the_model_loads(extra, message, capsys, tmp_path):
-    err = _refused(["eval", "harness", "--model", str(tmp_path / "never-loaded"), *extra], capsys)
+    err = refused(["eval", "harness", "--model", str(tmp_path / "never-loaded"), *extra], capsys)
     assert message in err and "Traceback" not in err
 
 
 def test_a_missing_lm_eval_names_the_extra_to_install(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # what an install without the extra looks like
-    err = _refused(["eval", "harness", "--model", str(tmp_path)], capsys)
+    err = refused(["eval", "harness", "--model", str(tmp_path)], capsys)
     assert "pip install 'hf_posenc[harness]'" in err
-    err = _refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:vt", "--output", str(tmp_path / "o")], capsys)
+    err = refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:vt", "--output", str(tmp_path / "o")], capsys)
     assert "pip install 'hf_posenc[harness]'" in err and not (tmp_path / "o").exists()
 
 
-def test_a_tokenizer_without_an_end_token_is_refused(tiny_checkpoint, capsys):
-    err = _refused(["eval", "harness", "--model", tiny_checkpoint, *TASK], capsys)  # a BERT tokenizer
+def test_a_tokenizer_without_an_end_token_isrefused(tiny_checkpoint, capsys):
+    err = refused(["eval", "harness", "--model", tiny_checkpoint, *TASK], capsys)  # a BERT tokenizer
     assert "has none (an encoder's?)" in err and "Traceback" not in err
 
 
 def test_patch_refuses_an_empty_or_unknown_harness_task(capsys, tmp_path):
-    err = _refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:", "--output", str(tmp_path / "o")], capsys)
+    err = refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:", "--output", str(tmp_path / "o")], capsys)
     assert "harness:TASK" in err and "['harness:']" in err
-    err = _refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:nosuch_task", "--output", str(tmp_path / "o")],
+    err = refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:nosuch_task", "--output", str(tmp_path / "o")],
                    capsys)
     assert "lm-eval has no task, group or tag 'nosuch_task'" in err
 

@@ -125,3 +125,45 @@ def test_plain_load_of_dynamic_matches_after_growth(tmp_path):
     for n in (150, 40, 200):  # grow, shrink below the original, grow again: both keep the same state
         x = ids(n)
         assert (logits(plain, x) - logits(model, x)).abs().max().item() <= 1e-5, n
+
+
+@pytest.mark.parametrize("method,kwargs,extended", [
+    ("dca", {}, 4 * ORIGINAL), ("rerope", {}, 4 * ORIGINAL), ("self_extend", {"group_size": 4, "window": 16}, None),
+    ("dynamic_yarn", {"factor": 2.0}, 2 * ORIGINAL),
+])
+def test_a_checkpoint_plain_loaders_cannot_compute_advertises_the_original_context(method, kwargs, extended,
+                                                                                    tmp_path):
+    """A plain loader (transformers, vLLM) builds the unpatched model from such a folder: its plain fields say the
+    original context, so an engine refuses longer inputs instead of serving plain RoPE past it. hf_posenc restores
+    the extended context; the live model keeps it across the save."""
+    import copy
+
+    model = tiny_model("llama")
+    model.config._attn_implementation = "sdpa"
+    hf_posenc.patch(model, method, **kwargs)
+    live = model.config.max_position_embeddings
+    assert live > ORIGINAL and (extended is None or live == extended)
+    model.save_pretrained(tmp_path / "a")
+    copy.deepcopy(model).save_pretrained(tmp_path / "b")  # the copy saves itself, the same way
+    for folder in ("a", "b"):
+        saved = json.loads((tmp_path / folder / "config.json").read_text())
+        assert saved["max_position_embeddings"] == ORIGINAL and saved["rope_parameters"]["rope_type"] == "default"
+        assert saved["hf_posenc"]["native"] is False
+    assert model.config.max_position_embeddings == live
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "a").config.max_position_embeddings == ORIGINAL
+    again = hf_posenc.from_pretrained(str(tmp_path / "a")).eval()
+    assert again.config.max_position_embeddings == live
+    x = ids(3 * ORIGINAL)
+    assert torch.equal(logits(again, x), logits(model, x))
+
+
+def test_a_checkpoint_of_an_earlier_release_with_the_extended_context_in_its_plain_fields_loads(tmp_path):
+    model = tiny_model("llama")
+    model.config._attn_implementation = "sdpa"
+    hf_posenc.patch(model, "dca")
+    type(model).save_pretrained(model, tmp_path / "old")  # as earlier releases wrote it: the live config
+    assert json.loads((tmp_path / "old" / "config.json").read_text())["max_position_embeddings"] == 4 * ORIGINAL
+    again = hf_posenc.from_pretrained(str(tmp_path / "old")).eval()
+    assert hf_posenc.get_config(again) == hf_posenc.get_config(model)
+    x = ids(3 * ORIGINAL)
+    assert torch.equal(logits(again, x), logits(model, x))

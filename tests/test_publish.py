@@ -286,3 +286,23 @@ def test_saved_tokenizer_takes_the_extended_length(tmp_path, bert_tokenizer):
     small = hf_posenc.patch(tiny_encoder("bert"), "interpolate", factor=2.0)  # 128 < 512: left as it was
     save_pretrained(small, tmp_path / "s", bert_tokenizer, base_model=BaseModel("org/b"))
     assert AutoTokenizer.from_pretrained(tmp_path / "s").model_max_length == 512
+
+
+@pytest.mark.parametrize("method,kwargs,vllm", [
+    ("yarn", {"factor": 2.0}, "| vLLM | same as hf_posenc | measured on SmolLM2-135M at 3,000 tokens"),
+    ("dynamic_ntk", {"factor": 2.0}, "| vLLM | same up to the original context; differs past it | vLLM computes"),
+    ("dca", {}, "| vLLM | the unpatched model, up to the original context; longer inputs refused | not computable"),
+    ("alibi", {}, "| vLLM | the original positional encoding around weights meant for `alibi`: not this model |"),
+])
+def test_the_card_says_what_serving_engines_compute(method, kwargs, vllm):
+    from hf_posenc.card import build_model_card
+
+    model = tiny_model("llama")
+    model.config._attn_implementation = "sdpa"
+    hf_posenc.patch(model, method, **kwargs)
+    card = build_model_card(model).content
+    serving = card[card.index("## Serving"):]
+    assert vllm in serving
+    assert all(f"| {engine} |" in serving for engine in ("SGLang", "TGI", "llama.cpp"))
+    if method in ("yarn", "dynamic_ntk"):
+        assert "| SGLang | reads the `rope_parameters` transformers reads | not measured |" in serving

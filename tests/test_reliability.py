@@ -9,14 +9,7 @@ import torch
 
 import hf_posenc
 from hf_posenc.cli import main
-from conftest import greedy, ids, tiny_model
-
-
-def _refused(argv, capsys) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err
+from conftest import greedy, ids, refused, tiny_model
 
 
 # -- 1. padding of the attention-level methods, computed per call -------------------------------------------
@@ -87,7 +80,7 @@ def test_weights_changed_in_the_middle_are_not_resumed(own_checkpoint, tmp_path,
     state = load_file(weights)
     state["model.embed_tokens.weight"][10000:20000] *= 5
     save_file(state, weights, metadata={"format": "pt"})
-    err = _refused(_ppl(own_checkpoint, out), capsys)
+    err = refused(_ppl(own_checkpoint, out), capsys)
     assert "holds the cells of another setup (model.files: 'sha256:" in err
     assert main(_ppl(own_checkpoint, out, "--overwrite")) == 0
 
@@ -114,18 +107,18 @@ def test_a_second_run_on_the_same_output_is_refused_naming_the_lock(tiny_checkpo
     out = tmp_path / "busy"
     held = OutputLock(str(out))  # another run holding the folder
     try:
-        err = _refused(_ppl(tiny_checkpoint, out), capsys)
+        err = refused(_ppl(tiny_checkpoint, out), capsys)
     finally:
         held.release()
     assert f"is in use by another hf-posenc run (pid {os.getpid()}, lock {out / LOCK_FILE})" in err
     assert not out.exists()  # the lock of a run that wrote nothing leaves nothing behind
     assert main(_ppl(tiny_checkpoint, out)) == 0  # released: the folder is free again
-    assert (out / "perplexity.json").exists()
+    assert (out / "perplexity.json").exists() and not (out / LOCK_FILE).exists()  # and the lock file is gone
 
 
 def test_a_failed_run_releases_the_folder(tiny_checkpoint, tmp_path, capsys):
     out = tmp_path / "o"
-    assert "--lengths must be token counts >= 2" in _refused(_ppl(tiny_checkpoint, out)[:6] + [
+    assert "--lengths must be token counts >= 2" in refused(_ppl(tiny_checkpoint, out)[:6] + [
         "--lengths", "1", "--corpus", "python-docs", "--output", str(out)], capsys)
     assert not out.exists()
     assert main(_ppl(tiny_checkpoint, out)) == 0
@@ -144,7 +137,7 @@ def test_every_cell_line_of_a_label_is_checked_not_only_the_last(tiny_checkpoint
     cell["config"]["factor"] = 2.0  # as if a second run (factor 2) had appended its cells to the same folder
     cell["key"][-1] += 1000
     (out / "cells.jsonl").write_text("\n".join(lines + [json.dumps(cell)]) + "\n")
-    err = _refused(_variant_run(tiny_checkpoint, out, 4), capsys)
+    err = refused(_variant_run(tiny_checkpoint, out, 4), capsys)
     assert "variant 'y' is {'method': 'yarn', 'factor': 4.0" in err and "factor: 4.0 -> 2.0" not in err
     assert "factor: 2.0 -> 4.0" in err
 
@@ -162,7 +155,7 @@ def test_a_cell_line_that_is_not_a_cell_is_refused_by_line(line, why, tiny_check
     with open(out / "cells.jsonl", "a") as f:
         f.write(line + "\n")
     number = len((out / "cells.jsonl").read_text().splitlines())
-    err = _refused(_variant_run(tiny_checkpoint, out, 2), capsys)
+    err = refused(_variant_run(tiny_checkpoint, out, 2), capsys)
     assert f"line {number} of {out / 'cells.jsonl'} is not a cell of this run ({why}" in err and "--overwrite" in err
 
 
@@ -173,7 +166,7 @@ def test_a_cell_whose_result_lacks_a_field_is_refused_by_line(tiny_checkpoint, t
     cell = json.loads(lines[2])
     cell["result"]["nll_sum"] = "12.5"  # valid JSON, a string where a number belongs
     (out / "cells.jsonl").write_text("\n".join(lines[:2] + [json.dumps(cell)]) + "\n")
-    err = _refused(_variant_run(tiny_checkpoint, out, 2), capsys)
+    err = refused(_variant_run(tiny_checkpoint, out, 2), capsys)
     assert f"line 3 of {out / 'cells.jsonl'} is not a cell of this run (its result lacks a field" in err
 
 
@@ -265,7 +258,7 @@ def test_a_best_json_is_checked_exactly_like_a_stored_block(changes, message, ti
     import hf_posenc.runtime as runtime
 
     monkeypatch.setattr(runtime, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("loaded before refusing"))
-    err = _refused(["patch", "--model", tiny_checkpoint, "--config", _best(tmp_path, **changes), "--output",
+    err = refused(["patch", "--model", tiny_checkpoint, "--config", _best(tmp_path, **changes), "--output",
                     str(tmp_path / "o")], capsys)
     assert message in err and not (tmp_path / "o").exists()
     with pytest.raises(ValueError) as same:  # the Python API reads such a dict the same way
@@ -278,7 +271,7 @@ def _modes(folder) -> set[str]:
     out = set()
     for root, dirs, files in os.walk(folder):
         out |= {f"d{oct(os.stat(os.path.join(root, d)).st_mode & 0o777)}" for d in dirs}
-        out |= {f"f{oct(os.stat(os.path.join(root, f)).st_mode & 0o777)}" for f in files if f != ".hf_posenc.lock"}
+        out |= {f"f{oct(os.stat(os.path.join(root, f)).st_mode & 0o777)}" for f in files}
     return out
 
 

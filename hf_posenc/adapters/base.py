@@ -121,6 +121,30 @@ def _as_current(old: Any, current: Any) -> Any:
     return old
 
 
+class SavedAsOriginal:
+    """``save_pretrained`` of one patched model instance whose patch plain transformers does not compute (not
+    native): its ``config.json`` gets the original values of the fields the patch changed (the context L, the
+    plain RoPE), beside the ``hf_posenc`` block that ``hf_posenc.from_pretrained`` re-applies. A plain loader
+    (transformers, vLLM, SGLang, ...) then builds the unpatched model and is told its true context, instead of
+    being told an extended context it would compute with plain RoPE. The live config keeps the patched values."""
+
+    def __init__(self, model: nn.Module, record: "PatchRecord"):
+        self.model, self.record = model, record
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        changed = [(key, value) for key, value in self.record.config_original.items() if key != CONFIG_KEY]
+        held = []
+        for key, value in changed:
+            owner, field = config_field(self.model.config, key)
+            held.append((owner, field, getattr(owner, field, None)))
+            setattr(owner, field, copy.deepcopy(value))
+        try:
+            return type(self.model).save_pretrained(self.model, *args, **kwargs)
+        finally:
+            for owner, field, value in held:
+                setattr(owner, field, value)
+
+
 def config_field(config: Any, name: str) -> tuple[Any, str]:
     """The config object that holds ``name`` and the field's own name: ``"text_config.rope_parameters"``
     -> (config.text_config, "rope_parameters")."""

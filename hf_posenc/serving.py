@@ -1,0 +1,49 @@
+"""What serving engines compute for a saved checkpoint, as far as it is known without running them.
+
+A checkpoint whose change is native (``rope_parameters`` transformers reads) is read by engines from the same
+fields; one whose change is not (the attention-level methods, dynamic YaRN, the family swaps) is, for every
+plain loader, the unpatched model: its ``config.json`` states the original context
+(``adapters.base.SavedAsOriginal``), so an engine refuses longer inputs rather than computing them with plain
+RoPE. Each row says whether it was measured (and where) or is only known from the method and the engine's
+documentation; ``hf-posenc patch --serve-check`` replaces the rows of the engines it measured (issue 28).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ENGINES = ("vLLM", "SGLang", "TGI", "llama.cpp")
+# measured on this project's machine: SmolLM2-135M checkpoints saved by `hf-posenc patch`, a 3,000-token text,
+# mean NLL in vLLM 0.32 (CPU build) vs hf_posenc.from_pretrained within 2e-7
+VLLM_SAME = {"none", "pi", "ntk", "yarn", "llama3"}
+VLLM_MEASURED = "measured on SmolLM2-135M at 3,000 tokens, vLLM 0.32 (CPU): mean NLL within 2e-7"
+
+
+def known_status(block: dict[str, Any]) -> list[dict[str, str]]:
+    """``[{engine, status, basis}]`` for the checkpoint whose ``hf_posenc`` block is ``block``."""
+    from .methods import resolve_method
+
+    method, native = block.get("method"), bool(block.get("native"))
+    if not native:
+        basis = f"not computable: no engine implements `{method}`"
+        if resolve_method(method).kind == "swap":
+            status = f"the original positional encoding around weights meant for `{method}`: not this model"
+        else:
+            status = "the unpatched model, up to the original context; longer inputs refused"
+            basis += "; config.json states the original context"
+        return [{"engine": e, "status": status, "basis": basis} for e in ENGINES]
+    if block.get("family") != "rope_decoder":
+        return [{"engine": e, "status": "reads the config fields and weights transformers reads",
+                 "basis": "not measured"} for e in ENGINES]
+    rows = []
+    for engine in ENGINES:
+        if engine == "vLLM" and method in VLLM_SAME:
+            rows.append({"engine": engine, "status": "same as hf_posenc", "basis": VLLM_MEASURED})
+        elif engine == "vLLM" and method == "dynamic_ntk":
+            rows.append({"engine": engine, "status": "same up to the original context; differs past it",
+                         "basis": "vLLM computes dynamic NTK once, for its maximum length, not per call (vLLM issue "
+                                  "#5093)"})
+        else:
+            rows.append({"engine": engine, "status": "reads the `rope_parameters` transformers reads",
+                         "basis": "not measured"})
+    return rows
