@@ -241,3 +241,27 @@ def test_a_shipped_dual_chunk_attention_config_loads_as_dca(tmp_path, caplog):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="dual_chunk_attention_config must hold chunk_size and local_size, got \\{'chunk_size': 48\\}"):
         hf_posenc.from_pretrained(str(tmp_path))
+
+
+@pytest.mark.parametrize("start,n", [(0, 10), (5, 40), (1000, 300), (60, 1)])
+def test_rotation_tables_rotate_as_apply_rotary_does(start, n):
+    """The cached cos/sin tables (shared by layers and calls, grown by doubling, skipped where the map leaves keys in
+    place) give the keys apply_rotary gives, with and without autograd; a pickled state rebuilds them."""
+    import pickle
+
+    from hf_posenc.adapters.remapped_attention import RotationTables
+    from hf_posenc.encodings import remap
+    from hf_posenc.encodings.rope import apply_rotary
+
+    inv_freq = 1.0 / (THETA ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    tables = RotationTables(remap.DualChunk(48, 8), inv_freq)  # in_chunk: j mod 40, in place for j < 40
+    keys = torch.randn(2, 3, n, 16, generator=torch.Generator().manual_seed(start))
+    pos = torch.arange(start, start + n)
+    want = apply_rotary(keys, torch.remainder(pos, 40) - pos, inv_freq)
+    got = tables.rotate(keys, "in_chunk", start)
+    assert (got - want).abs().max().item() <= 1e-6
+    if start + n <= 40:
+        assert got is keys  # nothing to turn
+    grad = keys.clone().requires_grad_()
+    assert (tables.rotate(grad, "in_chunk", start) - want).abs().max().item() <= 1e-6
+    assert tables.held and not pickle.loads(pickle.dumps(tables)).held

@@ -47,6 +47,7 @@ class RemapState(CacheOffset):
         self.scheme = scheme
         self.inv_freq = inv_freq.detach().float().clone()
         self.block = block
+        self.tables = RotationTables(scheme, self.inv_freq)
         self._starts: dict[tuple, list[int] | None] | None = None  # this forward call's row starts, by mask shape
 
     def body_hook(self, module, args, kwargs) -> None:
@@ -119,33 +120,91 @@ def attend(state: RemapState, query, key, value, p0: int, scale: float, dropout:
     factor = scheme.query_scale(q_pos)
     if factor is not None:
         query = query * factor.to(query.dtype)[:, None]
-    keys = KeyViews(key, scheme, inv_freq)
+    keys = KeyViews(key, state.tables, whole=q_len > state.block)
     outs = []
     for a, e in scheme.blocks(p0, p0 + q_len, state.block):
         qa, pos = query[:, :, a - p0 : e - p0], q_pos[a - p0 : e - p0]
         parts = []
         for piece in scheme.pieces(a, e):
-            qr = qa if piece.query_at is None else apply_rotary(qa, piece.query_at(pos) - pos, inv_freq)
+            qr = qa if piece.query_at is None else turned(qa, piece.query_at(pos) - pos, inv_freq)
             for seg in segments(piece, a, e, k_len):
-                kr = keys.get(piece.key_map)
-                parts.append(kernel(qr, kr[:, :, seg.start : seg.stop], value[:, :, seg.start : seg.stop], seg, scale,
-                                    dropout))
+                kr = keys.get(piece.key_map, seg.start, seg.stop)
+                parts.append(kernel(qr, kr, value[:, :, seg.start : seg.stop], seg, scale, dropout))
         outs.append(merge(parts, qa, value.shape[-1]))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
+def turned(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """``x`` rotated further by ``delta`` positions (none where every ``delta`` is 0)."""
+    return x if not bool(delta.any()) else apply_rotary(x, delta, inv_freq)
+
+
 class KeyViews:
-    """The keys read at each of the scheme's key maps, rotated once per call and map."""
+    """The keys read at each of the scheme's key maps. With ``whole`` (several query blocks, whose key ranges
+    overlap) each map's keys are rotated once per call; else (one block: decoding) only the range a piece
+    reads, so that the pieces of one query rotate each key at most once."""
 
-    def __init__(self, key: torch.Tensor, scheme: Scheme, inv_freq: torch.Tensor):
-        self.key, self.maps, self.inv_freq = key, scheme.key_maps(), inv_freq
-        self.done = {"same": key}
+    def __init__(self, key: torch.Tensor, tables: "RotationTables", whole: bool):
+        self.key, self.tables, self.whole = key, tables, whole
+        self.done: dict[str, torch.Tensor] = {}
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str, start: int, stop: int) -> torch.Tensor:
+        if name == "same":
+            return self.key[:, :, start:stop]
+        if not self.whole:
+            return self.tables.rotate(self.key[:, :, start:stop], name, start)
         if name not in self.done:
-            pos = torch.arange(self.key.shape[2], device=self.key.device)
-            self.done[name] = apply_rotary(self.key, self.maps[name](pos) - pos, self.inv_freq)
-        return self.done[name]
+            self.done[name] = self.tables.rotate(self.key, name, 0)
+        return self.done[name][:, :, start:stop]
+
+
+class RotationTables:
+    """Per key map, the cos and sin that turn keys at positions ``0 .. n - 1`` from ``p`` to ``map(p)``: angles
+    ``(map(p) - p) * inv_freq`` in float64 as :func:`encodings.rope.apply_rotary` takes them, kept in float32 and
+    grown by doubling. They depend on positions alone, so every layer and every call shares them (no trig per
+    layer and step); they are not pickled (rebuilt on first use). Keys whose map leaves them where they are
+    (DCA's first chunk) are not rotated at all."""
+
+    def __init__(self, scheme: Scheme, inv_freq: torch.Tensor):
+        self.scheme, self.inv_freq = scheme, inv_freq  # the scheme, not its maps (lambdas): the state pickles
+        self.held: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor, int]] = {}
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "held": {}}
+
+    def table(self, name: str, stop: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(cos, sin) ``[size, d / 2]`` for positions ``0 .. size - 1`` (``size >= stop``) and the number of
+        leading positions the map leaves in place."""
+        key = (name, str(device))
+        held = self.held.get(key)
+        if held is None or held[0].shape[0] < stop:
+            size = max(1024, 1 << (stop - 1).bit_length())
+            wide = torch.float32 if device.type == "mps" else torch.float64
+            pos = torch.arange(size, device=device)
+            delta = self.scheme.key_maps()[name](pos) - pos
+            moved = (delta != 0).nonzero()
+            unmoved = int(moved[0]) if len(moved) else size
+            angles = delta.to(wide)[:, None] * self.inv_freq.to(device=device, dtype=wide)[None]
+            held = self.held[key] = (angles.cos().float(), angles.sin().float(), unmoved)
+        return held
+
+    def rotate(self, keys: torch.Tensor, name: str, start: int) -> torch.Tensor:
+        """``keys`` ``[b, h, n, d]`` at positions ``start ..`` read at ``map(p)``, in their dtype (the rotate-half
+        layout, as :func:`encodings.rope.apply_rotary`)."""
+        n = keys.shape[2]
+        cos, sin, unmoved = self.table(name, start + n, keys.device)
+        if start + n <= unmoved:
+            return keys
+        c, s = cos[start : start + n], sin[start : start + n]
+        v = keys.float()
+        half = v.shape[-1] // 2
+        x1, x2 = v[..., :half], v[..., half:]
+        if torch.is_grad_enabled() and keys.requires_grad:  # out= takes no autograd
+            return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(keys.dtype)
+        out = torch.empty_like(v)  # written in place: no concatenated copy per call
+        torch.mul(x1, c, out=out[..., :half]).sub_(x2 * s)
+        torch.mul(x2, c, out=out[..., half:]).add_(x1 * s)
+        return out.to(keys.dtype)
 
 
 @dataclass
@@ -175,6 +234,8 @@ def segments(piece: Piece, a: int, e: int, k_len: int) -> list[Segment]:
     first, last = int(lo[0]), int(hi[-1])
     if first > last:
         return []
+    if e - a == 1:  # one query (decoding): every key it reads, unmasked
+        return [Segment(first, last + 1)]
     core_lo, core_hi = int(lo[-1]), int(hi[0]) - 1  # the last key every query reads starts the causal edge
     if core_lo > core_hi + 1:  # no key is read by every query: one masked segment
         return [_edge(first, last + 1, lo, hi)]

@@ -1,0 +1,139 @@
+"""Decoding speed of the attention-level methods (Self-Extend, DCA, STRING, ReRoPE, leaky ReRoPE) against the
+unpatched model's SDPA, with a KV cache of each prompt length.
+
+SmolLM2-135M (original context L = 8,192) is prefilled once per prompt length, unpatched (a book's tokens, random
+tokens when the book is absent); from a copy of that cache every method decodes the same number of greedy steps,
+the methods interleaved round by round, and the median seconds per decoded token is compared with the unpatched
+model's (ratio = its tokens/s over the unpatched model's: > 0.8 is the target). The cache of the unpatched prefill
+serves every method: the numbers are speed only (which keys a cache holds does not change the cost). Memory: the
+methods keep, per key map, float32 cos and sin tables for the positions seen so far (grown by doubling), shared by
+all layers; their size is reported. With --write the section replaces this script's section of BENCHMARKS.md.
+
+    python scripts/bench_decode.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+
+from _bench import ROOT, comma_list
+
+BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg84.txt")
+TITLE = "## Decoding with the attention-level methods: tokens/s vs the unpatched model"
+METHODS = ["self_extend", "dca", "string", "rerope", "leaky_rerope"]
+
+
+def prompt_ids(tok, n: int, vocab: int):
+    import torch
+
+    if os.path.isfile(BOOK):
+        with open(BOOK, encoding="utf-8") as f:
+            ids = tok(f.read(), return_tensors="pt").input_ids[:, :n]
+        if ids.shape[1] == n:
+            return ids, os.path.basename(BOOK)
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(0)), "random tokens"
+
+
+def decode(model, cache, first, start: int, steps: int) -> float:
+    """Seconds per token of ``steps`` greedy steps from ``cache``."""
+    import torch
+
+    token = first
+    with torch.no_grad():
+        begin = time.perf_counter()
+        for i in range(steps):
+            pos = torch.tensor([[start + i]])
+            logits = model(input_ids=token, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, -1]
+            token = logits.argmax(-1, keepdim=True)
+        return (time.perf_counter() - begin) / steps
+
+
+def table_bytes(model) -> int:
+    """The bytes of the rotation tables the patched model holds now."""
+    from hf_posenc.adapters.remapped_attention import STATE_ATTR
+
+    state = next(m.__dict__[STATE_ATTR] for m in model.modules() if STATE_ATTR in m.__dict__)  # one, shared
+    return sum(t.numel() * t.element_size() for held in state.tables.held.values() for t in held[:2])
+
+
+def run_length(model, tok, n: int, args) -> dict:
+    import torch
+    from transformers import DynamicCache
+
+    import hf_posenc
+
+    ids, source = prompt_ids(tok, n, model.config.vocab_size)
+    prefill = DynamicCache(config=model.config)
+    with torch.no_grad():
+        first = model(input_ids=ids, past_key_values=prefill, use_cache=True).logits[:, -1:].argmax(-1)
+    labels = ["none", *args.methods]
+    times: dict[str, list[float]] = {m: [] for m in labels}
+    memory: dict[str, int] = {}
+    for _ in range(args.rounds):
+        for method in labels:
+            hf_posenc.patch(model, method)
+            times[method].append(decode(model, copy.deepcopy(prefill), first, n, args.steps))
+            memory[method] = table_bytes(model) if method != "none" else 0
+    hf_posenc.unpatch(model)
+    native = statistics.median(times["none"])
+    return {"source": source, "results": {m: {"seconds_per_token": statistics.median(t),
+                                              "ratio": native / statistics.median(t), "table_bytes": memory[m]}
+                                          for m, t in times.items()}}
+
+
+def section(args, argv, out) -> str:
+    import torch
+
+    from hf_posenc.eval.report import markdown_table
+
+    lengths = list(out)
+    rows = []
+    for method in ["none", *args.methods]:
+        row = [method]
+        for n in lengths:
+            r = out[n]["results"][method]
+            row += [f"{1000 * r['seconds_per_token']:.1f}", f"{r['ratio']:.2f}", f"{r['table_bytes'] / 2**20:.1f}"]
+        rows.append(row)
+    header = ["method"] + [h for n in lengths for h in (f"{n}: ms/token", f"{n}: vs native", f"{n}: tables MiB")]
+    worst = min(out[n]["results"][m]["ratio"] for n in lengths for m in args.methods)
+    return "\n".join([
+        TITLE, "", f"Command: `python scripts/bench_decode.py {shlex.join(argv)}`  ",
+        f"Model {args.model}, SDPA, fp32; prompts of {', '.join(map(str, lengths))} tokens "
+        f"({out[lengths[0]]['source']}) prefilled once each, unpatched; then {args.steps} greedy steps per method from a "
+        f"copy of that cache, median over {args.rounds} interleaved round(s); {platform.machine()}, {os.cpu_count()} "
+        f"cores, torch {torch.__version__}, {torch.get_num_threads()} threads. 'vs native': the method's tokens/s over "
+        "the unpatched model's (SDPA). Tables: the float32 cos/sin tables per key map the method keeps (positions "
+        "seen so far, rounded up to a power of two), shared by all layers and calls; nothing else is kept between "
+        "steps.", "", markdown_table(header, rows), "",
+        f"Slowest attention-level method: {worst:.2f}x native.", ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hf_posenc.eval.report import emit_section
+    from hf_posenc.runtime import load_model_and_tokenizer
+
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf, alias).")
+    p.add_argument("--lengths", type=comma_list(int), default=[4096, 12288], help="prompt lengths (tokens).")
+    p.add_argument("--methods", type=comma_list(str), default=METHODS, help="comma-separated attention-level methods.")
+    p.add_argument("--steps", type=int, default=16, help="greedy steps decoded per method and round.")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds.")
+    p.add_argument("--write", action="store_true", help="replace this script's section of BENCHMARKS.md.")
+    args = p.parse_args(argv)
+    model, tok, _ = load_model_and_tokenizer(args.model, attn_implementation="sdpa")
+    out = {n: run_length(model, tok, n, args) for n in args.lengths}
+    emit_section(section(args, argv, out), args.write, os.path.join(ROOT, "BENCHMARKS.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
