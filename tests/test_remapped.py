@@ -265,3 +265,45 @@ def test_rotation_tables_rotate_as_apply_rotary_does(start, n):
     grad = keys.clone().requires_grad_()
     assert (tables.rotate(grad, "in_chunk", start) - want).abs().max().item() <= 1e-6
     assert tables.held and not pickle.loads(pickle.dumps(tables)).held
+
+
+@torch.no_grad()
+def _decode(model, x, prompt, cache=None):
+    """Last logits of a prefill of ``prompt`` tokens then one token at a time, from ``cache`` when given."""
+    from transformers import DynamicCache
+
+    cache = cache if cache is not None else DynamicCache(config=model.config)
+    out = [model(x[:, :prompt], past_key_values=cache, use_cache=True).logits[:, -1]]
+    for i in range(prompt, x.shape[1] - 1):
+        out.append(model(x[:, i : i + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+    return torch.stack(out, 1).float(), cache
+
+
+@pytest.mark.parametrize("method", list(KNOBS))
+def test_keys_kept_between_decoding_steps_follow_a_cut_cache_and_stay_with_it(method):
+    """Rotated keys kept on the cache object: decoding equals the full forward, also after the cache is cut back and
+    decoding goes on with other tokens; a cache of several rows keeps none (beam search reorders rows in place)."""
+    from hf_posenc.adapters.remapped_attention import KEPT_ATTR
+
+    model = patched("llama", method)
+    x = ids(150)
+    got, cache = _decode(model, x, 97)
+    assert (got - logits(model, x)[:, 96:149]).abs().max().item() <= 1e-5
+    assert cache.__dict__[KEPT_ATTR] or method == "string"  # STRING moves queries only
+    cache.crop(110 - cache.get_seq_length())  # cut back to 110 tokens (as assisted decoding does), then other tokens
+    y = torch.cat([x[:, :110], ids(40, seed=7)], 1)
+    with torch.no_grad():
+        steps = [model(y[:, i : i + 1], past_key_values=cache, use_cache=True).logits[:, -1] for i in range(110, 149)]
+    assert (torch.stack(steps, 1).float() - logits(model, y)[:, 110:149]).abs().max().item() <= 1e-5
+    if method in ("rerope", "leaky_rerope"):  # another scheme decoding on the same cache keeps keys of its own
+        import copy
+
+        other = patched("llama", method, window=12)
+        bare = copy.deepcopy(cache)
+        del bare.__dict__[KEPT_ATTR]
+        with torch.no_grad():
+            shared = [other(y[:, i : i + 1], past_key_values=c, use_cache=True).logits for c in (cache, bare)
+                      for i in [149]]
+        assert torch.equal(shared[0], shared[1]) and len(cache.__dict__[KEPT_ATTR]) == 2 * len(bare.__dict__[KEPT_ATTR])
+    _, two = _decode(model, ids(150, batch=2), 97)
+    assert not two.__dict__.get(KEPT_ATTR)

@@ -33,6 +33,7 @@ from .attention import CacheOffset, register_attention, repeat_heads
 
 NAME = "hf_posenc_remapped"
 STATE_ATTR = "_hf_posenc_remapped"
+KEPT_ATTR = "_hf_posenc_rotated_keys"  # on a KV cache object: the rotated keys it goes with (KeyViews)
 
 
 class RemapState(CacheOffset):
@@ -49,13 +50,33 @@ class RemapState(CacheOffset):
         self.block = block
         self.tables = RotationTables(scheme, self.inv_freq)
         self._starts: dict[tuple, list[int] | None] | None = None  # this forward call's row starts, by mask shape
+        self._cache = None  # this forward call's KV cache
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_cache": None, "_starts": None}
 
     def body_hook(self, module, args, kwargs) -> None:
         super().body_hook(module, args, kwargs)
         self._starts = {}  # a new forward call: its layers share its mask, and nothing of an earlier call is kept
+        self._cache = kwargs.get("past_key_values")
 
     def body_done(self, module, args, kwargs, output) -> None:
-        self._starts = None
+        self._starts, self._cache = None, None
+
+    def rotated_keys(self, module, key: torch.Tensor) -> dict | None:
+        """The rotated keys this layer kept in the call's KV cache from earlier decoding steps (see
+        :class:`KeyViews`), or None where keeping them would not be safe: no cache, a batch of several rows (beam
+        search reorders them in place), autograd, a layer without an index."""
+        cache, layer = self._cache, getattr(module, "layer_idx", None)
+        if cache is None or key.shape[0] != 1 or not isinstance(layer, int) or torch.is_grad_enabled():
+            return None
+        held = cache.__dict__.setdefault(KEPT_ATTR, {})
+        return held.setdefault((layer, self.view_key()), {})
+
+    def view_key(self) -> tuple:
+        """What the rotated keys depend on besides the keys: the scheme and its knobs, the frequencies."""
+        return (type(self.scheme).__name__, tuple(sorted((k, repr(v)) for k, v in vars(self.scheme).items())),
+                tuple(self.inv_freq.tolist()))
 
     def row_starts(self, attention_mask, k_total: int) -> list[int] | None:
         """The cache index of each row's first real key. Computed from the mask's content; within one forward
@@ -99,7 +120,8 @@ def remapped_attention(module, query, key, value, attention_mask, dropout: float
     dropout = dropout if module.training else 0.0
     starts = state.row_starts(attention_mask, k_total)
     if starts is None:
-        out = attend(state, query, key, value, past, scale, dropout)
+        kept = state.rotated_keys(module, key) if q <= state.block else None
+        out = attend(state, query, key, value, past, scale, dropout, kept)
     else:
         out = query.new_zeros(b, h, q, value.shape[-1])
         for r, s0 in enumerate(starts):
@@ -111,16 +133,17 @@ def remapped_attention(module, query, key, value, attention_mask, dropout: float
     return out.transpose(1, 2).contiguous(), None
 
 
-def attend(state: RemapState, query, key, value, p0: int, scale: float, dropout: float) -> torch.Tensor:
+def attend(state: RemapState, query, key, value, p0: int, scale: float, dropout: float,
+           kept: dict | None = None) -> torch.Tensor:
     """Attention of queries at positions ``p0 ..`` over keys at positions ``0 ..`` under ``state.scheme``:
-    ``[batch, heads, q, dim]``."""
+    ``[batch, heads, q, dim]``; ``kept``: rotated keys of earlier steps (:meth:`RemapState.rotated_keys`)."""
     scheme, inv_freq = state.scheme, state.inv_freq
     q_len, k_len = query.shape[2], key.shape[2]
     q_pos = torch.arange(p0, p0 + q_len, device=query.device)
     factor = scheme.query_scale(q_pos)
     if factor is not None:
         query = query * factor.to(query.dtype)[:, None]
-    keys = KeyViews(key, state.tables, whole=q_len > state.block)
+    keys = KeyViews(key, state.tables, whole=q_len > state.block, kept=kept, unchanged=min(p0, k_len))
     outs = []
     for a, e in scheme.blocks(p0, p0 + q_len, state.block):
         qa, pos = query[:, :, a - p0 : e - p0], q_pos[a - p0 : e - p0]
@@ -142,20 +165,48 @@ def turned(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torc
 class KeyViews:
     """The keys read at each of the scheme's key maps. With ``whole`` (several query blocks, whose key ranges
     overlap) each map's keys are rotated once per call; else (one block: decoding) only the range a piece
-    reads, so that the pieces of one query rotate each key at most once."""
+    reads, so that the pieces of one query rotate each key at most once.
 
-    def __init__(self, key: torch.Tensor, tables: "RotationTables", whole: bool):
-        self.key, self.tables, self.whole = key, tables, whole
+    ``kept`` (decoding one row with a KV cache): the rotated keys of earlier calls, kept on the cache object
+    itself (so they live and die with it, and a new cache starts empty), per layer and map in a buffer grown by
+    doubling with the count of keys it holds. Keys below ``unchanged`` (the cache length when the call started)
+    are those of earlier calls, unchanged since (a one-row cache is only appended to, or cut: a cut below the
+    kept count is followed); only keys past what is kept are rotated, so a decoding step rotates one key per map."""
+
+    def __init__(self, key: torch.Tensor, tables: "RotationTables", whole: bool, kept: dict | None = None,
+                 unchanged: int = 0):
+        self.key, self.tables, self.whole, self.kept, self.unchanged = key, tables, whole, kept, unchanged
         self.done: dict[str, torch.Tensor] = {}
 
     def get(self, name: str, start: int, stop: int) -> torch.Tensor:
         if name == "same":
             return self.key[:, :, start:stop]
+        if self.kept is not None and not self.whole:
+            return self._kept(name, stop)[:, :, start:stop]
         if not self.whole:
             return self.tables.rotate(self.key[:, :, start:stop], name, start)
         if name not in self.done:
             self.done[name] = self.tables.rotate(self.key, name, 0)
         return self.done[name][:, :, start:stop]
+
+    def _kept(self, name: str, stop: int) -> torch.Tensor:
+        """The kept buffer of ``name``, holding the rotated keys ``0 .. stop - 1`` (rotating those it lacked)."""
+        buffer, count = self.kept.get(name, (None, 0))
+        k = self.key
+        if buffer is not None and (buffer.dtype != k.dtype or buffer.device != k.device
+                                   or buffer.shape[:2] != k.shape[:2] or buffer.shape[3] != k.shape[3]):
+            buffer, count = None, 0  # keys of another kind: start afresh
+        count = min(count, self.unchanged)  # keys from the call's start on are new (a cut cache grew again)
+        self.kept[name] = (buffer, count)
+        if stop > count:
+            if buffer is None or buffer.shape[2] < stop:
+                grown = k.new_empty(*k.shape[:2], max(1024, 1 << (stop - 1).bit_length()), k.shape[3])
+                if buffer is not None:
+                    grown[:, :, :count] = buffer[:, :, :count]
+                buffer = grown
+            buffer[:, :, count:stop] = self.tables.rotate(self.key[:, :, count:stop], name, count)
+            self.kept[name] = (buffer, stop)
+        return buffer
 
 
 class RotationTables:
@@ -201,9 +252,9 @@ class RotationTables:
         x1, x2 = v[..., :half], v[..., half:]
         if torch.is_grad_enabled() and keys.requires_grad:  # out= takes no autograd
             return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(keys.dtype)
-        out = torch.empty_like(v)  # written in place: no concatenated copy per call
-        torch.mul(x1, c, out=out[..., :half]).sub_(x2 * s)
-        torch.mul(x2, c, out=out[..., half:]).add_(x1 * s)
+        out = torch.empty_like(v)  # written in place: no concatenated copy, no temporaries
+        torch.mul(x1, c, out=out[..., :half]).addcmul_(x2, s, value=-1)
+        torch.mul(x2, c, out=out[..., half:]).addcmul_(x1, s)
         return out.to(keys.dtype)
 
 

@@ -78,6 +78,13 @@ def _ppl_parser(evsub) -> None:
     e.add_argument("--buckets", type=positive, default=32, help="position buckets of the loss-by-position curve.")
     e.add_argument("--chunk-size", type=positive, default=1024,
                    help="tokens per LM-head chunk: the full [length x vocab] logits are never materialised.")
+    e.add_argument("--truncated-stride", type=positive, default=None,
+                   help="for lengths past the original context L: the unpatched model also scores the same tokens "
+                        "with at most L tokens before each (forwards of L tokens moved by this many; default L/4), "
+                        "the baseline of each method's context gain.")
+    e.add_argument("--no-truncated-baseline", action="store_true",
+                   help="skip that baseline (its forwards cost about (length - L) / stride forwards of L tokens per "
+                        "window).")
 
 
 
@@ -168,7 +175,8 @@ def run(args, command: str) -> int:
         docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split,
                                 args.column, args.limit, args.corpus, args.encoding)
         report = run_perplexity(docs=docs, mode=args.mode, stride=args.stride, max_windows=args.max_windows,
-                                buckets=args.buckets, chunk_size=args.chunk_size, **common)
+                                buckets=args.buckets, chunk_size=args.chunk_size, truncated_stride=args.truncated_stride,
+                                truncated_baseline=not args.no_truncated_baseline, **common)
     elif args.task == "harness":
         from ..eval.run_harness import run_harness
 

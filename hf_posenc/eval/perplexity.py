@@ -92,6 +92,34 @@ def window_cell(model, doc: torch.Tensor, window: Window, buckets: int = 32, chu
     device = next(model.parameters()).device
     ids = doc[window.begin : window.end][None].to(device)
     nll = token_nll(model, ids, chunk_size=chunk_size, start=window.score_from)[0].double().cpu()
+    return _window_result(nll, window, buckets)
+
+
+def truncated_nll(model, ids: torch.Tensor, context: int, stride: int, chunk_size: int = 1024) -> torch.Tensor:
+    """NLL of tokens ``1 .. T - 1`` of ``ids`` ``[1, T]``, each given at most ``context`` tokens before it: the first
+    ``context`` tokens in one forward, then forwards over ``context`` tokens moved by ``stride``, each scoring its
+    last ``stride`` tokens (which see ``context - stride`` to ``context - 1`` tokens before them). ``[1, T - 1]``."""
+    T = ids.shape[1]
+    parts = [token_nll(model, ids[:, : min(context, T)], chunk_size=chunk_size)]
+    s = stride
+    while s + context - stride < T:
+        parts.append(token_nll(model, ids[:, s : min(s + context, T)], chunk_size=chunk_size, start=context - stride))
+        s += stride
+    return torch.cat(parts, dim=1)
+
+
+def truncated_window_cell(model, doc: torch.Tensor, window: Window, buckets: int, original: int, stride: int,
+                          chunk_size: int = 1024) -> dict:
+    """:func:`window_cell` of the unpatched ``model`` given at most ``original`` tokens of context per token
+    (:func:`truncated_nll`): what a method's longer context is measured against."""
+    device = next(model.parameters()).device
+    ids = doc[window.begin : window.end][None].to(device)
+    nll = truncated_nll(model, ids, original, stride, chunk_size)[0, window.score_from - 1 :].double().cpu()
+    return _window_result(nll, window, buckets)
+
+
+def _window_result(nll: torch.Tensor, window: Window, buckets: int) -> dict:
+    """The cell of a window from the NLL of its scored tokens (``window.score_from`` on)."""
     sums, counts = [], []
     edges = bucket_edges(window.end - window.begin, buckets)
     for a, b in zip(edges[:-1], edges[1:]):
@@ -101,8 +129,20 @@ def window_cell(model, doc: torch.Tensor, window: Window, buckets: int = 32, chu
     return {"tokens": nll.numel(), "nll_sum": nll.sum().item(), "bucket_sum": sums, "bucket_cnt": counts}
 
 
-def aggregate_length(length: int, windows: list[Window], cells: list[dict], names: list[str], buckets: int) -> dict:
-    """The numbers of one length from its windows' cells (in the order of ``windows``)."""
+def past_original(curve_sum: list[float], curve_cnt: list[int], edges: list[int], original: int | None) -> dict | None:
+    """The loss of the tokens past the original context L: those of the position buckets from the first bucket edge
+    at or after L (``from``), over every window (None when no bucket starts there)."""
+    firsts = [k for k, a in enumerate(edges[:-1]) if original is not None and a >= original]
+    if not firsts or not sum(curve_cnt[firsts[0]:]):
+        return None
+    total, count = sum(curve_sum[firsts[0]:]), sum(curve_cnt[firsts[0]:])
+    return {"from": edges[firsts[0]], "tokens": count, "nll": total / count, "ppl": math.exp(total / count)}
+
+
+def aggregate_length(length: int, windows: list[Window], cells: list[dict], names: list[str], buckets: int,
+                     original: int | None = None) -> dict:
+    """The numbers of one length from its windows' cells (in the order of ``windows``); ``original``: the model's
+    original context L, past which the loss is also given (:func:`past_original`)."""
     doc_sum, doc_cnt = [0.0] * len(names), [0] * len(names)
     edges = bucket_edges(length, buckets)
     curve_sum, curve_cnt = [0.0] * (len(edges) - 1), [0] * (len(edges) - 1)
@@ -122,7 +162,7 @@ def aggregate_length(length: int, windows: list[Window], cells: list[dict], name
         "length": length, "ppl": math.exp(total_nll / total_tok), "nll": total_nll / total_tok, "tokens": total_tok,
         "windows": len(windows), "doc_mean_ppl": math.exp(m), "ci95": [math.exp(lo), math.exp(hi)] if lo is not None else None,
         "docs": per_doc, "skipped_docs": [names[i] for i in range(len(names)) if not any(w.doc == i for w in windows)],
-        "curve": curve,
+        "curve": curve, "past_original": past_original(curve_sum, curve_cnt, edges, original),
     }
 
 
