@@ -7,7 +7,8 @@ the methods interleaved round by round, and the median seconds per decoded token
 model's (ratio = its tokens/s over the unpatched model's: > 0.8 is the target). The cache of the unpatched prefill
 serves every method: the numbers are speed only (which keys a cache holds does not change the cost). Memory: the
 methods keep, per key map, float32 cos and sin tables for the positions seen so far (grown by doubling), shared by
-all layers; their size is reported. With --write the section replaces this script's section of BENCHMARKS.md.
+all layers, and on the KV cache object the rotated keys of earlier steps; both sizes are reported. With --write the
+section replaces this script's section of BENCHMARKS.md.
 
     python scripts/bench_decode.py --write
 """
@@ -42,7 +43,7 @@ def prompt_ids(tok, n: int, vocab: int):
 
 
 def decode(model, cache, first, start: int, steps: int) -> float:
-    """Seconds per token of ``steps`` greedy steps from ``cache``."""
+    """Seconds per token of ``steps`` greedy steps from ``cache`` (which they extend)."""
     import torch
 
     token = first
@@ -63,6 +64,16 @@ def table_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for held in state.tables.held.values() for t in held[:2])
 
 
+def kept_bytes(cache) -> tuple[int, int]:
+    """(bytes of the rotated keys kept on ``cache``, bytes of its keys and values)."""
+    from hf_posenc.adapters.remapped_attention import KEPT_ATTR
+
+    kept = sum(buf.numel() * buf.element_size() for per_layer in cache.__dict__.get(KEPT_ATTR, {}).values()
+               for buf, _ in per_layer.values() if buf is not None)
+    kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    return kept, kv
+
+
 def run_length(model, tok, n: int, args) -> dict:
     import torch
     from transformers import DynamicCache
@@ -75,16 +86,18 @@ def run_length(model, tok, n: int, args) -> dict:
         first = model(input_ids=ids, past_key_values=prefill, use_cache=True).logits[:, -1:].argmax(-1)
     labels = ["none", *args.methods]
     times: dict[str, list[float]] = {m: [] for m in labels}
-    memory: dict[str, int] = {}
+    memory: dict[str, tuple[int, int, int]] = {}
     for _ in range(args.rounds):
         for method in labels:
             hf_posenc.patch(model, method)
-            times[method].append(decode(model, copy.deepcopy(prefill), first, n, args.steps))
-            memory[method] = table_bytes(model) if method != "none" else 0
+            cache = copy.deepcopy(prefill)
+            times[method].append(decode(model, cache, first, n, args.steps))
+            memory[method] = (table_bytes(model) if method != "none" else 0, *kept_bytes(cache))
     hf_posenc.unpatch(model)
     native = statistics.median(times["none"])
     return {"source": source, "results": {m: {"seconds_per_token": statistics.median(t),
-                                              "ratio": native / statistics.median(t), "table_bytes": memory[m]}
+                                              "ratio": native / statistics.median(t), "table_bytes": memory[m][0],
+                                              "kept_bytes": memory[m][1], "kv_bytes": memory[m][2]}
                                           for m, t in times.items()}}
 
 
@@ -99,9 +112,11 @@ def section(args, argv, out) -> str:
         row = [method]
         for n in lengths:
             r = out[n]["results"][method]
-            row += [f"{1000 * r['seconds_per_token']:.1f}", f"{r['ratio']:.2f}", f"{r['table_bytes'] / 2**20:.1f}"]
+            row += [f"{1000 * r['seconds_per_token']:.1f}", f"{r['ratio']:.2f}", f"{r['table_bytes'] / 2**20:.1f}",
+                    f"{r['kept_bytes'] / 2**20:.0f} ({r['kept_bytes'] / r['kv_bytes']:.2f}x)"]
         rows.append(row)
-    header = ["method"] + [h for n in lengths for h in (f"{n}: ms/token", f"{n}: vs native", f"{n}: tables MiB")]
+    header = ["method"] + [h for n in lengths for h in (f"{n}: ms/token", f"{n}: vs native", f"{n}: tables MiB",
+                                                          f"{n}: kept keys MiB (x KV cache)")]
     worst = min(out[n]["results"][m]["ratio"] for n in lengths for m in args.methods)
     return "\n".join([
         TITLE, "", f"Command: `python scripts/bench_decode.py {shlex.join(argv)}`  ",
@@ -109,9 +124,11 @@ def section(args, argv, out) -> str:
         f"({out[lengths[0]]['source']}) prefilled once each, unpatched; then {args.steps} greedy steps per method from a "
         f"copy of that cache, median over {args.rounds} interleaved round(s); {platform.machine()}, {os.cpu_count()} "
         f"cores, torch {torch.__version__}, {torch.get_num_threads()} threads. 'vs native': the method's tokens/s over "
-        "the unpatched model's (SDPA). Tables: the float32 cos/sin tables per key map the method keeps (positions "
-        "seen so far, rounded up to a power of two), shared by all layers and calls; nothing else is kept between "
-        "steps.", "", markdown_table(header, rows), "",
+        "the unpatched model's (SDPA). Memory beside the KV cache: the float32 cos/sin tables per key map (positions "
+        "seen so far, rounded up to a power of two; shared by all layers and calls), and the rotated keys kept on the "
+        "cache object between steps (per layer and key map, in buffers grown by doubling: at most one copy of the "
+        "keys per map, i.e. half the KV cache, times the buffer's slack), with their size as a multiple of the KV "
+        "cache's.", "", markdown_table(header, rows), "",
         f"Slowest attention-level method: {worst:.2f}x native.", ""])
 
 

@@ -99,6 +99,8 @@ def side_by_side(out: str, length: int, chosen: list[tuple[str, str, int]]) -> l
     context) and passkey hit rate per depth."""
     ppl, pk = _load(os.path.join(out, "ppl", "perplexity.json")), _load(os.path.join(out, "passkey", "passkey.json"))
     original, depths = ppl["setup"]["original_context"], pk["setup"]["depths"]
+    base = ppl["setup"]["truncated_baseline"]
+    truncated = ppl["results"][base["label"]][str(length)]
     rows, edge = [], None
     for method, variant in [("none", "none"), *[(m, v) for m, v, _ in chosen]]:
         label = variant.split("=", 1)[0]
@@ -106,10 +108,27 @@ def side_by_side(out: str, length: int, chosen: list[tuple[str, str, int]]) -> l
         edge, before, after = _split_ppl(r["curve"], r["tokens"], original)
         cells = pk["results"][label]["cells"]
         hits = [f"{cells[f'{length}@{d:g}']['accuracy']:.2f}" for d in depths]
-        rows.append(f"| {method} | `{variant}` | {r['ppl']:.2f} | {before:.2f} | {after:.2f} | {' | '.join(hits)} |")
+        rows.append(f"| {method} | `{variant}` | {r['ppl']:.2f} | {before:.2f} | {after:.2f} | "
+                    f"{r['past_original']['ppl']:.2f} | {r['context_gain']:.3f} | {' | '.join(hits)} |")
+    past = truncated["past_original"]
+    rows.append(f"| none, truncated to L | {base['context']} tokens at most before each (stride {base['stride']}) | "
+                f"{truncated['ppl']:.2f} | | | {past['ppl']:.2f} | 1 | {' | '.join('' for _ in depths)} |")
     head = (f"| method | configuration | ppl (whole window) | ppl, tokens < {edge} | ppl, tokens >= {edge} | "
-            + " | ".join(f"passkey @ {d:g}" for d in depths) + " |")
-    return [head, "|" + "---|" * (5 + len(depths)), *rows]
+            f"ppl, tokens >= {past['from']} | context gain | " + " | ".join(f"passkey @ {d:g}" for d in depths) + " |")
+    return [head, "|" + "---|" * (7 + len(depths)), *rows]
+
+
+def gain_verdict(out: str, length: int, chosen: list[tuple[str, str, int]]) -> str:
+    """Which methods used the context past L (context gain > 1.01) and which only avoided breaking."""
+    ppl = _load(os.path.join(out, "ppl", "perplexity.json"))
+    gains = {m: ppl["results"][v.split("=", 1)[0]][str(length)]["context_gain"] for m, v, _ in chosen}
+    used = [f"{m} ({g:.3f})" for m, g in gains.items() if g > 1.01]
+    held = [f"{m} ({g:.3f})" for m, g in gains.items() if 0.99 <= g <= 1.01]
+    lost = [f"{m} ({g:.3f})" for m, g in gains.items() if g < 0.99]
+    return ("Context gain past L (the truncated baseline's perplexity of the same tokens over the method's): "
+            f"used the context past L (> 1.01): {', '.join(used) or 'none'}; within 1% of truncation, i.e. did "
+            f"not break but gained nothing measurable: {', '.join(held) or 'none'}; worse than truncating to L "
+            f"(< 0.99): {', '.join(lost) or 'none'}. One window of one book: a small sample.")
 
 
 def run_length(args, length: int) -> list[str]:
@@ -125,7 +144,7 @@ def run_length(args, length: int) -> list[str]:
     run_cli(ppl, args.no_progress)
     run_cli(passkey, args.no_progress)
     ranks = ", ".join(f"{m} {rank}" for m, _, rank in chosen)
-    return [f"### {length} tokens", "", *side_by_side(out, length, chosen), "",
+    return [f"### {length} tokens", "", *side_by_side(out, length, chosen), "", gain_verdict(out, length, chosen), "",
             f"Rank of each configuration in the tune run for {length} (out of all its candidates): {ranks}.", "",
             f"![loss by position]({rel(out)}/ppl/loss_by_position_{length}.png)", "",
             f"Perplexity: `hf-posenc {shlex.join(ppl)}`  ", f"Passkey: `hf-posenc {shlex.join(passkey)}`  ",

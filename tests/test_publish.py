@@ -78,7 +78,9 @@ def test_cli_patch_evaluates_and_writes_the_card(tiny_checkpoint, tmp_path, caps
     assert "| yarn |" in printed and "saved:" in printed
     ppl = json.loads((out / "hf_posenc_eval" / "perplexity.json").read_text())
     pk = json.loads((out / "hf_posenc_eval" / "passkey.json").read_text())
-    assert set(ppl["results"]) == {"none", "yarn"} and ppl["setup"]["variants"]["yarn"]["params"]["beta_fast"] == 16
+    baseline = ppl["setup"]["truncated_baseline"]["label"]  # 128 is past the original 64: the truncated baseline
+    assert set(ppl["results"]) == {"none", "yarn", baseline} and ppl["setup"]["variants"]["yarn"]["params"]["beta_fast"] == 16
+    assert "context_gain" in ppl["results"]["yarn"]["128"] and "| 128: past L |" in (out / "README.md").read_text()
     card = ModelCard.load(out / "README.md")
     metrics = {m["name"]: m["value"] for r in card.data.to_dict()["model-index"][0]["results"] for m in r["metrics"]}
     assert metrics["perplexity @ 128 tokens"] == round(ppl["results"]["yarn"]["128"]["ppl"], 4)

@@ -17,7 +17,6 @@ seconds its computation took, so that a run resumed over several calls can still
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
