@@ -259,3 +259,49 @@ def test_ppl_past_the_original_context_has_the_truncated_baseline_and_the_contex
         "--truncated-stride", "64"], capsys)
     assert main(argv + ["--no-truncated-baseline", "--no-plots"]) == 0
     assert "truncated_baseline" not in json.loads((out / "perplexity.json").read_text())["setup"]
+
+
+def test_text_haystack_prompts_hide_the_asked_needle_at_its_depth_among_distractors(bert_tokenizer):
+    from hf_posenc.eval.data import builtin_corpus
+    from hf_posenc.eval.haystack import TextHaystack
+    from hf_posenc.eval.run_retrieval import corpus_stream
+
+    stream = corpus_stream(bert_tokenizer, builtin_corpus())
+    hay = TextHaystack(bert_tokenizer, stream, needles=3)
+    for length, depth in [(300, 0.0), (600, 0.5), (900, 1.0)]:
+        p = hay.build(length, depth, "48213")
+        assert p.length == length == len(p.input_ids) and p.key == "48213"
+        text = bert_tokenizer.decode(p.input_ids)
+        assert text.count("one of the special magic numbers for") == 3  # the asked one and two distractors
+        asked = text.rsplit("what is the special magic number for ", 1)[1].split(" ")[0]
+        assert f"special magic numbers for {asked} is : 48213" in text
+        assert hay.build(length, depth, "48213").input_ids.tolist() == p.input_ids.tolist()  # the same every time
+        body = p.input_ids.tolist()[len(hay.prefix) :]
+        needle = bert_tokenizer(f" One of the special magic numbers for {asked} is: 48213. ",
+                                add_special_tokens=False)["input_ids"]
+        at = next(i for i in range(len(body)) if body[i : i + len(needle)] == needle)
+        assert abs(at / (length - len(needle)) - depth) < 0.35  # near its depth (distractors and snapping move it)
+    assert hay.build(600, 0.5, "11111").input_ids.tolist() != hay.build(600, 0.5, "22222").input_ids.tolist()
+    with pytest.raises(ValueError, match="the haystack text has"):
+        TextHaystack(bert_tokenizer, stream[:200]).build(600, 0.5, "12345")
+    with pytest.raises(ValueError, match="--needles must be from 1 to 32"):
+        TextHaystack(bert_tokenizer, stream, needles=0)
+
+
+def test_cli_passkey_in_real_text_resumes_and_refuses_filler_flags(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "pk"
+    argv = ["eval", "passkey", "--model", tiny_checkpoint, "--methods", "none,yarn", "--factor", "2", "--lengths",
+            "120", "--depths", "0.25,0.75", "--trials", "2", "--haystack", "text", "--needles", "2", "--corpus",
+            "python-docs", "--output", str(out), "--no-progress", "--no-plots"]
+    assert main(argv) == 0
+    report = json.loads((out / "passkey.json").read_text())
+    s = report["setup"]
+    assert (s["haystack"], s["needles"], s["filler"]) == ("text", 2, None) and s["documents"][0] == "python-docs[0]"
+    assert "needles in the prose of python-docs[0]" in (out / "passkey.md").read_text()
+    samples = report["results"]["none"]["samples"]
+    assert len(samples) == 2 * 2 and all(x["tokens"] == 120 for x in samples)
+    capsys.readouterr()
+    assert main(argv) == 0 and "resumed 4 of 4 cells" in capsys.readouterr().err
+    assert "--filler and --needle shape the filler haystack" in refused(argv + ["--filler", "x y"], capsys)
+    plain = ["eval", "passkey", "--model", tiny_checkpoint, "--lengths", "120", "--corpus", "python-docs"]
+    assert "the data flags give the haystack of --haystack text" in refused(plain, capsys)

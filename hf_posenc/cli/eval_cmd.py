@@ -105,6 +105,16 @@ def _passkey_parser(evsub) -> None:
                    help="prompts of one token length scored together (same results, more memory; helps on GPU).")
     e.add_argument("--filler", default=None, help="filler text repeated around the needle (default: the landmark-attention filler).")
     e.add_argument("--needle", default=None, help="needle template with {key} (default: 'The pass key is {key}. Remember it. ...').")
+    e.add_argument("--haystack", choices=["filler", "text"], default="filler",
+                   help="filler: the key in repeated filler sentences; text: in real prose from the data flags (or the "
+                        "default corpus), with RULER's needle and question wording.")
+    e.add_argument("--needles", type=positive, default=1,
+                   help="with --haystack text: needles per prompt, each with its own word and key; one is asked, the "
+                        "others are distractors (RULER's multi-key).")
+    d = data_flags(pk, "test", "haystack ")
+    d.add_argument("--corpus", choices=["python-docs"], default=None,
+                   help="with --haystack text: a built-in corpus (python-docs: the Python Language Reference topics).")
+    d.add_argument("--limit", type=positive, help="use at most this many documents.")
 
 
 
@@ -186,9 +196,19 @@ def run(args, command: str) -> int:
         from ..eval.passkey import FILLER, NEEDLE
         from ..eval.run_passkey import run_passkey
 
+        docs = None
+        given = [args.text_file, args.text_dir, args.dataset, args.corpus]
+        if args.haystack == "text":  # documents are read (and refused) before the model loads
+            from ..eval.run_ppl import gather_documents
+
+            docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split,
+                                    args.column, args.limit, args.corpus, args.encoding)
+        elif any(given):
+            raise ValueError("the data flags give the haystack of --haystack text; add it (the filler haystack reads "
+                             "no documents)")
         report = run_passkey(depths=args.depths, trials=args.trials, digits=args.digits, scoring=args.scoring,
-                             batch_size=args.batch_size,
-                             filler=args.filler or FILLER, needle=args.needle or NEEDLE, **common)
+                             batch_size=args.batch_size, filler=args.filler or FILLER, needle=args.needle or NEEDLE,
+                             haystack=args.haystack, docs=docs, needles=args.needles, **common)
     if report.get("written_by_another_process"):  # the main process prints it
         return 0
     print(report["table"])
