@@ -20,6 +20,22 @@ def rel(path: str) -> str:
     return os.path.relpath(path, ROOT)
 
 
+BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg84.txt")
+
+
+def prompt_ids(tok, n: int, vocab: int):
+    """The first ``n`` tokens of the shared book (pg84.txt) as ``[1, n]`` ids and the book's name; random tokens
+    (seed 0) when the book is absent or too short."""
+    import torch
+
+    if os.path.isfile(BOOK):
+        with open(BOOK, encoding="utf-8") as f:
+            ids = tok(f.read(), return_tensors="pt").input_ids[:, :n]
+        if ids.shape[1] == n:
+            return ids, os.path.basename(BOOK)
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(0)), "random tokens"
+
+
 def require_book(path: str) -> None:
     """SystemExit naming ``path`` unless it is a file (the benchmark books live outside the repository)."""
     if not os.path.isfile(path):

@@ -24,22 +24,10 @@ import statistics
 import sys
 import time
 
-from _bench import ROOT, comma_list
+from _bench import ROOT, comma_list, prompt_ids
 
-BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg84.txt")
 TITLE = "## Decoding with the attention-level methods: tokens/s vs the unpatched model"
 METHODS = ["self_extend", "dca", "string", "rerope", "leaky_rerope"]
-
-
-def prompt_ids(tok, n: int, vocab: int):
-    import torch
-
-    if os.path.isfile(BOOK):
-        with open(BOOK, encoding="utf-8") as f:
-            ids = tok(f.read(), return_tensors="pt").input_ids[:, :n]
-        if ids.shape[1] == n:
-            return ids, os.path.basename(BOOK)
-    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(0)), "random tokens"
 
 
 def decode(model, cache, first, start: int, steps: int) -> float:

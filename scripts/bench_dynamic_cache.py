@@ -21,22 +21,10 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg84.txt")
+from _bench import ROOT, prompt_ids
+
 TITLE = "## Dynamic RoPE and the KV cache: cache=\"consistent\" vs cache=\"stale\" while decoding"
 MODES = ("stale", "consistent")
-
-
-def prompt_ids(tok, n: int, vocab: int):
-    import torch
-
-    if os.path.isfile(BOOK):
-        with open(BOOK, encoding="utf-8") as f:
-            ids = tok(f.read(), return_tensors="pt").input_ids[:, :n]
-        if ids.shape[1] == n:
-            return ids, os.path.basename(BOOK)
-    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(0)), "random tokens"
 
 
 def decode(model, cache, first, start: int, steps: int):
