@@ -60,7 +60,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     from .files import StagedFolder, check_output_folder
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
-    from .eval.run_ppl import tokenize_documents
+    from .eval.data import tokenize_documents
     from .hub import EVAL_FOLDER, save_pretrained
     from .patching import patch
 

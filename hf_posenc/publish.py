@@ -86,7 +86,7 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     passkey, retrieval and ``harness:TASK`` (an lm-eval task, e.g. ``harness:niah_single_1``; repeatable).
     ``tuned``: the report of the ``hf-posenc tune`` run that chose ``config`` (its table goes into the card)."""
     from . import runtime
-    from .eval.run_ppl import gather_documents
+    from .eval.data import gather_documents
     from .hub import UPLOAD_TIMEOUT, save_pretrained, upload
     from .patching import patch
 

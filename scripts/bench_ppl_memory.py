@@ -30,7 +30,7 @@ def child(args) -> None:
 
     from hf_posenc.runtime import load_model_and_tokenizer
     from hf_posenc.eval.data import read_text_file
-    from hf_posenc.eval.run_ppl import tokenize_documents
+    from hf_posenc.eval.data import tokenize_documents
     from hf_posenc.eval.scoring import token_nll
 
     torch.manual_seed(0)

@@ -264,7 +264,7 @@ def test_ppl_past_the_original_context_has_the_truncated_baseline_and_the_contex
 def test_text_haystack_prompts_hide_the_asked_needle_at_its_depth_among_distractors(bert_tokenizer):
     from hf_posenc.eval.data import builtin_corpus
     from hf_posenc.eval.haystack import TextHaystack
-    from hf_posenc.eval.run_retrieval import corpus_stream
+    from hf_posenc.eval.data import corpus_stream
 
     stream = corpus_stream(bert_tokenizer, builtin_corpus())
     hay = TextHaystack(bert_tokenizer, stream, needles=3)

@@ -173,14 +173,15 @@ def run(args, command: str) -> int:
                   progress=not args.no_progress, plots=not args.no_plots,
                   command=command)
     if args.task == "retrieval":
-        from ..eval.run_ppl import gather_documents
+        from ..eval.data import gather_documents
         from ..eval.run_retrieval import run_retrieval
 
         docs = gather_documents(args.text_file, args.text_dir, encoding=args.encoding)
         report = run_retrieval(docs=docs, depths=args.depths, trials=args.trials, candidates=args.candidates,
                                filler=args.filler, **common)
     elif args.task == "ppl":
-        from ..eval.run_ppl import gather_documents, run_perplexity
+        from ..eval.data import gather_documents
+        from ..eval.run_ppl import run_perplexity
 
         docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split,
                                 args.column, args.limit, args.corpus, args.encoding)
@@ -199,7 +200,7 @@ def run(args, command: str) -> int:
         docs = None
         given = [args.text_file, args.text_dir, args.dataset, args.corpus]
         if args.haystack == "text":  # documents are read (and refused) before the model loads
-            from ..eval.run_ppl import gather_documents
+            from ..eval.data import gather_documents
 
             docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split,
                                     args.column, args.limit, args.corpus, args.encoding)

@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
 
 def run(args, command: str) -> int:
     from ..eval.data import read_text_file
-    from ..eval.run_ppl import gather_documents
+    from ..eval.data import gather_documents
     from ..finetune import finetune
 
     config = method_config(args)  # validated before the slow load

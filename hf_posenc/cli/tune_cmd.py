@@ -58,7 +58,7 @@ def add_parser(sub) -> None:
 
 def run(args, command: str) -> int:
     from ..eval.common import parse_method_params
-    from ..eval.run_ppl import gather_documents
+    from ..eval.data import gather_documents
     from ..tuning import tune
 
     docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,

@@ -126,3 +126,51 @@ def read_dataset(name: str, config: str | None = None, split: str = "test", colu
             break
         docs.append(Document(f"{os.path.basename(name.rstrip('/'))}[{i}]", row[column]))
     return docs
+
+
+# -- the documents a command asks for, and their tokens --------------------------------------------------------
+def gather_documents(text_file=None, text_dir=None, dataset=None, dataset_config=None, split="test",
+                     column="text", limit=None, corpus=None, encoding="utf-8") -> list[Document]:
+    """The documents asked for (files and folders read as ``encoding``: one path or a list; a dataset, a built-in
+    corpus), else the default corpus."""
+    docs: list[Document] = []
+    if corpus:
+        docs.extend(builtin_corpus(corpus))
+    for path in _paths(text_file):
+        docs.append(read_text_file(path, encoding))
+    for path in _paths(text_dir):
+        docs.extend(read_text_dir(path, encoding))
+    if dataset:
+        docs.extend(read_dataset(dataset, dataset_config, split, column, limit))
+    if not docs:
+        docs = default_corpus()
+    return docs[:limit] if limit else docs
+
+
+def _paths(given) -> list:
+    """One path (a string or os.PathLike) or an iterable of them, as a list; None as none."""
+    if given is None:
+        return []
+    return [given] if isinstance(given, (str, os.PathLike)) else list(given)
+
+
+def tokenize_documents(tok, docs: list[Document], max_tokens: int | None = None) -> list:
+    """Token ids of each document, once for every method and length (cut to ``max_tokens`` when given)."""
+    import torch
+
+    out = []
+    for d in docs:
+        text = d.text if max_tokens is None else d.text[: max_tokens * 12]  # ~12 chars bound a token from above
+        ids = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+        out.append(torch.tensor(ids[:max_tokens] if max_tokens else ids, dtype=torch.long))
+    return out
+
+
+def corpus_stream(tok, docs: list[Document], max_tokens: int = 300_000) -> list[int]:
+    """The documents' tokens, joined (at most ``max_tokens``): the filler the needle documents are cut from."""
+    stream: list[int] = []
+    for d in docs:
+        stream += tok(d.text[: max_tokens * 8], add_special_tokens=False, verbose=False)["input_ids"]
+        if len(stream) >= max_tokens:
+            break
+    return stream[:max_tokens]

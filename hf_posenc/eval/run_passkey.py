@@ -54,8 +54,7 @@ def text_haystack(tok, docs: list | None, needles: int, settings: dict[str, Any]
     ``settings`` (the cells' fingerprint)."""
     import hashlib
 
-    from .run_ppl import gather_documents
-    from .run_retrieval import corpus_stream
+    from .data import corpus_stream, gather_documents
 
     docs = docs or gather_documents()
     stream = corpus_stream(tok, docs)

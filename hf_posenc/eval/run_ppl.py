@@ -7,8 +7,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from . import data as D
 from .common import Run
 from ..config import PosEncConfig
@@ -19,41 +17,6 @@ from .cells import NUMBER
 from .report import markdown_table, plot_lines
 
 WINDOW_FIELDS = {"tokens": NUMBER, "nll_sum": NUMBER, "bucket_sum": list, "bucket_cnt": list}
-
-
-def gather_documents(text_file=None, text_dir=None, dataset=None, dataset_config=None, split="test",
-                     column="text", limit=None, corpus=None, encoding="utf-8") -> list[D.Document]:
-    """The documents asked for (files and folders read as ``encoding``: one path or a list; a dataset, a built-in
-    corpus), else the default corpus."""
-    docs: list[D.Document] = []
-    if corpus:
-        docs.extend(D.builtin_corpus(corpus))
-    for path in _paths(text_file):
-        docs.append(D.read_text_file(path, encoding))
-    for path in _paths(text_dir):
-        docs.extend(D.read_text_dir(path, encoding))
-    if dataset:
-        docs.extend(D.read_dataset(dataset, dataset_config, split, column, limit))
-    if not docs:
-        docs = D.default_corpus()
-    return docs[:limit] if limit else docs
-
-
-def _paths(given) -> list:
-    """One path (a string or os.PathLike) or an iterable of them, as a list; None as none."""
-    if given is None:
-        return []
-    return [given] if isinstance(given, (str, os.PathLike)) else list(given)
-
-
-def tokenize_documents(tok, docs: list[D.Document], max_tokens: int | None = None) -> list[torch.Tensor]:
-    """Token ids of each document, once for every method and length (cut to ``max_tokens`` when given)."""
-    out = []
-    for d in docs:
-        text = d.text if max_tokens is None else d.text[: max_tokens * 12]  # ~12 chars bound a token from above
-        ids = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
-        out.append(torch.tensor(ids[:max_tokens] if max_tokens else ids, dtype=torch.long))
-    return out
 
 
 def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "windows", stride: int | None = None,
@@ -79,7 +42,7 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
             need = max(lengths) * max_windows
         elif max_windows:
             need = max(lengths) + (stride or max(lengths)) * max_windows
-        token_docs = tokenize_documents(tok, docs, need)
+        token_docs = D.tokenize_documents(tok, docs, need)
         names = [d.name for d in docs]
         plans = plan_lengths(token_docs, lengths, mode, stride, max_windows)
         digests = [doc_digest(t) for t in token_docs]

@@ -13,16 +13,6 @@ from .report import markdown_table, plot_lines
 from .retrieval import NeedleDocs, aggregate_retrieval, check_retrieval, grid, retrieval_cell
 
 
-def corpus_stream(tok, docs: list[D.Document], max_tokens: int = 300_000) -> list[int]:
-    """The documents' tokens, joined (at most ``max_tokens``): the filler the needle documents are cut from."""
-    stream: list[int] = []
-    for d in docs:
-        stream += tok(d.text[: max_tokens * 8], add_special_tokens=False, verbose=False)["input_ids"]
-        if len(stream) >= max_tokens:
-            break
-    return stream[:max_tokens]
-
-
 def run_retrieval(*, lengths: list[int], docs: list[D.Document], depths: list[float], trials: int = 10,
                   candidates: int = 5, filler: str = "same", **run: Any) -> dict[str, Any]:
     """Needle retrieval of each variant per (length, depth); ``run``: the keywords of :class:`common.Run`."""
@@ -32,7 +22,7 @@ def run_retrieval(*, lengths: list[int], docs: list[D.Document], depths: list[fl
         if lm.get_output_embeddings() is not None:  # an LM head: not an encoder giving token states to pool
             raise ValueError(f"retrieval evaluates sentence-embedding encoders (e.g. BertModel); {type(lm).__name__} "
                              "is not one (use 'eval ppl' or 'eval passkey' for language models).")
-        stream = corpus_stream(tok, docs)
+        stream = D.corpus_stream(tok, docs)
         builder = NeedleDocs(tok, stream)
         cells = grid(lengths, depths, job.seed)
         settings = {"trials": trials, "candidates": candidates, "filler": filler,

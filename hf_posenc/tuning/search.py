@@ -30,7 +30,7 @@ from .objective import DEPTHS, CellComputer, TuneData, measure, plan_data, rank,
 from .space import DEFAULT_METHODS, check_methods, check_pinned, factors, grid_candidates, load_space
 
 BASELINE = Variant("none", PosEncConfig("none"))
-# the documents, as the CLI's data flags give them (eval.run_ppl.gather_documents), and the run's keywords
+# the documents, as the CLI's data flags give them (eval.data.gather_documents), and the run's keywords
 DATA_KEYWORDS = ("text_file", "text_dir", "dataset", "dataset_config", "split", "column", "limit", "corpus",
                  "encoding")
 RUN_KEYWORDS = set(inspect.signature(Run).parameters) - {"model", "methods", "factor", "method_params", "variants",
@@ -171,7 +171,7 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
     :class:`eval.common.Run` (seed, output, dtype, device, ...).
     Returns the report; with ``output``, writes ``tune.json``, ``tune.md``, a plot and ``best.json`` (the winner's
     :class:`PosEncConfig`)."""
-    from ..eval.run_ppl import gather_documents, tokenize_documents
+    from ..eval.data import gather_documents, tokenize_documents
 
     plan = Plan(target_length, max_short_cost, rank_by, tuple(depths), windows, keys, reduction,
                 None if budget_minutes is None else 60 * budget_minutes, reference)
