@@ -305,3 +305,47 @@ def test_cli_passkey_in_real_text_resumes_and_refuses_filler_flags(tiny_checkpoi
     assert "--filler and --needle shape the filler haystack" in refused(argv + ["--filler", "x y"], capsys)
     plain = ["eval", "passkey", "--model", tiny_checkpoint, "--lengths", "120", "--corpus", "python-docs"]
     assert "the data flags give the haystack of --haystack text" in refused(plain, capsys)
+
+
+@pytest.mark.parametrize("alpha,beta", [(0.001, -1e9), (0.05, -12.0), (2.0, -2.0)])
+def test_key_tokens_follow_longppl_definition(alpha, beta):
+    """Key tokens: log P(long) - log P(short) >= alpha and log P(long) >= beta, short = at most L tokens before each
+    (written out token by token here); the cell counts them and sums their long-context NLL."""
+    from hf_posenc.eval.key_tokens import aggregate_key_tokens, key_token_cell
+    from hf_posenc.eval.perplexity import Window
+
+    model, x = tiny_model("llama"), ids(150)
+    long = token_nll(model, x)[0].double()
+    short = []
+    for p in range(1, 150):
+        s = 0 if p < 64 else ((p - 64) // 16 + 1) * 16
+        short.append(token_nll(model, x[:, s : p + 1], start=p - s)[0, -1].item())
+    short = torch.tensor(short, dtype=torch.float64)
+    key = ((short - long) >= alpha) & (-long >= beta)
+    cell = key_token_cell(model, x[0], Window(0, 0, 150, 1), 64, 16, alpha, beta)
+    assert cell["key_count"] == int(key.sum()) and cell["scored"] == 149
+    assert cell["key_nll_sum"] == pytest.approx(long[key].sum().item(), abs=1e-4)
+    assert not key[:63].any()  # inside L both contexts are the same: no key token
+    agg = aggregate_key_tokens([cell, cell])
+    assert agg["count"] == 2 * cell["key_count"]
+    assert agg["ppl"] is None if not cell["key_count"] else agg["ppl"] == pytest.approx(
+        math.exp(cell["key_nll_sum"] / cell["key_count"]))
+
+
+def test_cli_ppl_key_tokens(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "kt"
+    argv = ["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,yarn", "--factor", "2", "--lengths",
+            "32,128", "--max-windows", "1", "--corpus", "python-docs", "--limit", "1", "--output", str(out),
+            "--no-progress", "--no-plots", "--key-tokens"]
+    assert main(argv) == 0
+    report = json.loads((out / "perplexity.json").read_text())
+    assert report["setup"]["key_tokens"]["alpha"] == 2.0 and report["setup"]["key_tokens"]["short_context"] == 64
+    for label in ("none", "yarn"):
+        k = report["results"][label]["128"]["key_tokens"]
+        assert set(k) == {"count", "share", "ppl"} and 0 <= k["share"] <= 1 and "key_tokens" not in \
+            report["results"][label]["32"]
+    assert "| 128: key-token ppl (count) |" in (out / "perplexity.md").read_text()
+    capsys.readouterr()
+    assert main(argv) == 0 and "resumed" in capsys.readouterr().err
+    short = [a if a != "32,128" else "32" for a in argv]
+    assert "--key-tokens needs a length past the original context (64)" in refused(short, capsys)

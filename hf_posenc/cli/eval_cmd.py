@@ -82,6 +82,10 @@ def _ppl_parser(evsub) -> None:
                    help="for lengths past the original context L: the unpatched model also scores the same tokens "
                         "with at most L tokens before each (forwards of L tokens moved by this many; default L/4), "
                         "the baseline of each method's context gain.")
+    e.add_argument("--key-tokens", action="store_true",
+                   help="also each method's perplexity over its key tokens (LongPPL: tokens the context past L makes "
+                        "at least e^2 times likelier, judged by the method's own model); costs the truncated forwards "
+                        "again, per method.")
     e.add_argument("--no-truncated-baseline", action="store_true",
                    help="skip that baseline (its forwards cost about (length - L) / stride forwards of L tokens per "
                         "window).")
@@ -187,7 +191,7 @@ def run(args, command: str) -> int:
                                 args.column, args.limit, args.corpus, args.encoding)
         report = run_perplexity(docs=docs, mode=args.mode, stride=args.stride, max_windows=args.max_windows,
                                 buckets=args.buckets, chunk_size=args.chunk_size, truncated_stride=args.truncated_stride,
-                                truncated_baseline=not args.no_truncated_baseline, **common)
+                                truncated_baseline=not args.no_truncated_baseline, key_tokens=args.key_tokens, **common)
     elif args.task == "harness":
         from ..eval.run_harness import run_harness
 

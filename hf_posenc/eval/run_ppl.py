@@ -14,6 +14,7 @@ from ..context import original_context
 from .perplexity import aggregate_length, doc_digest, plan_lengths, truncated_window_cell, window_cell
 from .variants import Variant
 from .cells import NUMBER
+from .key_tokens import ALPHA, BETA, KEY_FIELDS, aggregate_key_tokens, key_token_cell
 from .report import markdown_table, plot_lines
 
 WINDOW_FIELDS = {"tokens": NUMBER, "nll_sum": NUMBER, "bucket_sum": list, "bucket_cnt": list}
@@ -21,13 +22,15 @@ WINDOW_FIELDS = {"tokens": NUMBER, "nll_sum": NUMBER, "bucket_sum": list, "bucke
 
 def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "windows", stride: int | None = None,
                    max_windows: int | None = None, buckets: int = 32, chunk_size: int = 1024,
-                   truncated_stride: int | None = None, truncated_baseline: bool = True, **run: Any) -> dict[str, Any]:
+                   truncated_stride: int | None = None, truncated_baseline: bool = True, key_tokens: bool = False,
+                   **run: Any) -> dict[str, Any]:
     """Perplexity of each variant at each of ``lengths`` over ``docs``; ``run``: the keywords of
     :class:`common.Run` (model, methods or variants, output, ...). Each window is a cell: resumable, and
     shared between processes under ``accelerate launch``. Where a length exceeds the model's original context L
     (and ``truncated_baseline``), the unpatched model also scores the same tokens with at most L tokens before
     each (:func:`perplexity.truncated_nll`, moved by ``truncated_stride``, default L / 4): the baseline of every
-    method's context gain past L."""
+    method's context gain past L. ``key_tokens``: also each method's perplexity over its key tokens
+    (:mod:`eval.key_tokens`, LongPPL), in cells of their own."""
     with Run(**run) as job:
         if not lengths or any(n < 2 for n in lengths):
             raise ValueError(f"--lengths must be token counts >= 2, got {lengths}")
@@ -36,7 +39,9 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
                              "(drop --stride, or add --mode sliding)")
         lm, tok, _ = job.load()
         original = original_context(lm)
-        baseline = truncated_variant(original, truncated_stride, lengths) if truncated_baseline else None
+        baseline = truncated_variant(original, truncated_stride, lengths) if truncated_baseline or key_tokens else None
+        if key_tokens and baseline is None:
+            raise ValueError(f"--key-tokens needs a length past the original context ({original}), got {lengths}")
         need = None
         if max_windows and mode == "windows":
             need = max(lengths) * max_windows
@@ -52,16 +57,22 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
         window_of = {json.dumps(k): w for k, (_, w) in zip(keys, cells)}
 
         def compute(variant, key):
-            w = window_of[json.dumps(key)]
+            w = window_of[json.dumps(key[:4])]
+            if len(key) > 4:  # [..., "key_tokens", stride, alpha, beta]
+                return key_token_cell(lm, token_docs[w.doc], w, original, key[5], key[6], key[7], chunk_size)
             if baseline is not None and variant.label == baseline.variant.label:
                 return truncated_window_cell(lm, token_docs[w.doc], w, buckets, original, baseline.stride, chunk_size)
             return window_cell(lm, token_docs[w.doc], w, buckets, chunk_size)
 
-        variants, wanted = list(job.variants), {v.label: keys for v in job.variants}
-        if baseline is not None:
+        longer = [k for k in keys if baseline is not None and k[0] > original]
+        marks = ["key_tokens", baseline.stride, ALPHA, BETA] if key_tokens else None
+        variants, wanted = list(job.variants), {v.label: keys + [k + marks for k in longer if marks]
+                                                for v in job.variants}
+        if baseline is not None and truncated_baseline:
             variants.append(baseline.variant)
-            wanted[baseline.variant.label] = [k for k in keys if k[0] > original]
-        done = job.cells("perplexity", settings, wanted, compute, variants=variants, fields=WINDOW_FIELDS)
+            wanted[baseline.variant.label] = longer
+        done = job.cells("perplexity", settings, wanted, compute, variants=variants,
+                         fields=lambda key: KEY_FIELDS if len(key) > 4 else WINDOW_FIELDS)
         results = {}
         for label, values in done.items():
             mine = dict(zip(map(json.dumps, wanted[label]), values))
@@ -69,9 +80,17 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
                                                                       zip(keys, cells) if m == n], names, buckets,
                                                        original)
                               for n in lengths if any(k[0] == n for k in wanted[label])}
+            if marks and label != (baseline.variant.label if truncated_baseline else None):
+                for n in {k[0] for k in longer}:
+                    results[label][str(n)]["key_tokens"] = aggregate_key_tokens(
+                        [mine[json.dumps(k + marks)] for k in longer if k[0] == n])
+        if marks:
+            settings["key_tokens"] = {"evaluator": "each method's own model (the model under test, patched)",
+                                      "alpha": ALPHA, "beta": BETA, "short_context": original,
+                                      "stride": baseline.stride, "source": "LongPPL, Fang et al. 2024, arXiv:2410.23771"}
         settings.update(lengths=lengths, max_windows=max_windows, documents=names,
                         document_tokens=[len(t) for t in token_docs])
-        if baseline is not None:
+        if baseline is not None and truncated_baseline:
             settings["truncated_baseline"] = {"label": baseline.variant.label, "context": original,
                                               "stride": baseline.stride}
             add_context_gain(results, baseline.variant.label)
@@ -114,10 +133,18 @@ def _past(r: dict[str, Any] | None) -> str:
     return "-" if past is None else f"{past['ppl']:.2f}" + (f" (x{gain:.3f})" if gain is not None else "")
 
 
+def _key(r: dict[str, Any] | None) -> str:
+    k = (r or {}).get("key_tokens")
+    if k is None:
+        return "-"
+    return f"{k['ppl']:.2f} ({k['count']})" if k["ppl"] is not None else "- (0)"
+
+
 def ppl_table(report: dict[str, Any]) -> str:
     setup = report["setup"]
     lengths, L = setup["lengths"], setup["original_context"]
     longer = [n for n in lengths if L is not None and n > L]
+    keyed = setup.get("key_tokens")
     rows = []
     for method, per_len in report["results"].items():
         row: list[Any] = [method]
@@ -126,6 +153,7 @@ def ppl_table(report: dict[str, Any]) -> str:
             ci = r["ci95"] if r else None
             row.append("-" if r is None else f"{r['ppl']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
         row += [_past(per_len.get(str(n))) for n in longer]
+        row += [_key(per_len.get(str(n))) for n in longer if keyed]
         rows.append(row)
     note = (f"Perplexity (token-weighted; [95% interval of the per-document mean] with >= 2 documents), "
             f"{setup['mode']} mode, model {setup['model']} (original context {L}).")
@@ -140,7 +168,13 @@ def ppl_table(report: dict[str, Any]) -> str:
                     f"Baseline {base['label']}: the unpatched model scoring each token with at most {base['context']} "
                     f"tokens before it (forwards of {base['context']} tokens moved by {base['stride']})."
                     if base else "."))
-    header = ["method"] + [f"{n} tokens" for n in lengths] + [f"{n}: past L" for n in longer]
+    if keyed:
+        note += (f" Key tokens (LongPPL, Fang et al. 2024): tokens whose log-probability with the whole window exceeds "
+                 f"that with at most {keyed['short_context']} tokens before them by >= {keyed['alpha']:g} and is >= "
+                 f"{keyed['beta']:g}, judged by each method's own model (a stronger long-context evaluator is better); "
+                 "the column gives the perplexity over them (and their count).")
+    header = (["method"] + [f"{n} tokens" for n in lengths] + [f"{n}: past L" for n in longer]
+              + [f"{n}: key-token ppl (count)" for n in longer if keyed])
     return note + "\n\n" + markdown_table(header, rows)
 
 
