@@ -309,7 +309,7 @@ def test_cli_passkey_in_real_text_resumes_and_refuses_filler_flags(tiny_checkpoi
 
 @pytest.mark.parametrize("alpha,beta", [(0.001, -1e9), (0.05, -12.0), (2.0, -2.0)])
 def test_key_tokens_follow_longppl_definition(alpha, beta):
-    """Key tokens: log P(long) - log P(short) >= alpha and log P(long) >= beta, short = at most L tokens before each
+    """Key tokens: log P(long) - log P(short) > alpha and log P(long) > beta, short = at most L tokens before each
     (written out token by token here); the cell counts them and sums their long-context NLL."""
     from hf_posenc.eval.key_tokens import aggregate_key_tokens, key_token_cell
     from hf_posenc.eval.perplexity import Window
@@ -321,7 +321,7 @@ def test_key_tokens_follow_longppl_definition(alpha, beta):
         s = 0 if p < 64 else ((p - 64) // 16 + 1) * 16
         short.append(token_nll(model, x[:, s : p + 1], start=p - s)[0, -1].item())
     short = torch.tensor(short, dtype=torch.float64)
-    key = ((short - long) >= alpha) & (-long >= beta)
+    key = ((short - long) > alpha) & (-long > beta)
     cell = key_token_cell(model, x[0], Window(0, 0, 150, 1), 64, 16, alpha, beta)
     assert cell["key_count"] == int(key.sum()) and cell["scored"] == 149
     assert cell["key_nll_sum"] == pytest.approx(long[key].sum().item(), abs=1e-4)

@@ -7,8 +7,11 @@ given at most the original context L before it (short, :func:`perplexity.truncat
     LSD(x_i) = log P(x_i | long) - log P(x_i | short)     (long-short difference)
     LCL(x_i) = log P(x_i | long)                          (long-context likelihood)
 
-x_i is a key token when LSD >= ``alpha`` and LCL >= ``beta`` (the paper's alpha = 2, beta = -2: the long context
-makes the token at least e^2 times likelier, and the token is predicted well with it). The key-token perplexity
+x_i is a key token when LSD > ``alpha`` and LCL > ``beta`` (the paper's and its reference code's alpha = 2,
+beta = -2, strict: the long context makes the token more than e^2 times likelier, and the token is predicted well
+with it). The reference code's short context is a fixed 4,096 tokens plus up to 1,024; here it is the model's
+original context L, less up to a stride (:func:`perplexity.truncated_nll`), so that "short" is what the model was
+trained on. The key-token perplexity
 of a method is exp(mean NLL of its long-context predictions over the key tokens). Here the evaluator is the model
 under test, patched by the method being measured (so each method has its own key tokens: those its longer
 context helps it predict); the paper recommends a strong long-context model as the evaluator, which makes the key
@@ -38,7 +41,7 @@ def key_token_cell(model, doc, window: Window, original: int, stride: int, alpha
     long = token_nll(model, ids, chunk_size=chunk_size)[0].double()
     short = truncated_nll(model, ids, original, stride, chunk_size)[0].double()
     long, short = long[window.score_from - 1 :], short[window.score_from - 1 :]
-    key = ((short - long) >= alpha) & (-long >= beta)
+    key = ((short - long) > alpha) & (-long > beta)
     return {"key_count": int(key.sum()), "key_nll_sum": long[key].sum().item(), "scored": long.numel()}
 
 

@@ -170,7 +170,7 @@ def ppl_table(report: dict[str, Any]) -> str:
                     if base else "."))
     if keyed:
         note += (f" Key tokens (LongPPL, Fang et al. 2024): tokens whose log-probability with the whole window exceeds "
-                 f"that with at most {keyed['short_context']} tokens before them by >= {keyed['alpha']:g} and is >= "
+                 f"that with at most {keyed['short_context']} tokens before them by more than {keyed['alpha']:g} and is more than "
                  f"{keyed['beta']:g}, judged by each method's own model (a stronger long-context evaluator is better); "
                  "the column gives the perplexity over them (and their count).")
     header = (["method"] + [f"{n} tokens" for n in lengths] + [f"{n}: past L" for n in longer]
