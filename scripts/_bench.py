@@ -36,6 +36,24 @@ def prompt_ids(tok, n: int, vocab: int):
     return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(0)), "random tokens"
 
 
+def greedy_decode(model, cache, first, start: int, steps: int):
+    """Greedy decoding of ``steps`` tokens from ``cache`` (which they extend), the first fed being ``first`` at
+    position ``start``: (seconds, the tokens, the last logits)."""
+    import time
+
+    import torch
+
+    out, token = [], first
+    with torch.no_grad():
+        begin = time.perf_counter()
+        for i in range(steps):
+            pos = torch.tensor([[start + i]])
+            logits = model(input_ids=token, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, -1]
+            token = logits.argmax(-1, keepdim=True)
+            out.append(token)
+        return time.perf_counter() - begin, torch.cat(out, -1), logits.float()
+
+
 def require_book(path: str) -> None:
     """SystemExit naming ``path`` unless it is a file (the benchmark books live outside the repository)."""
     if not os.path.isfile(path):

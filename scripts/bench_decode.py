@@ -22,26 +22,11 @@ import platform
 import shlex
 import statistics
 import sys
-import time
 
-from _bench import ROOT, comma_list, prompt_ids
+from _bench import ROOT, comma_list, greedy_decode, prompt_ids
 
 TITLE = "## Decoding with the attention-level methods: tokens/s vs the unpatched model"
 METHODS = ["self_extend", "dca", "string", "rerope", "leaky_rerope"]
-
-
-def decode(model, cache, first, start: int, steps: int) -> float:
-    """Seconds per token of ``steps`` greedy steps from ``cache`` (which they extend)."""
-    import torch
-
-    token = first
-    with torch.no_grad():
-        begin = time.perf_counter()
-        for i in range(steps):
-            pos = torch.tensor([[start + i]])
-            logits = model(input_ids=token, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, -1]
-            token = logits.argmax(-1, keepdim=True)
-        return (time.perf_counter() - begin) / steps
 
 
 def table_bytes(model) -> int:
@@ -79,7 +64,7 @@ def run_length(model, tok, n: int, args) -> dict:
         for method in labels:
             hf_posenc.patch(model, method)
             cache = copy.deepcopy(prefill)
-            times[method].append(decode(model, cache, first, n, args.steps))
+            times[method].append(greedy_decode(model, cache, first, n, args.steps)[0] / args.steps)
             memory[method] = (table_bytes(model) if method != "none" else 0, *kept_bytes(cache))
     hf_posenc.unpatch(model)
     native = statistics.median(times["none"])

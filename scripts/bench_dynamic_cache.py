@@ -19,27 +19,11 @@ import platform
 import shlex
 import statistics
 import sys
-import time
 
-from _bench import ROOT, prompt_ids
+from _bench import ROOT, greedy_decode, prompt_ids
 
 TITLE = "## Dynamic RoPE and the KV cache: cache=\"consistent\" vs cache=\"stale\" while decoding"
 MODES = ("stale", "consistent")
-
-
-def decode(model, cache, first, start: int, steps: int):
-    """Greedy decoding of ``steps`` tokens from ``cache``; (seconds, tokens, last logits)."""
-    import torch
-
-    out, token = [], first
-    with torch.no_grad():
-        begin = time.perf_counter()
-        for i in range(steps):
-            pos = torch.tensor([[start + i]])
-            logits = model(input_ids=token, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, -1]
-            token = logits.argmax(-1, keepdim=True)
-            out.append(token)
-        return time.perf_counter() - begin, torch.cat(out, -1), logits.float()
 
 
 def run(args) -> dict:
@@ -62,7 +46,7 @@ def run(args) -> dict:
         for _ in range(args.rounds):
             for mode in MODES:
                 hf_posenc.patch(model, method, factor=args.factor, cache=mode)
-                seconds, new, logits = decode(model, copy.deepcopy(prefill), first, ids.shape[1], args.steps)
+                seconds, new, logits = greedy_decode(model, copy.deepcopy(prefill), first, ids.shape[1], args.steps)
                 times[mode].append(seconds / args.steps)
                 last[mode] = (new, logits)
         drift = {}
