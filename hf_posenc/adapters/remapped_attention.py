@@ -74,9 +74,12 @@ class RemapState(CacheOffset):
         return held.setdefault((layer, self.view_key()), {})
 
     def view_key(self) -> tuple:
-        """What the rotated keys depend on besides the keys: the scheme and its knobs, the frequencies."""
-        return (type(self.scheme).__name__, tuple(sorted((k, repr(v)) for k, v in vars(self.scheme).items())),
-                tuple(self.inv_freq.tolist()))
+        """What the rotated keys depend on besides the keys: the scheme and its knobs, the frequencies (both fixed
+        for the state's life, so computed once)."""
+        if "_view" not in self.__dict__:
+            self._view = (type(self.scheme).__name__, tuple(sorted((k, repr(v)) for k, v in vars(self.scheme).items())),
+                          tuple(self.inv_freq.tolist()))
+        return self._view
 
     def row_starts(self, attention_mask, k_total: int) -> list[int] | None:
         """The cache index of each row's first real key. Computed from the mask's content; within one forward
