@@ -51,7 +51,7 @@ def common_flags(p: argparse.ArgumentParser, task: str) -> None:
 
 
 def add_parser(sub) -> None:
-    ev = sub.add_parser("eval", help="long-context evaluation: perplexity, passkey retrieval (decoders, T5), "
+    ev = sub.add_parser("eval", allow_abbrev=False, help="long-context evaluation: perplexity, passkey retrieval (decoders, T5), "
                         "needle retrieval (encoders).")
     evsub = ev.add_subparsers(dest="task", required=True)
     for add in (_ppl_parser, _passkey_parser, _retrieval_parser, _harness_parser):
@@ -59,7 +59,7 @@ def add_parser(sub) -> None:
 
 
 def _ppl_parser(evsub) -> None:
-    ppl = evsub.add_parser("ppl", help="perplexity at several context lengths, methods side by side.",
+    ppl = evsub.add_parser("ppl", allow_abbrev=False, help="perplexity at several context lengths, methods side by side.",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     common_flags(ppl, "ppl")
     d = data_flags(ppl, "test", "")
@@ -93,7 +93,7 @@ def _ppl_parser(evsub) -> None:
 
 
 def _passkey_parser(evsub) -> None:
-    pk = evsub.add_parser("passkey", help="passkey retrieval accuracy per length and depth.",
+    pk = evsub.add_parser("passkey", allow_abbrev=False, help="passkey retrieval accuracy per length and depth.",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     common_flags(pk, "passkey")
     e = pk.add_argument_group("evaluation")
@@ -123,7 +123,7 @@ def _passkey_parser(evsub) -> None:
 
 
 def _retrieval_parser(evsub) -> None:
-    rt = evsub.add_parser("retrieval", help="long-document needle retrieval with sentence embeddings (BERT family).",
+    rt = evsub.add_parser("retrieval", allow_abbrev=False, help="long-document needle retrieval with sentence embeddings (BERT family).",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     common_flags(rt, "retrieval")
     rt.set_defaults(model="all-minilm-l6-v2", factor=4.0)
@@ -143,7 +143,7 @@ def _retrieval_parser(evsub) -> None:
 
 
 def _harness_parser(evsub) -> None:
-    hn = evsub.add_parser("harness", help="lm-evaluation-harness tasks (RULER: niah_single_1, vt, cwe, ...) per "
+    hn = evsub.add_parser("harness", allow_abbrev=False, help="lm-evaluation-harness tasks (RULER: niah_single_1, vt, cwe, ...) per "
                           "length on each patched model (needs the harness extra).",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     common_flags(hn, "harness")

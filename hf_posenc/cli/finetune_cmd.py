@@ -9,7 +9,7 @@ from .args import data_flags, method_config, positive
 
 
 def add_parser(sub) -> None:
-    ft = sub.add_parser("finetune", help="patch a model and adapt it with a short continued training on long "
+    ft = sub.add_parser("finetune", allow_abbrev=False, help="patch a model and adapt it with a short continued training on long "
                         "documents (Trainer + accelerate), measuring held-out perplexity before and after.",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = ft.add_argument_group("model and method")

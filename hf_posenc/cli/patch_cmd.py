@@ -9,7 +9,7 @@ from .args import depths, encoding_flag, ints, method_config, names, positive, u
 
 
 def add_parser(sub) -> None:
-    pa = sub.add_parser("patch", help="patch a model, optionally evaluate it, save it with a model card, optionally "
+    pa = sub.add_parser("patch", allow_abbrev=False, help="patch a model, optionally evaluate it, save it with a model card, optionally "
                         "upload it to the Hub.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = pa.add_argument_group("model and method")
     g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias of the base model.")

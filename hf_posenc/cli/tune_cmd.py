@@ -12,7 +12,7 @@ def add_parser(sub) -> None:
     from ..tuning.objective import DEPTHS
     from ..tuning.space import DEFAULT_METHODS
 
-    tu = sub.add_parser("tune", help="measure, don't guess: rank methods and knobs for a model at a target length "
+    tu = sub.add_parser("tune", allow_abbrev=False, help="measure, don't guess: rank methods and knobs for a model at a target length "
                         "(successive halving, confirmed on unseen data), write best.json.",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = tu.add_argument_group("model and candidates")
