@@ -62,13 +62,13 @@ def check_output_folder(output: str, source: str | None = None) -> str:
     parent = path if os.path.isdir(path) else os.path.dirname(path)
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
-    if not os.access(parent, os.W_OK | os.X_OK) or not _can_create_in(parent):
+    if not _can_create_in(parent):
         raise ValueError(f"--output {output!r}: {parent} is not writable.")
     return path
 
 
 def _can_create_in(folder: str) -> bool:
-    """Whether a file can really be created in ``folder`` (``os.access`` says yes to root on /proc, /sys, ...)."""
+    """Whether a file can really be created in ``folder`` (a probe: ``os.access`` says yes to root on /proc, /sys)."""
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".hf_posenc-probe-")
     except OSError:

@@ -79,11 +79,13 @@ class PatchRecord:
         for name in getattr(old, "sub_configs", None) or {}:
             if getattr(old, name, None) is not None:
                 pairs.append((getattr(old, name), getattr(new, name)))
-        holders = [(m, m.config, copy_) for m in self.model.modules() for held, copy_ in pairs
-                   if getattr(m, "config", None) is held]
-        for m, _, copy_ in holders:
-            m.config = copy_
-        holders = [(m, held) for m, held, _ in holders]
+        holders = []
+        for m in self.model.modules():
+            held = getattr(m, "config", None)
+            for old_config, new_config in pairs:
+                if held is old_config:
+                    holders.append((m, held))
+                    m.config = new_config
         self._undo.append(("configs", holders))
 
     def undo(self) -> None:

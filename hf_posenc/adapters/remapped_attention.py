@@ -184,7 +184,7 @@ class KeyViews:
     def get(self, name: str, start: int, stop: int) -> torch.Tensor:
         if name == "same":
             return self.key[:, :, start:stop]
-        if self.kept is not None and not self.whole:
+        if self.kept is not None:  # kept only when the call is one block (not whole)
             return self._kept(name, stop)[:, :, start:stop]
         if not self.whole:
             return self.tables.rotate(self.key[:, :, start:stop], name, start)

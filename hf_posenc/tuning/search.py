@@ -68,10 +68,10 @@ class Search:
 
     def __init__(self, job: Run, plan: Plan, candidates: list[Variant], data: TuneData, settings: dict[str, Any],
                  chunk_size: int = 1024, original: int | None = None, pinned: int | None = None):
-        """``original``: the context L the search extends (default: the model's); ``pinned``: an
-        ``original_max_position_embeddings`` fixed for every candidate (then also L), which the reference takes too."""
+        """``original``: the context L the search extends (default: the model's; the pinned one when given);
+        ``pinned``: an ``original_max_position_embeddings`` fixed for every candidate, which the reference takes too."""
         self.job, self.plan, self.candidates, self.data, self.settings = job, plan, candidates, data, settings
-        self.original = pinned or original or original_context(job.loaded[0])
+        self.original = original or original_context(job.loaded[0])
         self.pinned = pinned
         self.compute = CellComputer(job.loaded[0], job.loaded[1], data, self.original, chunk_size)
         self.seconds: dict[str, float] = {}  # compute seconds recorded in each label's cells so far
