@@ -181,7 +181,8 @@ def _dataset_label(docs: list[str]) -> str:
 def _eval_sections(reports: list[dict[str, Any]]) -> list[dict[str, str]]:
     titles = {"perplexity": "Perplexity", "passkey": "Passkey retrieval", "retrieval": "Needle retrieval",
               "harness": "lm-evaluation-harness (RULER)", "tune": "How this configuration was chosen (hf-posenc tune)",
-              "finetune": "Fine-tuning (held-out perplexity before and after)"}
+              "finetune": "Fine-tuning (held-out perplexity before and after)",
+              "serve_check": "Served by an engine (hf-posenc serve-check)"}
     return [{"title": titles.get(r["task"], r["task"]), "table": r["table"], "command": r["setup"].get("command")}
             for r in reports]
 
@@ -195,13 +196,15 @@ def holds_patch(block: dict[str, Any]) -> bool:
 
 def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | None = None,
                      eval_reports: list[dict[str, Any]] | None = None, command: str | None = None,
-                     model_name: str | None = None, trained: bool = False, extra_tags: list[str] | None = None):
-    """The ``huggingface_hub.ModelCard`` of a patched ``model``."""
+                     model_name: str | None = None, trained: bool = False, extra_tags: list[str] | None = None,
+                     serve_check: dict[str, Any] | None = None):
+    """The ``huggingface_hub.ModelCard`` of a patched ``model``; ``serve_check``: the report of a serve-check of the
+    saved checkpoint, whose measured verdicts replace the known status of that engine in the Serving section."""
     from huggingface_hub import ModelCard, ModelCardData
 
     from .methods import resolve_method
     from .patching import get_config
-    from .serving import known_status
+    from .serving import known_status, measured_rows
 
     cfg = get_config(model)
     if cfg is None:
@@ -232,7 +235,7 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         rope_parameters=getattr(lm_config, "rope_parameters", None),
         changes_weights=holds_patch(block), trained=trained, auto_class=auto_class,
         command=recorded_command(command), environment=environment(), eval_sections=_eval_sections(reports),
-        in_model_index=bool(results), serving=known_status(block),
+        in_model_index=bool(results), serving=measured_rows(known_status(block), serve_check),
     )
     card.content = scrub(card.content)  # the commands it quotes (the card's own and its reports') carry no secret
     return card

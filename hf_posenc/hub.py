@@ -62,12 +62,27 @@ def save_pretrained(model, save_directory: str, tokenizer=None, *, eval_results:
     model.save_pretrained(save_directory, **save_kwargs)
     if tokenizer is not None:
         save_tokenizer(tokenizer, save_directory, context_length(model))
+    _write_card(save_directory, card, eval_results)
+    return save_directory
+
+
+def write_model_card(model, save_directory: str, *, eval_results: list[dict[str, Any]] | None = None,
+                     base_model: str | BaseModel | None = None, repo_id: str | None = None, command: str | None = None,
+                     model_name: str | None = None, trained: bool = False,
+                     serve_check: dict[str, Any] | None = None) -> None:
+    """(Re)write the model card and the evaluation reports of a checkpoint :func:`save_pretrained` saved, e.g. once
+    a serve-check of the saved folder (``serve_check``, its report) has measured what an engine computes."""
+    card = build_model_card(model, repo_id=repo_id, base=_base(model, base_model), eval_reports=eval_results,
+                            command=command, model_name=model_name, trained=trained, serve_check=serve_check)
+    _write_card(save_directory, card, eval_results)
+
+
+def _write_card(save_directory: str, card, eval_results: list[dict[str, Any]] | None) -> None:
     for report in eval_results or []:  # JSON and Markdown table; plots stay where the run wrote them
         save_report({k: v for k, v in report.items() if k != "plots"}, os.path.join(save_directory, EVAL_FOLDER),
                     report["task"])
     atomic_write_text(os.path.join(save_directory, "README.md"), card.content)
     follow_umask(save_directory)
-    return save_directory
 
 
 def save_tokenizer(tokenizer, save_directory: str, length: int | None) -> None:

@@ -3,6 +3,7 @@ it complete with its model card, and optionally upload it."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .config import PosEncConfig
@@ -81,10 +82,15 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
                    commit_message: str | None = None, command: str | None = None, progress: bool = True,
                    timeout: float | None = None, tokenizer: str | None = None,
                    harness_lengths: list[int] | None = None, harness_limit: int | None = 50,
-                   max_gen_tokens: int | None = None, tuned: dict[str, Any] | None = None) -> dict[str, Any]:
+                   max_gen_tokens: int | None = None, tuned: dict[str, Any] | None = None,
+                   serve_check: str | None = None, engine_python: str | None = None,
+                   serve_check_lengths: list[int] | None = None) -> dict[str, Any]:
     """The whole ``hf-posenc patch`` job; returns what was done (folder, reports, commit URL). ``evals``: ppl,
     passkey, retrieval and ``harness:TASK`` (an lm-eval task, e.g. ``harness:niah_single_1``; repeatable).
-    ``tuned``: the report of the ``hf-posenc tune`` run that chose ``config`` (its table goes into the card)."""
+    ``tuned``: the report of the ``hf-posenc tune`` run that chose ``config`` (its table goes into the card).
+    ``serve_check``: an engine (``vllm``) that the saved folder is checked in (:mod:`hf_posenc.serve_check`, at
+    ``serve_check_lengths``, with ``engine_python``) before it is moved into place; its verdicts go into the card's
+    Serving section and its report beside the others."""
     from . import runtime
     from .eval.data import gather_documents
     from .hub import UPLOAD_TIMEOUT, save_pretrained, upload
@@ -112,8 +118,18 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     if tuned is not None:
         reports.insert(0, tuned)
     patch(lm, config)
+    card = dict(base_model=model, repo_id=push_to_hub, command=command)
     with StagedFolder(output) as staged:  # a failure leaves --output as it was
-        save_pretrained(lm, staged, tok, eval_results=reports, base_model=model, repo_id=push_to_hub, command=command)
+        save_pretrained(lm, staged, tok, eval_results=reports, **card)
+        if serve_check:
+            from .hub import write_model_card
+            from .serve_check import serve_check as check_folder
+
+            check = check_folder(staged, engine=serve_check, engine_python=engine_python, lengths=serve_check_lengths,
+                                 tokenizer=tokenizer, dtype=dtype, progress=progress, command=command)
+            check["setup"]["folder"] = os.path.abspath(output)  # where it will be, not the staging folder
+            reports.append(check)
+            write_model_card(lm, staged, eval_results=reports, serve_check=check, **card)
     done: dict[str, Any] = {"output": output, "reports": reports, "commit_url": None, "tokenizer_saved": tok is not None}
     if push_to_hub:
         done["commit_url"] = upload(output, push_to_hub, private=private, revision=revision,

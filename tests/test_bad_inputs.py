@@ -329,6 +329,7 @@ COMMANDS = {
     "finetune": ["finetune", "--method", "yarn", "--factor", "2", "--output", "o", "--eval-text-file", "h.txt"],
     "upload": ["upload", "folder", "me/x"],
     "methods": ["methods"],
+    "serve-check": ["serve-check", "folder"],
 }
 
 
@@ -350,6 +351,8 @@ def test_every_command_refuses_a_token_flag_and_never_prints_it(command, flag, t
     (["eval", "ppl", "--max-w", "2"], "--max-w"),
     (["patch", "--meth", "yarn", "--output", "o"], "--meth"),
     (["tune", "--target-length", "128", "--output", "o", "--budget", "5"], "--budget"),
+    (["serve-check", "folder", "--confirm"], "--confirm"),  # a prefix of --confirm-refusal
+    (["eval", "ppl", "--engine-p", "python3"], "--engine-p"),  # of --engine-python
 ])
 def test_a_prefix_of_a_flag_is_not_that_flag(argv, prefix, capsys):
     assert f"unrecognized arguments: {prefix}" in refused(argv, capsys)

@@ -1,5 +1,5 @@
-"""The ``hf-posenc`` command: ``methods``, ``eval ppl|passkey|retrieval|harness``, ``tune``, ``patch``, ``finetune``
-and ``upload``. One module per command, each with ``add_parser(sub)`` and ``run(args, command) -> exit status``;
+"""The ``hf-posenc`` command: ``methods``, ``eval ppl|passkey|retrieval|harness``, ``tune``, ``patch``, ``finetune``,
+``upload`` and ``serve-check``. One module per command, each with ``add_parser(sub)`` and ``run(args, command) -> exit status``;
 ``args`` holds the argument types and the flag groups they share."""
 
 from __future__ import annotations
@@ -7,13 +7,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..engines.vllm_engine import EngineError
 from ..hub import Terminated, UploadError
 from ..provenance import command_line, scrub
-from . import eval_cmd, finetune_cmd, methods_cmd, patch_cmd, tune_cmd, upload_cmd
+from . import eval_cmd, finetune_cmd, methods_cmd, patch_cmd, serve_check_cmd, tune_cmd, upload_cmd
 from .parser import Parser
 
 COMMANDS = {"methods": methods_cmd, "eval": eval_cmd, "tune": tune_cmd, "patch": patch_cmd,
-            "finetune": finetune_cmd, "upload": upload_cmd}
+            "finetune": finetune_cmd, "upload": upload_cmd,
+            "serve-check": serve_check_cmd}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"hf-posenc: error: {scrub(str(err))}", file=sys.stderr)
         return 2
+    except EngineError as err:  # the engine's reason and the end of its log
+        print(f"hf-posenc: error: {scrub(str(err))}", file=sys.stderr)
+        return 1
     except UploadError as err:  # the local save is complete; the message says what to rerun
         print(f"hf-posenc: error: {scrub(str(err))}", file=sys.stderr)
         return 1

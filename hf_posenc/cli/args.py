@@ -150,3 +150,27 @@ def method_config(args):
         raise ValueError(f"--method-param names {sorted(knobs)}, but --method is {name!r}; use KEY=VALUE or "
                          f"{name}.KEY=VALUE")
     return PosEncConfig(name, args.factor, getattr(args, "original_max_position_embeddings", None), params)
+
+
+def engine_arg(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` (the value read as JSON, else kept as text): one more keyword of ``vllm.LLM``."""
+    key, eq, raw = text.partition("=")
+    if not eq or not key.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a vllm.LLM keyword (e.g. "
+                                         f"gpu_memory_utilization=0.8), got {text!r}")
+    try:
+        return key.strip(), json.loads(raw)
+    except json.JSONDecodeError:
+        return key.strip(), raw
+
+
+def engine_flags(g) -> None:
+    """How the vLLM engine runs: its Python, its parallelism, more of its keywords."""
+    g.add_argument("--engine-python", default=None, metavar="PYTHON",
+                   help="the Python interpreter that has vLLM (default: $HF_POSENC_VLLM_PYTHON, else this one; "
+                        "'bash scripts/setup.sh --vllm' makes .venv-vllm/bin/python).")
+    g.add_argument("--tensor-parallel-size", type=positive, default=1,
+                   help="GPUs one vLLM engine spreads the model over (vLLM's tensor_parallel_size).")
+    g.add_argument("--engine-arg", type=engine_arg, action="append", default=[], metavar="KEY=VALUE",
+                   help="one more vllm.LLM keyword, e.g. gpu_memory_utilization=0.8 or max_num_batched_tokens=8192 "
+                        "(values read as JSON); repeatable.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..models import DEFAULT_MODEL
-from .args import data_flags, depths, encoding_flag, ints, memory, names, positive, positive_float
+from .args import data_flags, depths, encoding_flag, engine_flags, ints, memory, names, positive, positive_float
 
 
 _DEFAULT_METHODS = {"ppl": ["none", "pi", "ntk", "yarn"], "passkey": ["none", "yarn"],
@@ -40,6 +40,14 @@ def common_flags(p: argparse.ArgumentParser, task: str) -> None:
                    "them (accelerate big-model inference, one process); --device is then not used.")
     g.add_argument("--max-memory", type=memory, default=None, metavar="DEVICE=SIZE,...",
                    help="with --device-map: how much of each device to use, e.g. 0=20GiB,1=20GiB,cpu=64GiB.")
+    if task in ("ppl", "passkey"):
+        e = p.add_argument_group("engine")
+        e.add_argument("--engine", choices=["transformers", "vllm", "auto"], default="transformers",
+                       help="what computes the variants: transformers (in this process), vllm (each variant's "
+                            "checkpoint saved to a temporary folder and served by vLLM; a variant vLLM does not "
+                            "compute as hf_posenc does is refused by name) or auto (vllm where it does, transformers "
+                            "for the rest).")
+        engine_flags(e)
     o = p.add_argument_group("run and output")
     o.add_argument("--output", default=None, help="folder for the JSON results, the Markdown table and PNG plots; "
                    "finished cells are kept in its cells.jsonl, so the same command run again resumes.")
@@ -176,6 +184,9 @@ def run(args, command: str) -> int:
                   attn_implementation=args.attn_implementation, tokenizer=args.tokenizer, output=args.output,
                   progress=not args.no_progress, plots=not args.no_plots,
                   command=command)
+    if args.task in ("ppl", "passkey"):
+        common.update(engine=args.engine, engine_python=args.engine_python,
+                      tensor_parallel_size=args.tensor_parallel_size, engine_args=dict(args.engine_arg))
     if args.task == "retrieval":
         from ..eval.data import gather_documents
         from ..eval.run_retrieval import run_retrieval

@@ -48,6 +48,15 @@ def add_parser(sub) -> None:
     e.add_argument("--trials", type=positive, default=2, help="passkey keys per (length, depth).")
     e.add_argument("--seed", type=int, default=0, help="random seed.")
     e.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
+    v = pa.add_argument_group("serving check (its verdicts go into the model card's Serving section)")
+    v.add_argument("--serve-check", choices=["vllm"], default=None,
+                   help="check the saved folder in this engine before it is moved into place (see 'hf-posenc "
+                        "serve-check --help'); a method no engine computes is reported so without starting it.")
+    v.add_argument("--serve-check-lengths", type=ints, default=None,
+                   help="token counts of that check (default: half the original context, and the advertised one "
+                        "less one token, at most 32768).")
+    v.add_argument("--engine-python", default=None, metavar="PYTHON",
+                   help="the Python that has vLLM (default: $HF_POSENC_VLLM_PYTHON, else this one).")
     h = pa.add_argument_group("upload (token: HF_TOKEN or 'hf auth login'; endpoint: HF_ENDPOINT)")
     h.add_argument("--push-to-hub", metavar="USER/NAME", default=None, help="upload the saved folder to this repo.")
     upload_flags(h)
@@ -66,7 +75,8 @@ def run(args, command: str) -> int:
                           revision=args.revision, commit_message=args.commit_message, command=command,
                           progress=not args.no_progress, timeout=args.timeout, harness_lengths=args.harness_lengths,
                           harness_limit=args.harness_limit, max_gen_tokens=args.max_gen_tokens,
-                          tuned=_tune_report(args.config))
+                          tuned=_tune_report(args.config), serve_check=args.serve_check,
+                          engine_python=args.engine_python, serve_check_lengths=args.serve_check_lengths)
     for report in done["reports"]:
         print(report["table"] + "\n")
     tokenizer = "tokenizer, " if done["tokenizer_saved"] else ""

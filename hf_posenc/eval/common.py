@@ -22,6 +22,58 @@ from .report import finish_report
 from .variants import build_variants
 
 
+class EngineChoice:
+    """Which engine computes each variant of a run (see :class:`Run`), and the vLLM engine while one is running.
+    A variant goes to vLLM when the run asks for it and vLLM computes its method as hf_posenc does
+    (:func:`serving.vllm_refusal`); the truncated baseline of ``eval ppl`` (the unpatched model) too."""
+
+    NAMES = ("transformers", "vllm", "auto")
+
+    def __init__(self, name: str, variants: list, python: str | None, tensor_parallel_size: int,
+                 engine_args: dict[str, Any] | None):
+        if name not in self.NAMES:
+            raise ValueError(f"--engine must be one of {list(self.NAMES)}, got {name!r}")
+        self.name, self.python, self.tp, self.engine_args = name, python, tensor_parallel_size, engine_args or {}
+        refused = {v.label: self.refusal(v) for v in variants if self.refusal(v)}
+        if name == "vllm" and refused:
+            raise ValueError("--engine vllm: vLLM does not compute " + "; ".join(
+                f"{label} ({reason})" for label, reason in refused.items())
+                + ". Drop those variants, or use --engine auto to run them on transformers")
+        self.served = name != "transformers" and len(refused) < len(variants)
+        self.version = None
+        if self.served:
+            from ..engines.vllm_engine import vllm_version
+
+            self.version = vllm_version(python)  # a missing vLLM is said before the slow load
+        self.pool = None
+
+    def refusal(self, variant) -> str | None:
+        from ..serving import vllm_refusal
+
+        return None if self.name == "transformers" else vllm_refusal(variant.method)
+
+    def on_vllm(self, variant) -> bool:
+        return self.served and self.refusal(variant) is None
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "vllm": self.version, "tensor_parallel_size": self.tp,
+                "engine_args": self.engine_args}
+
+    def model_for(self, variant, lm, longest: int, dtype: str, seed: int):
+        if not self.on_vllm(variant):
+            return lm
+        if self.pool is None:
+            from ..engines.vllm_engine import EnginePool
+
+            self.pool = EnginePool(python=self.python, dtype=dtype, seed=seed, max_model_len=longest,
+                                   tensor_parallel_size=self.tp, engine_args=self.engine_args)
+        return self.pool.get(variant.label, variant.config.to_dict(), lm)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+
 def parse_method_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
     """``["beta_fast=16", "yarn.beta_slow=2"]`` -> {"*": {"beta_fast": 16}, "yarn": {"beta_slow": 2}}."""
     out: dict[str, dict[str, Any]] = {}
@@ -84,18 +136,26 @@ class Run:
     Keywords shared by every runner: model, methods (names, PosEncConfigs or Variants), factor,
     method_params, variants (``LABEL=METHOD:K=V,...`` strings), seed, dtype, device, attn_implementation,
     tokenizer, device_map, max_memory, output, overwrite, progress, plots, command, loaded (a model,
-    tokenizer and source already in memory)."""
+    tokenizer and source already in memory); engine (``transformers``, ``vllm``: every variant computed by vLLM,
+    one refused by name where vLLM does not compute it as hf_posenc does, or ``auto``: those on transformers) with
+    engine_python, tensor_parallel_size and engine_args (see :mod:`hf_posenc.engines.vllm_engine`)."""
 
     def __init__(self, *, model: str, methods: list[Any] | None = None, factor: float | None = None,
                  method_params: dict[str, dict[str, Any]] | None = None, variants: list[Any] | None = None,
                  seed: int = 0, dtype: str = "float32", device: str = "cpu", attn_implementation: str | None = None,
                  tokenizer: str | None = None, device_map: str | None = None, max_memory: dict | None = None,
                  output: str | None = None, overwrite: bool = False, progress: bool = True, plots: bool = True,
-                 command: str | None = None, loaded: tuple | None = None):
+                 command: str | None = None, loaded: tuple | None = None, engine: str = "transformers",
+                 engine_python: str | None = None, tensor_parallel_size: int = 1,
+                 engine_args: dict[str, Any] | None = None):
         self.variants = build_variants(methods, factor, method_params or {}, variants)  # before the slow load
+        self.engine = EngineChoice(engine, self.variants, engine_python, tensor_parallel_size, engine_args)
         if output:
             check_output_folder(output)  # an unwritable --output is found before the compute, not after
         self.processes = Processes(device)
+        if self.engine.served and (device_map or self.processes.world > 1):
+            raise ValueError("--engine vllm runs one engine in one process (--tensor-parallel-size spreads it over "
+                             "GPUs): drop --device-map and the multi-process launch")
         if device_map and self.processes.world > 1:
             raise ValueError("--device-map spreads one model over the devices of one process; with several "
                              "processes each holds a whole model on its own device: use one or the other")
@@ -115,7 +175,8 @@ class Run:
         self.close()
 
     def close(self) -> None:
-        """Release the output folder (see :class:`files.OutputLock`)."""
+        """Stop the engine, release the output folder (see :class:`files.OutputLock`)."""
+        self.engine.close()
         if self._lock is not None:
             self._lock.release()
 
@@ -136,8 +197,16 @@ class Run:
     def fingerprint(self, task: str, settings: dict[str, Any]) -> dict[str, Any]:
         lm, _, src = self.loaded
         versions = {k: v for k, v in environment().items() if k in ("hf_posenc", "torch", "transformers")}
-        return {"task": task, "model": model_identity(self.model, lm, src), "settings": settings, "seed": self.seed,
+        kept = {"task": task, "model": model_identity(self.model, lm, src), "settings": settings, "seed": self.seed,
                 "dtype": self.dtype, "attn_implementation": self.attention, "versions": versions}
+        if self.engine.served:  # cells of the transformers engine keep the fingerprint they always had
+            kept["engine"] = self.engine.describe()
+        return kept
+
+    def model_for(self, variant, longest: int):
+        """What computes ``variant``'s cells: the loaded model (patched by it, as :func:`cells.run_cells` leaves it) or
+        the engine serving it, started for inputs of up to ``longest`` tokens."""
+        return self.engine.model_for(variant, self.loaded[0], longest, self.dtype, self.seed)
 
     def cells(self, task: str, settings: dict[str, Any], keys: dict[str, list[list]], compute,
               variants: list | None = None, desc: str | None = None, fields=None) -> dict[str, list]:
@@ -165,6 +234,9 @@ class Run:
             "attn_implementation": self.attention, "command": recorded_command(self.command), "environment": environment(),
             "seconds": round(time.time() - self.started, 1), **settings,
         }
+        if self.engine.served:
+            setup["engine"] = {**self.engine.describe(),
+                               "on_vllm": [v.label for v in self.variants if self.engine.on_vllm(v)]}
         if task in self._stores:  # what its cells cost in all, over every call that computed some of them
             setup["compute"] = self._stores[task].compute()
         if not self.processes.is_main:  # the main process writes and prints the report

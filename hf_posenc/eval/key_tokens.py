@@ -26,7 +26,7 @@ from typing import Any
 
 from .cells import NUMBER
 from .perplexity import Window, truncated_nll
-from .scoring import token_nll
+from .scoring import input_device, token_nll
 
 ALPHA, BETA = 2.0, -2.0
 KEY_FIELDS = {"key_count": NUMBER, "key_nll_sum": NUMBER, "scored": NUMBER}
@@ -36,7 +36,7 @@ def key_token_cell(model, doc, window: Window, original: int, stride: int, alpha
                    chunk_size: int = 1024) -> dict[str, Any]:
     """One window's key tokens under ``model`` as it is: their count and the sum of their long-context NLL, and
     how many tokens were scored."""
-    device = next(model.parameters()).device
+    device = input_device(model)
     ids = doc[window.begin : window.end][None].to(device)
     long = token_nll(model, ids, chunk_size=chunk_size)[0].double()
     short = truncated_nll(model, ids, original, stride, chunk_size)[0].double()

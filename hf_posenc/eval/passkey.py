@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .scoring import last_logits
+from ..engines.vllm_engine import EngineLM
+from .scoring import input_device, last_logits
 
 PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
           "I will quiz you about the important information there.")
@@ -99,7 +100,7 @@ def score_teacher_forced(model, prompt: PasskeyPrompt | list[PasskeyPrompt]) -> 
     n = len(group[0].answer_ids)
     if any(len(p.answer_ids) != n or len(p.input_ids) != len(group[0].input_ids) for p in group):
         raise ValueError("a teacher-forced batch needs prompts and answers of one length each")
-    device = next(model.parameters()).device
+    device = input_device(model)
     if getattr(model.config, "is_encoder_decoder", False):  # T5: the prompt is the encoder input
         start = model.config.decoder_start_token_id or 0
         dec = torch.stack([torch.cat([torch.tensor([start]), p.answer_ids[:-1]]) for p in group]).to(device)
@@ -107,7 +108,7 @@ def score_teacher_forced(model, prompt: PasskeyPrompt | list[PasskeyPrompt]) -> 
         pred = model(input_ids=enc, decoder_input_ids=dec).logits.argmax(-1).cpu()
     else:
         ids = torch.stack([torch.cat([p.input_ids, p.answer_ids[:-1]]) for p in group]).to(device)
-        pred = last_logits(model, ids, n).argmax(-1).cpu()
+        pred = model.argmax_last(ids, n) if isinstance(model, EngineLM) else last_logits(model, ids, n).argmax(-1).cpu()
     ok = [bool((pred[i] == p.answer_ids).all()) for i, p in enumerate(group)]
     return ok if isinstance(prompt, list) else ok[0]
 
@@ -120,18 +121,29 @@ def score_greedy(model, tokenizer, prompt: PasskeyPrompt | list[PasskeyPrompt]):
     group = prompt if isinstance(prompt, list) else [prompt]
     if any(len(p.input_ids) != len(group[0].input_ids) for p in group):
         raise ValueError("a greedy batch needs prompts of one length")
-    device = next(model.parameters()).device
+    device = input_device(model)
     ids = torch.stack([p.input_ids for p in group]).to(device)
     new = max(len(p.answer_ids) for p in group) + 2
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                         pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    if isinstance(model, EngineLM):
+        out, skip = model.greedy(ids, new, stop_tokens(model.generation_config, tokenizer)), 0
+    else:
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+        skip = 0 if getattr(model.config, "is_encoder_decoder", False) else ids.shape[1]  # seq2seq: only new tokens
     res = []
-    skip = 0 if getattr(model.config, "is_encoder_decoder", False) else ids.shape[1]  # seq2seq: only new tokens
     for row, p in zip(out, group):
         text = tokenizer.decode(row[skip:], skip_special_tokens=True)
         match = re.search(r"\d+", text)
         res.append(((match is not None and match.group(0) == p.key), text))
     return res if isinstance(prompt, list) else res[0]
+
+
+def stop_tokens(generation_config, tokenizer) -> list[int]:
+    """The tokens greedy decoding stops at, as ``generate`` would: the generation config's EOS ids, else the
+    tokenizer's."""
+    eos = getattr(generation_config, "eos_token_id", None)
+    eos = tokenizer.eos_token_id if eos is None else eos
+    return [int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]) if t is not None]
 
 
 def check_scoring(scoring: str, trials: int, digits: int, batch_size: int) -> None:

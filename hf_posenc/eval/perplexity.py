@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from .scoring import token_nll
+from .scoring import input_device, token_nll
 from .stats import mean_ci95
 
 
@@ -89,7 +89,7 @@ def doc_digest(doc: torch.Tensor) -> str:
 
 def window_cell(model, doc: torch.Tensor, window: Window, buckets: int = 32, chunk_size: int = 1024) -> dict:
     """One window's scored tokens: their count, NLL sum, and NLL sum and count per position bucket."""
-    device = next(model.parameters()).device
+    device = input_device(model)
     ids = doc[window.begin : window.end][None].to(device)
     nll = token_nll(model, ids, chunk_size=chunk_size, start=window.score_from)[0].double().cpu()
     return _window_result(nll, window, buckets)
@@ -112,7 +112,7 @@ def truncated_window_cell(model, doc: torch.Tensor, window: Window, buckets: int
                           chunk_size: int = 1024) -> dict:
     """:func:`window_cell` of the unpatched ``model`` given at most ``original`` tokens of context per token
     (:func:`truncated_nll`): what a method's longer context is measured against."""
-    device = next(model.parameters()).device
+    device = input_device(model)
     ids = doc[window.begin : window.end][None].to(device)
     nll = truncated_nll(model, ids, original, stride, chunk_size)[0, window.score_from - 1 :].double().cpu()
     return _window_result(nll, window, buckets)

@@ -32,7 +32,7 @@ def run_passkey(*, lengths: list[int], depths: list[float], trials: int = 5, dig
             raise ValueError(f"--depths must lie in [0, 1], got {depths}")
         check_needle(needle)
         check_scoring(scoring, trials, digits, batch_size)
-        lm, tok, _ = job.load()
+        _, tok, _ = job.load()
         settings = {"trials": trials, "digits": digits, "scoring": scoring, "filler": filler, "needle": needle,
                     "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
         if haystack == "text":
@@ -41,7 +41,8 @@ def run_passkey(*, lengths: list[int], depths: list[float], trials: int = 5, dig
             builder = PasskeyBuilder(tok, filler=filler, needle=needle)
         cells = grid(lengths, depths, job.seed)
         done = job.cells("passkey", settings, {v.label: [list(c) for c in cells] for v in job.variants},
-                         lambda v, k: passkey_cell(lm, tok, builder, *k, trials, digits, scoring, batch_size),
+                         lambda v, k: passkey_cell(job.model_for(v, max(lengths) + digits + 64), tok, builder,
+                                                   *k, trials, digits, scoring, batch_size),
                          fields={"hits": NUMBER, "trials": NUMBER, "samples": list})
         results = {label: aggregate_passkey(lengths, [(n, d, c) for (n, d, _), c in zip(cells, values)])
                    for label, values in done.items()}

@@ -12,7 +12,7 @@ from .common import Run
 from ..config import PosEncConfig
 from ..context import original_context
 from .perplexity import aggregate_length, doc_digest, plan_lengths, truncated_window_cell, window_cell
-from .variants import Variant
+from .variants import Variant, grouped_by_config
 from .cells import NUMBER
 from .key_tokens import ALPHA, BETA, KEY_FIELDS, aggregate_key_tokens, key_token_cell
 from .report import markdown_table, plot_lines
@@ -57,12 +57,12 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
         window_of = {json.dumps(k): w for k, (_, w) in zip(keys, cells)}
 
         def compute(variant, key):
-            w = window_of[json.dumps(key[:4])]
+            w, model = window_of[json.dumps(key[:4])], job.model_for(variant, max(lengths))
             if len(key) > 4:  # [..., "key_tokens", stride, alpha, beta]
-                return key_token_cell(lm, token_docs[w.doc], w, original, key[5], key[6], key[7], chunk_size)
+                return key_token_cell(model, token_docs[w.doc], w, original, key[5], key[6], key[7], chunk_size)
             if baseline is not None and variant.label == baseline.variant.label:
-                return truncated_window_cell(lm, token_docs[w.doc], w, buckets, original, baseline.stride, chunk_size)
-            return window_cell(lm, token_docs[w.doc], w, buckets, chunk_size)
+                return truncated_window_cell(model, token_docs[w.doc], w, buckets, original, baseline.stride, chunk_size)
+            return window_cell(model, token_docs[w.doc], w, buckets, chunk_size)
 
         longer = [k for k in keys if baseline is not None and k[0] > original]
         marks = ["key_tokens", baseline.stride, ALPHA, BETA] if key_tokens else None
@@ -71,10 +71,10 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
         if baseline is not None and truncated_baseline:
             variants.append(baseline.variant)
             wanted[baseline.variant.label] = longer
-        done = job.cells("perplexity", settings, wanted, compute, variants=variants,
+        done = job.cells("perplexity", settings, wanted, compute, variants=grouped_by_config(variants),
                          fields=lambda key: KEY_FIELDS if len(key) > 4 else WINDOW_FIELDS)
         results = {}
-        for label, values in done.items():
+        for label, values in ((v.label, done[v.label]) for v in variants):
             mine = dict(zip(map(json.dumps, wanted[label]), values))
             results[label] = {str(n): aggregate_length(n, plans[n], [mine[json.dumps(k)] for k, (m, _) in
                                                                       zip(keys, cells) if m == n], names, buckets,

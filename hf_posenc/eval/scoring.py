@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..engines.vllm_engine import EngineLM
+
 
 def _head(model):
     head = model.get_output_embeddings()
@@ -29,6 +31,12 @@ def _finish_logits(model, logits: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+def input_device(model) -> torch.device:
+    """Where a model's inputs go: its first parameter's device, or a serving engine's own
+    (:class:`engines.vllm_engine.EngineLM`, which takes token ids from the CPU)."""
+    return model.input_device if isinstance(model, EngineLM) else next(model.parameters()).device
+
+
 @torch.no_grad()
 def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
     """Final hidden states [batch, T, hidden] of the model body (after its last norm)."""
@@ -45,6 +53,8 @@ def token_nll(model, input_ids: torch.Tensor, chunk_size: int = 1024, start: int
         input_ids = input_ids[None]
     if not 1 <= start < input_ids.shape[1]:
         raise ValueError(f"start must be in [1, {input_ids.shape[1] - 1}], got {start}")
+    if isinstance(model, EngineLM):  # a serving engine scores it
+        return model.token_nll(input_ids, start)
     hidden = final_hidden(model, input_ids)
     head = _head(model)
     labels = input_ids[:, start:].to(hidden.device)

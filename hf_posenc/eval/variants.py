@@ -108,3 +108,11 @@ def build_variants(methods: list[Any] | None, factor: float | None, params: dict
     """The variants of a run: ``methods`` (see :func:`method_variants`) followed by the parsed ``variants``."""
     listed = method_variants(methods, factor, params) if methods else []
     return check_labels(listed + [parse_variant(v) if isinstance(v, str) else v for v in variants or []])
+
+
+def grouped_by_config(variants: list[Variant]) -> list[Variant]:
+    """``variants`` with those of one configuration next to each other (groups in order of first appearance): the
+    order to compute cells in when each configuration costs an engine start."""
+    keys = [json.dumps(v.config.to_dict(), sort_keys=True) for v in variants]
+    first = {k: keys.index(k) for k in keys}
+    return [v for _, _, v in sorted(zip((first[k] for k in keys), range(len(keys)), variants))]

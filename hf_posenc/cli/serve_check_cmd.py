@@ -1,0 +1,57 @@
+"""``hf-posenc serve-check``: does a serving engine compute a saved checkpoint as hf_posenc does?"""
+
+from __future__ import annotations
+
+import argparse
+
+from .args import data_flags, engine_flags, ints, positive, positive_float
+
+
+def add_parser(sub) -> None:
+    sc = sub.add_parser("serve-check", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                        help="score the same tokens with a saved checkpoint in vLLM and with hf_posenc.from_pretrained; "
+                             "per length: same, differs (with the numbers), refused, or not computable.")
+    sc.add_argument("folder", help="the checkpoint folder ('hf-posenc patch --output' wrote it).")
+    e = sc.add_argument_group("engine")
+    e.add_argument("--engine", choices=["vllm"], default="vllm", help="the serving engine to check.")
+    engine_flags(e)
+    c = sc.add_argument_group("check")
+    c.add_argument("--lengths", type=ints, default=None,
+                   help="token counts scored (default: half the original context, and the context the checkpoint "
+                        "advertises, at most 32768).")
+    c.add_argument("--rtol", type=positive_float, default=1e-3,
+                   help="largest relative difference of the mean NLL still called 'same'.")
+    c.add_argument("--confirm-refusal", action="store_true",
+                   help="for a checkpoint no engine computes: start the engine anyway and check that it refuses the "
+                        "lengths past the original context ('served wrong' if it takes one).")
+    c.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the folder has none.")
+    c.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16, both ways.")
+    c.add_argument("--device", default="cpu", help="torch device of the hf_posenc side.")
+    c.add_argument("--chunk-size", type=positive, default=1024, help="tokens per LM-head chunk on the hf_posenc side.")
+    c.add_argument("--output", default=None, help="folder for serve_check.json and serve_check.md.")
+    c.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
+    d = data_flags(sc, "test", "")
+    d.add_argument("--corpus", choices=["python-docs"], default=None,
+                   help="a built-in corpus (see 'hf-posenc eval ppl --help'); default: the default corpus.")
+    d.add_argument("--limit", type=positive, help="use at most this many documents.")
+
+
+def run(args, command: str) -> int:
+    from ..eval.data import gather_documents
+    from ..serve_check import failed, serve_check
+
+    docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split,
+                            args.column, args.limit, args.corpus, args.encoding)
+    report = serve_check(args.folder, engine=args.engine, lengths=args.lengths, docs=docs, tokenizer=args.tokenizer,
+                         engine_python=args.engine_python, dtype=args.dtype, device=args.device, rtol=args.rtol,
+                         confirm_refusal=args.confirm_refusal, chunk_size=args.chunk_size,
+                         engine_args=dict(args.engine_arg), tensor_parallel_size=args.tensor_parallel_size,
+                         output=args.output, progress=not args.no_progress, command=command)
+    print(report["table"])
+    if args.output:
+        print(f"\nresults: {args.output}/serve_check.json, serve_check.md")
+    bad = failed(report)
+    if bad:
+        print(f"\nserve-check: the engine does not compute this checkpoint as hf_posenc does at {', '.join(bad)} "
+              "tokens (see the table)")
+    return 1 if bad else 0

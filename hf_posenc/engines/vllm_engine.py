@@ -1,0 +1,198 @@
+"""vLLM as an engine of hf_posenc: a checkpoint folder served by ``vllm.LLM`` in a process of its own.
+
+The engine runs in a child process (:mod:`.vllm_worker`, started with the Python that has vLLM: ``python=``, else
+``$HF_POSENC_VLLM_PYTHON``, else this one), so that vLLM, which spawns workers and pins its own transformers, may
+live in another environment (``scripts/setup.sh --vllm`` makes ``.venv-vllm``) and its memory is returned when it
+closes. Token ids go in and out; the tokenizer stays here. :class:`EngineLM` gives the evaluations the calls they
+make of a model (token NLL, argmax of the last positions, greedy continuation), computed by the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import torch
+
+from ..provenance import scrub
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
+PYTHON_ENV = "HF_POSENC_VLLM_PYTHON"
+INSTALL = ("install vLLM (GPU: pip install 'hf_posenc[vllm]'; CPU: bash scripts/setup.sh --vllm, then "
+           f"{PYTHON_ENV}=.venv-vllm/bin/python), or name the Python that has it with --engine-python")
+
+
+class EngineError(RuntimeError):
+    """The engine could not start or answer; the message holds its reason and the end of its log."""
+
+
+class EngineRefused(Exception):
+    """The engine would not take an input (its own words in the message)."""
+
+
+def engine_python(python: str | None = None) -> str:
+    """The interpreter that runs vLLM: ``python``, else ``$HF_POSENC_VLLM_PYTHON``, else this one."""
+    chosen = python or os.environ.get(PYTHON_ENV) or sys.executable
+    if not (os.path.isfile(chosen) and os.access(chosen, os.X_OK)):
+        raise ValueError(f"the engine's Python {chosen!r} is not an executable file; {INSTALL}")
+    return chosen
+
+
+def vllm_version(python: str | None = None) -> str:
+    """vLLM's version under the engine's Python; a clear error when it has no (working) vLLM."""
+    exe = engine_python(python)
+    done = subprocess.run([exe, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ValueError(f"vLLM cannot be imported by {exe} ({scrub(last)}); {INSTALL}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+class VllmEngine:
+    """``vllm.LLM`` on the checkpoint ``folder``, in a child process; a context manager (closes the process).
+
+    ``max_model_len``: None lets vLLM derive it from ``config.json`` (what a deployment gets); ``allow_long``
+    lets an evaluation run a model past the context its config states (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``), as
+    the transformers engine does. ``engine_args``: more keywords of ``vllm.LLM`` (``gpu_memory_utilization``, ...)."""
+
+    def __init__(self, folder: str, *, python: str | None = None, dtype: str = "float32", seed: int = 0,
+                 max_model_len: int | None = None, allow_long: bool = False, tensor_parallel_size: int = 1,
+                 engine_args: dict[str, Any] | None = None, log: str | None = None):
+        spec = {"model": os.path.abspath(folder), "dtype": dtype, "seed": seed, "max_model_len": max_model_len,
+                "tensor_parallel_size": tensor_parallel_size, "engine_args": engine_args or {}}
+        env = dict(os.environ)
+        if allow_long:
+            env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+        self.log = log or tempfile.mkstemp(prefix="hf_posenc_vllm_", suffix=".log")[1]
+        self._log = open(self.log, "w", encoding="utf-8")
+        self.proc = subprocess.Popen([engine_python(python), WORKER, json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        first = self._read()
+        if not first.get("ready"):
+            self.close()
+            raise EngineError(f"vLLM did not start on {folder}: {first.get('message')}{self._tail()}")
+        self.max_model_len, self.version = int(first["max_model_len"]), first["version"]
+
+    def __enter__(self) -> "VllmEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _tail(self, lines: int = 8) -> str:
+        try:
+            with open(self.log, encoding="utf-8", errors="replace") as f:
+                tail = f.read().splitlines()[-lines:]
+        except OSError:
+            return ""
+        return scrub(f"\n(the engine's log: {self.log}; its last lines:)\n" + "\n".join(tail)) if tail else ""
+
+    def _read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            raise EngineError(f"the vLLM process ended (exit status {code}) without answering{self._tail()}")
+        return json.loads(line)
+
+    def ask(self, request: dict[str, Any]) -> list:
+        """One request's results; :class:`EngineRefused` when the engine refused its input."""
+        if self.proc.poll() is not None:
+            raise EngineError(f"the vLLM process has ended (exit status {self.proc.returncode}){self._tail()}")
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self._read()
+        if "refused" in answer:
+            raise EngineRefused(answer["refused"])
+        if "error" in answer:
+            raise EngineError(f"vLLM failed a request: {answer.get('message')}")
+        return answer["results"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=120)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def _rows(input_ids: torch.Tensor) -> list[list[int]]:
+    ids = input_ids[None] if input_ids.dim() == 1 else input_ids
+    return [[int(t) for t in row] for row in ids.cpu()]
+
+
+class EngineLM:
+    """What the evaluations ask of a causal LM, answered by an engine (``engine.ask``) serving it; ``config`` and
+    ``generation_config``: the model's (the evaluations read a few of their fields)."""
+
+    input_device = torch.device("cpu")
+
+    def __init__(self, engine: VllmEngine, config, generation_config=None):
+        self.engine, self.config, self.generation_config = engine, config, generation_config
+
+    def token_nll(self, input_ids: torch.Tensor, start: int = 1) -> torch.Tensor:
+        """As :func:`eval.scoring.token_nll`: NLL of tokens ``start .. T-1`` of each row, ``[batch, T - start]``."""
+        rows = _rows(input_ids)
+        if not 1 <= start < len(rows[0]):
+            raise ValueError(f"start must be in [1, {len(rows[0]) - 1}], got {start}")
+        answers = self.engine.ask({"op": "score", "prompts": rows})
+        return -torch.tensor([a["logprobs"][start - 1:] for a in answers], dtype=torch.float32)
+
+    def argmax_last(self, input_ids: torch.Tensor, n: int) -> torch.Tensor:
+        """The most likely token after each of the last ``n`` positions of each row: ``[batch, n]``."""
+        answers = self.engine.ask({"op": "score", "prompts": _rows(input_ids), "top": True})
+        return torch.tensor([(a["top"] + [a["next"]])[-n:] for a in answers], dtype=torch.long)
+
+    def greedy(self, input_ids: torch.Tensor, max_new_tokens: int, stop: list[int]) -> list[list[int]]:
+        """Each row's greedy continuation (at most ``max_new_tokens``, up to a ``stop`` token)."""
+        return self.engine.ask({"op": "generate", "prompts": _rows(input_ids), "max_tokens": max_new_tokens,
+                                "stop": stop})
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class EnginePool:
+    """The engine of the configuration being computed: the model, patched by it, saved to a temporary folder and
+    started in vLLM on first use; closed when another configuration's turn comes, and at the end (cells run variant
+    by variant, so adjacent variants of one configuration share an engine).
+    ``max_model_len``: the tokens of the longest input; past the checkpoint's own context on purpose (an
+    evaluation measures a model there, as the transformers engine does)."""
+
+    def __init__(self, *, python: str | None, dtype: str, seed: int, max_model_len: int,
+                 tensor_parallel_size: int = 1, engine_args: dict[str, Any] | None = None):
+        # + 1: vLLM wants room for one generated token beside a scored prompt
+        self.kwargs = dict(python=python, dtype=dtype, seed=seed, max_model_len=max_model_len + 1, allow_long=True,
+                           tensor_parallel_size=tensor_parallel_size, engine_args=engine_args)
+        self.key: str | None = None
+        self.lm: EngineLM | None = None
+        self.folder: tempfile.TemporaryDirectory | None = None
+
+    def get(self, label: str, config: dict[str, Any], model) -> EngineLM:
+        """The engine of the variant ``label`` of configuration ``config``, ``model`` being patched by it."""
+        key = json.dumps(config, sort_keys=True)
+        if self.key != key:
+            self.close()
+            from ..models import drop_gguf_quantizer
+
+            print(f"hf_posenc: starting vLLM for {label} ...", file=sys.stderr)
+            self.folder = tempfile.TemporaryDirectory(prefix="hf_posenc_vllm_")
+            drop_gguf_quantizer(model)
+            model.save_pretrained(self.folder.name)
+            self.lm = EngineLM(VllmEngine(self.folder.name, **self.kwargs), model.config,
+                               getattr(model, "generation_config", None))
+            self.key = key
+        return self.lm
+
+    def close(self) -> None:
+        if self.lm is not None:
+            self.lm.close()
+        if self.folder is not None:
+            self.folder.cleanup()
+        self.key = self.lm = self.folder = None

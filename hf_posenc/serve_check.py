@@ -1,0 +1,204 @@
+"""``hf-posenc serve-check``: does a serving engine compute a saved checkpoint as hf_posenc does?
+
+The checkpoint is loaded twice -- with :func:`hf_posenc.from_pretrained` (the reference) and in the engine as a
+deployment would load it (vLLM, its maximum length derived from ``config.json``) -- and both score the same
+tokens, the first ``n`` of the text for each length ``n``. Per length: the mean NLL each way, the largest
+per-token difference and a verdict: ``same`` (mean NLL within ``rtol`` relative, 1e-3 by default), ``differs``
+(the numbers say by how much), or ``refused`` (the engine would not take that many tokens; its own words: a
+prompt also needs room for the one token the engine generates after it, so vLLM takes at most its maximum model
+length less one). A
+checkpoint whose method no engine implements (``native: false`` in its block: the attention-level methods,
+dynamic YaRN, the family swaps) is reported ``not computable`` without starting the engine; with
+``confirm_refusal`` the engine is started anyway to show that it refuses the lengths past the original context
+(a length it accepts there is ``served wrong``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import torch
+
+from .config import CONFIG_KEY
+from .eval.report import finish_report, markdown_table
+from .provenance import environment, recorded_command
+
+ENGINES = ("vllm",)
+LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU
+NOT_COMPUTABLE, SAME, DIFFERS, REFUSED, SERVED_WRONG = "not computable", "same", "differs", "refused", "served wrong"
+
+
+def read_block(folder: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config.json, its hf_posenc block) of a checkpoint folder; a plain checkpoint's block is ``{}``."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"{folder} is not a saved checkpoint folder (no config.json); serve-check reads the folder "
+                         "'hf-posenc patch --output' wrote")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    plain = config.get("text_config", config)
+    block = config.get(CONFIG_KEY) or {}
+    if block:
+        from .saved_block import SavedBlock
+
+        SavedBlock.from_dict(block, folder)  # a malformed block is refused by name
+    return plain, block
+
+
+def original_of(plain: dict[str, Any], block: dict[str, Any]) -> int:
+    L = block.get("original_max_position_embeddings") or plain.get("max_position_embeddings")
+    if not L:
+        raise ValueError("the checkpoint states no context length (max_position_embeddings); pass --lengths")
+    return int(L)
+
+
+def default_lengths(original: int, advertised: int) -> list[int]:
+    """Half the original context (inside it) and the context the checkpoint advertises (past it, when it
+    advertises more) less one token, at most :data:`LONGEST_DEFAULT` tokens. Less one: an engine scores a prompt
+    by generating one token after it, so a prompt of as many tokens as its maximum model length is refused."""
+    return sorted({max(2, original // 2), min(max(advertised, original) - 1, LONGEST_DEFAULT)})
+
+
+def check_lengths(lengths: list[int] | None) -> None:
+    if lengths is not None and (not lengths or any(not isinstance(n, int) or n < 2 for n in lengths)):
+        raise ValueError(f"--lengths must be token counts >= 2, got {lengths}")
+
+
+def reference_nll(folder: str, tokens: list[int], lengths: list[int], dtype: str, device: str, chunk_size: int,
+                  progress: bool) -> tuple[dict[int, torch.Tensor], Any]:
+    """Per length, the NLL of tokens 1 .. n-1 of the first ``n`` tokens, computed by hf_posenc's own load."""
+    from tqdm.auto import tqdm
+
+    from .eval.scoring import token_nll
+    from .loading import from_pretrained
+    from .runtime import torch_dtype
+
+    lm = from_pretrained(folder, dtype=torch_dtype(dtype)).to(device).eval()
+    out = {n: token_nll(lm, torch.tensor([tokens[:n]], device=device), chunk_size=chunk_size)[0].double()
+           for n in tqdm(lengths, desc="hf_posenc", disable=not progress, leave=False)}
+    return out, lm
+
+
+def compare(ref: torch.Tensor, got: torch.Tensor, rtol: float) -> dict[str, Any]:
+    a, b = ref.mean().item(), got.mean().item()
+    rel = abs(b - a) / max(abs(a), 1e-12)
+    return {"verdict": SAME if rel <= rtol else DIFFERS, "hf_posenc_nll": a, "engine_nll": b, "relative_diff": rel,
+            "max_token_diff": (got - ref).abs().max().item(), "tokens": ref.numel()}
+
+
+def engine_results(engine, tokens: list[int], lengths: list[int], ref: dict[int, torch.Tensor] | None,
+                   original: int, rtol: float) -> dict[str, dict[str, Any]]:
+    """Per length: the engine's NLL compared with ``ref`` (None: a non-computable checkpoint, where only a refusal
+    past the original context is right)."""
+    from .engines.vllm_engine import EngineRefused
+
+    out = {}
+    for n in lengths:
+        try:
+            got = -torch.tensor(engine.ask({"op": "score", "prompts": [tokens[:n]]})[0]["logprobs"], dtype=torch.float64)
+        except EngineRefused as why:
+            out[str(n)] = {"verdict": REFUSED, "reason": str(why)}
+            continue
+        if ref is not None:
+            out[str(n)] = compare(ref[n], got, rtol)
+        elif n > original:
+            out[str(n)] = {"verdict": SERVED_WRONG, "engine_nll": got.mean().item(),
+                           "reason": f"the engine computed {n} tokens of a checkpoint it cannot compute, past the "
+                                     f"original context {original}"}
+        else:
+            out[str(n)] = {"verdict": NOT_COMPUTABLE, "engine_nll": got.mean().item(),
+                           "reason": "the engine computes the unpatched model here, not the method"}
+    return out
+
+
+def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None = None, docs: list | None = None,
+                tokenizer: str | None = None, engine_python: str | None = None, dtype: str = "float32",
+                device: str = "cpu", rtol: float = 1e-3, confirm_refusal: bool = False, chunk_size: int = 1024,
+                engine_args: dict[str, Any] | None = None, tensor_parallel_size: int = 1, output: str | None = None,
+                progress: bool = True, command: str | None = None) -> dict[str, Any]:
+    """Check that ``engine`` computes the checkpoint ``folder`` as hf_posenc does (module docstring); returns the
+    report ``{task, setup, results, table}`` (results keyed by length), written to ``output`` as
+    ``serve_check.json`` / ``.md`` when given."""
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {list(ENGINES)}, got {engine!r}")
+    if not 0 < rtol < 1:
+        raise ValueError(f"--rtol must be between 0 and 1, got {rtol}")
+    check_lengths(lengths)
+    if output:
+        from .files import check_output_folder
+
+        check_output_folder(output)
+    started = time.time()
+    plain, block = read_block(folder)
+    method, native = block.get("method", "none"), bool(block.get("native", True)) if block else True
+    original = original_of(plain, block)
+    computable = native
+    setup: dict[str, Any] = {"folder": os.path.abspath(folder), "method": method, "native": native, "engine": engine,
+                             "original_context": original, "rtol": rtol, "dtype": dtype,
+                             "command": recorded_command(command), "environment": environment()}
+    if not computable and not confirm_refusal:
+        lengths = lengths or default_lengths(original, 2 * original)
+        reason = f"no engine implements `{method}` (the checkpoint's block says native: false)"
+        results = {str(n): {"verdict": NOT_COMPUTABLE, "reason": reason} for n in lengths}
+        setup.update(lengths=lengths, engine_started=False, seconds=round(time.time() - started, 1))
+        return finish_report("serve_check", setup, results, serve_table, output)
+    from .engines.vllm_engine import VllmEngine, vllm_version
+
+    setup["engine_version"] = vllm_version(engine_python)  # before the slow work: a missing vLLM is said at once
+    tokens, setup["text"] = check_text(folder, tokenizer, docs, lengths, original, plain)
+    lengths = lengths or default_lengths(original, int(plain.get("max_position_embeddings") or original))
+    if len(tokens) < max(lengths):
+        raise ValueError(f"the text has {len(tokens)} tokens, fewer than the longest length {max(lengths)}: give more "
+                         "text (--text-file, --text-dir, --dataset) or shorter --lengths")
+    ref, lm = (reference_nll(folder, tokens, lengths, dtype, device, chunk_size, progress) if computable
+               else (None, None))
+    del lm  # the reference model's memory goes before the engine takes its own
+    with VllmEngine(folder, python=engine_python, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+                    engine_args=engine_args) as served:
+        setup.update(engine_max_model_len=served.max_model_len, engine_started=True)
+        results = engine_results(served, tokens, lengths, ref, original, rtol)
+    setup.update(lengths=lengths, seconds=round(time.time() - started, 1))
+    return finish_report("serve_check", setup, results, serve_table, output)
+
+
+def check_text(folder: str, tokenizer: str | None, docs: list | None, lengths: list[int] | None, original: int,
+               plain: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    """The token ids every length scores a prefix of (the documents joined), and what they are."""
+    import hashlib
+
+    from .eval.data import corpus_stream, gather_documents
+    from .runtime import load_tokenizer
+
+    tok = load_tokenizer(folder, tokenizer)
+    docs = docs or gather_documents()
+    longest = max(lengths or [min(max(int(plain.get("max_position_embeddings") or 0), original), LONGEST_DEFAULT)])
+    tokens = corpus_stream(tok, docs, max_tokens=longest)
+    digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+    return tokens, {"documents": [d.name for d in docs], "tokens": len(tokens), "digest": digest}
+
+
+def failed(report: dict[str, Any]) -> list[str]:
+    """The lengths whose verdict is a failure: ``differs`` or ``served wrong``."""
+    return [n for n, r in report["results"].items() if r["verdict"] in (DIFFERS, SERVED_WRONG)]
+
+
+def _num(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def serve_table(report: dict[str, Any]) -> str:
+    s = report["setup"]
+    version = f" {s['engine_version']}" if s.get("engine_version") else ""
+    note = (f"Serve check of {s['folder']} (method `{s['method']}`, original context {s['original_context']}): "
+            f"mean NLL of the same tokens by hf_posenc.from_pretrained and by {s['engine']}{version}"
+            + (f" (maximum model length {s['engine_max_model_len']}, derived from config.json)"
+               if s.get("engine_max_model_len") else " (engine not started)")
+            + f"; same = within {s['rtol']:g} relative.")
+    rows = [[n, r["verdict"], _num(r.get("hf_posenc_nll"), ".6f"), _num(r.get("engine_nll"), ".6f"),
+             _num(r.get("relative_diff"), ".2e"), _num(r.get("max_token_diff"), ".2e"), r.get("reason", "")]
+            for n, r in report["results"].items()]
+    return note + "\n\n" + markdown_table(["tokens", "verdict", "hf_posenc NLL", f"{s['engine']} NLL",
+                                           "relative diff", "max per-token diff", "reason"], rows)

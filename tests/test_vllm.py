@@ -1,0 +1,175 @@
+"""vLLM as an engine (issue 28): serve-check verdicts, the evaluations on vLLM equal to transformers', refusals.
+
+The tests marked ``vllm`` start a real vLLM engine (the CPU build, installed by ``scripts/setup.sh --vllm`` into
+``.venv-vllm``; ``HF_POSENC_VLLM_PYTHON`` names another); they are skipped, with that reason, where it is
+missing. The rest need no engine: what is refused, or reported, without starting one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import hf_posenc
+from hf_posenc.cli import main
+from hf_posenc.eval.data import Document
+from hf_posenc.eval.run_passkey import run_passkey
+from hf_posenc.eval.run_ppl import run_perplexity
+from hf_posenc.serve_check import serve_check
+from hf_posenc.serving import known_status, measured_rows
+
+from conftest import tiny_config
+
+REPO_VENV = os.path.join(os.path.dirname(__file__), "..", ".venv-vllm", "bin", "python")
+L = 256  # the tiny checkpoints' original context
+
+
+def vllm_python() -> str | None:
+    path = os.environ.get("HF_POSENC_VLLM_PYTHON") or os.path.abspath(REPO_VENV)
+    return path if os.path.isfile(path) else None
+
+
+needs_vllm = pytest.mark.skipif(vllm_python() is None, reason="no vLLM: run 'bash scripts/setup.sh --vllm' (or set "
+                                                               "HF_POSENC_VLLM_PYTHON)")
+
+
+def save_tiny(folder, tokenizer, method: str | None = None, **knobs) -> str:
+    """A tiny random LLaMA that vLLM's CPU kernels take (head dim 64), patched by ``method``, saved with a tokenizer."""
+    torch.manual_seed(0)
+    cfg = tiny_config("llama", vocab_size=tokenizer.vocab_size, hidden_size=128, intermediate_size=256,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=L)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    if method:
+        hf_posenc.patch(model, method, **knobs)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def prose() -> list[Document]:
+    from hf_posenc.eval.data import builtin_corpus
+
+    return builtin_corpus()[:1]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, bert_tokenizer):
+    root = tmp_path_factory.mktemp("served")
+    return {"yarn": save_tiny(root / "yarn", bert_tokenizer, "yarn", factor=2.0),
+            "dca": save_tiny(root / "dca", bert_tokenizer, "dca"),
+            "plain": save_tiny(root / "plain", bert_tokenizer)}
+
+
+# ---- without an engine ----------------------------------------------------------------------------------------
+
+def test_not_computable_reported_without_starting_the_engine(folders, tmp_path):
+    """A DCA checkpoint: every length 'not computable' with the reason; no engine (its Python does not even exist)."""
+    report = serve_check(folders["dca"], engine_python="/nowhere/python", lengths=[100, 400], output=str(tmp_path))
+    assert report["setup"]["engine_started"] is False
+    assert {r["verdict"] for r in report["results"].values()} == {"not computable"}
+    assert "no engine implements `dca`" in report["results"]["400"]["reason"]
+    saved = json.loads((tmp_path / "serve_check.json").read_text())
+    assert saved["results"] == report["results"] and "not computable" in (tmp_path / "serve_check.md").read_text()
+
+
+def test_engine_vllm_refuses_variants_it_does_not_compute_by_name(tiny_checkpoint):
+    with pytest.raises(ValueError, match=r"vLLM does not compute dca \(no vLLM implementation of `dca`\).*--engine auto"):
+        run_perplexity(model=tiny_checkpoint, methods=["none", "dca"], lengths=[32], docs=prose(), engine="vllm",
+                       engine_python="/nowhere/python")
+    with pytest.raises(ValueError, match=r"dynamic_ntk \(vLLM computes dynamic NTK once.*#5093"):
+        run_perplexity(model=tiny_checkpoint, methods=["dynamic_ntk"], factor=2.0, lengths=[32], docs=prose(),
+                       engine="vllm")
+
+
+def test_missing_vllm_is_said_before_the_load(tiny_checkpoint, tmp_path):
+    with pytest.raises(ValueError, match=r"'/nowhere/python' is not an executable file; install vLLM"):
+        run_perplexity(model=tiny_checkpoint, methods=["yarn"], factor=2.0, lengths=[32], docs=prose(), engine="vllm",
+                       engine_python="/nowhere/python")
+    with pytest.raises(ValueError, match=r"--engine must be one of \['transformers', 'vllm', 'auto'\], got 'sglang'"):
+        run_perplexity(model=tiny_checkpoint, methods=["yarn"], factor=2.0, lengths=[32], docs=prose(), engine="sglang")
+
+
+def test_serve_check_refuses_bad_input(folders, tmp_path, capsys):
+    with pytest.raises(ValueError, match="no config.json"):
+        serve_check(str(tmp_path))
+    with pytest.raises(ValueError, match=r"--rtol must be between 0 and 1, got 2"):
+        serve_check(folders["plain"], rtol=2)
+    with pytest.raises(ValueError, match=r"--engine must be one of \['vllm'\], got 'tgi'"):
+        serve_check(folders["plain"], engine="tgi")
+    with pytest.raises(SystemExit):
+        main(["serve-check", folders["plain"], "--engine-arg", "not a keyword"])
+    assert "expected KEY=VALUE with KEY a vllm.LLM keyword" in capsys.readouterr().err
+
+
+def test_card_rows_from_a_serve_check():
+    block = {"method": "yarn", "native": True, "family": "rope_decoder"}
+    check = {"setup": {"engine": "vllm", "engine_version": "0.32.0", "rtol": 1e-3, "engine_started": True},
+             "results": {"128": {"verdict": "same", "relative_diff": 2e-6},
+                         "512": {"verdict": "same", "relative_diff": 4e-5}}}
+    rows = {r["engine"]: r for r in measured_rows(known_status(block), check)}
+    assert rows["vLLM"]["status"] == "same as hf_posenc at 128, 512 tokens"
+    assert "measured by hf-posenc serve-check: vllm 0.32.0, mean NLL within 4.0e-05" in rows["vLLM"]["basis"]
+    assert rows["SGLang"] == {r["engine"]: r for r in known_status(block)}["SGLang"]
+    check["results"]["512"] = {"verdict": "differs", "relative_diff": 0.3}
+    assert measured_rows(known_status(block), check)[0]["status"] == "128: same; 512: differs"
+
+
+# ---- with vLLM ---------------------------------------------------------------------------------------------------
+
+@needs_vllm
+@pytest.mark.vllm
+def test_serve_check_same_inside_and_past_the_original_context(folders, tmp_path, capsys):
+    """YaRN x2 is native: vLLM derives 2L from config.json and computes it as hf_posenc does, inside and past L."""
+    code = main(["serve-check", folders["yarn"], "--engine-python", vllm_python(), "--lengths", "100,400",
+                 "--output", str(tmp_path), "--no-progress", "--corpus", "python-docs", "--limit", "1"])
+    assert code == 0
+    report = json.loads((tmp_path / "serve_check.json").read_text())
+    assert report["setup"]["engine_max_model_len"] == 2 * L
+    for n in ("100", "400"):
+        r = report["results"][n]
+        assert r["verdict"] == "same" and r["relative_diff"] < 1e-4 and r["max_token_diff"] < 1e-3, r
+    assert "| 400 | same |" in capsys.readouterr().out
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_engine_refuses_a_non_computable_checkpoint_past_the_original_context(folders):
+    report = serve_check(folders["dca"], engine_python=vllm_python(), lengths=[100, 400], confirm_refusal=True,
+                         docs=prose(), progress=False)
+    assert report["setup"]["engine_max_model_len"] == L  # config.json states the original context
+    assert report["results"]["100"]["verdict"] == "not computable"
+    refused = report["results"]["400"]
+    assert refused["verdict"] == "refused" and "256" in refused["reason"] and "400" in refused["reason"], refused
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_eval_ppl_on_vllm_equals_transformers(folders, tmp_path):
+    """Windows inside and past L, and the truncated baseline, on vLLM: the transformers engine's numbers."""
+    common = dict(model=folders["plain"], methods=["none", "yarn"], factor=2.0, lengths=[200, 400], docs=prose(),
+                  truncated_stride=64, progress=False)
+    ref = run_perplexity(**common)
+    got = run_perplexity(**common, engine="vllm", engine_python=vllm_python(), output=str(tmp_path))
+    assert got["setup"]["engine"]["on_vllm"] == ["none", "yarn"]
+    assert set(got["results"]) == set(ref["results"]) == {"none", "yarn", f"none-truncated-{L}-stride-64"}
+    for label, per_len in ref["results"].items():
+        for n, r in per_len.items():
+            assert got["results"][label][n]["ppl"] == pytest.approx(r["ppl"], rel=1e-3), (label, n)
+    cells = (tmp_path / "cells.jsonl").read_text().splitlines()
+    assert json.loads(cells[0])["fingerprint"]["engine"]["name"] == "vllm"
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_passkey_on_vllm_decodes_as_transformers(folders):
+    """Greedy decoding of the same prompts: vLLM's continuations are transformers' own, token for token."""
+    common = dict(model=folders["plain"], methods=["none"], lengths=[120, 300], depths=[0.5], trials=2,
+                  scoring="greedy", progress=False)
+    ref = run_passkey(**common)
+    got = run_passkey(**common, engine="vllm", engine_python=vllm_python())
+    want, have = ref["results"]["none"]["samples"], got["results"]["none"]["samples"]
+    assert [s["output"] for s in have] == [s["output"] for s in want] and all(s["output"] for s in have)
