@@ -123,11 +123,12 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
         save_pretrained(lm, staged, tok, eval_results=reports, **card)
         if serve_check:
             from .hub import write_model_card
-            from .serve_check import serve_check as check_folder
+            from .serve_check import serve_check as check_folder, serve_table
 
             check = check_folder(staged, engine=serve_check, engine_python=engine_python, lengths=serve_check_lengths,
                                  tokenizer=tokenizer, dtype=dtype, progress=progress, command=command)
             check["setup"]["folder"] = os.path.abspath(output)  # where it will be, not the staging folder
+            check["table"] = serve_table(check)
             reports.append(check)
             write_model_card(lm, staged, eval_results=reports, serve_check=check, **card)
     done: dict[str, Any] = {"output": output, "reports": reports, "commit_url": None, "tokenizer_saved": tok is not None}

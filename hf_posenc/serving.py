@@ -80,3 +80,18 @@ def measured_rows(rows: list[dict[str, str]], check: dict[str, Any] | None) -> l
              else "hf-posenc serve-check: " + next(iter(results.values())).get("reason", ""))
     name = {"vllm": "vLLM"}.get(s["engine"], s["engine"])
     return [{"engine": r["engine"], "status": status, "basis": basis} if r["engine"] == name else r for r in rows]
+
+
+def vllm_positions(config) -> int | None:
+    """How many positions vLLM's rotary table holds for a model of this (transformers) ``config``, as vLLM builds it
+    from the saved ``config.json``; a position past it reads outside the table (NaN or garbage, no error, when
+    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` lets the engine take it). None: plain RoPE (``rope_type: default``), whose
+    table follows ``max_position_embeddings``, which its math does not depend on -- an evaluation may raise it
+    (:class:`engines.vllm_engine.EnginePool`). Scaled types (linear, yarn, llama3) hold the context they advertise."""
+    from .adapters.base import text_config
+
+    lm = text_config(config)[0]
+    rope = getattr(lm, "rope_parameters", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type", "default") == "default":
+        return None
+    return getattr(lm, "max_position_embeddings", None)

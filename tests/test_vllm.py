@@ -173,3 +173,28 @@ def test_passkey_on_vllm_decodes_as_transformers(folders):
     got = run_passkey(**common, engine="vllm", engine_python=vllm_python())
     want, have = ref["results"]["none"]["samples"], got["results"]["none"]["samples"]
     assert [s["output"] for s in have] == [s["output"] for s in want] and all(s["output"] for s in have)
+
+
+def test_patch_serve_check_of_a_method_no_engine_computes(folders, tmp_path, capsys):
+    """patch --serve-check: for DCA the verdict is given without an engine and goes into the card and its reports."""
+    out = tmp_path / "dca"
+    assert main(["patch", "--model", folders["plain"], "--method", "dca", "--output", str(out), "--serve-check", "vllm",
+                 "--engine-python", "/nowhere/python", "--serve-check-lengths", "100,400", "--no-progress"]) == 0
+    card = (out / "README.md").read_text()
+    assert "| vLLM | 100: not computable; 400: not computable | hf-posenc serve-check: no engine implements `dca`" in card
+    assert f"### Served by an engine (hf-posenc serve-check)\n\nServe check of {out} (method `dca`" in card
+    assert ".partial" not in card  # the folder it was checked in before it was moved into place
+    check = json.loads((out / "hf_posenc_eval" / "serve_check.json").read_text())
+    assert check["setup"]["folder"] == str(out) and check["setup"]["engine_started"] is False
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_patch_serve_check_puts_the_measured_verdicts_into_the_card(folders, tmp_path):
+    out = tmp_path / "yarn"
+    assert main(["patch", "--model", folders["plain"], "--method", "yarn", "--factor", "2", "--output", str(out),
+                 "--serve-check", "vllm", "--engine-python", vllm_python(), "--serve-check-lengths", "100,400",
+                 "--no-progress"]) == 0
+    card = (out / "README.md").read_text()
+    assert "| vLLM | same as hf_posenc at 100, 400 tokens | measured by hf-posenc serve-check: vllm 0.32" in card
+    assert "| SGLang | reads the `rope_parameters` transformers reads | not measured |" in card

@@ -158,6 +158,21 @@ class EngineLM:
         self.engine.close()
 
 
+def cover_positions(folder: str, tokens: int) -> None:
+    """Raise the saved ``max_position_embeddings`` of a plain-RoPE checkpoint to ``tokens``: vLLM sizes its rotary
+    table by it, and reads garbage past it (:func:`serving.vllm_positions`), while the math does not depend on it.
+    What an evaluation past the stated context needs; a deployment reads the checkpoint as saved."""
+    path = os.path.join(folder, "config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    text = config.get("text_config", config)
+    rope = text.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") == "default" and text.get("max_position_embeddings", tokens) < tokens:
+        text["max_position_embeddings"] = tokens
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2)
+
+
 class EnginePool:
     """The engine of the configuration being computed: the model, patched by it, saved to a temporary folder and
     started in vLLM on first use; closed when another configuration's turn comes, and at the end (cells run variant
@@ -185,6 +200,7 @@ class EnginePool:
             self.folder = tempfile.TemporaryDirectory(prefix="hf_posenc_vllm_")
             drop_gguf_quantizer(model)
             model.save_pretrained(self.folder.name)
+            cover_positions(self.folder.name, self.kwargs["max_model_len"])
             self.lm = EngineLM(VllmEngine(self.folder.name, **self.kwargs), model.config,
                                getattr(model, "generation_config", None))
             self.key = key

@@ -62,6 +62,19 @@ def _on_cpu():
     return current_platform.is_cpu()
 
 
+def _cpu_kv_bytes(folder, max_model_len, dtype):
+    """Twice the KV cache of one sequence of the longest length the engine takes, at least 256 MiB."""
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    text = config.get("text_config", config)
+    heads = text["num_attention_heads"]
+    head_dim = text.get("head_dim") or text["hidden_size"] // heads
+    per_token = 2 * text["num_hidden_layers"] * text.get("num_key_value_heads", heads) * head_dim
+    tokens = max_model_len or text.get("max_position_embeddings") or 32768
+    width = 4 if dtype in ("float32", "auto") else 2
+    return max(256 << 20, 2 * per_token * width * tokens)
+
+
 def main():
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM's prints (and its workers', which inherit the descriptors) go to standard error
@@ -84,8 +97,8 @@ def main():
                   enable_prefix_caching=False, tensor_parallel_size=int(spec.get("tensor_parallel_size", 1)))
     if spec.get("max_model_len"):
         kwargs["max_model_len"] = int(spec["max_model_len"])
-    if _on_cpu():  # vLLM's CPU backend reserves this share of the memory (0.92 by default: more than a shared box has)
-        kwargs["gpu_memory_utilization"] = 0.5
+    if _on_cpu():  # vLLM's CPU backend would reserve a share of all memory (0.92 by default): size the KV cache instead
+        kwargs["kv_cache_memory_bytes"] = _cpu_kv_bytes(spec["model"], spec.get("max_model_len"), kwargs["dtype"])
     kwargs.update(spec.get("engine_args") or {})
     try:
         llm = LLM(**kwargs)

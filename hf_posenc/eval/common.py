@@ -46,6 +46,7 @@ class EngineChoice:
 
             self.version = vllm_version(python)  # a missing vLLM is said before the slow load
         self.pool = None
+        self.fallbacks: dict[str, str] = {}  # label -> why --engine auto ran it on transformers after all
 
     def refusal(self, variant) -> str | None:
         from ..serving import vllm_refusal
@@ -61,6 +62,17 @@ class EngineChoice:
 
     def model_for(self, variant, lm, longest: int, dtype: str, seed: int):
         if not self.on_vllm(variant):
+            return lm
+        from ..serving import vllm_positions
+
+        table = vllm_positions(lm.config)
+        if table is not None and longest > table:
+            why = (f"vLLM's rotary table of {variant.label} holds the {table} positions its config advertises; "
+                   f"inputs of {longest} tokens would read past it")
+            if self.name == "vllm":
+                raise ValueError(f"--engine vllm: {why}. Use --engine auto to run it on transformers, or shorter "
+                                 "--lengths")
+            self.fallbacks[variant.label] = why
             return lm
         if self.pool is None:
             from ..engines.vllm_engine import EnginePool
@@ -235,8 +247,9 @@ class Run:
             "seconds": round(time.time() - self.started, 1), **settings,
         }
         if self.engine.served:
-            setup["engine"] = {**self.engine.describe(),
-                               "on_vllm": [v.label for v in self.variants if self.engine.on_vllm(v)]}
+            setup["engine"] = {**self.engine.describe(), "fallbacks": self.engine.fallbacks,
+                               "on_vllm": [v.label for v in self.variants if self.engine.on_vllm(v)
+                                           and v.label not in self.engine.fallbacks]}
         if task in self._stores:  # what its cells cost in all, over every call that computed some of them
             setup["compute"] = self._stores[task].compute()
         if not self.processes.is_main:  # the main process writes and prints the report

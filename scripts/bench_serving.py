@@ -1,0 +1,143 @@
+"""Serving parity: does vLLM compute hf_posenc's checkpoints as hf_posenc does, and does `--engine vllm` give the
+transformers engine's numbers?
+
+1. SmolLM2-135M (original context L = 8,192) is patched and saved by ``hf-posenc patch`` with each method, and each
+   folder goes through ``hf-posenc serve-check --engine vllm`` at --lengths (default 4,096 and 12,288) on the
+   built-in python-docs corpus; the checkpoints no engine computes (DCA, ReRoPE) with ``--confirm-refusal``.
+2. The README's main job (none and YaRN x2 at 12,288 tokens, one window, with its truncated baseline) is run with
+   ``--engine transformers`` and ``--engine vllm``, one after the other: the perplexities side by side and each
+   engine's wall time.
+
+Everything is kept under --output (folders, reports, cells), so a second call resumes; --write puts the section
+into BENCHMARKS.md.
+
+    HF_POSENC_VLLM_PYTHON=.venv-vllm/bin/python python scripts/bench_serving.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+from _bench import ROOT, comma_list, rel
+
+TITLE = "## Serving: vLLM against hf_posenc (serve-check, and --engine vllm)"
+CHECKPOINTS = {"none": ("none", None), "yarn-x2": ("yarn", 2.0), "pi-x2": ("pi", 2.0), "llama3-x2": ("llama3", 2.0),
+               "dynamic_ntk-x2": ("dynamic_ntk", 2.0), "dca": ("dca", None), "rerope": ("rerope", None)}
+MAIN_JOB = ["--methods", "none,yarn", "--factor", "2", "--lengths", "12288", "--max-windows", "1", "--corpus",
+            "python-docs", "--limit", "1", "--no-progress"]
+
+
+def checkpoint(label: str, out: str) -> str:
+    from hf_posenc.config import PosEncConfig
+    from hf_posenc.publish import patch_and_save
+
+    folder = os.path.join(out, label)
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        method, factor = CHECKPOINTS[label]
+        patch_and_save(model="smollm2-135m", config=PosEncConfig(method, factor), output=folder, progress=False)
+    return folder
+
+
+def serve_checks(args) -> dict:
+    from hf_posenc.eval.data import gather_documents
+    from hf_posenc.serve_check import serve_check
+
+    reports = {}
+    for label in args.checkpoints:
+        path = os.path.join(args.output, "checks", label, "serve_check.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                reports[label] = json.load(f)
+            continue
+        folder = checkpoint(label, os.path.join(args.output, "checkpoints"))
+        print(f"serve-check {label} ...", file=sys.stderr, flush=True)
+        reports[label] = serve_check(folder, lengths=args.lengths, docs=gather_documents(corpus="python-docs"),
+                                     confirm_refusal=CHECKPOINTS[label][0] in ("dca", "rerope"), progress=False,
+                                     output=os.path.dirname(path), engine_python=args.engine_python)
+    return reports
+
+
+def engines(args) -> dict:
+    from hf_posenc.cli import main
+
+    runs = {}
+    for engine in ("transformers", "vllm"):
+        out = os.path.join(args.output, f"main-job-{engine}")
+        if not os.path.isfile(os.path.join(out, "perplexity.json")):
+            extra = ["--engine-python", args.engine_python] if args.engine_python and engine == "vllm" else []
+            start = time.time()
+            if main(["eval", "ppl", *MAIN_JOB, "--engine", engine, *extra, "--output", out]) != 0:
+                raise SystemExit(f"the main job on {engine} failed")
+            with open(os.path.join(out, "wall_seconds.json"), "w") as f:
+                json.dump({"seconds": round(time.time() - start, 1)}, f)
+        with open(os.path.join(out, "perplexity.json")) as f, open(os.path.join(out, "wall_seconds.json")) as g:
+            runs[engine] = {"report": json.load(f), "seconds": json.load(g)["seconds"]}
+    return runs
+
+
+def _cell(r: dict) -> str:
+    if r["verdict"] in ("same", "differs"):
+        return f"{r['verdict']} ({r['hf_posenc_nll']:.4f} / {r['engine_nll']:.4f}, {r['relative_diff']:.1e})"
+    return r["verdict"]
+
+
+def section(args, checks: dict, runs: dict) -> str:
+    any_check = next(iter(checks.values()))["setup"]
+    version = next((c["setup"].get("engine_version") for c in checks.values() if c["setup"].get("engine_version")), "?")
+    lines = [TITLE, "", "Reproduce: `HF_POSENC_VLLM_PYTHON=.venv-vllm/bin/python python scripts/bench_serving.py "
+             f"--lengths {','.join(map(str, args.lengths))} --write` (vLLM {version}, CPU build, "
+             f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; python-docs corpus).", "",
+             f"**serve-check.** SmolLM2-135M saved by `hf-posenc patch` with each method, scored by "
+             f"`hf_posenc.from_pretrained` and by vLLM (its maximum model length derived from `config.json`), fp32; "
+             f"per length: verdict (hf_posenc mean NLL / vLLM mean NLL, relative difference); same = within "
+             f"{any_check['rtol']:g}. DCA and ReRoPE: `--confirm-refusal` (the engine started anyway).", ""]
+    header = "| checkpoint | vLLM max length | " + " | ".join(f"{n} tokens" for n in args.lengths) + " |"
+    lines += [header, "|---" * (len(args.lengths) + 2) + "|"]
+    for label, c in checks.items():
+        cells = [_cell(c["results"][str(n)]) for n in args.lengths]
+        lines.append(f"| {label} | {c['setup'].get('engine_max_model_len', '-')} | " + " | ".join(cells) + " |")
+    lines += ["", "Refusals, in vLLM's words: " + "; ".join(
+        f"{label} at {n}: \"{r['reason'].split('. ')[0]}\"" for label, c in checks.items()
+        for n, r in c["results"].items() if r["verdict"] == "refused"), ""]
+    t, v = runs["transformers"], runs["vllm"]
+    cmd = "hf-posenc eval ppl " + " ".join(MAIN_JOB)
+    lines += [f"**`--engine vllm`**: the README's main job, `{cmd} --engine ENGINE`, one engine after the other "
+              "(perplexity at 12,288 tokens, the tokens past L, and the truncated baseline).", "",
+              "| variant | transformers | vLLM | relative difference |", "|---|---|---|---|"]
+    for label, per_len in t["report"]["results"].items():
+        a, b = per_len["12288"]["ppl"], v["report"]["results"][label]["12288"]["ppl"]
+        lines.append(f"| {label} | {a:.4f} | {b:.4f} | {abs(b - a) / a:.1e} |")
+    lines += ["", f"Wall time of the whole command, load and engine starts included: transformers {t['seconds']:.0f} s, "
+              f"vLLM {v['seconds']:.0f} s ({v['seconds'] / t['seconds']:.2f}x). On this CPU vLLM keeps one of the "
+              "cores for its scheduler and starts an engine per configuration (about a minute each); its "
+              "advantage is on GPUs and with many requests, which this run does not measure."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p.add_argument("--lengths", type=comma_list(int), default=[4096, 12288], help="serve-check lengths in tokens.")
+    p.add_argument("--checkpoints", type=comma_list(str), default=list(CHECKPOINTS),
+                   help=f"which checkpoints to check, of {', '.join(CHECKPOINTS)}.")
+    p.add_argument("--engine-python", default=None, help="the Python that has vLLM (default: $HF_POSENC_VLLM_PYTHON).")
+    p.add_argument("--output", default=os.path.join(ROOT, "runs", "bench-serving"),
+                   help="where the checkpoints, reports and cells are kept (a second call resumes).")
+    p.add_argument("--write", action="store_true", help="put the section into BENCHMARKS.md.")
+    args = p.parse_args()
+    unknown = sorted(set(args.checkpoints) - set(CHECKPOINTS))
+    if unknown:
+        raise SystemExit(f"--checkpoints: unknown {unknown}; choose from {list(CHECKPOINTS)}")
+    checks, runs = serve_checks(args), engines(args)
+    from hf_posenc.eval.report import emit_section
+
+    emit_section(section(args, checks, runs), args.write, os.path.join(ROOT, "BENCHMARKS.md"))
+    print(f"kept under {rel(args.output)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
