@@ -37,11 +37,12 @@ needs_vllm = pytest.mark.skipif(vllm_python() is None, reason="no vLLM: run 'bas
                                                                "HF_POSENC_VLLM_PYTHON)")
 
 
-def save_tiny(folder, tokenizer, method: str | None = None, **knobs) -> str:
+def save_tiny(folder, tokenizer, method: str | None = None, context: int = L, **knobs) -> str:
     """A tiny random LLaMA that vLLM's CPU kernels take (head dim 64), patched by ``method``, saved with a tokenizer."""
     torch.manual_seed(0)
-    cfg = tiny_config("llama", vocab_size=tokenizer.vocab_size, hidden_size=128, intermediate_size=256,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=L)
+    cfg = tiny_config("llama", vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=context,
+                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     if method:
         hf_posenc.patch(model, method, **knobs)
@@ -198,3 +199,39 @@ def test_patch_serve_check_puts_the_measured_verdicts_into_the_card(folders, tmp
     card = (out / "README.md").read_text()
     assert "| vLLM | same as hf_posenc at 100, 400 tokens | measured by hf-posenc serve-check: vllm 0.32" in card
     assert "| SGLang | reads the `rope_parameters` transformers reads | not measured |" in card
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_engine_lm_answers_as_the_model_does(folders):
+    """The bridge itself: NLL, argmax of the last positions, greedy continuation and a refusal, against transformers."""
+    from hf_posenc.engines.vllm_engine import EngineLM, EngineRefused, VllmEngine
+    from hf_posenc.eval.scoring import last_logits, token_nll
+
+    model = hf_posenc.from_pretrained(folders["yarn"], dtype=torch.float32).eval()
+    ids = torch.randint(1000, 20000, (2, 300), generator=torch.Generator().manual_seed(0))
+    with VllmEngine(folders["yarn"], python=vllm_python()) as engine:
+        served = EngineLM(engine, model.config, model.generation_config)
+        assert engine.max_model_len == 2 * L
+        torch.testing.assert_close(token_nll(served, ids, start=5), token_nll(model, ids, start=5), atol=1e-3, rtol=0)
+        assert torch.equal(served.argmax_last(ids, 4), last_logits(model, ids, 4).argmax(-1))
+        want = model.generate(ids[:1], attention_mask=torch.ones_like(ids[:1]), max_new_tokens=6, do_sample=False)
+        assert served.greedy(ids[:1], 6, stop=[]) == [want[0, 300:].tolist()]
+        with pytest.raises(EngineRefused, match="maximum context length is 512 tokens"):
+            served.token_nll(torch.randint(1000, 2000, (1, 600)))
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_harness_on_vllm_answers_as_transformers(tmp_path):
+    """RULER's needle task through lm-eval: the answers vLLM generates are transformers' own, and so the scores."""
+    from hf_posenc.eval.run_harness import run_harness
+    from hf_posenc.runtime import load_tokenizer
+
+    folder = save_tiny(tmp_path / "smol", load_tokenizer("smollm2-135m"), context=1024)
+    common = dict(model=folder, methods=["none"], tasks=["niah_single_1"], lengths=[512], limit=2, max_gen_tokens=12,
+                  progress=False)
+    ref, got = run_harness(**common), run_harness(**common, engine="vllm", engine_python=vllm_python())
+    want, have = (r["results"]["none"]["outputs"]["niah_single_1"]["512"] for r in (ref, got))
+    assert [a["output"] for a in have] == [a["output"] for a in want] and len(have) == 2
+    assert got["results"]["none"]["scores"] == ref["results"]["none"]["scores"]

@@ -40,7 +40,7 @@ def common_flags(p: argparse.ArgumentParser, task: str) -> None:
                    "them (accelerate big-model inference, one process); --device is then not used.")
     g.add_argument("--max-memory", type=memory, default=None, metavar="DEVICE=SIZE,...",
                    help="with --device-map: how much of each device to use, e.g. 0=20GiB,1=20GiB,cpu=64GiB.")
-    if task in ("ppl", "passkey"):
+    if task in ("ppl", "passkey", "harness"):
         e = p.add_argument_group("engine")
         e.add_argument("--engine", choices=["transformers", "vllm", "auto"], default="transformers",
                        help="what computes the variants: transformers (in this process), vllm (each variant's "
@@ -184,7 +184,7 @@ def run(args, command: str) -> int:
                   attn_implementation=args.attn_implementation, tokenizer=args.tokenizer, output=args.output,
                   progress=not args.no_progress, plots=not args.no_plots,
                   command=command)
-    if args.task in ("ppl", "passkey"):
+    if args.task in ("ppl", "passkey", "harness"):
         common.update(engine=args.engine, engine_python=args.engine_python,
                       tensor_parallel_size=args.tensor_parallel_size, engine_args=dict(args.engine_arg))
     if args.task == "retrieval":

@@ -129,12 +129,14 @@ def _rows(input_ids: torch.Tensor) -> list[list[int]]:
 
 class EngineLM:
     """What the evaluations ask of a causal LM, answered by an engine (``engine.ask``) serving it; ``config`` and
-    ``generation_config``: the model's (the evaluations read a few of their fields)."""
+    ``generation_config``: the model's (the evaluations read a few of their fields); ``hf_model``: the model itself,
+    where a caller needs it for what the engine does not compute."""
 
     input_device = torch.device("cpu")
 
-    def __init__(self, engine: VllmEngine, config, generation_config=None):
+    def __init__(self, engine: VllmEngine, config, generation_config=None, hf_model=None):
         self.engine, self.config, self.generation_config = engine, config, generation_config
+        self.hf_model = hf_model  # the patched model it serves (lm-eval's wrapper reads its tokenizer setup from it)
 
     def token_nll(self, input_ids: torch.Tensor, start: int = 1) -> torch.Tensor:
         """As :func:`eval.scoring.token_nll`: NLL of tokens ``start .. T-1`` of each row, ``[batch, T - start]``."""
@@ -202,7 +204,7 @@ class EnginePool:
             model.save_pretrained(self.folder.name)
             cover_positions(self.folder.name, self.kwargs["max_model_len"])
             self.lm = EngineLM(VllmEngine(self.folder.name, **self.kwargs), model.config,
-                               getattr(model, "generation_config", None))
+                               getattr(model, "generation_config", None), model)
             self.key = key
         return self.lm
 

@@ -25,6 +25,10 @@ import os
 import tempfile
 from typing import Any
 
+import torch
+
+from ..engines.vllm_engine import EngineLM
+
 RULER_THRESHOLD = 0.856
 LOCAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")  # no download
 SHORT_NAMES = {"vt": "ruler_vt", "cwe": "ruler_cwe", "fwe": "ruler_fwe", "qa_squad": "ruler_qa_squad",
@@ -138,6 +142,33 @@ def _outputs(samples: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]
     return out
 
 
+def engine_hflm(HFLM):
+    """lm-eval's ``HFLM`` whose greedy generation is answered by a serving engine (:class:`EngineLM`): prompts are
+    built, truncated, cut at the stop sequences and decoded exactly as for the model itself; only the tokens come
+    from the engine. Log-likelihood requests (which need every logit) are refused: RULER's tasks generate."""
+
+    class EngineHFLM(HFLM):
+        def __init__(self, served: EngineLM, **kwargs):
+            super().__init__(**kwargs)
+            self.served = served
+
+        def _model_generate(self, context, attention_mask, stop, max_length, **kwargs):
+            from .passkey import stop_tokens
+
+            new, eos = max_length - context.shape[1], stop_tokens(self.served.generation_config, self.tokenizer)
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+            rows = [torch.cat([ids.cpu(), torch.tensor(self.served.greedy(ids[mask.bool()][None], new, eos)[0],
+                                                        dtype=ids.dtype)]) for ids, mask in zip(context, attention_mask)]
+            width = max(len(r) for r in rows)
+            return torch.stack([torch.cat([r, r.new_full((width - len(r),), pad)]) for r in rows])
+
+        def _loglikelihood_tokens(self, *args, **kwargs):
+            raise ValueError("--engine vllm answers lm-eval's generation tasks (RULER's); a log-likelihood task needs "
+                             "every logit: run it with --engine transformers")
+
+    return EngineHFLM
+
+
 def harness_cell(model, tokenizer, tokenizer_dir: str, task: str, length: int, *, limit: int | None = None,
                  max_gen_tokens: int | None = None, batch_size: int = 1, seed: int = 0) -> dict[str, Any]:
     """One lm-eval task (or group) at one length on ``model`` as it is: per leaf task its score, metric,
@@ -149,7 +180,11 @@ def harness_cell(model, tokenizer, tokenizer_dir: str, task: str, length: int, *
     metadata = json.dumps({"max_seq_lengths": [length], "tokenizer": tokenizer_dir}, sort_keys=True)
     with _one_process_and_quiet():
         try:
-            lm = HFLM(pretrained=model, tokenizer=tokenizer, max_length=length + gen, batch_size=batch_size)
+            if isinstance(model, EngineLM):  # served by an engine: lm-eval's HFLM, its generation answered there
+                lm = engine_hflm(HFLM)(model, pretrained=model.hf_model, tokenizer=tokenizer, max_length=length + gen,
+                                       batch_size=batch_size)
+            else:
+                lm = HFLM(pretrained=model, tokenizer=tokenizer, max_length=length + gen, batch_size=batch_size)
             res = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=limit, task_manager=_task_manager(metadata),
                                           gen_kwargs={"max_gen_toks": max_gen_tokens} if max_gen_tokens else None,
                                           log_samples=True, random_seed=seed, numpy_random_seed=seed,

@@ -24,14 +24,15 @@ def run_harness(*, tasks: list[str], lengths: list[int], limit: int | None = Non
     tasks = check_tasks(tasks)
     check_lengths(lengths, tasks)
     with Run(**run) as job:
-        lm, tok, _ = job.load()
+        _, tok, _ = job.load()
         settings = {"tasks": tasks, "limit": limit, "max_gen_tokens": max_gen_tokens, "lm_eval": version,
                     "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
         keys = [[t, n] for n in lengths for t in tasks]
         with tempfile.TemporaryDirectory() as folder:
             where = saved_tokenizer(tok, folder)
             done = job.cells("harness", {**settings, "lengths": lengths}, {v.label: keys for v in job.variants},
-                             lambda v, k: harness_cell(lm, tok, where, k[0], k[1], limit=limit,
+                             lambda v, k: harness_cell(job.model_for(v, max(lengths) + (max_gen_tokens or 128)),
+                                                       tok, where, k[0], k[1], limit=limit,
                                                        max_gen_tokens=max_gen_tokens, batch_size=batch_size,
                                                        seed=job.seed),
                              fields=dict.fromkeys(("scores", "metrics", "samples", "outputs"), dict))
