@@ -235,3 +235,19 @@ def test_harness_on_vllm_answers_as_transformers(tmp_path):
     want, have = (r["results"]["none"]["outputs"]["niah_single_1"]["512"] for r in (ref, got))
     assert [a["output"] for a in have] == [a["output"] for a in want] and len(have) == 2
     assert got["results"]["none"]["scores"] == ref["results"]["none"]["scores"]
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_data_parallel_engines_share_the_cells_and_give_the_single_engine_numbers(folders, tmp_path):
+    """--data-parallel-size 2: the command relaunches itself under torchrun, each process with an engine of its own
+    (the launcher's variables kept from it); the report is the transformers engine's within 1e-3, written once."""
+    argv = ["eval", "ppl", "--model", folders["plain"], "--methods", "none", "--lengths", "100,200", "--max-windows",
+            "2", "--corpus", "python-docs", "--limit", "1", "--no-progress", "--no-plots", "--no-truncated-baseline"]
+    assert main(argv + ["--output", str(tmp_path / "one")]) == 0
+    assert main(argv + ["--engine", "vllm", "--engine-python", vllm_python(), "--data-parallel-size", "2",
+                        "--output", str(tmp_path / "two")]) == 0
+    one, two = (json.loads((tmp_path / d / "perplexity.json").read_text()) for d in ("one", "two"))
+    for n in ("100", "200"):
+        assert two["results"]["none"][n]["ppl"] == pytest.approx(one["results"]["none"][n]["ppl"], rel=1e-3)
+    assert two["setup"]["processes"] == 2 and two["setup"]["engine"]["name"] == "vllm"

@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # a command that relaunches itself (eval --data-parallel-size) needs its own words
     try:
         return COMMANDS[args.command].run(args, command_line(argv, "hf-posenc"))
     except ValueError as err:

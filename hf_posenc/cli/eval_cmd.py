@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..models import DEFAULT_MODEL
 from .args import data_flags, depths, encoding_flag, engine_flags, ints, memory, names, positive, positive_float
@@ -48,6 +49,10 @@ def common_flags(p: argparse.ArgumentParser, task: str) -> None:
                             "compute as hf_posenc does is refused by name) or auto (vllm where it does, transformers "
                             "for the rest).")
         engine_flags(e)
+        e.add_argument("--data-parallel-size", type=positive, default=1,
+                       help="with --engine vllm: this many engines side by side, each on its own GPUs "
+                            "(tensor-parallel-size of them), sharing the cells out: the command relaunches itself "
+                            "under torchrun with one process per engine (the same as launching it so yourself).")
     o = p.add_argument_group("run and output")
     o.add_argument("--output", default=None, help="folder for the JSON results, the Markdown table and PNG plots; "
                    "finished cells are kept in its cells.jsonl, so the same command run again resumes.")
@@ -172,8 +177,26 @@ def _harness_parser(evsub) -> None:
 
 
 
+def relaunch(argv: list[str], processes: int) -> int:
+    """The same command under torchrun with ``processes`` processes (less the flag that asked for it)."""
+    import subprocess
+    import sys
+
+    flag = "--data-parallel-size"
+    rest = [a for i, a in enumerate(argv) if a != flag and not a.startswith(flag + "=")
+            and not (i > 0 and argv[i - 1] == flag)]
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           str(processes), "-m", "hf_posenc", *rest]).returncode
+
+
 def run(args, command: str) -> int:
     from ..eval.common import parse_method_params
+
+    if getattr(args, "data_parallel_size", 1) > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        if args.engine == "transformers":
+            raise ValueError("--data-parallel-size runs vLLM engines side by side: add --engine vllm (for transformers, "
+                             "launch with torchrun or accelerate yourself)")
+        return relaunch(args.argv, args.data_parallel_size)
 
     params = parse_method_params(args.method_param)
     methods = args.methods if args.methods is not None else ([] if args.variant else _DEFAULT_METHODS[args.task])

@@ -52,19 +52,50 @@ def vllm_version(python: str | None = None) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+# what torchrun and accelerate tell their processes: an engine started from one of them must not take itself for a
+# rank of that launch (vLLM reads these to join a process group of its own)
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
+
+
+def engine_env(gpus: list[str] | None = None) -> dict[str, str]:
+    """The engine process's environment: this one without the launcher's variables, with ``gpus`` as the visible
+    devices when given."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES
+           and not k.startswith(("TORCHELASTIC_", "ACCELERATE_"))}
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    return env
+
+
+def rank_gpus(local_rank: int, per_engine: int) -> list[str] | None:
+    """The GPUs of the engine of process ``local_rank`` when each process runs one engine over ``per_engine`` GPUs
+    (tensor parallel): the ``local_rank``-th group of the visible ones. None without CUDA (vLLM's CPU build)."""
+    if not torch.cuda.is_available():
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(torch.cuda.device_count())]
+    group = devices[local_rank * per_engine:(local_rank + 1) * per_engine]
+    if len(group) < per_engine:
+        raise ValueError(f"process {local_rank} needs GPUs {local_rank * per_engine}..{(local_rank + 1) * per_engine - 1} "
+                         f"for its engine (tensor-parallel-size {per_engine}), but {len(devices)} are visible")
+    return group
+
+
 class VllmEngine:
     """``vllm.LLM`` on the checkpoint ``folder``, in a child process; a context manager (closes the process).
 
     ``max_model_len``: None lets vLLM derive it from ``config.json`` (what a deployment gets); ``allow_long``
     lets an evaluation run a model past the context its config states (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``), as
-    the transformers engine does. ``engine_args``: more keywords of ``vllm.LLM`` (``gpu_memory_utilization``, ...)."""
+    the transformers engine does. ``engine_args``: more keywords of ``vllm.LLM`` (``gpu_memory_utilization``, ...).
+    ``gpus``: the GPUs it may use (``CUDA_VISIBLE_DEVICES``), when one engine runs per process (:func:`rank_gpus`)."""
 
     def __init__(self, folder: str, *, python: str | None = None, dtype: str = "float32", seed: int = 0,
                  max_model_len: int | None = None, allow_long: bool = False, tensor_parallel_size: int = 1,
-                 engine_args: dict[str, Any] | None = None, log: str | None = None):
+                 engine_args: dict[str, Any] | None = None, log: str | None = None, gpus: list[str] | None = None):
         spec = {"model": os.path.abspath(folder), "dtype": dtype, "seed": seed, "max_model_len": max_model_len,
                 "tensor_parallel_size": tensor_parallel_size, "engine_args": engine_args or {}}
-        env = dict(os.environ)
+        env = engine_env(gpus)
         if allow_long:
             env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
         self.log = log or tempfile.mkstemp(prefix="hf_posenc_vllm_", suffix=".log")[1]
@@ -160,6 +191,17 @@ class EngineLM:
         self.engine.close()
 
 
+def save_on_this_process(model, folder: str) -> None:
+    """``model.save_pretrained(folder)`` by this process whatever its rank: transformers writes on rank 0 alone once
+    torch.distributed is up, but each process of a data-parallel run serves its own copy. The instance is told so for
+    the call only (no class is changed)."""
+    model.should_save_on_this_rank = lambda is_main_process: True
+    try:
+        model.save_pretrained(folder)
+    finally:
+        del model.should_save_on_this_rank
+
+
 def cover_positions(folder: str, tokens: int) -> None:
     """Raise the saved ``max_position_embeddings`` of a plain-RoPE checkpoint to ``tokens``: vLLM sizes its rotary
     table by it, and reads garbage past it (:func:`serving.vllm_positions`), while the math does not depend on it.
@@ -183,10 +225,11 @@ class EnginePool:
     evaluation measures a model there, as the transformers engine does)."""
 
     def __init__(self, *, python: str | None, dtype: str, seed: int, max_model_len: int,
-                 tensor_parallel_size: int = 1, engine_args: dict[str, Any] | None = None):
+                 tensor_parallel_size: int = 1, engine_args: dict[str, Any] | None = None,
+                 gpus: list[str] | None = None):
         # + 1: vLLM wants room for one generated token beside a scored prompt
         self.kwargs = dict(python=python, dtype=dtype, seed=seed, max_model_len=max_model_len + 1, allow_long=True,
-                           tensor_parallel_size=tensor_parallel_size, engine_args=engine_args)
+                           tensor_parallel_size=tensor_parallel_size, engine_args=engine_args, gpus=gpus)
         self.key: str | None = None
         self.lm: EngineLM | None = None
         self.folder: tempfile.TemporaryDirectory | None = None
@@ -201,7 +244,7 @@ class EnginePool:
             print(f"hf_posenc: starting vLLM for {label} ...", file=sys.stderr)
             self.folder = tempfile.TemporaryDirectory(prefix="hf_posenc_vllm_")
             drop_gguf_quantizer(model)
-            model.save_pretrained(self.folder.name)
+            save_on_this_process(model, self.folder.name)
             cover_positions(self.folder.name, self.kwargs["max_model_len"])
             self.lm = EngineLM(VllmEngine(self.folder.name, **self.kwargs), model.config,
                                getattr(model, "generation_config", None), model)

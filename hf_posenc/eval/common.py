@@ -47,6 +47,7 @@ class EngineChoice:
             self.version = vllm_version(python)  # a missing vLLM is said before the slow load
         self.pool = None
         self.fallbacks: dict[str, str] = {}  # label -> why --engine auto ran it on transformers after all
+        self.local_rank = 0
 
     def refusal(self, variant) -> str | None:
         from ..serving import vllm_refusal
@@ -77,8 +78,11 @@ class EngineChoice:
         if self.pool is None:
             from ..engines.vllm_engine import EnginePool
 
+            from ..engines.vllm_engine import rank_gpus
+
             self.pool = EnginePool(python=self.python, dtype=dtype, seed=seed, max_model_len=longest,
-                                   tensor_parallel_size=self.tp, engine_args=self.engine_args)
+                                   tensor_parallel_size=self.tp, engine_args=self.engine_args,
+                                   gpus=rank_gpus(self.local_rank, self.tp))
         return self.pool.get(variant.label, variant.config.to_dict(), lm)
 
     def close(self) -> None:
@@ -165,9 +169,10 @@ class Run:
         if output:
             check_output_folder(output)  # an unwritable --output is found before the compute, not after
         self.processes = Processes(device)
-        if self.engine.served and (device_map or self.processes.world > 1):
-            raise ValueError("--engine vllm runs one engine in one process (--tensor-parallel-size spreads it over "
-                             "GPUs): drop --device-map and the multi-process launch")
+        if self.engine.served and device_map:
+            raise ValueError("--engine vllm: vLLM places the model itself (--tensor-parallel-size spreads it over "
+                             "GPUs): drop --device-map")
+        self.engine.local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # with several processes: an engine each
         if device_map and self.processes.world > 1:
             raise ValueError("--device-map spreads one model over the devices of one process; with several "
                              "processes each holds a whole model on its own device: use one or the other")
