@@ -118,10 +118,12 @@ def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None 
                 tokenizer: str | None = None, engine_python: str | None = None, dtype: str = "float32",
                 device: str = "cpu", rtol: float = 1e-3, confirm_refusal: bool = False, chunk_size: int = 1024,
                 engine_args: dict[str, Any] | None = None, tensor_parallel_size: int = 1, output: str | None = None,
-                progress: bool = True, command: str | None = None) -> dict[str, Any]:
+                progress: bool = True, command: str | None = None, allow_long: bool = False) -> dict[str, Any]:
     """Check that ``engine`` computes the checkpoint ``folder`` as hf_posenc does (module docstring); returns the
     report ``{task, setup, results, table}`` (results keyed by length), written to ``output`` as
-    ``serve_check.json`` / ``.md`` when given."""
+    ``serve_check.json`` / ``.md`` when given. ``allow_long``: start the engine for the longest length even past
+    what it derives from ``config.json`` (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``, as a deployment forcing
+    ``--max-model-len`` does), to see what it then computes."""
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {list(ENGINES)}, got {engine!r}")
     if not 0 < rtol < 1:
@@ -157,8 +159,9 @@ def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None 
                else (None, None))
     del lm  # the reference model's memory goes before the engine takes its own
     with VllmEngine(folder, python=engine_python, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-                    engine_args=engine_args) as served:
-        setup.update(engine_max_model_len=served.max_model_len, engine_started=True)
+                    engine_args=engine_args, allow_long=allow_long,
+                    max_model_len=max(lengths) + 1 if allow_long else None) as served:
+        setup.update(engine_max_model_len=served.max_model_len, engine_started=True, allow_long=allow_long)
         results = engine_results(served, tokens, lengths, ref, original, rtol)
     setup.update(lengths=lengths, seconds=round(time.time() - started, 1))
     return finish_report("serve_check", setup, results, serve_table, output)
@@ -194,8 +197,10 @@ def serve_table(report: dict[str, Any]) -> str:
     version = f" {s['engine_version']}" if s.get("engine_version") else ""
     note = (f"Serve check of {s['folder']} (method `{s['method']}`, original context {s['original_context']}): "
             f"mean NLL of the same tokens by hf_posenc.from_pretrained and by {s['engine']}{version}"
-            + (f" (maximum model length {s['engine_max_model_len']}, derived from config.json)"
-               if s.get("engine_max_model_len") else " (engine not started)")
+            + (" (engine not started)" if not s.get("engine_max_model_len") else
+               f" (maximum model length {s['engine_max_model_len']}, forced past config.json by "
+               "VLLM_ALLOW_LONG_MAX_MODEL_LEN)" if s.get("allow_long") else
+               f" (maximum model length {s['engine_max_model_len']}, derived from config.json)")
             + f"; same = within {s['rtol']:g} relative.")
     rows = [[n, r["verdict"], _num(r.get("hf_posenc_nll"), ".6f"), _num(r.get("engine_nll"), ".6f"),
              _num(r.get("relative_diff"), ".2e"), _num(r.get("max_token_diff"), ".2e"), r.get("reason", "")]

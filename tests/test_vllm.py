@@ -251,3 +251,15 @@ def test_data_parallel_engines_share_the_cells_and_give_the_single_engine_number
     for n in ("100", "200"):
         assert two["results"]["none"][n]["ppl"] == pytest.approx(one["results"]["none"][n]["ppl"], rel=1e-3)
     assert two["setup"]["processes"] == 2 and two["setup"]["engine"]["name"] == "vllm"
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_forcing_vllm_past_the_stated_context_is_caught(folders):
+    """--allow-long: vLLM made to take 400 tokens of a plain 256-token checkpoint reads past its rotary table; the
+    check says so (differs), where hf_posenc computes plain RoPE there."""
+    report = serve_check(folders["plain"], engine_python=vllm_python(), lengths=[100, 400], allow_long=True,
+                         docs=prose(), progress=False)
+    assert report["setup"]["engine_max_model_len"] == 401 and "forced past config.json" in report["table"]
+    assert report["results"]["100"]["verdict"] == "same"
+    assert report["results"]["400"]["verdict"] == "differs"

@@ -24,6 +24,10 @@ def add_parser(sub) -> None:
     c.add_argument("--confirm-refusal", action="store_true",
                    help="for a checkpoint no engine computes: start the engine anyway and check that it refuses the "
                         "lengths past the original context ('served wrong' if it takes one).")
+    c.add_argument("--allow-long", action="store_true",
+                   help="start the engine for the longest length even past the context config.json states "
+                        "(VLLM_ALLOW_LONG_MAX_MODEL_LEN, as a deployment forcing --max-model-len does), to see what it "
+                        "computes there.")
     c.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the folder has none.")
     c.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16, both ways.")
     c.add_argument("--device", default="cpu", help="torch device of the hf_posenc side.")
@@ -46,7 +50,8 @@ def run(args, command: str) -> int:
                          engine_python=args.engine_python, dtype=args.dtype, device=args.device, rtol=args.rtol,
                          confirm_refusal=args.confirm_refusal, chunk_size=args.chunk_size,
                          engine_args=dict(args.engine_arg), tensor_parallel_size=args.tensor_parallel_size,
-                         output=args.output, progress=not args.no_progress, command=command)
+                         output=args.output, progress=not args.no_progress, command=command,
+                         allow_long=args.allow_long)
     print(report["table"])
     if args.output:
         print(f"\nresults: {args.output}/serve_check.json, serve_check.md")
