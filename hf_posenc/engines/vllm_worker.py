@@ -63,16 +63,18 @@ def _on_cpu():
 
 
 def _cpu_kv_bytes(folder, max_model_len, dtype):
-    """Twice the KV cache of one sequence of the longest length the engine takes, at least 256 MiB."""
+    """Twice the KV cache of one sequence of the longest length the engine takes (without ``max_model_len``: the
+    positions the config states times its RoPE factor, as vLLM derives it for linear scaling), at least 256 MiB."""
     with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     text = config.get("text_config", config)
     heads = text["num_attention_heads"]
     head_dim = text.get("head_dim") or text["hidden_size"] // heads
     per_token = 2 * text["num_hidden_layers"] * text.get("num_key_value_heads", heads) * head_dim
-    tokens = max_model_len or text.get("max_position_embeddings") or 32768
+    factor = max(1.0, float((text.get("rope_parameters") or text.get("rope_scaling") or {}).get("factor") or 1.0))
+    tokens = max_model_len or int((text.get("max_position_embeddings") or 32768) * factor)
     width = 4 if dtype in ("float32", "auto") else 2
-    return max(256 << 20, 2 * per_token * width * tokens)
+    return max(256 << 20, 2 * per_token * width * tokens + (64 << 20))
 
 
 def main():
