@@ -85,8 +85,12 @@ def reference_nll(folder: str, tokens: list[int], lengths: list[int], dtype: str
 def compare(ref: torch.Tensor, got: torch.Tensor, rtol: float) -> dict[str, Any]:
     a, b = ref.mean().item(), got.mean().item()
     rel = abs(b - a) / max(abs(a), 1e-12)
-    return {"verdict": SAME if rel <= rtol else DIFFERS, "hf_posenc_nll": a, "engine_nll": b, "relative_diff": rel,
-            "max_token_diff": (got - ref).abs().max().item(), "tokens": ref.numel()}
+    out = {"verdict": SAME if rel <= rtol else DIFFERS, "hf_posenc_nll": a, "engine_nll": b, "relative_diff": rel,
+           "max_token_diff": (got - ref).abs().max().item(), "tokens": ref.numel()}
+    bad = int((~torch.isfinite(got)).sum())
+    if bad:
+        out["reason"] = f"the engine's log-probability of {bad} of the {got.numel()} tokens is not a finite number"
+    return out
 
 
 def engine_results(engine, tokens: list[int], lengths: list[int], ref: dict[int, torch.Tensor] | None,

@@ -13,10 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 ENGINES = ("vLLM", "SGLang", "TGI", "llama.cpp")
-# measured on this project's machine: SmolLM2-135M checkpoints saved by `hf-posenc patch`, a 3,000-token text,
-# mean NLL in vLLM 0.32 (CPU build) vs hf_posenc.from_pretrained within 2e-7
+# measured on this project's machine (scripts/bench_serving.py, BENCHMARKS.md): SmolLM2-135M checkpoints saved by
+# `hf-posenc patch`, serve-check at 4,096 and 12,288 tokens, vLLM 0.32 (CPU build) vs hf_posenc.from_pretrained;
+# ntk is plain RoPE with another rope_theta (rope_type default), which the none row measures
 VLLM_SAME = {"none", "pi", "ntk", "yarn", "llama3"}
-VLLM_MEASURED = "measured on SmolLM2-135M at 3,000 tokens, vLLM 0.32 (CPU): mean NLL within 2e-7"
+VLLM_MEASURED = ("measured by hf-posenc serve-check on SmolLM2-135M at 4,096 and 12,288 tokens (none: 4,096; vLLM "
+                 "refuses past its 8,192), vLLM 0.32 (CPU): mean NLL within 6e-5 relative")
 
 
 def known_status(block: dict[str, Any]) -> list[dict[str, str]]:
@@ -41,8 +43,9 @@ def known_status(block: dict[str, Any]) -> list[dict[str, str]]:
             rows.append({"engine": engine, "status": "same as hf_posenc", "basis": VLLM_MEASURED})
         elif engine == "vLLM" and method == "dynamic_ntk":
             rows.append({"engine": engine, "status": "same up to the original context; differs past it",
-                         "basis": "vLLM computes dynamic NTK once, for its maximum length, not per call (vLLM issue "
-                                  "#5093)"})
+                         "basis": "measured by hf-posenc serve-check on SmolLM2-135M x2, vLLM 0.32 (CPU): same at "
+                                  "4,096 tokens, NaN log-probabilities at 12,288 (vLLM computes dynamic NTK once, not "
+                                  "per call: vLLM issue #5093)"})
         else:
             rows.append({"engine": engine, "status": "reads the `rope_parameters` transformers reads",
                          "basis": "not measured"})

@@ -119,6 +119,18 @@ def test_card_rows_from_a_serve_check():
     assert measured_rows(known_status(block), check)[0]["status"] == "128: same; 512: differs"
 
 
+def test_compare_verdicts():
+    from hf_posenc.serve_check import compare
+
+    ref = torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64)
+    same = compare(ref, ref + 1e-4, rtol=1e-3)
+    assert same["verdict"] == "same" and same["max_token_diff"] == pytest.approx(1e-4) and "reason" not in same
+    assert compare(ref, ref * 1.01, rtol=1e-3)["verdict"] == "differs"
+    broken = compare(ref, torch.tensor([2.0, float("nan"), 4.0], dtype=torch.float64), rtol=1e-3)
+    assert broken["verdict"] == "differs" and broken["reason"] == ("the engine's log-probability of 1 of the 3 tokens "
+                                                                    "is not a finite number")
+
+
 # ---- with vLLM ---------------------------------------------------------------------------------------------------
 
 @needs_vllm
