@@ -80,9 +80,14 @@ def engines(args) -> dict:
     return runs
 
 
+def _num(value, fmt: str) -> str:
+    return "NaN" if value is None else format(value, fmt)  # reports write a non-finite number as null
+
+
 def _cell(r: dict) -> str:
     if r["verdict"] in ("same", "differs"):
-        return f"{r['verdict']} ({r['hf_posenc_nll']:.4f} / {r['engine_nll']:.4f}, {r['relative_diff']:.1e})"
+        return (f"{r['verdict']} ({_num(r['hf_posenc_nll'], '.4f')} / {_num(r['engine_nll'], '.4f')}, "
+                f"{_num(r['relative_diff'], '.1e')})")
     return r["verdict"]
 
 
