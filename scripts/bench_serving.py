@@ -8,8 +8,8 @@ transformers engine's numbers?
    ``--engine transformers`` and ``--engine vllm``, one after the other: the perplexities side by side and each
    engine's wall time.
 
-Everything is kept under --output (folders, reports, cells), so a second call resumes; --write puts the section
-into BENCHMARKS.md.
+The reports and cells are kept under --output (benchmarks/serving, committed) and the checkpoints under
+--checkpoints-dir, so a second call resumes; --write puts the section into BENCHMARKS.md.
 
     HF_POSENC_VLLM_PYTHON=.venv-vllm/bin/python python scripts/bench_serving.py --write
 """
@@ -54,7 +54,7 @@ def serve_checks(args) -> dict:
             with open(path) as f:
                 reports[label] = json.load(f)
             continue
-        folder = checkpoint(label, os.path.join(args.output, "checkpoints"))
+        folder = checkpoint(label, args.checkpoints_dir)
         print(f"serve-check {label} ...", file=sys.stderr, flush=True)
         reports[label] = serve_check(folder, lengths=args.lengths, docs=gather_documents(corpus="python-docs"),
                                      confirm_refusal=CHECKPOINTS[label][0] in ("dca", "rerope"), progress=False,
@@ -130,8 +130,10 @@ def main() -> None:
     p.add_argument("--checkpoints", type=comma_list(str), default=list(CHECKPOINTS),
                    help=f"which checkpoints to check, of {', '.join(CHECKPOINTS)}.")
     p.add_argument("--engine-python", default=None, help="the Python that has vLLM (default: $HF_POSENC_VLLM_PYTHON).")
-    p.add_argument("--output", default=os.path.join(ROOT, "runs", "bench-serving"),
-                   help="where the checkpoints, reports and cells are kept (a second call resumes).")
+    p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "serving"),
+                   help="where the reports and cells are kept (committed; a second call resumes from them).")
+    p.add_argument("--checkpoints-dir", default=os.path.join(ROOT, "runs", "bench-serving-checkpoints"),
+                   help="where the patched checkpoints are saved (GBs: not committed).")
     p.add_argument("--write", action="store_true", help="put the section into BENCHMARKS.md.")
     args = p.parse_args()
     unknown = sorted(set(args.checkpoints) - set(CHECKPOINTS))
