@@ -97,12 +97,12 @@ def engine_results(engine, tokens: list[int], lengths: list[int], ref: dict[int,
                    original: int, rtol: float) -> dict[str, dict[str, Any]]:
     """Per length: the engine's NLL compared with ``ref`` (None: a non-computable checkpoint, where only a refusal
     past the original context is right)."""
-    from .engines.vllm_engine import EngineRefused
+    from .engines.vllm_engine import EngineLM, EngineRefused
 
-    out = {}
+    served, out = EngineLM(engine, None), {}
     for n in lengths:
-        try:
-            got = -torch.tensor(engine.ask({"op": "score", "prompts": [tokens[:n]]})[0]["logprobs"], dtype=torch.float64)
+        try:  # vLLM's log-probabilities are fp32 values: the float32 tensor holds them exactly
+            got = served.token_nll(torch.tensor([tokens[:n]]))[0].double()
         except EngineRefused as why:
             out[str(n)] = {"verdict": REFUSED, "reason": str(why)}
             continue
@@ -141,11 +141,10 @@ def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None 
     plain, block = read_block(folder)
     method, native = block.get("method", "none"), bool(block.get("native", True)) if block else True
     original = original_of(plain, block)
-    computable = native
     setup: dict[str, Any] = {"folder": os.path.abspath(folder), "method": method, "native": native, "engine": engine,
                              "original_context": original, "rtol": rtol, "dtype": dtype,
                              "command": recorded_command(command), "environment": environment()}
-    if not computable and not confirm_refusal:
+    if not native and not confirm_refusal:
         lengths = lengths or default_lengths(original, 2 * original)
         reason = f"no engine implements `{method}` (the checkpoint's block says native: false)"
         results = {str(n): {"verdict": NOT_COMPUTABLE, "reason": reason} for n in lengths}
@@ -159,7 +158,7 @@ def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None 
     if len(tokens) < max(lengths):
         raise ValueError(f"the text has {len(tokens)} tokens, fewer than the longest length {max(lengths)}: give more "
                          "text (--text-file, --text-dir, --dataset) or shorter --lengths")
-    ref, lm = (reference_nll(folder, tokens, lengths, dtype, device, chunk_size, progress) if computable
+    ref, lm = (reference_nll(folder, tokens, lengths, dtype, device, chunk_size, progress) if native
                else (None, None))
     del lm  # the reference model's memory goes before the engine takes its own
     with VllmEngine(folder, python=engine_python, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
