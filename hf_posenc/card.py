@@ -112,77 +112,33 @@ def describe_base(name_or_path: str) -> BaseModel:
     return BaseModel(repo, facts.get("license"))
 
 
-# per evaluation task: (its number for one length of a method's results, what the model-index says of it)
-_METRICS = {
-    "perplexity": (lambda res, n: (res.get(n) or {}).get("ppl"),
-                   dict(task_type="text-generation", task_name="Long-context language modeling", dataset_type="text",
-                        metric_type="perplexity"), "perplexity @ {n} tokens"),
-    "passkey": (lambda res, n: res["by_length"].get(n),
-                dict(task_type="text-generation", task_name="Passkey retrieval", dataset_type="passkey",
-                     dataset_name="synthetic passkey retrieval", metric_type="accuracy"),
-                "passkey accuracy @ {n} tokens"),
-    "retrieval": (lambda res, n: (res["by_length"].get(n) or {}).get("accuracy"),
-                  dict(task_type="sentence-similarity", task_name="Long-document needle retrieval",
-                       dataset_type="needle-retrieval", dataset_name="synthetic needle retrieval",
-                       metric_type="accuracy"), "needle retrieval top-1 @ {n} tokens"),
-}
-
-
-def _harness_entries(report: dict[str, Any], res: dict[str, Any]) -> list[tuple[dict[str, Any], str, float, str]]:
-    """lm-eval scores: one entry per task and length (RULER's tasks are synthetic: the dataset is the task)."""
-    version = report["setup"]["lm_eval"]
-    out = []
-    for task, by_length in res["scores"].items():
-        fields = dict(task_type="text-generation", task_name=f"lm-eval {task}", dataset_type=task,
-                      dataset_name=f"{task} (lm-evaluation-harness {version})", metric_type="score")
-        out += [(fields, f"{task} @ {n} tokens", value, n) for n, value in by_length.items()]
-    return out
-
-
-def _length_entries(task: str):
-    """The entries of a task with one number per length (``_METRICS``)."""
-    value_of, fields, name = _METRICS[task]
-
-    def entries(report: dict[str, Any], res: dict[str, Any]) -> list[tuple[dict[str, Any], str, float, str]]:
-        labelled = {"dataset_name": _dataset_label(report["setup"].get("documents", [])), **fields}
-        values = [(str(n), value_of(res, str(n))) for n in report["setup"]["lengths"]]
-        return [(labelled, name.format(n=n), v, n) for n, v in values if v is not None]
-
-    return entries
-
-
-# per report task: (model-index fields, metric name, value, metric config) of its numbers for one method;
-# reports of other tasks (a fine-tune's, tune's) are tables in the card's body only
-_ENTRIES = {**{task: _length_entries(task) for task in _METRICS}, "harness": _harness_entries}
-
-
 def eval_results(reports: list[dict[str, Any]], method: str) -> list:
     """``model-index`` entries (``EvalResult``) for ``method``'s numbers in hf_posenc evaluation reports."""
     from huggingface_hub import EvalResult
 
+    from .eval.tasks import task_of_report
+
     out = []
     for report in reports:
-        entries = _ENTRIES.get(report["task"])
-        res = report["results"].get(method) if entries is not None else None
+        task = task_of_report(report["task"])  # reports of other jobs (tune, finetune) are tables in the body only
+        res = report["results"].get(method) if task is not None and task.model_index is not None else None
         if res is None:
             continue
         out += [EvalResult(**fields, metric_name=name, metric_value=round(float(value), 4), metric_config=config)
-                for fields, name, value, config in entries(report, res)]
+                for fields, name, value, config in task.model_index(report, res)]
     return out
 
 
-def _dataset_label(docs: list[str]) -> str:
-    if not docs:
-        return "text"
-    shown = ", ".join(docs[:3]) + (f" and {len(docs) - 3} more" if len(docs) > 3 else "")
-    return shown
+# the card's titles of the reports that are not eval tasks' (eval tasks name theirs: eval.tasks.EvalTask.title)
+_OTHER_TITLES = {"tune": "How this configuration was chosen (hf-posenc tune)",
+                 "finetune": "Fine-tuning (held-out perplexity before and after)",
+                 "serve_check": "Served by an engine (hf-posenc serve-check)"}
 
 
 def _eval_sections(reports: list[dict[str, Any]]) -> list[dict[str, str]]:
-    titles = {"perplexity": "Perplexity", "passkey": "Passkey retrieval", "retrieval": "Needle retrieval",
-              "harness": "lm-evaluation-harness (RULER)", "tune": "How this configuration was chosen (hf-posenc tune)",
-              "finetune": "Fine-tuning (held-out perplexity before and after)",
-              "serve_check": "Served by an engine (hf-posenc serve-check)"}
+    from .eval.tasks import registered
+
+    titles = {**_OTHER_TITLES, **{t.report: t.title for t in registered().values()}}
     return [{"title": titles.get(r["task"], r["task"]), "table": r["table"], "command": r["setup"].get("command")}
             for r in reports]
 

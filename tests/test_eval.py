@@ -1,6 +1,7 @@
 """The evaluation machinery on tiny models: chunked losses, windows, intervals, passkey prompts, the CLI."""
 
 import json
+import shutil
 import math
 
 import pytest
@@ -349,3 +350,63 @@ def test_cli_ppl_key_tokens(tiny_checkpoint, tmp_path, capsys):
     assert main(argv) == 0 and "resumed" in capsys.readouterr().err
     short = [a if a != "32,128" else "32" for a in argv]
     assert "--key-tokens needs a length past the original context (64)" in refused(short, capsys)
+
+
+def test_key_positions_and_scored_key_cell_written_out():
+    """One evaluator for every method: its key tokens (written out here from its own long and short NLL), and each
+    method's long-context NLL summed over exactly those tokens."""
+    from hf_posenc.eval.key_tokens import key_positions_cell, scored_key_cell
+    from hf_posenc.eval.perplexity import Window, truncated_nll
+
+    judge, model, x = tiny_model("llama", seed=1), tiny_model("llama", seed=2), ids(150)
+    w = Window(0, 0, 150, 1)
+    long, short = token_nll(judge, x)[0].double(), truncated_nll(judge, x, 64, 16)[0].double()
+    key = ((short - long) > 0.05) & (-long > -12.0)
+    got = key_positions_cell(judge, x[0], w, 64, 16, 0.05, -12.0)
+    assert got["positions"] == key.nonzero()[:, 0].tolist() and got["positions"] and got["scored"] == 149
+    assert got["nll_sum"] == pytest.approx(long[key].sum().item(), abs=1e-4)
+    mine = token_nll(model, x)[0].double()
+    cell = scored_key_cell(model, x[0], w, got["positions"])
+    assert cell["key_count"] == int(key.sum()) and cell["key_nll_sum"] == pytest.approx(mine[key].sum().item(), abs=1e-4)
+
+
+def test_cli_ppl_key_tokens_with_one_evaluator(tiny_checkpoint, tmp_path, capsys):
+    """--evaluator-method: the model under test so patched judges for every method: the same count for each, and the
+    method that is the evaluator scores exactly the evaluator's own key-token perplexity."""
+    out = tmp_path / "ev"
+    argv = ["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,yarn,pi", "--factor", "2", "--lengths",
+            "128", "--max-windows", "1", "--corpus", "python-docs", "--limit", "1", "--output", str(out),
+            "--no-progress", "--no-plots", "--key-tokens", "--evaluator-method", "yarn:factor=2"]
+    assert main(argv) == 0
+    report = json.loads((out / "perplexity.json").read_text())
+    setup = report["setup"]["key_tokens"]
+    assert setup["evaluator"] == "the model under test (%s) patched by yarn:factor=2" % tiny_checkpoint
+    counts = {label: report["results"][label]["128"]["key_tokens"]["count"] for label in ("none", "yarn", "pi")}
+    assert len(set(counts.values())) == 1 and counts["yarn"] == setup["evaluator_own"]["128"]["count"]
+    if counts["yarn"]:
+        assert report["results"]["yarn"]["128"]["key_tokens"]["ppl"] == pytest.approx(
+            setup["evaluator_own"]["128"]["ppl"], rel=1e-6)
+    assert "one evaluator for every method" in (out / "perplexity.md").read_text()
+    capsys.readouterr()
+    assert main(argv) == 0 and "resumed" in capsys.readouterr().err
+    separate = argv[:-2] + ["--evaluator", tiny_checkpoint, "--evaluator-method", "yarn:factor=2", "--output",
+                            str(tmp_path / "ev2")]
+    assert main(separate) == 0
+    again = json.loads((tmp_path / "ev2" / "perplexity.json").read_text())
+    assert again["results"]["pi"]["128"]["key_tokens"] == report["results"]["pi"]["128"]["key_tokens"]
+    no_keys = [a for a in argv if a != "--key-tokens"]
+    assert "--evaluator and --evaluator-method choose who judges key tokens: add --key-tokens" in refused(no_keys, capsys)
+
+
+def test_an_evaluator_with_another_tokenizer_is_refused(tiny_checkpoint, tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_checkpoint, other)
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["zzzunseen"])
+    tok.save_pretrained(other)
+    argv = ["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none", "--lengths", "128", "--max-windows", "1",
+            "--corpus", "python-docs", "--limit", "1", "--no-progress", "--key-tokens", "--evaluator", str(other)]
+    said = refused(argv, capsys)
+    assert f"--evaluator {other}: its tokenizer differs from the model under test's" in said

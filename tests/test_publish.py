@@ -98,8 +98,8 @@ def test_cli_patch_errors(tiny_checkpoint, tmp_path, capsys):
     assert "Did you mean 'yarn'" in capsys.readouterr().err
     assert main(["patch", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--eval", "bleu",
                  "--output", str(tmp_path)]) == 2
-    assert "--eval takes ppl, passkey (decoders), retrieval (encoders) and harness:TASK" in (err := capsys.readouterr().err)
-    assert "got ['bleu']" in err
+    assert "--eval takes ppl, passkey, retrieval, harness:TASK (TASK: an lm-eval task" in (err := capsys.readouterr().err)
+    assert "got 'bleu'" in err
 
 
 def _run_cli(args, hub_url, home):
@@ -267,7 +267,7 @@ def test_cli_patch_of_t5_needs_eval_lengths_and_retrieval_needs_an_encoder(tmp_p
     args = ["patch", "--model", str(tmp_path / "t5"), "--method", "bucket_scale", "--factor", "2", "--output",
             str(tmp_path / "out"), "--eval", "passkey", "--trials", "1", "--no-progress"]
     assert main(args) == 2
-    assert "has no fixed context length to evaluate around; pass --ppl-lengths / --passkey-lengths" in capsys.readouterr().err
+    assert "has no fixed context length to evaluate around; pass --passkey-lengths\n" in capsys.readouterr().err
     assert main(args + ["--passkey-lengths", "100"]) == 0
     assert json.loads((tmp_path / "out" / "hf_posenc_eval" / "passkey.json").read_text())["setup"]["lengths"] == [100]
     assert main(["patch", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--output",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..models import DEFAULT_MODEL
-from .args import data_flags, method_config, positive
+from ..flags import data_flags, method_config, positive
 
 
 def add_parser(sub) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 
 from ..models import DEFAULT_MODEL
-from .args import depths, encoding_flag, ints, method_config, names, positive, upload_flags
+from ..flags import depths, encoding_flag, ints, method_config, names, positive, upload_flags
 
 
 def add_parser(sub) -> None:
+    from ..eval.tasks import eval_names, registered
+
     pa = sub.add_parser("patch", allow_abbrev=False, help="patch a model, optionally evaluate it, save it with a model card, optionally "
                         "upload it to the Hub.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = pa.add_argument_group("model and method")
@@ -29,14 +31,13 @@ def add_parser(sub) -> None:
     g.add_argument("--device", default="cpu", help="torch device for the evaluation.")
     g.add_argument("--output", required=True, help="folder to save the patched checkpoint, tokenizer and model card in.")
     e = pa.add_argument_group("evaluation (results go into the model card and its model-index metadata)")
-    e.add_argument("--eval", type=names, default=[], help="comma-separated: ppl, passkey (decoders), retrieval "
-                   "(encoders), harness:TASK (an lm-eval task such as harness:niah_single_1; repeatable); each "
-                   "compares the patched model with the unpatched one.")
-    e.add_argument("--ppl-lengths", type=ints, default=None,
-                   help="perplexity (and retrieval) lengths (default: the original context and original x factor).")
-    e.add_argument("--passkey-lengths", type=ints, default=None, help="passkey lengths (default: as --ppl-lengths).")
-    e.add_argument("--harness-lengths", type=ints, default=None, help="lm-eval (harness:TASK) lengths (default: as "
-                   "--ppl-lengths).")
+    tasks = [t for t in registered().values() if t.patch_keywords is not None]
+    e.add_argument("--eval", type=names, default=[], help=f"comma-separated eval tasks: {eval_names(tasks)}; each "
+                   "compares the patched model with the unpatched one (see 'hf-posenc eval TASK --help').")
+    for flag in dict.fromkeys(t.lengths_flag for t in tasks):
+        users = ", ".join(t.name for t in tasks if t.lengths_flag == flag)
+        e.add_argument(f"--{flag}-lengths", type=ints, default=None, help=f"lengths of {users} (default: the original "
+                       "context and original x factor).")
     e.add_argument("--harness-limit", type=positive, default=50, help="lm-eval prompts per task and length.")
     e.add_argument("--max-gen-tokens", type=positive, default=None,
                    help="tokens generated per lm-eval answer (default: the task's, 128 for RULER).")
@@ -66,14 +67,18 @@ def add_parser(sub) -> None:
 def run(args, command: str) -> int:
     from ..publish import patch_and_save
 
+    from ..eval.tasks import registered
+
     config = method_config(args)
+    flags = {t.lengths_flag for t in registered().values() if t.patch_keywords is not None}
+    lengths = {flag: getattr(args, f"{flag}_lengths") for flag in flags if getattr(args, f"{flag}_lengths")}
     done = patch_and_save(model=args.model, config=config, output=args.output, evals=args.eval,
-                          ppl_lengths=args.ppl_lengths, passkey_lengths=args.passkey_lengths, text_file=args.text_file,
+                          eval_lengths=lengths, text_file=args.text_file,
                           encoding=args.encoding, tokenizer=args.tokenizer,
                           max_windows=args.max_windows, depths=args.depths, trials=args.trials, seed=args.seed,
                           dtype=args.dtype, device=args.device, push_to_hub=args.push_to_hub, private=args.private,
                           revision=args.revision, commit_message=args.commit_message, command=command,
-                          progress=not args.no_progress, timeout=args.timeout, harness_lengths=args.harness_lengths,
+                          progress=not args.no_progress, timeout=args.timeout,
                           harness_limit=args.harness_limit, max_gen_tokens=args.max_gen_tokens,
                           tuned=_tune_report(args.config), serve_check=args.serve_check,
                           engine_python=args.engine_python, serve_check_lengths=args.serve_check_lengths)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .args import data_flags, engine_flags, ints, positive, positive_float
+from ..flags import data_flags, engine_flags, ints, positive, positive_float
 
 
 def add_parser(sub) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 
 from ..models import DEFAULT_MODEL
-from .args import data_flags, depths, names, positive, positive_float
+from ..flags import data_flags, depths, names, positive, positive_float
 
 
 def add_parser(sub) -> None:
-    from ..tuning.objective import DEPTHS
+    from ..tuning.objective import DEPTHS, objectives
     from ..tuning.space import DEFAULT_METHODS
 
     tu = sub.add_parser("tune", allow_abbrev=False, help="measure, don't guess: rank methods and knobs for a model at a target length "
@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
                    help="compute time the halving may spend (the cells' recorded seconds); default: no limit.")
     s.add_argument("--max-short-cost", type=float, default=0.01, help="a candidate whose perplexity on inputs of the "
                    "original length is more than this fraction above the unpatched model's is disqualified.")
-    s.add_argument("--rank-by", choices=["passkey", "ppl"], default="passkey", help="passkey: passkey accuracy at "
+    s.add_argument("--rank-by", choices=list(objectives()), default="passkey", help="passkey: passkey accuracy at "
                    "the target, then perplexity beyond the original context; ppl: the other way round.")
     s.add_argument("--depths", type=depths, default=list(DEPTHS), help="passkey depths.")
     s.add_argument("--windows", type=positive, default=1, help="windows of each length per candidate at the first "

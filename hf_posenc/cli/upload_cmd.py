@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .args import upload_flags
+from ..flags import upload_flags
 
 
 def add_parser(sub) -> None:

@@ -15,34 +15,67 @@ trained on. The key-token perplexity
 of a method is exp(mean NLL of its long-context predictions over the key tokens). Here the evaluator is the model
 under test, patched by the method being measured (so each method has its own key tokens: those its longer
 context helps it predict); the paper recommends a strong long-context model as the evaluator, which makes the key
-tokens the same for every method -- not implemented yet. Tokens within the first L of a window have the same
-context both ways (LSD = 0): only tokens past L can be key tokens.
+tokens the same for every method: ``--evaluator MODEL`` (:func:`key_positions_cell` finds them once per window
+with the evaluator, :func:`scored_key_cell` scores each method on them). The evaluator must share the tokenizer of the
+model under test (the key tokens are token positions; the reference code's alignment of two tokenizers by character
+offsets is not implemented). Tokens within the first L of a window have the same context both ways (LSD = 0): only
+tokens past L can be key tokens.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from .cells import NUMBER
 from .perplexity import Window, truncated_nll
 from .scoring import input_device, token_nll
+from .variants import Variant
 
 ALPHA, BETA = 2.0, -2.0
 KEY_FIELDS = {"key_count": NUMBER, "key_nll_sum": NUMBER, "scored": NUMBER}
+POSITION_FIELDS = {"positions": list, "scored": NUMBER, "nll_sum": NUMBER}
+
+
+def _long_short(model, doc, window: Window, original: int, stride: int, chunk_size: int):
+    """The NLL of the window's scored tokens under ``model`` with the whole window before each, and with at most
+    ``original`` tokens before each (float64, on the CPU)."""
+    ids = doc[window.begin : window.end][None].to(input_device(model))
+    long = token_nll(model, ids, chunk_size=chunk_size)[0].double().cpu()
+    short = truncated_nll(model, ids, original, stride, chunk_size)[0].double().cpu()
+    return long[window.score_from - 1 :], short[window.score_from - 1 :]
+
+
+def key_mask(long, short, alpha: float = ALPHA, beta: float = BETA):
+    """Key tokens from NLLs: LSD = short - long > alpha and LCL = -long > beta."""
+    return ((short - long) > alpha) & (-long > beta)
 
 
 def key_token_cell(model, doc, window: Window, original: int, stride: int, alpha: float = ALPHA, beta: float = BETA,
                    chunk_size: int = 1024) -> dict[str, Any]:
-    """One window's key tokens under ``model`` as it is: their count and the sum of their long-context NLL, and
-    how many tokens were scored."""
-    device = input_device(model)
-    ids = doc[window.begin : window.end][None].to(device)
-    long = token_nll(model, ids, chunk_size=chunk_size)[0].double()
-    short = truncated_nll(model, ids, original, stride, chunk_size)[0].double()
-    long, short = long[window.score_from - 1 :], short[window.score_from - 1 :]
-    key = ((short - long) > alpha) & (-long > beta)
+    """One window's key tokens under ``model`` as it is (its own evaluator): their count and the sum of their
+    long-context NLL, and how many tokens were scored."""
+    long, short = _long_short(model, doc, window, original, stride, chunk_size)
+    key = key_mask(long, short, alpha, beta)
     return {"key_count": int(key.sum()), "key_nll_sum": long[key].sum().item(), "scored": long.numel()}
+
+
+def key_positions_cell(evaluator, doc, window: Window, original: int, stride: int, alpha: float = ALPHA,
+                       beta: float = BETA, chunk_size: int = 1024) -> dict[str, Any]:
+    """One window's key tokens as the ``evaluator`` model judges them: their indices among the scored tokens,
+    how many were scored, and the evaluator's own long-context NLL over them."""
+    long, short = _long_short(evaluator, doc, window, original, stride, chunk_size)
+    key = key_mask(long, short, alpha, beta)
+    return {"positions": key.nonzero()[:, 0].tolist(), "scored": long.numel(), "nll_sum": long[key].sum().item()}
+
+
+def scored_key_cell(model, doc, window: Window, positions: list[int], chunk_size: int = 1024) -> dict[str, Any]:
+    """``model``'s long-context NLL over the evaluator's key tokens ``positions`` of one window (the fields of
+    :func:`key_token_cell`)."""
+    ids = doc[window.begin : window.end][None].to(input_device(model))
+    long = token_nll(model, ids, chunk_size=chunk_size)[0].double().cpu()[window.score_from - 1 :]
+    return {"key_count": len(positions), "key_nll_sum": long[positions].sum().item(), "scored": long.numel()}
 
 
 def aggregate_key_tokens(cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -51,3 +84,48 @@ def aggregate_key_tokens(cells: list[dict[str, Any]]) -> dict[str, Any]:
     count, total, scored = (sum(c[k] for c in cells) for k in ("key_count", "key_nll_sum", "scored"))
     return {"count": count, "share": count / scored if scored else 0.0,
             "ppl": math.exp(total / count) if count else None}
+
+
+@dataclass(frozen=True)
+class Evaluator:
+    """The model that judges which tokens are key tokens, for every method alike: ``variant`` is patched onto the model
+    under test (when ``model`` is None) or names a separate ``model`` already patched; ``ident`` names both in the
+    cells' keys; ``description`` says it in the report."""
+
+    variant: Variant
+    model: Any | None
+    ident: str
+    description: str
+
+
+def load_evaluator(job, model: str | None, method: str | None) -> Evaluator:
+    """The evaluator of ``--evaluator MODEL`` (default: the model under test) patched by ``--evaluator-method
+    METHOD[:KEY=VALUE,...]`` (default: none); a model whose tokenizer differs from the one under test is refused."""
+    import hashlib
+    import json
+
+    from ..config import PosEncConfig
+    from ..patching import patch
+    from ..runtime import load_model_and_tokenizer
+    from .common import model_identity
+    from .variants import parse_variant
+
+    config = parse_variant(f"evaluator={method}").config if method else PosEncConfig("none")
+    lm, tok, src = job.loaded
+    if model is None:
+        ident = {"model": "under test", "config": config.to_dict()}
+        separate, name = None, f"the model under test ({job.model})"
+    else:
+        separate, ev_tok, ev_src = load_model_and_tokenizer(model, job.dtype, job.device, tokenizer=job.tokenizer)
+        if ev_tok.get_vocab() != tok.get_vocab():
+            raise ValueError(f"--evaluator {model}: its tokenizer differs from the model under test's ({len(ev_tok)} "
+                             f"vs {len(tok)} tokens); key tokens are token positions, so the evaluator must share the "
+                             "tokenizer (aligning two tokenizers is not implemented)")
+        patch(separate, config)
+        ident = {"model": model_identity(model, separate, ev_src), "config": config.to_dict()}
+        name = model
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    said = name + (f" patched by {method}" if method else " (unpatched)")
+    # a separate model is patched already: the model under test takes no patch for its cells
+    variant = Variant(f"key-token-evaluator-{digest[:8]}", config if separate is None else PosEncConfig("none"))
+    return Evaluator(variant, separate, digest, said)

@@ -10,6 +10,8 @@ from .common import Run
 from .harness import (RULER_THRESHOLD, aggregate_harness, check_lengths, check_tasks, harness_cell, require_lm_eval,
                       saved_tokenizer)
 from .report import markdown_table, plot_lines
+from .tasks import EvalTask, register_task
+from ..flags import ints, names, positive, positive_float
 
 
 def run_harness(*, tasks: list[str], lengths: list[int], limit: int | None = None, max_gen_tokens: int | None = None,
@@ -68,3 +70,52 @@ def harness_plots(report: dict[str, Any], output: str) -> list[str]:
     return [plot_lines(series, f"lm-eval mean score vs length ({', '.join(s['tasks'])})", "context length (tokens)",
                        "mean score", os.path.join(output, "harness_vs_length.png"), vline=s["original_context"],
                        hline=(s["threshold"], "effective-length threshold"))]
+
+
+def harness_flags(p) -> None:
+    e = p.add_argument_group("evaluation")
+    e.add_argument("--tasks", type=names, default=["niah_single_1", "niah_multikey_2", "ruler_vt", "ruler_cwe"],
+                   help="comma-separated lm-eval tasks, groups or tags; RULER's niah_single_1, niah_multikey_2, "
+                        "niah_multikey_3, ruler_vt, ruler_cwe and ruler_fwe (vt, cwe, fwe for short) build their "
+                        "prompts locally (the essay- and QA-based ones, and the ruler group, download data).")
+    e.add_argument("--lengths", type=ints, default=[4096, 8192], help="comma-separated lengths in tokens; RULER "
+                   "sizes every prompt (with 128 tokens for the answer) to each.")
+    e.add_argument("--limit", type=positive, default=None, help="prompts per task and length (default: all; "
+                   "RULER builds 500).")
+    e.add_argument("--max-gen-tokens", type=positive, default=None,
+                   help="tokens generated per answer (default: the task's, 128 for RULER).")
+    e.add_argument("--batch-size", type=positive, default=1, help="prompts generated together.")
+    e.add_argument("--threshold", type=positive_float, default=0.856,
+                   help="mean score (0..1) a length must reach to count towards the effective length (RULER: 0.856).")
+
+
+def harness_keywords(args) -> dict[str, Any]:
+    return dict(tasks=args.tasks, lengths=args.lengths, limit=args.limit, max_gen_tokens=args.max_gen_tokens,
+                batch_size=args.batch_size, threshold=args.threshold)
+
+
+def _harness_entries(report: dict[str, Any], res: dict[str, Any]) -> list:
+    """lm-eval scores: one entry per task and length (RULER's tasks are synthetic: the dataset is the task)."""
+    version = report["setup"]["lm_eval"]
+    out = []
+    for task, by_length in res["scores"].items():
+        fields = dict(task_type="text-generation", task_name=f"lm-eval {task}", dataset_type=task,
+                      dataset_name=f"{task} (lm-evaluation-harness {version})", metric_type="score")
+        out += [(fields, f"{task} @ {n} tokens", value, n) for n, value in by_length.items()]
+    return out
+
+
+def _checked_tasks(tasks: list[str]) -> list[str]:
+    if not tasks:
+        raise ValueError("--eval harness:TASK names an lm-eval task after the colon, e.g. harness:niah_single_1")
+    return check_tasks(tasks)
+
+
+HARNESS = register_task(EvalTask(
+    name="harness", report="harness", summary="lm-evaluation-harness tasks (RULER: niah_single_1, vt, cwe, ...) per "
+    "length on each patched model (needs the harness extra).", title="lm-evaluation-harness (RULER)", run=run_harness,
+    flags=harness_flags, keywords=harness_keywords, default_methods=("none", "yarn"), engines=True,
+    model_index=_harness_entries, lengths_flag="harness", check_arguments=_checked_tasks, check_lengths=check_lengths,
+    argument=("TASK", "an lm-eval task, e.g. harness:niah_single_1; repeatable"),
+    patch_keywords=lambda e: dict(tasks=e.arguments, lengths=e.lengths, limit=e.limit,
+                                  max_gen_tokens=e.max_gen_tokens)))

@@ -10,6 +10,8 @@ from .common import Run
 from .haystack import TEXT_NEEDLE, TextHaystack
 from .passkey import FILLER, NEEDLE, PasskeyBuilder, aggregate_passkey, check_needle, check_scoring, grid, passkey_cell
 from .report import markdown_table, plot_heatmap, plot_lines
+from .tasks import EvalTask, Objective, per_length_entries, register_task
+from ..flags import data_flags, depths, ints, positive
 
 
 def run_passkey(*, lengths: list[int], depths: list[float], trials: int = 5, digits: int = 5,
@@ -84,3 +86,62 @@ def passkey_plots(report: dict[str, Any], output: str) -> list[str]:
     paths.append(plot_lines(series, "Passkey accuracy vs length", "context length (tokens)", "accuracy",
                             os.path.join(output, "passkey_vs_length.png"), vline=s["original_context"]))
     return paths
+
+
+def passkey_flags(p) -> None:
+    e = p.add_argument_group("evaluation")
+    e.add_argument("--lengths", type=ints, default=[2048, 4096, 8192], help="prompt lengths in tokens.")
+    e.add_argument("--depths", type=depths, default=[0.0, 0.25, 0.5, 0.75, 1.0],
+                   help="needle depths, 0 = start of the filler, 1 = end.")
+    e.add_argument("--trials", type=positive, default=5, help="random keys per (length, depth) cell.")
+    e.add_argument("--digits", type=positive, default=5, help="digits of each key.")
+    e.add_argument("--scoring", choices=["teacher_forced", "greedy"], default="teacher_forced",
+                   help="teacher_forced: every key token must be the argmax (one forward pass); greedy: decode and "
+                        "parse the first number.")
+    e.add_argument("--batch-size", type=positive, default=1,
+                   help="prompts of one token length scored together (same results, more memory; helps on GPU).")
+    e.add_argument("--filler", default=None, help="filler text repeated around the needle (default: the landmark-attention filler).")
+    e.add_argument("--needle", default=None, help="needle template with {key} (default: 'The pass key is {key}. Remember it. ...').")
+    e.add_argument("--haystack", choices=["filler", "text"], default="filler",
+                   help="filler: the key in repeated filler sentences; text: in real prose from the data flags (or the "
+                        "default corpus), with RULER's needle and question wording.")
+    e.add_argument("--needles", type=positive, default=1,
+                   help="with --haystack text: needles per prompt, each with its own word and key; one is asked, the "
+                        "others are distractors (RULER's multi-key).")
+    d = data_flags(p, "test", "haystack ")
+    d.add_argument("--corpus", choices=["python-docs"], default=None,
+                   help="with --haystack text: a built-in corpus (python-docs: the Python Language Reference topics).")
+    d.add_argument("--limit", type=positive, help="use at most this many documents.")
+
+
+def passkey_keywords(args) -> dict[str, Any]:
+    docs = None
+    if args.haystack == "text":  # documents are read (and refused) before the model loads
+        from .data import gather_documents
+
+        docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split,
+                                args.column, args.limit, args.corpus, args.encoding)
+    elif any([args.text_file, args.text_dir, args.dataset, args.corpus]):
+        raise ValueError("the data flags give the haystack of --haystack text; add it (the filler haystack reads "
+                         "no documents)")
+    return dict(lengths=args.lengths, depths=args.depths, trials=args.trials, digits=args.digits, scoring=args.scoring,
+                batch_size=args.batch_size, filler=args.filler or FILLER, needle=args.needle or NEEDLE,
+                haystack=args.haystack, docs=docs, needles=args.needles)
+
+
+def _passkey_entries(report: dict[str, Any], res: dict[str, Any]) -> list:
+    text = report["setup"].get("haystack") == "text"
+    fields = dict(task_type="text-generation", task_name="Needle in text" if text else "Passkey retrieval",
+                  dataset_type="needle-in-text" if text else "passkey", metric_type="accuracy")
+    if not text:
+        fields["dataset_name"] = "synthetic passkey retrieval"
+    name = "needle-in-text accuracy @ {n} tokens" if text else "passkey accuracy @ {n} tokens"
+    return per_length_entries(fields, name, lambda r, n: r["by_length"].get(n))(report, res)
+
+
+PASSKEY = register_task(EvalTask(
+    name="passkey", report="passkey", summary="passkey retrieval accuracy per length and depth (a key in repeated "
+    "filler, or needles in real text).", title="Passkey retrieval", run=run_passkey, flags=passkey_flags,
+    keywords=passkey_keywords, default_methods=("none", "yarn"), engines=True, model_index=_passkey_entries,
+    patch_keywords=lambda e: dict(lengths=e.lengths, depths=e.depths, trials=e.trials), lengths_flag="passkey",
+    objective=Objective("passkey", higher_is_better=True)))

@@ -14,8 +14,11 @@ from ..context import original_context
 from .perplexity import aggregate_length, doc_digest, plan_lengths, truncated_window_cell, window_cell
 from .variants import Variant, grouped_by_config
 from .cells import NUMBER
-from .key_tokens import ALPHA, BETA, KEY_FIELDS, aggregate_key_tokens, key_token_cell
+from .key_tokens import (ALPHA, BETA, KEY_FIELDS, POSITION_FIELDS, aggregate_key_tokens, key_positions_cell,
+                         key_token_cell, load_evaluator, scored_key_cell)
 from .report import markdown_table, plot_lines
+from .tasks import EvalTask, Objective, PatchEval, per_length_entries, register_task
+from ..flags import data_flags, ints, positive
 
 WINDOW_FIELDS = {"tokens": NUMBER, "nll_sum": NUMBER, "bucket_sum": list, "bucket_cnt": list}
 
@@ -23,14 +26,18 @@ WINDOW_FIELDS = {"tokens": NUMBER, "nll_sum": NUMBER, "bucket_sum": list, "bucke
 def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "windows", stride: int | None = None,
                    max_windows: int | None = None, buckets: int = 32, chunk_size: int = 1024,
                    truncated_stride: int | None = None, truncated_baseline: bool = True, key_tokens: bool = False,
-                   **run: Any) -> dict[str, Any]:
+                   evaluator: str | None = None, evaluator_method: str | None = None, **run: Any) -> dict[str, Any]:
     """Perplexity of each variant at each of ``lengths`` over ``docs``; ``run``: the keywords of
     :class:`common.Run` (model, methods or variants, output, ...). Each window is a cell: resumable, and
     shared between processes under ``accelerate launch``. Where a length exceeds the model's original context L
     (and ``truncated_baseline``), the unpatched model also scores the same tokens with at most L tokens before
     each (:func:`perplexity.truncated_nll`, moved by ``truncated_stride``, default L / 4): the baseline of every
     method's context gain past L. ``key_tokens``: also each method's perplexity over its key tokens
-    (:mod:`eval.key_tokens`, LongPPL), in cells of their own."""
+    (:mod:`eval.key_tokens`, LongPPL), in cells of their own: judged by each method's own model, or with
+    ``evaluator`` (a model sharing the tokenizer) and/or ``evaluator_method`` (its patch) by that one evaluator, the
+    same key tokens for every method."""
+    if (evaluator or evaluator_method) and not key_tokens:
+        raise ValueError("--evaluator and --evaluator-method choose who judges key tokens: add --key-tokens")
     with Run(**run) as job:
         if not lengths or any(n < 2 for n in lengths):
             raise ValueError(f"--lengths must be token counts >= 2, got {lengths}")
@@ -56,23 +63,42 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
         settings = {"mode": mode, "stride": stride, "buckets": buckets}
         window_of = {json.dumps(k): w for k, (_, w) in zip(keys, cells)}
 
+        judge = load_evaluator(job, evaluator, evaluator_method) if evaluator or evaluator_method else None
+        judged: dict[str, dict] = {}  # the evaluator's key tokens per window
+
         def compute(variant, key):
-            w, model = window_of[json.dumps(key[:4])], job.model_for(variant, max(lengths))
+            w = window_of[json.dumps(key[:4])]
+            if judge is not None and variant.label == judge.variant.label:  # [..., "key_positions", stride, a, b, id]
+                model = judge.model if judge.model is not None else job.loaded[0]
+                return key_positions_cell(model, token_docs[w.doc], w, original, key[5], key[6], key[7], chunk_size)
+            model = job.model_for(variant, max(lengths))
+            if len(key) > 8:  # [..., "key_tokens", stride, alpha, beta, "evaluator", id]
+                positions = judged[json.dumps(key[:4])]["positions"]
+                return scored_key_cell(model, token_docs[w.doc], w, positions, chunk_size)
             if len(key) > 4:  # [..., "key_tokens", stride, alpha, beta]
                 return key_token_cell(model, token_docs[w.doc], w, original, key[5], key[6], key[7], chunk_size)
             if baseline is not None and variant.label == baseline.variant.label:
                 return truncated_window_cell(model, token_docs[w.doc], w, buckets, original, baseline.stride, chunk_size)
             return window_cell(model, token_docs[w.doc], w, buckets, chunk_size)
 
+        def fields(key):
+            return POSITION_FIELDS if len(key) > 4 and key[4] == "key_positions" else \
+                KEY_FIELDS if len(key) > 4 else WINDOW_FIELDS
+
         longer = [k for k in keys if baseline is not None and k[0] > original]
         marks = ["key_tokens", baseline.stride, ALPHA, BETA] if key_tokens else None
+        if judge is not None:  # the evaluator's cells first: every method's key-token cell reads them
+            marks += ["evaluator", judge.ident]
+            own = [k + ["key_positions", baseline.stride, ALPHA, BETA, judge.ident] for k in longer]
+            got = job.cells("perplexity", settings, {judge.variant.label: own}, compute, variants=[judge.variant],
+                            fields=fields, desc="key tokens (evaluator)")[judge.variant.label]
+            judged.update((json.dumps(k), c) for k, c in zip(longer, got))
         variants, wanted = list(job.variants), {v.label: keys + [k + marks for k in longer if marks]
                                                 for v in job.variants}
         if baseline is not None and truncated_baseline:
             variants.append(baseline.variant)
             wanted[baseline.variant.label] = longer
-        done = job.cells("perplexity", settings, wanted, compute, variants=grouped_by_config(variants),
-                         fields=lambda key: KEY_FIELDS if len(key) > 4 else WINDOW_FIELDS)
+        done = job.cells("perplexity", settings, wanted, compute, variants=grouped_by_config(variants), fields=fields)
         results = {}
         for label, values in ((v.label, done[v.label]) for v in variants):
             mine = dict(zip(map(json.dumps, wanted[label]), values))
@@ -85,9 +111,13 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
                     results[label][str(n)]["key_tokens"] = aggregate_key_tokens(
                         [mine[json.dumps(k + marks)] for k in longer if k[0] == n])
         if marks:
-            settings["key_tokens"] = {"evaluator": "each method's own model (the model under test, patched)",
-                                      "alpha": ALPHA, "beta": BETA, "short_context": original,
+            settings["key_tokens"] = {"evaluator": judge.description if judge else "each method's own model (the model "
+                                      "under test, patched)", "alpha": ALPHA, "beta": BETA, "short_context": original,
                                       "stride": baseline.stride, "source": "LongPPL, Fang et al. 2024, arXiv:2410.23771"}
+            if judge is not None:
+                settings["key_tokens"]["evaluator_own"] = {str(n): evaluator_summary([judged[json.dumps(k)] for k in
+                                                                                      longer if k[0] == n])
+                                                           for n in sorted({k[0] for k in longer})}
         settings.update(lengths=lengths, max_windows=max_windows, documents=names,
                         document_tokens=[len(t) for t in token_docs])
         if baseline is not None and truncated_baseline:
@@ -95,6 +125,15 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
                                               "stride": baseline.stride}
             add_context_gain(results, baseline.variant.label)
         return job.report("perplexity", settings, results, ppl_table, ppl_plots)
+
+
+def evaluator_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """The evaluator's key tokens of one length: count, share of the scored tokens, its own perplexity over them."""
+    import math
+
+    count, scored = sum(len(c["positions"]) for c in cells), sum(c["scored"] for c in cells)
+    total = sum(c["nll_sum"] for c in cells)
+    return {"count": count, "share": count / scored if scored else 0.0, "ppl": math.exp(total / count) if count else None}
 
 
 @dataclass(frozen=True)
@@ -140,6 +179,14 @@ def _key(r: dict[str, Any] | None) -> str:
     return f"{k['ppl']:.2f} ({k['count']})" if k["ppl"] is not None else "- (0)"
 
 
+def _judge(keyed: dict[str, Any]) -> str:
+    if "evaluator_own" not in keyed:
+        return "each method's own model (so each method has its own key tokens; a strong long-context evaluator, " \
+               "--evaluator, makes them the same for every method and is better)"
+    own = ", ".join(f"{v['count']} at {n}" for n, v in keyed["evaluator_own"].items())
+    return f"one evaluator for every method, {keyed['evaluator']} ({own})"
+
+
 def ppl_table(report: dict[str, Any]) -> str:
     setup = report["setup"]
     lengths, L = setup["lengths"], setup["original_context"]
@@ -171,8 +218,8 @@ def ppl_table(report: dict[str, Any]) -> str:
     if keyed:
         note += (f" Key tokens (LongPPL, Fang et al. 2024): tokens whose log-probability with the whole window exceeds "
                  f"that with at most {keyed['short_context']} tokens before them by more than {keyed['alpha']:g} and is more than "
-                 f"{keyed['beta']:g}, judged by each method's own model (a stronger long-context evaluator is better); "
-                 "the column gives the perplexity over them (and their count).")
+                 f"{keyed['beta']:g}, judged by {_judge(keyed)}; the column gives the perplexity over them (and their "
+                 "count).")
     header = (["method"] + [f"{n} tokens" for n in lengths] + [f"{n}: past L" for n in longer]
               + [f"{n}: key-token ppl (count)" for n in longer if keyed])
     return note + "\n\n" + markdown_table(header, rows)
@@ -197,3 +244,60 @@ def ppl_plots(report: dict[str, Any], output: str) -> list[str]:
         paths.append(plot_lines(curves, f"Loss by position, {n}-token windows", "position in window",
                                 "mean NLL (nats)", os.path.join(output, f"loss_by_position_{n}.png"), vline=vline))
     return paths
+
+
+def ppl_flags(p) -> None:
+    d = data_flags(p, "test", "")
+    d.add_argument("--corpus", choices=["python-docs"], default=None,
+                   help="a built-in corpus that needs no file or network: python-docs = the Python Language "
+                        "Reference topics shipped with CPython, in 4 documents. With no data flag at all, the "
+                        "default is $HF_POSENC_CORPUS, else ../shared/data/books beside a checkout, else python-docs.")
+    d.add_argument("--limit", type=positive, help="use at most this many documents.")
+    e = p.add_argument_group("evaluation")
+    e.add_argument("--lengths", type=ints, default=[2048, 4096, 8192], help="comma-separated context lengths in tokens.")
+    e.add_argument("--mode", choices=["windows", "sliding"], default="windows",
+                   help="windows: non-overlapping windows of each length; sliding: windows moved by --stride, "
+                        "loss on the new tokens only.")
+    e.add_argument("--stride", type=positive, help="sliding-window stride in tokens (default: the length, i.e. no overlap).")
+    e.add_argument("--max-windows", type=positive, default=None, help="at most this many windows per document and length.")
+    e.add_argument("--buckets", type=positive, default=32, help="position buckets of the loss-by-position curve.")
+    e.add_argument("--chunk-size", type=positive, default=1024,
+                   help="tokens per LM-head chunk: the full [length x vocab] logits are never materialised.")
+    e.add_argument("--truncated-stride", type=positive, default=None,
+                   help="for lengths past the original context L: the unpatched model also scores the same tokens "
+                        "with at most L tokens before each (forwards of L tokens moved by this many; default L/4), "
+                        "the baseline of each method's context gain.")
+    e.add_argument("--key-tokens", action="store_true",
+                   help="also each method's perplexity over its key tokens (LongPPL: tokens the context past L makes "
+                        "at least e^2 times likelier, judged by the method's own model); costs the truncated forwards "
+                        "again, per method.")
+    e.add_argument("--evaluator", default=None, metavar="MODEL",
+                   help="with --key-tokens: the model that judges key tokens, the same for every method (Hub id, "
+                        "folder or alias sharing the tokenizer of --model; a strong long-context model is best); "
+                        "default: each method's own model.")
+    e.add_argument("--evaluator-method", default=None, metavar="METHOD[:KEY=VALUE,...]",
+                   help="with --key-tokens: the evaluator patched by this method, e.g. self_extend:group_size=4 "
+                        "(without --evaluator: the model under test so patched judges for every method).")
+    e.add_argument("--no-truncated-baseline", action="store_true",
+                   help="skip that baseline (its forwards cost about (length - L) / stride forwards of L tokens per "
+                        "window).")
+
+
+def ppl_keywords(args) -> dict[str, Any]:
+    docs = D.gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
+                              args.limit, args.corpus, args.encoding)
+    return dict(lengths=args.lengths, docs=docs, mode=args.mode, stride=args.stride, max_windows=args.max_windows,
+                buckets=args.buckets, chunk_size=args.chunk_size, truncated_stride=args.truncated_stride,
+                truncated_baseline=not args.no_truncated_baseline, key_tokens=args.key_tokens,
+                evaluator=args.evaluator, evaluator_method=args.evaluator_method)
+
+
+PPL = register_task(EvalTask(
+    name="ppl", report="perplexity", summary="perplexity at several context lengths, methods side by side.",
+    title="Perplexity", run=run_perplexity, flags=ppl_flags, keywords=ppl_keywords,
+    default_methods=("none", "pi", "ntk", "yarn"), engines=True, reads_documents=True,
+    model_index=per_length_entries(dict(task_type="text-generation", task_name="Long-context language modeling",
+                                        dataset_type="text", metric_type="perplexity"),
+                                   "perplexity @ {n} tokens", lambda res, n: (res.get(n) or {}).get("ppl")),
+    patch_keywords=lambda e: dict(lengths=e.lengths, docs=e.docs, max_windows=e.max_windows),
+    objective=Objective("ppl_beyond", higher_is_better=False)))

@@ -133,19 +133,34 @@ def measure(keys: list[list], cells: list[dict[str, Any]]) -> dict[str, Any]:
             "curve": curve}
 
 
+RANKABLE = ("ppl_beyond", "passkey")  # the numbers of measure() a task's objective may name
+
+
+def objectives() -> dict[str, Any]:
+    """What tune can rank by: the eval tasks with an objective among tune's measurements (``--rank-by NAME``)."""
+    from ..eval.tasks import registered
+
+    return {name: t.objective for name, t in registered().items() if t.objective is not None
+            and t.objective.metric in RANKABLE}
+
+
 def rank(metrics: dict[str, dict[str, Any]], baseline: dict[str, Any], max_short_cost: float,
          rank_by: str = "passkey") -> list[str]:
     """Labels best first. A candidate whose short-input perplexity is more than ``max_short_cost`` (a fraction)
-    above the unpatched model's is disqualified (last). ``rank_by="passkey"``: passkey accuracy, then
-    perplexity beyond L; ``"ppl"``: perplexity beyond L, then passkey accuracy. Sets ``short_cost`` and
-    ``disqualified`` on each entry."""
+    above the unpatched model's is disqualified (last). Then by the objective of the eval task ``rank_by``
+    (passkey: passkey accuracy; ppl: perplexity beyond L), ties broken by the other tasks' objectives in
+    registration order. Sets ``short_cost`` and ``disqualified`` on each entry."""
+    goals = objectives()
+    if rank_by not in goals:
+        raise ValueError(f"--rank-by must be one of {', '.join(goals)}, got {rank_by!r}")
+    order_of = [goals[rank_by], *(g for name, g in goals.items() if name != rank_by)]
     for m in metrics.values():
         m["short_cost"] = m["ppl_short"] / baseline["ppl_short"] - 1
         m["disqualified"] = m["short_cost"] > max_short_cost
 
-    def order(label):
-        m = metrics[label]
-        key = (-(m["passkey"] or 0.0), m["ppl_beyond"]) if rank_by == "passkey" else (m["ppl_beyond"], -(m["passkey"] or 0.0))
-        return (m["disqualified"], *key, label)
+    def value(m, goal):
+        v = m[goal.metric] if m[goal.metric] is not None else (0.0 if goal.higher_is_better else math.inf)
+        return -v if goal.higher_is_better else v
 
-    return sorted(metrics, key=order)
+    return sorted(metrics, key=lambda label: (metrics[label]["disqualified"],
+                                              *(value(metrics[label], g) for g in order_of), label))

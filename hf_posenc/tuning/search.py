@@ -54,8 +54,10 @@ class Plan:
     def check(self) -> None:
         if not 0 <= self.max_short_cost < float("inf"):
             raise ValueError(f"--max-short-cost is a fraction >= 0 (0.01 = 1%), got {self.max_short_cost}")
-        if self.rank_by not in ("passkey", "ppl"):
-            raise ValueError(f"--rank-by must be 'passkey' or 'ppl', got {self.rank_by!r}")
+        from .objective import objectives
+
+        if self.rank_by not in objectives():
+            raise ValueError(f"--rank-by must be one of {', '.join(objectives())}, got {self.rank_by!r}")
         if self.reduction < 2 or self.windows < 1 or self.keys < 1:
             raise ValueError(f"--reduction must be >= 2 and --windows, --keys >= 1, got reduction={self.reduction}, "
                              f"windows={self.windows}, keys={self.keys}")

@@ -80,7 +80,7 @@ def names(text: str) -> list[str]:
 
 
 def encoding(text: str) -> str:
-    from ..eval.data import check_encoding
+    from .eval.data import check_encoding
 
     try:
         return check_encoding(text)
@@ -118,7 +118,7 @@ def upload_flags(g) -> None:
 
 
 def file_config(args):
-    from ..config import PosEncConfig
+    from .config import PosEncConfig
 
     given = [flag for flag, value in (("--method", args.method), ("--factor", args.factor),
                                       ("--method-param", args.method_param)) if value]
@@ -134,9 +134,9 @@ def file_config(args):
 
 
 def method_config(args):
-    from ..config import PosEncConfig
-    from ..eval.common import parse_method_params
-    from ..methods import resolve_method
+    from .config import PosEncConfig
+    from .eval.common import parse_method_params
+    from .methods import resolve_method
 
     if getattr(args, "config", None):
         return file_config(args)

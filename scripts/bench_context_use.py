@@ -1,0 +1,162 @@
+"""Does a method *use* the context past the original length L, or only avoid breaking? SmolLM2-135M (L = 8,192)
+on a book it was not tuned on, per method (the knobs ``hf-posenc tune`` chose on another book, as in
+``bench_remapped_quality.py``):
+
+- perplexity of the tokens past L beside the unpatched model truncated to L (the context gain, > 1: used);
+- key-token perplexity (LongPPL, Fang et al. 2024, arXiv:2410.23771): perplexity over the tokens the context past L
+  makes at least e^2 times likelier, with each method's own model as the evaluator;
+- needle-in-text accuracy (a RULER-worded needle in the book's prose) at depths 0.1..0.9, several keys per depth,
+  beside the filler passkey on the same grid. The unpatched model truncated to L can only see a needle at depth
+  >= 1 - L / T: its reach is stated beside the accuracy (no forward needed).
+
+Every number comes from ordinary ``hf-posenc eval`` commands (printed in the section), whose cells resume: the
+script can be stopped and run again, and ``--needle-methods`` grows the needle runs method by method. CPU cost
+(2 cores): a SmolLM2 forward is ~90 s at 12k and ~150 s at 16k; key tokens cost (T - L) / (L / 4) forwards of L
+tokens more per method; each needle prompt is one forward, so 5 depths x 5 keys x 2 haystacks is ~75 min per
+method at 12k.
+
+    python scripts/bench_context_use.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+
+from _bench import BOOK, ROOT, comma_list, rel, require_book, run_cli
+from bench_remapped_quality import METHODS, chosen_variants
+
+TITLE = "## Is the context past L used? Context gain, key-token perplexity, needles in text"
+NEEDLE_METHODS = ["self_extend", "yarn", "rerope", "dca", "dynamic_ntk"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf file or alias).")
+    p.add_argument("--lengths", type=comma_list(int), default=[12288], help="lengths in tokens (comma-separated); each "
+                   "needs a finished tune run for it in --tune.")
+    p.add_argument("--methods", type=comma_list(str), default=METHODS,
+                   help="methods whose perplexity and key tokens are measured (beside the unpatched model).")
+    p.add_argument("--needle-methods", type=comma_list(str), default=NEEDLE_METHODS,
+                   help="methods whose needle accuracy is measured (a subset of --methods; the slow part).")
+    p.add_argument("--tune", default=os.path.join(ROOT, "benchmarks", "tune"),
+                   help="folder of the tune runs (<T>/tune.json and <T>/space.json) the knobs are taken from.")
+    p.add_argument("--text-file", default=BOOK, help="the book measured on (default: Frankenstein).")
+    p.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9", help="needle depths.")
+    p.add_argument("--trials", type=int, default=5, help="keys per depth.")
+    p.add_argument("--device", default="cpu", help="torch device.")
+    p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "context_use"), help="folder of the runs.")
+    p.add_argument("--write", action="store_true", help="replace this script's section of BENCHMARKS.md.")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars.")
+    return p
+
+
+def _load(path: str) -> dict | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def commands(args, length: int, chosen) -> dict[str, list[str]]:
+    """The ``hf-posenc`` argv of each run at ``length``: ppl (with key tokens), needles in text, filler passkey."""
+    out = os.path.join(args.output, str(length))
+    variants = [a for _, v, _ in chosen for a in ("--variant", v)]
+    needle = [a for m, v, _ in chosen if m in args.needle_methods for a in ("--variant", v)]
+    common = ["--model", args.model, "--lengths", str(length), "--device", args.device]
+    grid = ["--depths", args.depths, "--trials", str(args.trials)]
+    return {
+        "ppl": ["eval", "ppl", *common, "--methods", "none", *variants, "--text-file", rel(args.text_file),
+                "--max-windows", "1", "--key-tokens", "--output", rel(os.path.join(out, "ppl"))],
+        "text": ["eval", "passkey", *common, *needle, *grid, "--haystack", "text", "--text-file", rel(args.text_file),
+                 "--output", rel(os.path.join(out, "needle_text"))],
+        "filler": ["eval", "passkey", *common, *needle, *grid, "--output", rel(os.path.join(out, "needle_filler"))],
+    }
+
+
+def _needle(report: dict | None, label: str, length: int, depths: list[float]) -> list[str]:
+    if report is None or label not in report["results"]:
+        return ["not run"] * (len(depths) + 1)
+    r = report["results"][label]
+    return [f"{r['cells'][f'{length}@{d:g}']['accuracy']:.1f}" for d in depths] + [f"{r['by_length'][str(length)]:.2f}"]
+
+
+def table(args, length: int, chosen) -> list[str]:
+    out = os.path.join(args.output, str(length))
+    ppl = _load(os.path.join(out, "ppl", "perplexity.json"))
+    text = _load(os.path.join(out, "needle_text", "passkey.json"))
+    filler = _load(os.path.join(out, "needle_filler", "passkey.json"))
+    depths = [float(d) for d in args.depths.split(",")]
+    original = ppl["setup"]["original_context"]
+    base = ppl["results"][ppl["setup"]["truncated_baseline"]["label"]][str(length)]["past_original"]
+    rows = []
+    for method, variant in [("none", "none"), *[(m, v) for m, v, _ in chosen]]:
+        label = variant.split("=", 1)[0]
+        r = ppl["results"][label][str(length)]
+        key = r.get("key_tokens") or {}
+        key_ppl = f"{key['ppl']:.2f} ({key['count']})" if key.get("ppl") else "- (0)"
+        rows.append([method, f"`{variant}`", f"{r['past_original']['ppl']:.2f}", f"{r.get('context_gain', 1):.3f}",
+                     key_ppl, *_needle(text, label, length, depths), *_needle(filler, label, length, depths)])
+    reach = ", ".join(f"{d:g}" for d in depths if d >= 1 - original / length)
+    rows.append(["none, truncated to L", f"{original} tokens at most before each token", f"{base['ppl']:.2f}", "1",
+                 "", *["" for _ in depths], "", *["" for _ in depths], ""])
+    head = (["method", "configuration", f"ppl past L (from {base['from']})", "context gain", "key-token ppl (count)"]
+            + [f"text @ {d:g}" for d in depths] + ["text, all"] + [f"filler @ {d:g}" for d in depths] + ["filler, all"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    note = (f"Needles: {args.trials} keys per depth (accuracy per depth in steps of {1 / args.trials:g}). A model "
+            f"truncated to L = {original} tokens sees a needle at {length} tokens only at depth >= "
+            f"{1 - original / length:.2f} (here: {reach or 'none of the depths'}); a method that finds needles at "
+            "shallower depths uses the context past L.")
+    return lines + ["", note]
+
+
+def verdict(args, length: int, chosen) -> str:
+    ppl = _load(os.path.join(args.output, str(length), "ppl", "perplexity.json"))
+    gains = {m: ppl["results"][v.split("=", 1)[0]][str(length)]["context_gain"] for m, v, _ in chosen}
+    used = [f"{m} ({g:.3f})" for m, g in gains.items() if g > 1.01]
+    held = [f"{m} ({g:.3f})" for m, g in gains.items() if 0.99 <= g <= 1.01]
+    lost = [f"{m} ({g:.3f})" for m, g in gains.items() if g < 0.99]
+    return (f"By perplexity: used the context past L (gain > 1.01): {', '.join(used) or 'none'}; only avoided "
+            f"breaking (within 1% of truncation): {', '.join(held) or 'none'}; worse than truncating: "
+            f"{', '.join(lost) or 'none'}. One window of one book.")
+
+
+def run_length(args, length: int) -> list[str]:
+    chosen = chosen_variants(os.path.join(args.tune, str(length)), args.methods)
+    argv = commands(args, length, chosen)
+    run_cli(argv["ppl"], args.no_progress)
+    needle_chosen = [c for c in chosen if c[0] in args.needle_methods]
+    for i in range(1, len(needle_chosen) + 1):  # method by method, so that a stopped run keeps whole methods
+        sub = argparse.Namespace(**{**vars(args), "needle_methods": [m for m, _, _ in needle_chosen[:i]]})
+        part = commands(sub, length, chosen)
+        run_cli(part["text"], args.no_progress)
+        run_cli(part["filler"], args.no_progress)
+    return [f"### {length} tokens", "", *table(args, length, chosen), "", verdict(args, length, chosen), "",
+            *(f"`hf-posenc {shlex.join(a)}`  " for a in argv.values()), ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hf_posenc.eval.report import emit_section
+
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    require_book(args.text_file)
+    unknown = sorted(set(args.needle_methods) - set(args.methods))
+    if unknown:
+        raise SystemExit(f"--needle-methods {unknown} are not among --methods {args.methods}")
+    parts = [TITLE, "", f"Command: `python scripts/bench_context_use.py {shlex.join(argv)}`", "",
+             f"Machine: {os.cpu_count()} CPU cores, device {args.device}; measured on "
+             f"{os.path.basename(args.text_file)}, knobs chosen by `hf-posenc tune` on pg1342.txt.", ""]
+    for length in args.lengths:
+        parts += run_length(args, length)
+    emit_section("\n".join(parts).rstrip() + "\n", args.write, os.path.join(ROOT, "BENCHMARKS.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
