@@ -12,9 +12,12 @@ per query, an interval of keys whose ends move with the query (``i - d_max``, ``
 no mask) and at most two ragged edges as wide as the block: a causal square (the kernel's own causal flag)
 or a band with a small boolean mask. Memory stays ``heads x block x block`` beyond the kernel's own.
 
-Kernels: on CPU without autograd, ``aten._scaled_dot_product_flash_attention_for_cpu``, which returns the
-log-sum-exp, with grouped-query heads folded into the query axis (no repeated keys); with autograd (its
-backward ignores the log-sum-exp's gradient) and on other devices, an eager kernel (matmul, fp32 softmax).
+Kernels, chosen per call in :func:`kernel`: on CPU without autograd, ``aten._scaled_dot_product_flash_attention_for_cpu``,
+which returns the log-sum-exp, with grouped-query heads folded into the query axis (no repeated keys); on CUDA in
+fp16/bf16 without autograd, flash attention for the core rectangles and causal squares (:mod:`cuda_kernels`, checked
+against a written-out reference on first use) and the eager kernel for the small masked bands; with autograd (the
+fused kernels' backward ignores the log-sum-exp's gradient), fp32 on a GPU and other devices, the eager kernel
+(matmul, fp32 softmax), which is also the reference.
 
 Positions come from the KV cache and the padding mask: in a row whose first real key is at cache index
 ``s``, index ``t`` is position ``t - s`` (left padding as ``generate`` makes it, exactly as the row alone).
@@ -30,6 +33,7 @@ import torch
 from ..encodings.remap import Piece, Scheme
 from ..encodings.rope import apply_rotary
 from .attention import CacheOffset, register_attention, repeat_heads
+from .cuda_kernels import flash_piece, flash_usable
 
 NAME = "hf_posenc_remapped"
 STATE_ATTR = "_hf_posenc_remapped"
@@ -315,7 +319,10 @@ def kernel(q, k, v, seg: Segment, scale: float, dropout: float):
     ``(out [b, h, n, dv] float32, lse [b, h, n] float32)``, ``lse = -inf`` for a query that reads no key."""
     b, h, n, _ = q.shape
     groups = h // k.shape[1]
-    fused = q.device.type == "cpu" and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if not grad and (seg.lo is None or seg.causal) and flash_usable(q, dropout):  # CUDA: see cuda_kernels
+        return flash_piece(q, k, v, seg.causal, scale)
+    fused = q.device.type == "cpu" and not grad
     mask = None
     if seg.lo is not None and not (seg.causal and fused):
         cols = torch.arange(k.shape[2], device=q.device)

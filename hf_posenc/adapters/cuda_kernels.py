@@ -1,0 +1,87 @@
+"""The CUDA kernel of the remapped-position attention (:mod:`adapters.remapped_attention`): flash attention that
+returns its log-sum-exp, ``torch.ops.aten._scaled_dot_product_flash_attention`` (fp16/bf16, head dim a multiple of 8
+up to 256), for the pieces' unmasked core rectangles and causal squares -- the parts whose size grows with the keys.
+The masked bands (at most ``block x block`` per piece and block) stay on the eager kernel, as do fp32 models and
+autograd.
+
+Grouped-query heads are folded into the query axis for the rectangles (no repeated keys); a causal square repeats
+them (folding would break the causal pattern). The square is exactly square, so flash's bottom-right causal
+alignment is the top-left one the scheme asks for.
+
+Trust is checked, not assumed: the first use of a (device, dtype, head dim) compares the kernel with a written-out
+fp32 reference on small random inputs (a folded rectangle and a causal square; output and log-sum-exp); a kernel
+that raises or differs is not used for that combination (the eager kernel is), with one warning saying so.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .attention import repeat_heads
+
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+_checked: dict[tuple[str, torch.dtype, int], bool] = {}  # (device, dtype, head dim) -> the kernel passed its check
+
+
+def flash_usable(q: torch.Tensor, dropout: float) -> bool:
+    """Whether flash computes this call: CUDA, fp16/bf16, a head dim it takes, no dropout, and its check passed."""
+    d = q.shape[-1]
+    if q.device.type != "cuda" or q.dtype not in FLASH_DTYPES or d % 8 or d > 256 or dropout:
+        return False
+    key = (str(q.device), q.dtype, d)
+    if key not in _checked:
+        _checked[key] = _self_check(q.device, q.dtype, d)
+    return _checked[key]
+
+
+def flash_piece(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q`` ``[b, h, n, d]`` over all of ``k``/``v`` ``[b, h_kv, m, d]`` (``causal``: a square, top-left
+    causal): ``(out [b, h, n, dv] float32, lse [b, h, n] float32)``."""
+    b, h, n, d = q.shape
+    groups = h // k.shape[1]
+    if causal:
+        out, lse = _flash(q, repeat_heads(k, groups), repeat_heads(v, groups), True, scale)
+    else:
+        qf = q.reshape(b, k.shape[1], groups * n, d)  # grouped heads folded into the query axis
+        out, lse = _flash(qf, k, v, False, scale)
+        out, lse = out.reshape(b, h, n, -1), lse.reshape(b, h, n)
+    return out.float(), lse.float()
+
+
+def _flash(q, k, v, causal: bool, scale: float):
+    got = torch.ops.aten._scaled_dot_product_flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), 0.0,
+                                                             causal, False, scale=scale)
+    return got[0], got[1]
+
+
+def reference(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`flash_piece` computes, written out in fp32 (heads repeated, softmax by its log-sum-exp)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = repeat_heads(k, groups).float(), repeat_heads(v, groups).float()
+    scores = torch.matmul(q.float(), k.transpose(-1, -2)) * scale
+    if causal:
+        n = scores.shape[-1]
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse[..., None]), v), lse
+
+
+def _self_check(device, dtype: torch.dtype, d: int) -> bool:
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(1, 4, 48, d, generator=gen).to(device, dtype)
+    k, v = (torch.randn(1, 2, 48, d, generator=gen).to(device, dtype) for _ in range(2))
+    try:
+        for causal, (qq, kk, vv) in ((False, (q[:, :, :16], k, v)), (True, (q, k, v))):
+            out, lse = flash_piece(qq, kk, vv, causal, d ** -0.5)
+            ref_out, ref_lse = reference(qq, kk, vv, causal, d ** -0.5)
+            if not (torch.allclose(out, ref_out, atol=3e-2, rtol=3e-2) and torch.allclose(lse, ref_lse, atol=3e-2)):
+                raise ValueError(f"differs from the reference by {(out - ref_out).abs().max().item():.3g} (output), "
+                                 f"{(lse - ref_lse).abs().max().item():.3g} (log-sum-exp)")
+    except Exception as err:  # a kernel this torch or GPU lacks, or one that computes something else
+        warnings.warn(f"hf_posenc: flash attention with log-sum-exp on {device} ({dtype}, head dim {d}) failed its "
+                      f"check ({err}); the remapped attention uses its eager kernel there", RuntimeWarning,
+                      stacklevel=3)
+        return False
+    return True
