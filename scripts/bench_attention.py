@@ -12,6 +12,13 @@ memory after loading the model and the tokens (Linux ``/proc/self/clear_refs``) 
 forward above that level (the attention's working memory; the activations are the same for every variant).
 
     python scripts/bench_attention.py --lengths 2048,4096,8192,12288 --write
+
+On a GPU (``--device cuda``): by default random weights of Qwen2.5-0.5B's shape (24 layers, 14 heads over 2 KV
+heads, head dim 64; ``--geometry``), bf16, lengths 16k, 32k and 64k; each forward timed between CUDA
+synchronisations, and its peak memory (``torch.cuda.max_memory_allocated`` above what was allocated before it) taken in
+the same process. Its section is "Attention-level methods on a GPU".
+
+    python scripts/bench_attention.py --device cuda --write
 """
 
 from __future__ import annotations
@@ -29,6 +36,16 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TITLE = "## Remapped-position attention: speed and memory vs native SDPA"
+GPU_TITLE = "## Attention-level methods on a GPU"
+GEOMETRIES = {  # random weights of a real model's shape: (model_type, config keywords)
+    "qwen2.5-0.5b": ("qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                   num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                                   tie_word_embeddings=True)),
+    "llama-3-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+}
 METHODS = ("self_extend", "dca", "string", "rerope", "leaky_rerope")
 
 
@@ -36,6 +53,33 @@ def tokens(model, length: int):
     import torch
 
     return torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+
+
+def load(args):
+    """The model to time: ``--model``, or random weights of ``--geometry`` (on ``--device``, in ``--dtype``)."""
+    import torch
+
+    from hf_posenc.runtime import load_model_and_tokenizer, torch_dtype
+
+    if not args.geometry:
+        model, _, _ = load_model_and_tokenizer(args.model, dtype=args.dtype, device=args.device,
+                                               attn_implementation="sdpa")
+        return model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    family, keywords = GEOMETRIES[args.geometry]
+    config = AutoConfig.for_model(family, **keywords)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        return AutoModelForCausalLM.from_config(config, dtype=torch_dtype(args.dtype)).eval()
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def forward(model, variant: str, x) -> float:
@@ -47,17 +91,30 @@ def forward(model, variant: str, x) -> float:
         hf_posenc.unpatch(model)
     else:
         hf_posenc.patch(model, variant)
+    device = str(x.device)
     with torch.no_grad():
+        _sync(device)
         start = time.perf_counter()
         model.model(input_ids=x, use_cache=False)
+        _sync(device)
         return time.perf_counter() - start
+
+
+def gpu_memory(model, variant: str, x) -> dict:
+    """Peak CUDA memory of one forward above what was allocated before it, and its time."""
+    import torch
+
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    seconds = forward(model, variant, x)
+    return {"variant": variant, "increment_mb": (torch.cuda.max_memory_allocated() - before) / 2**20,
+            "seconds": seconds}
 
 
 def child(args) -> None:
     """One variant at one length in this fresh process: JSON with the peak RSS increment and the time."""
-    from hf_posenc.runtime import load_model_and_tokenizer
-
-    model, _, _ = load_model_and_tokenizer(args.model, attn_implementation="sdpa")
+    model = load(args)
     x = tokens(model, args.memory_length)
     with open("/proc/self/clear_refs", "w") as f:  # Linux: the peak (VmHWM) restarts from the current RSS, so
         f.write("5")  # that loading (a GGUF de-quantised in memory) does not hide the forward's own peak
@@ -75,28 +132,32 @@ def _status_mb(field: str) -> float:
 def speed(args, variants: list[str]) -> dict[int, dict[str, list[float]]]:
     from tqdm import tqdm
 
-    from hf_posenc.runtime import load_model_and_tokenizer
-
-    model, _, _ = load_model_and_tokenizer(args.model, attn_implementation="sdpa")
+    model = load(args)
     lengths = [int(n) for n in args.lengths.split(",") if n.strip()]
     times: dict[int, dict[str, list[float]]] = {n: {v: [] for v in variants} for n in lengths}
     for v in variants:
-        forward(model, v, tokens(model, min(lengths)))  # warm-up
+        forward(model, v, tokens(model, min(lengths)).to(args.device))  # warm-up
     steps = tqdm(total=len(lengths) * args.rounds * len(variants), desc="forward passes")
     for n in lengths:
         x = tokens(model, n)
         for _ in range(args.rounds):
             for v in variants:
-                times[n][v].append(forward(model, v, x))
+                times[n][v].append(forward(model, v, x.to(args.device)))
                 steps.update()
     steps.close()
+    if args.device.startswith("cuda") and args.memory_length:  # the same process: CUDA counts its own peaks
+        x = tokens(model, args.memory_length).to(args.device)
+        args.gpu_memory = {v: gpu_memory(model, v, x) for v in variants}
     return times
 
 
 def memory(args, variants: list[str]) -> dict[str, dict]:
+    if args.device.startswith("cuda"):
+        return getattr(args, "gpu_memory", {})
     out = {}
     for v in variants:
-        cmd = [sys.executable, __file__, "--variant", v, "--model", args.model, "--memory-length", str(args.memory_length)]
+        cmd = [sys.executable, __file__, "--variant", v, "--model", args.model, "--memory-length", str(args.memory_length),
+               "--dtype", args.dtype, *(["--geometry", args.geometry] if args.geometry else [])]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
             raise SystemExit(run.stderr[-2000:])
@@ -119,9 +180,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated attention-level methods to compare.")
     p.add_argument("--memory-length", type=int, default=12288,
                    help="tokens of the fresh-process memory measurement (0: skip it).")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (then --geometry, --dtype and --lengths default to "
+                   "qwen2.5-0.5b, bfloat16 and 16384,32768,65536, and the section is the GPU one).")
+    p.add_argument("--geometry", choices=sorted(GEOMETRIES), default=None,
+                   help="random weights of this model's shape instead of --model (default on cuda: qwen2.5-0.5b).")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on cpu, bfloat16 "
+                   "on cuda).")
     p.add_argument("--write", action="store_true", help="replace this script's section of BENCHMARKS.md.")
     p.add_argument("--variant", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    gpu = args.device.startswith("cuda")
+    if gpu and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here")
+    args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    if gpu and args.geometry is None and "--model" not in argv:
+        args.geometry = "qwen2.5-0.5b"
+    if gpu and "--lengths" not in argv:
+        args.lengths = "16384,32768,65536"
+    if gpu and "--memory-length" not in argv:
+        args.memory_length = 32768
     if args.variant:
         child(args)
         return 0
@@ -137,19 +214,22 @@ def main(argv: list[str] | None = None) -> int:
             at.setdefault(v, {})[n] = ratio
     mem = memory(args, variants) if args.memory_length else {}
     command = "python scripts/bench_attention.py " + shlex.join(argv)
+    where = (f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}), {args.dtype}"
+             if gpu else f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+             f"{torch.get_num_threads()} threads")
     lines = [
-        TITLE, "",
+        GPU_TITLE if gpu else TITLE, "",
         f"Command: `{command.strip()}`  ",
-        f"Model {args.model}, SDPA, the model body's forward (no LM head), batch 1, every method with its default "
-        f"knobs; median of {args.rounds} interleaved round(s) after one warm-up; {platform.machine()}, "
-        f"{os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads.", "",
+        f"Model {args.geometry + ' (random weights)' if args.geometry else args.model}, SDPA, the model body's forward (no LM head), batch 1, every method with its default "
+        f"knobs; median of {args.rounds} interleaved round(s) after one warm-up; {where}.", "",
         markdown_table(["tokens", "variant", "tokens/s", "seconds", "ratio to native"], rows), "",
         "**Ratio to native: " + "; ".join(
             f"{v} " + ", ".join(f"{r:.2f} at {n}" for n, r in at[v].items()) for v in variants[1:]) + "** "
         "(target >= 0.7 at 8k and 12k).",
     ]
     if mem:
-        lines += ["", f"Peak memory above the loaded model, one fresh process per variant, {args.memory_length} tokens:", "",
+        how = "in this process (torch.cuda.max_memory_allocated)" if gpu else "one fresh process per variant"
+        lines += ["", f"Peak memory above the loaded model, {how}, {args.memory_length} tokens:", "",
                   markdown_table(["variant", "peak increment (MB)", "seconds"],
                                  [[v, round(r["increment_mb"]), round(r["seconds"], 1)] for v, r in mem.items()])]
     emit_section("\n".join(lines), args.write, os.path.join(ROOT, "BENCHMARKS.md"))
