@@ -24,16 +24,26 @@ def _cpu_flash(q, k, v, causal, scale):  # the CPU's fused kernel, top-left caus
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
 
 
+def _cpu_efficient(q, k, v, bias, scale):  # ... and with an additive bias, in memory-efficient attention's place
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias.contiguous(),
+                                                                     scale=scale)
+
+
 @pytest.fixture
 def flash_on_cpu(monkeypatch):
     """flash_piece taken for every core rectangle and causal square on the CPU; the calls are counted."""
-    calls = {"causal": 0, "rectangle": 0}
+    calls = {"causal": 0, "rectangle": 0, "band": 0}
 
     def spy(q, k, v, causal, scale):
         calls["causal" if causal else "rectangle"] += 1
         return _cpu_flash(q, k, v, causal, scale)
 
+    def band_spy(q, k, v, bias, scale):
+        calls["band"] += 1
+        return _cpu_efficient(q, k, v, bias, scale)
+
     monkeypatch.setattr(cuda_kernels, "_flash", spy)
+    monkeypatch.setattr(cuda_kernels, "_efficient", band_spy)
     monkeypatch.setattr(remapped_attention, "flash_usable", lambda q, dropout: True)
     return calls
 
@@ -43,13 +53,14 @@ def test_the_flash_path_matches_the_written_out_decoder(method, flash_on_cpu):
     model = patched("qwen2", method, block=16)  # 4 heads over 2 KV heads: folded
     x = ids(200, batch=2)
     assert (logits(model, x) - reference(model, x, method, KNOBS[method])).abs().max().item() <= 1e-5
-    assert flash_on_cpu["causal"] > 0 and flash_on_cpu["rectangle"] > 0
+    assert flash_on_cpu["causal"] > 0 and flash_on_cpu["rectangle"] > 0 and flash_on_cpu["band"] > 0
     full = logits(model, x[:1, :150])
     assert (cached_last_logits(model, x[:1, :150], 97) - full[:, 96:149]).abs().max().item() <= 1e-5
 
 
 def test_flash_piece_folds_grouped_heads_and_keeps_the_square_causal(monkeypatch):
     monkeypatch.setattr(cuda_kernels, "_flash", _cpu_flash)
+    monkeypatch.setattr(cuda_kernels, "_efficient", _cpu_efficient)
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(2, 6, 9, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
     for causal in (False, True):
@@ -58,10 +69,16 @@ def test_flash_piece_folds_grouped_heads_and_keeps_the_square_causal(monkeypatch
         assert (out - ref_out).abs().max().item() <= 1e-5 and (lse - ref_lse).abs().max().item() <= 1e-5
     one, one_lse = cuda_kernels.flash_piece(q[:, :, -1:], k, v, False, 0.25)  # decoding: one query, every key
     assert (one - ref_out[:, :, -1:]).abs().max().item() <= 1e-5
+    rows, cols = torch.arange(9)[:, None], torch.arange(9)[None, :]
+    band = (cols >= rows - 3) & (cols <= rows)
+    out, lse = cuda_kernels.band_piece(q, k, v, band, 0.25)
+    ref_out, ref_lse = cuda_kernels.reference(q, k, v, False, 0.25, band)
+    assert (out - ref_out).abs().max().item() <= 1e-5 and (lse - ref_lse).abs().max().item() <= 1e-5
 
 
 def test_a_kernel_that_computes_something_else_is_not_used(monkeypatch):
     monkeypatch.setattr(cuda_kernels, "_flash", _cpu_flash)
+    monkeypatch.setattr(cuda_kernels, "_efficient", _cpu_efficient)
     assert cuda_kernels._self_check("cpu", torch.float32, 16) is True
 
     def log2_lse(q, k, v, causal, scale):  # a log-sum-exp in base 2 would merge the pieces wrongly
@@ -71,7 +88,15 @@ def test_a_kernel_that_computes_something_else_is_not_used(monkeypatch):
     monkeypatch.setattr(cuda_kernels, "_flash", log2_lse)
     with pytest.warns(RuntimeWarning, match="failed its check .*differs from the reference"):
         assert cuda_kernels._self_check("cpu", torch.float32, 16) is False
-    assert not cuda_kernels.flash_usable(torch.zeros(1, 1, 1, 16), 0.0)  # CPU: never flash
+    monkeypatch.setattr(cuda_kernels, "_flash", _cpu_flash)
+
+    def unaligned(q, k, v, bias, scale):  # a kernel that refuses the bias: found by the check, not by a user
+        raise RuntimeError("attn_bias is not correctly aligned")
+
+    monkeypatch.setattr(cuda_kernels, "_efficient", unaligned)
+    with pytest.warns(RuntimeWarning, match="failed its check .*not correctly aligned"):
+        assert cuda_kernels._self_check("cpu", torch.float32, 16) is False
+    assert not cuda_kernels.flash_usable(torch.zeros(1, 1, 1, 16), 0.0)  # CPU: never the CUDA kernels
 
 
 @needs_cuda

@@ -14,8 +14,9 @@ or a band with a small boolean mask. Memory stays ``heads x block x block`` beyo
 
 Kernels, chosen per call in :func:`kernel`: on CPU without autograd, ``aten._scaled_dot_product_flash_attention_for_cpu``,
 which returns the log-sum-exp, with grouped-query heads folded into the query axis (no repeated keys); on CUDA in
-fp16/bf16 without autograd, flash attention for the core rectangles and causal squares (:mod:`cuda_kernels`, checked
-against a written-out reference on first use) and the eager kernel for the small masked bands; with autograd (the
+fp16/bf16 without autograd, flash attention for the core rectangles and causal squares and memory-efficient
+attention with a bias for the small masked bands (:mod:`cuda_kernels`, checked against a written-out reference on
+first use); with autograd (the
 fused kernels' backward ignores the log-sum-exp's gradient), fp32 on a GPU and other devices, the eager kernel
 (matmul, fp32 softmax), which is also the reference.
 
@@ -33,7 +34,7 @@ import torch
 from ..encodings.remap import Piece, Scheme
 from ..encodings.rope import apply_rotary
 from .attention import CacheOffset, register_attention, repeat_heads
-from .cuda_kernels import flash_piece, flash_usable
+from .cuda_kernels import band_piece, flash_piece, flash_usable
 
 NAME = "hf_posenc_remapped"
 STATE_ATTR = "_hf_posenc_remapped"
@@ -320,10 +321,16 @@ def kernel(q, k, v, seg: Segment, scale: float, dropout: float):
     b, h, n, _ = q.shape
     groups = h // k.shape[1]
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if not grad and (seg.lo is None or seg.causal) and flash_usable(q, dropout):  # CUDA: see cuda_kernels
+    on_gpu = not grad and flash_usable(q, dropout)  # CUDA, fp16/bf16: see cuda_kernels
+    if on_gpu and (seg.lo is None or seg.causal):
         return flash_piece(q, k, v, seg.causal, scale)
     fused = q.device.type == "cpu" and not grad
     mask = None
+    if on_gpu:  # a masked band
+        cols = torch.arange(k.shape[2], device=q.device)
+        lo, hi = seg.lo.to(q.device)[:, None], seg.hi.to(q.device)[:, None]
+        out, lse = band_piece(q, k, v, (cols[None, :] >= lo) & (cols[None, :] <= hi), scale)
+        return out, _no_key(lse, seg, q.device)
     if seg.lo is not None and not (seg.causal and fused):
         cols = torch.arange(k.shape[2], device=q.device)
         allowed = (cols[None, :] >= seg.lo.to(q.device)[:, None]) & (cols[None, :] <= seg.hi.to(q.device)[:, None])
@@ -341,12 +348,16 @@ def kernel(q, k, v, seg: Segment, scale: float, dropout: float):
         else:
             out, lse = eager(qf, k, v, mf, scale, dropout)
         out, lse = out.reshape(b, h, n, -1), lse.reshape(b, h, n)
-    lse = lse.float()
+    return out.float(), _no_key(lse.float(), seg, q.device)
+
+
+def _no_key(lse: torch.Tensor, seg: Segment, device) -> torch.Tensor:
+    """``lse`` with -inf for the queries of ``seg`` that read no key (the kernels give them a finite value)."""
     if seg.lo is not None:
-        empty = (seg.hi < seg.lo).to(q.device)
+        empty = (seg.hi < seg.lo).to(device)
         if bool(empty.any()):
             lse = lse.masked_fill(empty, float("-inf"))
-    return out.float(), lse
+    return lse
 
 
 def eager(q, k, v, mask, scale: float, dropout: float):
