@@ -4,7 +4,9 @@ on a book it was not tuned on, per method (the knobs ``hf-posenc tune`` chose on
 
 - perplexity of the tokens past L beside the unpatched model truncated to L (the context gain, > 1: used);
 - key-token perplexity (LongPPL, Fang et al. 2024, arXiv:2410.23771): perplexity over the tokens the context past L
-  makes at least e^2 times likelier, with each method's own model as the evaluator;
+  makes at least e^2 times likelier, judged by each method's own model, and judged by one evaluator for every
+  method (SmolLM2 patched by ``--evaluator`` method's chosen configuration: the evaluator must share the tokenizer,
+  and no longer-context model with SmolLM2's tokenizer is at hand);
 - needle-in-text accuracy (a RULER-worded needle in the book's prose) at depths 0.1..0.9, several keys per depth,
   beside the filler passkey on the same grid. The unpatched model truncated to L can only see a needle at depth
   >= 1 - L / T: its reach is stated beside the accuracy (no forward needed).
@@ -31,6 +33,7 @@ from bench_remapped_quality import METHODS, chosen_variants
 
 TITLE = "## Is the context past L used? Context gain, key-token perplexity, needles in text"
 NEEDLE_METHODS = ["self_extend", "yarn", "rerope", "dca", "dynamic_ntk"]
+EVALUATOR = "self_extend"  # the best context gain at both lengths in bench_remapped_quality
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="methods whose perplexity and key tokens are measured (beside the unpatched model).")
     p.add_argument("--needle-methods", type=comma_list(str), default=NEEDLE_METHODS,
                    help="methods whose needle accuracy is measured (a subset of --methods; the slow part).")
+    p.add_argument("--evaluator", default=EVALUATOR, help="the method (one of --methods) whose chosen configuration, on "
+                   "the model under test, judges key tokens for every method in the second perplexity run.")
     p.add_argument("--tune", default=os.path.join(ROOT, "benchmarks", "tune"),
                    help="folder of the tune runs (<T>/tune.json and <T>/space.json) the knobs are taken from.")
     p.add_argument("--text-file", default=BOOK, help="the book measured on (default: Frankenstein).")
@@ -69,13 +74,21 @@ def commands(args, length: int, chosen) -> dict[str, list[str]]:
     needle = [a for m, v, _ in chosen if m in args.needle_methods for a in ("--variant", v)]
     common = ["--model", args.model, "--lengths", str(length), "--device", args.device]
     grid = ["--depths", args.depths, "--trials", str(args.trials)]
+    judge = next(v for m, v, _ in chosen if m == args.evaluator).split("=", 1)[1]
+    ppl = ["eval", "ppl", *common, "--methods", "none", *variants, "--text-file", rel(args.text_file),
+           "--max-windows", "1", "--key-tokens"]
     return {
-        "ppl": ["eval", "ppl", *common, "--methods", "none", *variants, "--text-file", rel(args.text_file),
-                "--max-windows", "1", "--key-tokens", "--output", rel(os.path.join(out, "ppl"))],
+        "ppl": [*ppl, "--output", rel(os.path.join(out, "ppl"))],
+        "judged": [*ppl, "--evaluator-method", judge, "--output", rel(os.path.join(out, "ppl_judged"))],
         "text": ["eval", "passkey", *common, *needle, *grid, "--haystack", "text", "--text-file", rel(args.text_file),
                  "--output", rel(os.path.join(out, "needle_text"))],
         "filler": ["eval", "passkey", *common, *needle, *grid, "--output", rel(os.path.join(out, "needle_filler"))],
     }
+
+
+def _key(r: dict) -> str:
+    key = r.get("key_tokens") or {}
+    return f"{key['ppl']:.2f} ({key['count']})" if key.get("ppl") else "- (0)"
 
 
 def _needle(report: dict | None, label: str, length: int, depths: list[float]) -> list[str]:
@@ -90,6 +103,7 @@ def table(args, length: int, chosen) -> list[str]:
     ppl = _load(os.path.join(out, "ppl", "perplexity.json"))
     text = _load(os.path.join(out, "needle_text", "passkey.json"))
     filler = _load(os.path.join(out, "needle_filler", "passkey.json"))
+    judged = _load(os.path.join(out, "ppl_judged", "perplexity.json"))
     depths = [float(d) for d in args.depths.split(",")]
     original = ppl["setup"]["original_context"]
     base = ppl["results"][ppl["setup"]["truncated_baseline"]["label"]][str(length)]["past_original"]
@@ -97,17 +111,23 @@ def table(args, length: int, chosen) -> list[str]:
     for method, variant in [("none", "none"), *[(m, v) for m, v, _ in chosen]]:
         label = variant.split("=", 1)[0]
         r = ppl["results"][label][str(length)]
-        key = r.get("key_tokens") or {}
-        key_ppl = f"{key['ppl']:.2f} ({key['count']})" if key.get("ppl") else "- (0)"
         rows.append([method, f"`{variant}`", f"{r['past_original']['ppl']:.2f}", f"{r.get('context_gain', 1):.3f}",
-                     key_ppl, *_needle(text, label, length, depths), *_needle(filler, label, length, depths)])
+                     _key(r), _key(judged["results"][label][str(length)]) if judged else "not run",
+                     *_needle(text, label, length, depths), *_needle(filler, label, length, depths)])
     reach = ", ".join(f"{d:g}" for d in depths if d >= 1 - original / length)
     rows.append(["none, truncated to L", f"{original} tokens at most before each token", f"{base['ppl']:.2f}", "1",
-                 "", *["" for _ in depths], "", *["" for _ in depths], ""])
-    head = (["method", "configuration", f"ppl past L (from {base['from']})", "context gain", "key-token ppl (count)"]
+                 "", "", *["" for _ in depths], "", *["" for _ in depths], ""])
+    head = (["method", "configuration", f"ppl past L (from {base['from']})", "context gain",
+             "key-token ppl, own judge (count)", "key-token ppl, one judge (count)"]
             + [f"text @ {d:g}" for d in depths] + ["text, all"] + [f"filler @ {d:g}" for d in depths] + ["filler, all"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    if judged:
+        own = judged["setup"]["key_tokens"]["evaluator_own"][str(length)]
+        own_ppl = f"{own['ppl']:.2f}" if own["ppl"] else "-"
+        lines += ["", f"One judge: {judged['setup']['key_tokens']['evaluator']}, for every method ({own['count']} key "
+                  f"tokens, {100 * own['share']:.2f}% of the scored ones; its own key-token perplexity {own_ppl}). "
+                  "Own judge: each method's own model (its own key tokens)."]
     note = (f"Needles: {args.trials} keys per depth (accuracy per depth in steps of {1 / args.trials:g}). A model "
             f"truncated to L = {original} tokens sees a needle at {length} tokens only at depth >= "
             f"{1 - original / length:.2f} (here: {reach or 'none of the depths'}); a method that finds needles at "
@@ -121,9 +141,35 @@ def verdict(args, length: int, chosen) -> str:
     used = [f"{m} ({g:.3f})" for m, g in gains.items() if g > 1.01]
     held = [f"{m} ({g:.3f})" for m, g in gains.items() if 0.99 <= g <= 1.01]
     lost = [f"{m} ({g:.3f})" for m, g in gains.items() if g < 0.99]
-    return (f"By perplexity: used the context past L (gain > 1.01): {', '.join(used) or 'none'}; only avoided "
+    said = (f"By perplexity: used the context past L (gain > 1.01): {', '.join(used) or 'none'}; only avoided "
             f"breaking (within 1% of truncation): {', '.join(held) or 'none'}; worse than truncating: "
             f"{', '.join(lost) or 'none'}. One window of one book.")
+    text = _load(os.path.join(args.output, str(length), "needle_text", "passkey.json"))
+    if text is None:
+        return said
+    original = ppl["setup"]["original_context"]
+    beyond = [d for d in text["setup"]["depths"] if d < 1 - original / length]
+    found = []
+    for m, v, _ in chosen:
+        cells = text["results"].get(v.split("=", 1)[0], {}).get("cells")
+        if cells:
+            hits = [cells[f"{length}@{d:g}"]["accuracy"] for d in beyond]
+            found.append(f"{m} {sum(hits) / len(hits):.2f}")
+    return said + (f" By needles in text at the depths a model truncated to L cannot see ({', '.join(map(str, beyond))}): "
+                   f"mean accuracy {', '.join(found)} (above 0: the method retrieves from past L)." if beyond and found
+                   else "")
+
+
+def judged(argv: list[str], out: str, no_progress: bool) -> None:
+    """The one-judge perplexity run; its window cells are those of the first run (the same fingerprint), so its
+    folder starts from a copy of them and only the evaluator's and the methods' key-token cells are computed."""
+    import shutil
+
+    cells = os.path.join(out, "ppl_judged", "cells.jsonl")
+    if not os.path.exists(cells):
+        os.makedirs(os.path.dirname(cells), exist_ok=True)
+        shutil.copyfile(os.path.join(out, "ppl", "cells.jsonl"), cells)
+    run_cli(argv, no_progress)
 
 
 def run_length(args, length: int) -> list[str]:
@@ -136,6 +182,10 @@ def run_length(args, length: int) -> list[str]:
         part = commands(sub, length, chosen)
         run_cli(part["text"], args.no_progress)
         run_cli(part["filler"], args.no_progress)
+        if i == 1:
+            judged(argv["judged"], os.path.join(args.output, str(length)), args.no_progress)
+    if not needle_chosen:
+        judged(argv["judged"], os.path.join(args.output, str(length)), args.no_progress)
     return [f"### {length} tokens", "", *table(args, length, chosen), "", verdict(args, length, chosen), "",
             *(f"`hf-posenc {shlex.join(a)}`  " for a in argv.values()), ""]
 
@@ -146,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     require_book(args.text_file)
-    unknown = sorted(set(args.needle_methods) - set(args.methods))
+    unknown = sorted(set(args.needle_methods + [args.evaluator]) - set(args.methods))
     if unknown:
-        raise SystemExit(f"--needle-methods {unknown} are not among --methods {args.methods}")
+        raise SystemExit(f"--needle-methods / --evaluator {unknown} are not among --methods {args.methods}")
     parts = [TITLE, "", f"Command: `python scripts/bench_context_use.py {shlex.join(argv)}`", "",
              f"Machine: {os.cpu_count()} CPU cores, device {args.device}; measured on "
              f"{os.path.basename(args.text_file)}, knobs chosen by `hf-posenc tune` on pg1342.txt.", ""]

@@ -125,3 +125,21 @@ def test_registration_refuses_a_second_task_of_the_same_name_or_report(prefix_ta
         replace(PREFIX, name="no spaces")
     with pytest.raises(ValueError, match="unknown eval task 'nope'"):
         get_task("nope")
+
+
+def test_model_index_entries_come_from_each_task_record():
+    """The card's numbers per task, as the records give them: needles in text are named as such, with their documents."""
+    passkey, ppl = get_task("passkey"), get_task("ppl")
+    res = {"by_length": {"4096": 0.8, "8192": 0.4}}
+    text = {"setup": {"lengths": [4096, 8192], "haystack": "text", "documents": ["pg84.txt"]}}
+    filler = {"setup": {"lengths": [4096, 8192]}}
+    (fields, name, value, n), _ = passkey.model_index(text, res)
+    assert (fields["task_name"], fields["dataset_type"], fields["dataset_name"], name, value, n) == (
+        "Needle in text", "needle-in-text", "pg84.txt", "needle-in-text accuracy @ 4096 tokens", 0.8, "4096")
+    fields, name, _, _ = passkey.model_index(filler, res)[1]
+    assert (fields["task_name"], fields["dataset_name"], name) == ("Passkey retrieval", "synthetic passkey retrieval",
+                                                                  "passkey accuracy @ 8192 tokens")
+    report = {"setup": {"lengths": [2048, 4096], "documents": ["a.txt", "b.txt", "c.txt", "d.txt"]}}
+    entries = ppl.model_index(report, {"2048": {"ppl": 9.5}})  # a length without a number gives no entry
+    assert [(e[0]["dataset_name"], e[1], e[2]) for e in entries] == [("a.txt, b.txt, c.txt and 1 more",
+                                                                     "perplexity @ 2048 tokens", 9.5)]

@@ -98,6 +98,20 @@ class Evaluator:
     description: str
 
 
+def evaluator_config(method: str | None):
+    """The PosEncConfig of ``--evaluator-method METHOD[:KEY=VALUE,...]`` (none when not given), checked before any
+    model loads."""
+    from ..config import PosEncConfig
+    from .variants import parse_variant
+
+    if not method:
+        return PosEncConfig("none")
+    try:
+        return parse_variant(f"evaluator={method}").config
+    except ValueError as err:
+        raise ValueError(str(err).replace("--variant evaluator", f"--evaluator-method {method}", 1)) from None
+
+
 def load_evaluator(job, model: str | None, method: str | None) -> Evaluator:
     """The evaluator of ``--evaluator MODEL`` (default: the model under test) patched by ``--evaluator-method
     METHOD[:KEY=VALUE,...]`` (default: none); a model whose tokenizer differs from the one under test is refused."""
@@ -108,9 +122,8 @@ def load_evaluator(job, model: str | None, method: str | None) -> Evaluator:
     from ..patching import patch
     from ..runtime import load_model_and_tokenizer
     from .common import model_identity
-    from .variants import parse_variant
 
-    config = parse_variant(f"evaluator={method}").config if method else PosEncConfig("none")
+    config = evaluator_config(method)
     lm, tok, src = job.loaded
     if model is None:
         ident = {"model": "under test", "config": config.to_dict()}

@@ -15,7 +15,7 @@ from .perplexity import aggregate_length, doc_digest, plan_lengths, truncated_wi
 from .variants import Variant, grouped_by_config
 from .cells import NUMBER
 from .key_tokens import (ALPHA, BETA, KEY_FIELDS, POSITION_FIELDS, aggregate_key_tokens, key_positions_cell,
-                         key_token_cell, load_evaluator, scored_key_cell)
+                         evaluator_config, key_token_cell, load_evaluator, scored_key_cell)
 from .report import markdown_table, plot_lines
 from .tasks import EvalTask, Objective, PatchEval, per_length_entries, register_task
 from ..flags import data_flags, ints, positive
@@ -38,6 +38,7 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
     same key tokens for every method."""
     if (evaluator or evaluator_method) and not key_tokens:
         raise ValueError("--evaluator and --evaluator-method choose who judges key tokens: add --key-tokens")
+    evaluator_config(evaluator_method)  # a bad one is refused before the slow load
     with Run(**run) as job:
         if not lengths or any(n < 2 for n in lengths):
             raise ValueError(f"--lengths must be token counts >= 2, got {lengths}")
