@@ -17,7 +17,7 @@ from .cells import NUMBER
 from .key_tokens import (ALPHA, BETA, KEY_FIELDS, POSITION_FIELDS, aggregate_key_tokens, key_positions_cell,
                          evaluator_config, key_token_cell, load_evaluator, scored_key_cell)
 from .report import markdown_table, plot_lines
-from .tasks import EvalTask, Objective, PatchEval, per_length_entries, register_task
+from .tasks import EvalTask, Objective, per_length_entries, register_task
 from ..flags import data_flags, ints, positive
 
 WINDOW_FIELDS = {"tokens": NUMBER, "nll_sum": NUMBER, "bucket_sum": list, "bucket_cnt": list}
