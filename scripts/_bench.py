@@ -71,3 +71,17 @@ def run_cli(argv: list[str], no_progress: bool = False) -> None:
             raise SystemExit(f"hf-posenc {' '.join(argv[:2])} failed")
     finally:
         os.chdir(cwd)
+
+
+def tuned_run_flags(p, output: str, depths: str, trials: int) -> None:
+    """The flags of a benchmark measuring on one book with the knobs ``hf-posenc tune`` chose on another: where the
+    tune runs are, the book, the passkey grid, the device, the output folder, --write and --no-progress."""
+    p.add_argument("--tune", default=os.path.join(ROOT, "benchmarks", "tune"),
+                   help="folder of the tune runs (<T>/tune.json and <T>/space.json) the knobs are taken from.")
+    p.add_argument("--text-file", default=BOOK, help="the book measured on (default: Frankenstein).")
+    p.add_argument("--depths", default=depths, help="passkey / needle depths.")
+    p.add_argument("--trials", type=int, default=trials, help="keys per depth.")
+    p.add_argument("--device", default="cpu", help="torch device.")
+    p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", output), help="folder of the runs.")
+    p.add_argument("--write", action="store_true", help="replace this script's section of BENCHMARKS.md.")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars.")

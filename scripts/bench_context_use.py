@@ -28,7 +28,7 @@ import os
 import shlex
 import sys
 
-from _bench import BOOK, ROOT, comma_list, rel, require_book, run_cli
+from _bench import ROOT, comma_list, rel, require_book, run_cli, tuned_run_flags
 from bench_remapped_quality import METHODS, chosen_variants
 
 TITLE = "## Is the context past L used? Context gain, key-token perplexity, needles in text"
@@ -48,15 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="methods whose needle accuracy is measured (a subset of --methods; the slow part).")
     p.add_argument("--evaluator", default=EVALUATOR, help="the method (one of --methods) whose chosen configuration, on "
                    "the model under test, judges key tokens for every method in the second perplexity run.")
-    p.add_argument("--tune", default=os.path.join(ROOT, "benchmarks", "tune"),
-                   help="folder of the tune runs (<T>/tune.json and <T>/space.json) the knobs are taken from.")
-    p.add_argument("--text-file", default=BOOK, help="the book measured on (default: Frankenstein).")
-    p.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9", help="needle depths.")
-    p.add_argument("--trials", type=int, default=5, help="keys per depth.")
-    p.add_argument("--device", default="cpu", help="torch device.")
-    p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "context_use"), help="folder of the runs.")
-    p.add_argument("--write", action="store_true", help="replace this script's section of BENCHMARKS.md.")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars.")
+    tuned_run_flags(p, "context_use", "0.1,0.3,0.5,0.7,0.9", 5)
     return p
 
 

@@ -26,9 +26,8 @@ import os
 import shlex
 import sys
 
-from _bench import ROOT, comma_list, rel, require_book, run_cli
+from _bench import ROOT, comma_list, rel, require_book, run_cli, tuned_run_flags
 
-BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg84.txt")
 TITLE = "## Training-free long context side by side: perplexity and passkey (tuned on one book, measured on another)"
 METHODS = ["yarn", "dynamic_ntk", "dynamic_yarn", "self_extend", "dca", "string", "rerope", "leaky_rerope"]
 
@@ -40,15 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=comma_list(int), default=[12288, 16384], help="lengths in tokens (comma-separated); "
                    "each needs a finished tune run for it in --tune.")
     p.add_argument("--methods", type=comma_list(str), default=METHODS, help="methods compared with the unpatched model.")
-    p.add_argument("--tune", default=os.path.join(ROOT, "benchmarks", "tune"),
-                   help="folder of the tune runs (<T>/tune.json and <T>/space.json) the knobs are taken from.")
-    p.add_argument("--text-file", default=BOOK, help="the book measured on (default: Frankenstein).")
-    p.add_argument("--depths", default="0.1,0.5,0.9", help="passkey depths.")
-    p.add_argument("--trials", type=int, default=1, help="passkey keys per depth.")
-    p.add_argument("--device", default="cpu", help="torch device.")
-    p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "remapped_quality"), help="folder of the runs.")
-    p.add_argument("--write", action="store_true", help="replace this script's section of BENCHMARKS.md.")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars.")
+    tuned_run_flags(p, "remapped_quality", "0.1,0.5,0.9", 1)
     return p
 
 
