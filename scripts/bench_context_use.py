@@ -168,16 +168,13 @@ def run_length(args, length: int) -> list[str]:
     chosen = chosen_variants(os.path.join(args.tune, str(length)), args.methods)
     argv = commands(args, length, chosen)
     run_cli(argv["ppl"], args.no_progress)
+    judged(argv["judged"], os.path.join(args.output, str(length)), args.no_progress)
     needle_chosen = [c for c in chosen if c[0] in args.needle_methods]
     for i in range(1, len(needle_chosen) + 1):  # method by method, so that a stopped run keeps whole methods
         sub = argparse.Namespace(**{**vars(args), "needle_methods": [m for m, _, _ in needle_chosen[:i]]})
         part = commands(sub, length, chosen)
         run_cli(part["text"], args.no_progress)
         run_cli(part["filler"], args.no_progress)
-        if i == 1:
-            judged(argv["judged"], os.path.join(args.output, str(length)), args.no_progress)
-    if not needle_chosen:
-        judged(argv["judged"], os.path.join(args.output, str(length)), args.no_progress)
     return [f"### {length} tokens", "", *table(args, length, chosen), "", verdict(args, length, chosen), "",
             *(f"`hf-posenc {shlex.join(a)}`  " for a in argv.values()), ""]
 
