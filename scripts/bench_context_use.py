@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--evaluator", default=EVALUATOR, help="the method (one of --methods) whose chosen configuration, on "
                    "the model under test, judges key tokens for every method in the second perplexity run.")
     tuned_run_flags(p, "context_use", "0.1,0.3,0.5,0.7,0.9", 5)
+    p.add_argument("--no-run", action="store_true", help="only write the section from the reports already there "
+                   "(runs not yet made show as 'not run'); the commands printed are those that make them all.")
     return p
 
 
@@ -123,7 +125,9 @@ def table(args, length: int, chosen) -> list[str]:
     note = (f"Needles: {args.trials} keys per depth (accuracy per depth in steps of {1 / args.trials:g}). A model "
             f"truncated to L = {original} tokens sees a needle at {length} tokens only at depth >= "
             f"{1 - original / length:.2f} (here: {reach or 'none of the depths'}); a method that finds needles at "
-            "shallower depths uses the context past L.")
+            "shallower depths uses the context past L. 'not run': the runs resume method by method (--needle-methods) "
+            "and had not reached it; the filler passkey of every method, one key per depth at 0.1 / 0.5 / 0.9, is in "
+            "the section 'Training-free long context side by side'.")
     return lines + ["", note]
 
 
@@ -167,6 +171,8 @@ def judged(argv: list[str], out: str, no_progress: bool) -> None:
 def run_length(args, length: int) -> list[str]:
     chosen = chosen_variants(os.path.join(args.tune, str(length)), args.methods)
     argv = commands(args, length, chosen)
+    if args.no_run:
+        return section(args, length, chosen, argv)
     run_cli(argv["ppl"], args.no_progress)
     judged(argv["judged"], os.path.join(args.output, str(length)), args.no_progress)
     needle_chosen = [c for c in chosen if c[0] in args.needle_methods]
@@ -175,6 +181,11 @@ def run_length(args, length: int) -> list[str]:
         part = commands(sub, length, chosen)
         run_cli(part["text"], args.no_progress)
         run_cli(part["filler"], args.no_progress)
+    return section(args, length, chosen, argv)
+
+
+def section(args, length: int, chosen, argv: dict[str, list[str]]) -> list[str]:
+    """The lines of one length's part of the section, from the reports written so far."""
     return [f"### {length} tokens", "", *table(args, length, chosen), "", verdict(args, length, chosen), "",
             *(f"`hf-posenc {shlex.join(a)}`  " for a in argv.values()), ""]
 
