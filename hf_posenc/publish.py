@@ -31,8 +31,8 @@ def _lengths_of(lm, config: PosEncConfig, evals, given: dict[str, list[int]]) ->
 
 
 def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list[str] | None = None,
-                   eval_lengths: dict[str, list[int]] | None = None, text_file: list[str] | None = None, encoding: str = "utf-8", max_windows: int = 1,
-                   depths: list[float] | None = None,
+                   eval_lengths: dict[str, list[int]] | None = None, text_file: list[str] | None = None,
+                   encoding: str = "utf-8", max_windows: int = 1, depths: list[float] | None = None,
                    trials: int = 2, seed: int = 0, dtype: str = "float32", device: str = "cpu",
                    push_to_hub: str | None = None, private: bool | None = None, revision: str | None = None,
                    commit_message: str | None = None, command: str | None = None, progress: bool = True,
