@@ -368,6 +368,10 @@ def test_key_positions_and_scored_key_cell_written_out():
     mine = token_nll(model, x)[0].double()
     cell = scored_key_cell(model, x[0], w, got["positions"])
     assert cell["key_count"] == int(key.sum()) and cell["key_nll_sum"] == pytest.approx(mine[key].sum().item(), abs=1e-4)
+    none = scored_key_cell(model, x[0], w, [])  # no key token: nothing to score, the same count of scored tokens
+    assert none == {"key_count": 0, "key_nll_sum": 0.0, "scored": cell["scored"]}
+    later = Window(0, 0, 150, 40)
+    assert scored_key_cell(model, x[0], later, [])["scored"] == scored_key_cell(model, x[0], later, [0])["scored"]
 
 
 def test_cli_ppl_key_tokens_with_one_evaluator(tiny_checkpoint, tmp_path, capsys):

@@ -72,7 +72,9 @@ def key_positions_cell(evaluator, doc, window: Window, original: int, stride: in
 
 def scored_key_cell(model, doc, window: Window, positions: list[int], chunk_size: int = 1024) -> dict[str, Any]:
     """``model``'s long-context NLL over the evaluator's key tokens ``positions`` of one window (the fields of
-    :func:`key_token_cell`)."""
+    :func:`key_token_cell`); no forward when there is no key token."""
+    if not positions:
+        return {"key_count": 0, "key_nll_sum": 0.0, "scored": window.end - window.begin - window.score_from}
     ids = doc[window.begin : window.end][None].to(input_device(model))
     long = token_nll(model, ids, chunk_size=chunk_size)[0].double().cpu()[window.score_from - 1 :]
     return {"key_count": len(positions), "key_nll_sum": long[positions].sum().item(), "scored": long.numel()}
