@@ -350,6 +350,14 @@ def test_cli_ppl_key_tokens(tiny_checkpoint, tmp_path, capsys):
     assert main(argv) == 0 and "resumed" in capsys.readouterr().err
     short = [a if a != "32,128" else "32" for a in argv]
     assert "--key-tokens needs a length past the original context (64)" in refused(short, capsys)
+    loose = argv[:-1] + ["--key-tokens", "--key-alpha", "0.001", "--key-beta=-1e9", "--output", str(tmp_path / "kl")]
+    assert main(loose) == 0
+    looser = json.loads((tmp_path / "kl" / "perplexity.json").read_text())
+    assert looser["setup"]["key_tokens"]["alpha"] == 0.001 and looser["setup"]["key_tokens"]["beta"] == -1e9
+    for label in ("none", "yarn"):  # every token the longer context helps at all: more of them than at alpha 2
+        loose_count = looser["results"][label]["128"]["key_tokens"]["count"]
+        assert loose_count > 0 and loose_count >= report["results"][label]["128"]["key_tokens"]["count"]
+    assert "add --key-tokens" in refused([a for a in loose if a != "--key-tokens"], capsys)
 
 
 def test_key_positions_and_scored_key_cell_written_out():
@@ -401,7 +409,7 @@ def test_cli_ppl_key_tokens_with_one_evaluator(tiny_checkpoint, tmp_path, capsys
     bad = argv[:-1] + ["nosuch:factor=2"]
     assert "--evaluator-method nosuch:factor=2: unknown method 'nosuch'" in refused(bad, capsys)
     no_keys = [a for a in argv if a != "--key-tokens"]
-    assert "--evaluator and --evaluator-method choose who judges key tokens: add --key-tokens" in refused(no_keys, capsys)
+    assert "--evaluator, --evaluator-method, --key-alpha and --key-beta choose how key tokens are judged: add --key-tokens" in refused(no_keys, capsys)
 
 
 def test_an_evaluator_with_another_tokenizer_is_refused(tiny_checkpoint, tmp_path, capsys):

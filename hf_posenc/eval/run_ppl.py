@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,8 @@ WINDOW_FIELDS = {"tokens": NUMBER, "nll_sum": NUMBER, "bucket_sum": list, "bucke
 def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "windows", stride: int | None = None,
                    max_windows: int | None = None, buckets: int = 32, chunk_size: int = 1024,
                    truncated_stride: int | None = None, truncated_baseline: bool = True, key_tokens: bool = False,
-                   evaluator: str | None = None, evaluator_method: str | None = None, **run: Any) -> dict[str, Any]:
+                   evaluator: str | None = None, evaluator_method: str | None = None, key_alpha: float = ALPHA,
+                   key_beta: float = BETA, **run: Any) -> dict[str, Any]:
     """Perplexity of each variant at each of ``lengths`` over ``docs``; ``run``: the keywords of
     :class:`common.Run` (model, methods or variants, output, ...). Each window is a cell: resumable, and
     shared between processes under ``accelerate launch``. Where a length exceeds the model's original context L
@@ -35,10 +37,13 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
     method's context gain past L. ``key_tokens``: also each method's perplexity over its key tokens
     (:mod:`eval.key_tokens`, LongPPL), in cells of their own: judged by each method's own model, or with
     ``evaluator`` (a model sharing the tokenizer) and/or ``evaluator_method`` (its patch) by that one evaluator, the
-    same key tokens for every method."""
-    if (evaluator or evaluator_method) and not key_tokens:
-        raise ValueError("--evaluator and --evaluator-method choose who judges key tokens: add --key-tokens")
+    same key tokens for every method; ``key_alpha``/``key_beta``: the LongPPL thresholds (default the paper's)."""
+    if (evaluator or evaluator_method or (key_alpha, key_beta) != (ALPHA, BETA)) and not key_tokens:
+        raise ValueError("--evaluator, --evaluator-method, --key-alpha and --key-beta choose how key tokens are judged: "
+                         "add --key-tokens")
     evaluator_config(evaluator_method)  # a bad one is refused before the slow load
+    if not (math.isfinite(key_alpha) and math.isfinite(key_beta)):
+        raise ValueError(f"--key-alpha and --key-beta are finite numbers (nats), got {key_alpha} and {key_beta}")
     with Run(**run) as job:
         if not lengths or any(n < 2 for n in lengths):
             raise ValueError(f"--lengths must be token counts >= 2, got {lengths}")
@@ -87,10 +92,10 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
                 KEY_FIELDS if len(key) > 4 else WINDOW_FIELDS
 
         longer = [k for k in keys if baseline is not None and k[0] > original]
-        marks = ["key_tokens", baseline.stride, ALPHA, BETA] if key_tokens else None
+        marks = ["key_tokens", baseline.stride, key_alpha, key_beta] if key_tokens else None
         if judge is not None:  # the evaluator's cells first: every method's key-token cell reads them
             marks += ["evaluator", judge.ident]
-            own = [k + ["key_positions", baseline.stride, ALPHA, BETA, judge.ident] for k in longer]
+            own = [k + ["key_positions", baseline.stride, key_alpha, key_beta, judge.ident] for k in longer]
             got = job.cells("perplexity", settings, {judge.variant.label: own}, compute, variants=[judge.variant],
                             fields=fields, desc="key tokens (evaluator)")[judge.variant.label]
             judged.update((json.dumps(k), c) for k, c in zip(longer, got))
@@ -113,7 +118,7 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
                         [mine[json.dumps(k + marks)] for k in longer if k[0] == n])
         if marks:
             settings["key_tokens"] = {"evaluator": judge.description if judge else "each method's own model (the model "
-                                      "under test, patched)", "alpha": ALPHA, "beta": BETA, "short_context": original,
+                                      "under test, patched)", "alpha": key_alpha, "beta": key_beta, "short_context": original,
                                       "stride": baseline.stride, "source": "LongPPL, Fang et al. 2024, arXiv:2410.23771"}
             if judge is not None:
                 settings["key_tokens"]["evaluator_own"] = {str(n): evaluator_summary([judged[json.dumps(k)] for k in
@@ -130,8 +135,6 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
 
 def evaluator_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """The evaluator's key tokens of one length: count, share of the scored tokens, its own perplexity over them."""
-    import math
-
     count, scored = sum(len(c["positions"]) for c in cells), sum(c["scored"] for c in cells)
     total = sum(c["nll_sum"] for c in cells)
     return {"count": count, "share": count / scored if scored else 0.0, "ppl": math.exp(total / count) if count else None}
@@ -270,8 +273,12 @@ def ppl_flags(p) -> None:
                         "the baseline of each method's context gain.")
     e.add_argument("--key-tokens", action="store_true",
                    help="also each method's perplexity over its key tokens (LongPPL: tokens the context past L makes "
-                        "at least e^2 times likelier, judged by the method's own model); costs the truncated forwards "
-                        "again, per method.")
+                        "more than e^alpha times likelier and whose log-probability exceeds beta; judged by the "
+                        "method's own model, or --evaluator); costs the truncated forwards again, per method.")
+    e.add_argument("--key-alpha", type=float, default=ALPHA,
+                   help="with --key-tokens: the long-short difference (nats) a key token exceeds (LongPPL: 2).")
+    e.add_argument("--key-beta", type=float, default=BETA,
+                   help="with --key-tokens: the long-context log-probability (nats) a key token exceeds (LongPPL: -2).")
     e.add_argument("--evaluator", default=None, metavar="MODEL",
                    help="with --key-tokens: the model that judges key tokens, the same for every method (Hub id, "
                         "folder or alias sharing the tokenizer of --model; a strong long-context model is best); "
@@ -290,7 +297,8 @@ def ppl_keywords(args) -> dict[str, Any]:
     return dict(lengths=args.lengths, docs=docs, mode=args.mode, stride=args.stride, max_windows=args.max_windows,
                 buckets=args.buckets, chunk_size=args.chunk_size, truncated_stride=args.truncated_stride,
                 truncated_baseline=not args.no_truncated_baseline, key_tokens=args.key_tokens,
-                evaluator=args.evaluator, evaluator_method=args.evaluator_method)
+                evaluator=args.evaluator, evaluator_method=args.evaluator_method, key_alpha=args.key_alpha,
+                key_beta=args.key_beta)
 
 
 PPL = register_task(EvalTask(
