@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the model under test, judges key tokens for every method in the second perplexity run.")
     tuned_run_flags(p, "context_use", "0.1,0.3,0.5,0.7,0.9", 5)
     p.add_argument("--no-run", action="store_true", help="only write the section from the reports already there "
-                   "(runs not yet made show as 'not run'); the commands printed are those that make them all.")
+                   "(runs not yet made show as –); the commands printed are those that make them all.")
     return p
 
 
@@ -87,7 +87,7 @@ def _key(r: dict) -> str:
 
 def _needle(report: dict | None, label: str, length: int, depths: list[float]) -> list[str]:
     if report is None or label not in report["results"]:
-        return ["not run"] * (len(depths) + 1)
+        return ["–"] * (len(depths) + 1)
     r = report["results"][label]
     return [f"{r['cells'][f'{length}@{d:g}']['accuracy']:.1f}" for d in depths] + [f"{r['by_length'][str(length)]:.2f}"]
 
@@ -106,7 +106,7 @@ def table(args, length: int, chosen) -> list[str]:
         label = variant.split("=", 1)[0]
         r = ppl["results"][label][str(length)]
         rows.append([method, f"`{variant}`", f"{r['past_original']['ppl']:.2f}", f"{r.get('context_gain', 1):.3f}",
-                     _key(r), _key(judged["results"][label][str(length)]) if judged else "not run",
+                     _key(r), _key(judged["results"][label][str(length)]) if judged else "–",
                      *_needle(text, label, length, depths), *_needle(filler, label, length, depths)])
     reach = ", ".join(f"{d:g}" for d in depths if d >= 1 - original / length)
     rows.append(["none, truncated to L", f"{original} tokens at most before each token", f"{base['ppl']:.2f}", "1",
@@ -125,8 +125,8 @@ def table(args, length: int, chosen) -> list[str]:
     note = (f"Needles: {args.trials} keys per depth (accuracy per depth in steps of {1 / args.trials:g}). A model "
             f"truncated to L = {original} tokens sees a needle at {length} tokens only at depth >= "
             f"{1 - original / length:.2f} (here: {reach or 'none of the depths'}); a method that finds needles at "
-            "shallower depths uses the context past L. 'not run': the runs resume method by method (--needle-methods) "
-            "and had not reached it; the filler passkey of every method, one key per depth at 0.1 / 0.5 / 0.9, is in "
+            "shallower depths uses the context past L. –: not run yet (the runs resume method by method (--needle-methods) "
+            "and had not reached it); the filler passkey of every method, one key per depth at 0.1 / 0.5 / 0.9, is in "
             "the section 'Training-free long context side by side'.")
     return lines + ["", note]
 
@@ -199,7 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.needle_methods + [args.evaluator]) - set(args.methods))
     if unknown:
         raise SystemExit(f"--needle-methods / --evaluator {unknown} are not among --methods {args.methods}")
-    parts = [TITLE, "", f"Command: `python scripts/bench_context_use.py {shlex.join(argv)}`", "",
+    full = shlex.join(a for a in argv if a != "--no-run")
+    said = (" (this section was written with --no-run from the runs finished so far; the command resumes the rest)"
+            if args.no_run else "")
+    parts = [TITLE, "", f"Command: `python scripts/bench_context_use.py {full}`{said}", "",
              f"Machine: {os.cpu_count()} CPU cores, device {args.device}; measured on "
              f"{os.path.basename(args.text_file)}, knobs chosen by `hf-posenc tune` on pg1342.txt.", ""]
     for length in args.lengths:
