@@ -327,13 +327,10 @@ def kernel(q, k, v, seg: Segment, scale: float, dropout: float):
     fused = q.device.type == "cpu" and not grad
     mask = None
     if on_gpu:  # a masked band
-        cols = torch.arange(k.shape[2], device=q.device)
-        lo, hi = seg.lo.to(q.device)[:, None], seg.hi.to(q.device)[:, None]
-        out, lse = band_piece(q, k, v, (cols[None, :] >= lo) & (cols[None, :] <= hi), scale)
+        out, lse = band_piece(q, k, v, _allowed(seg, k.shape[2], q.device), scale)
         return out, _no_key(lse, seg, q.device)
     if seg.lo is not None and not (seg.causal and fused):
-        cols = torch.arange(k.shape[2], device=q.device)
-        allowed = (cols[None, :] >= seg.lo.to(q.device)[:, None]) & (cols[None, :] <= seg.hi.to(q.device)[:, None])
+        allowed = _allowed(seg, k.shape[2], q.device)
         # finite, so that a query reading no key keeps a finite log-sum-exp (and gradient); its lse is set below
         mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
     if fused and seg.causal:  # top-left causal square: the kernel's own flag, heads not folded
@@ -349,6 +346,12 @@ def kernel(q, k, v, seg: Segment, scale: float, dropout: float):
             out, lse = eager(qf, k, v, mf, scale, dropout)
         out, lse = out.reshape(b, h, n, -1), lse.reshape(b, h, n)
     return out.float(), _no_key(lse.float(), seg, q.device)
+
+
+def _allowed(seg: Segment, keys: int, device) -> torch.Tensor:
+    """``[n, keys]`` bool: the keys each query of a masked ``seg`` reads (``seg.lo`` to ``seg.hi``)."""
+    cols = torch.arange(keys, device=device)
+    return (cols[None, :] >= seg.lo.to(device)[:, None]) & (cols[None, :] <= seg.hi.to(device)[:, None])
 
 
 def _no_key(lse: torch.Tensor, seg: Segment, device) -> torch.Tensor:
