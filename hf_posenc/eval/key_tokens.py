@@ -88,6 +88,13 @@ def aggregate_key_tokens(cells: list[dict[str, Any]]) -> dict[str, Any]:
             "ppl": math.exp(total / count) if count else None}
 
 
+def aggregate_key_positions(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """The evaluator's own key tokens of one length (:func:`key_positions_cell` cells), as :func:`aggregate_key_tokens`
+    gives a method's."""
+    return aggregate_key_tokens([{"key_count": len(c["positions"]), "key_nll_sum": c["nll_sum"], "scored": c["scored"]}
+                                 for c in cells])
+
+
 @dataclass(frozen=True)
 class Evaluator:
     """The model that judges which tokens are key tokens, for every method alike: ``variant`` is patched onto the model
@@ -126,7 +133,7 @@ def load_evaluator(job, model: str | None, method: str | None) -> Evaluator:
     from .common import model_identity
 
     config = evaluator_config(method)
-    lm, tok, src = job.loaded
+    tok = job.loaded[1]
     if model is None:
         ident = {"model": "under test", "config": config.to_dict()}
         separate, name = None, f"the model under test ({job.model})"

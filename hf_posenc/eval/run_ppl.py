@@ -15,8 +15,8 @@ from ..context import original_context
 from .perplexity import aggregate_length, doc_digest, plan_lengths, truncated_window_cell, window_cell
 from .variants import Variant, grouped_by_config
 from .cells import NUMBER
-from .key_tokens import (ALPHA, BETA, KEY_FIELDS, POSITION_FIELDS, aggregate_key_tokens, key_positions_cell,
-                         evaluator_config, key_token_cell, load_evaluator, scored_key_cell)
+from .key_tokens import (ALPHA, BETA, KEY_FIELDS, POSITION_FIELDS, aggregate_key_positions, aggregate_key_tokens,
+                         evaluator_config, key_positions_cell, key_token_cell, load_evaluator, scored_key_cell)
 from .report import markdown_table, plot_lines
 from .tasks import EvalTask, Objective, per_length_entries, register_task
 from ..flags import data_flags, ints, positive
@@ -121,9 +121,9 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
                                       "under test, patched)", "alpha": key_alpha, "beta": key_beta, "short_context": original,
                                       "stride": baseline.stride, "source": "LongPPL, Fang et al. 2024, arXiv:2410.23771"}
             if judge is not None:
-                settings["key_tokens"]["evaluator_own"] = {str(n): evaluator_summary([judged[json.dumps(k)] for k in
-                                                                                      longer if k[0] == n])
-                                                           for n in sorted({k[0] for k in longer})}
+                settings["key_tokens"]["evaluator_own"] = {
+                    str(n): aggregate_key_positions([judged[json.dumps(k)] for k in longer if k[0] == n])
+                    for n in sorted({k[0] for k in longer})}
         settings.update(lengths=lengths, max_windows=max_windows, documents=names,
                         document_tokens=[len(t) for t in token_docs])
         if baseline is not None and truncated_baseline:
@@ -131,13 +131,6 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
                                               "stride": baseline.stride}
             add_context_gain(results, baseline.variant.label)
         return job.report("perplexity", settings, results, ppl_table, ppl_plots)
-
-
-def evaluator_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """The evaluator's key tokens of one length: count, share of the scored tokens, its own perplexity over them."""
-    count, scored = sum(len(c["positions"]) for c in cells), sum(c["scored"] for c in cells)
-    total = sum(c["nll_sum"] for c in cells)
-    return {"count": count, "share": count / scored if scored else 0.0, "ppl": math.exp(total / count) if count else None}
 
 
 @dataclass(frozen=True)
