@@ -144,16 +144,22 @@ def objectives() -> dict[str, Any]:
             and t.objective.metric in RANKABLE}
 
 
+def ranking(rank_by: str) -> list[Any]:
+    """The objectives a candidate is ranked by: ``rank_by``'s, then the others' in registration order; an unknown
+    ``rank_by`` is refused by name."""
+    goals = objectives()
+    if rank_by not in goals:
+        raise ValueError(f"--rank-by must be one of {', '.join(goals)}, got {rank_by!r}")
+    return [goals[rank_by], *(g for name, g in goals.items() if name != rank_by)]
+
+
 def rank(metrics: dict[str, dict[str, Any]], baseline: dict[str, Any], max_short_cost: float,
          rank_by: str = "passkey") -> list[str]:
     """Labels best first. A candidate whose short-input perplexity is more than ``max_short_cost`` (a fraction)
     above the unpatched model's is disqualified (last). Then by the objective of the eval task ``rank_by``
     (passkey: passkey accuracy; ppl: perplexity beyond L), ties broken by the other tasks' objectives in
     registration order. Sets ``short_cost`` and ``disqualified`` on each entry."""
-    goals = objectives()
-    if rank_by not in goals:
-        raise ValueError(f"--rank-by must be one of {', '.join(goals)}, got {rank_by!r}")
-    order_of = [goals[rank_by], *(g for name, g in goals.items() if name != rank_by)]
+    order_of = ranking(rank_by)
     for m in metrics.values():
         m["short_cost"] = m["ppl_short"] / baseline["ppl_short"] - 1
         m["disqualified"] = m["short_cost"] > max_short_cost

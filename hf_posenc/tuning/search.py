@@ -26,7 +26,8 @@ from ..eval.common import Run
 from ..eval.perplexity import doc_digest
 from ..eval.variants import Variant
 from ..methods import resolve_method
-from .objective import DEPTHS, CellComputer, TuneData, measure, plan_data, rank, result_fields, sample_keys
+from .objective import (DEPTHS, CellComputer, TuneData, measure, plan_data, rank, ranking, result_fields,
+                        sample_keys)
 from .space import DEFAULT_METHODS, check_methods, check_pinned, factors, grid_candidates, load_space
 
 BASELINE = Variant("none", PosEncConfig("none"))
@@ -54,10 +55,7 @@ class Plan:
     def check(self) -> None:
         if not 0 <= self.max_short_cost < float("inf"):
             raise ValueError(f"--max-short-cost is a fraction >= 0 (0.01 = 1%), got {self.max_short_cost}")
-        from .objective import objectives
-
-        if self.rank_by not in objectives():
-            raise ValueError(f"--rank-by must be one of {', '.join(objectives())}, got {self.rank_by!r}")
+        ranking(self.rank_by)
         if self.reduction < 2 or self.windows < 1 or self.keys < 1:
             raise ValueError(f"--reduction must be >= 2 and --windows, --keys >= 1, got reduction={self.reduction}, "
                              f"windows={self.windows}, keys={self.keys}")
