@@ -9,7 +9,7 @@ from ..flags import depths, encoding_flag, ints, method_config, names, positive,
 
 
 def add_parser(sub) -> None:
-    from ..eval.tasks import eval_names, registered
+    from ..eval.tasks import eval_names, lengths_flags, patch_tasks
 
     pa = sub.add_parser("patch", allow_abbrev=False, help="patch a model, optionally evaluate it, save it with a model card, optionally "
                         "upload it to the Hub.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -31,10 +31,10 @@ def add_parser(sub) -> None:
     g.add_argument("--device", default="cpu", help="torch device for the evaluation.")
     g.add_argument("--output", required=True, help="folder to save the patched checkpoint, tokenizer and model card in.")
     e = pa.add_argument_group("evaluation (results go into the model card and its model-index metadata)")
-    tasks = [t for t in registered().values() if t.patch_keywords is not None]
+    tasks = patch_tasks()
     e.add_argument("--eval", type=names, default=[], help=f"comma-separated eval tasks: {eval_names(tasks)}; each "
                    "compares the patched model with the unpatched one (see 'hf-posenc eval TASK --help').")
-    for flag in dict.fromkeys(t.lengths_flag for t in tasks):
+    for flag in lengths_flags():
         users = ", ".join(t.name for t in tasks if t.lengths_flag == flag)
         e.add_argument(f"--{flag}-lengths", type=ints, default=None, help=f"lengths of {users} (default: the original "
                        "context and original x factor).")
@@ -67,11 +67,10 @@ def add_parser(sub) -> None:
 def run(args, command: str) -> int:
     from ..publish import patch_and_save
 
-    from ..eval.tasks import registered
+    from ..eval.tasks import lengths_flags
 
     config = method_config(args)
-    flags = {t.lengths_flag for t in registered().values() if t.patch_keywords is not None}
-    lengths = {flag: getattr(args, f"{flag}_lengths") for flag in flags if getattr(args, f"{flag}_lengths")}
+    lengths = {flag: getattr(args, f"{flag}_lengths") for flag in lengths_flags() if getattr(args, f"{flag}_lengths")}
     done = patch_and_save(model=args.model, config=config, output=args.output, evals=args.eval,
                           eval_lengths=lengths, text_file=args.text_file,
                           encoding=args.encoding, tokenizer=args.tokenizer,

@@ -132,6 +132,16 @@ def task_of_report(report_task: str) -> EvalTask | None:
     return next((t for t in registered().values() if t.report == report_task), None)
 
 
+def patch_tasks() -> list[EvalTask]:
+    """The tasks ``hf-posenc patch --eval`` offers (those with ``patch_keywords``)."""
+    return [t for t in registered().values() if t.patch_keywords is not None]
+
+
+def lengths_flags() -> list[str]:
+    """The ``--<flag>-lengths`` of ``hf-posenc patch``: each task's ``lengths_flag``, once, in registration order."""
+    return list(dict.fromkeys(t.lengths_flag for t in patch_tasks()))
+
+
 def eval_names(tasks) -> str:
     """``ppl, passkey, retrieval, harness:TASK (TASK: an lm-eval task, ...)``: what ``patch --eval`` takes."""
     return ", ".join(f"{t.name}:{t.argument[0]} ({t.argument[0]}: {t.argument[1]})" if t.check_arguments else t.name
@@ -142,7 +152,7 @@ def parse_evals(evals: list[str] | None) -> list[tuple[EvalTask, list[str]]]:
     """``patch --eval`` names -> (task, its arguments) in the order first named: ``["ppl", "harness:vt",
     "harness:cwe"]`` -> [(ppl, []), (harness, ["vt", "cwe"])]; unknown names, a task not offered by ``patch``, an
     argument to a task that takes none, a missing one, are refused before anything loads."""
-    tasks = {n: t for n, t in registered().items() if t.patch_keywords is not None}
+    tasks = {t.name: t for t in patch_tasks()}
     chosen: dict[str, list[str]] = {}
     for item in evals or []:
         name, colon, arg = item.partition(":")
