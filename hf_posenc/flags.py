@@ -109,6 +109,15 @@ def data_flags(p: argparse.ArgumentParser, split: str, purpose: str):
     return d
 
 
+def documents_of(args):
+    """The documents asked for by a command with the flags of :func:`data_flags`, ``--limit`` and ``--corpus``
+    (none of them given: the default corpus)."""
+    from .eval.data import gather_documents
+
+    return gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
+                            args.limit, args.corpus, args.encoding)
+
+
 def upload_flags(g) -> None:
     g.add_argument("--private", action="store_true", default=None, help="create the repo private.")
     g.add_argument("--revision", default=None, help="branch to commit to (created from main if missing).")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..flags import data_flags, engine_flags, ints, positive, positive_float
+from ..flags import data_flags, documents_of, engine_flags, ints, positive, positive_float
 
 
 def add_parser(sub) -> None:
@@ -41,11 +41,9 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    from ..eval.data import gather_documents
     from ..serve_check import failed, serve_check
 
-    docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split,
-                            args.column, args.limit, args.corpus, args.encoding)
+    docs = documents_of(args)
     report = serve_check(args.folder, engine=args.engine, lengths=args.lengths, docs=docs, tokenizer=args.tokenizer,
                          engine_python=args.engine_python, dtype=args.dtype, device=args.device, rtol=args.rtol,
                          confirm_refusal=args.confirm_refusal, chunk_size=args.chunk_size,

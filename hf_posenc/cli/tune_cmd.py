@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..models import DEFAULT_MODEL
-from ..flags import data_flags, depths, names, positive, positive_float
+from ..flags import data_flags, depths, documents_of, names, positive, positive_float
 
 
 def add_parser(sub) -> None:
@@ -58,11 +58,9 @@ def add_parser(sub) -> None:
 
 def run(args, command: str) -> int:
     from ..eval.common import parse_method_params
-    from ..eval.data import gather_documents
     from ..tuning import tune
 
-    docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
-                            args.limit, args.corpus, args.encoding)
+    docs = documents_of(args)
     report = tune(args.model, args.tokenizer, target_length=args.target_length, methods=args.methods,
                   space=args.space, method_params=parse_method_params(args.method_param), docs=docs,
                   budget_minutes=args.budget_minutes, max_short_cost=args.max_short_cost, rank_by=args.rank_by,

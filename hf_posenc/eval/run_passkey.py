@@ -11,7 +11,7 @@ from .haystack import TEXT_NEEDLE, TextHaystack
 from .passkey import FILLER, NEEDLE, PasskeyBuilder, aggregate_passkey, check_needle, check_scoring, grid, passkey_cell
 from .report import markdown_table, plot_heatmap, plot_lines
 from .tasks import EvalTask, Objective, per_length_entries, register_task
-from ..flags import data_flags, depths, ints, positive
+from ..flags import data_flags, depths, documents_of, ints, positive
 
 
 def run_passkey(*, lengths: list[int], depths: list[float], trials: int = 5, digits: int = 5,
@@ -117,10 +117,7 @@ def passkey_flags(p) -> None:
 def passkey_keywords(args) -> dict[str, Any]:
     docs = None
     if args.haystack == "text":  # documents are read (and refused) before the model loads
-        from .data import gather_documents
-
-        docs = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split,
-                                args.column, args.limit, args.corpus, args.encoding)
+        docs = documents_of(args)
     elif any([args.text_file, args.text_dir, args.dataset, args.corpus]):
         raise ValueError("the data flags give the haystack of --haystack text; add it (the filler haystack reads "
                          "no documents)")

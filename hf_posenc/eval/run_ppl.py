@@ -19,7 +19,7 @@ from .key_tokens import (ALPHA, BETA, KEY_FIELDS, POSITION_FIELDS, aggregate_key
                          evaluator_config, key_positions_cell, key_token_cell, load_evaluator, scored_key_cell)
 from .report import markdown_table, plot_lines
 from .tasks import EvalTask, Objective, per_length_entries, register_task
-from ..flags import data_flags, ints, positive
+from ..flags import data_flags, documents_of, ints, positive
 
 WINDOW_FIELDS = {"tokens": NUMBER, "nll_sum": NUMBER, "bucket_sum": list, "bucket_cnt": list}
 
@@ -285,11 +285,10 @@ def ppl_flags(p) -> None:
 
 
 def ppl_keywords(args) -> dict[str, Any]:
-    docs = D.gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
-                              args.limit, args.corpus, args.encoding)
-    return dict(lengths=args.lengths, docs=docs, mode=args.mode, stride=args.stride, max_windows=args.max_windows,
-                buckets=args.buckets, chunk_size=args.chunk_size, truncated_stride=args.truncated_stride,
-                truncated_baseline=not args.no_truncated_baseline, key_tokens=args.key_tokens,
+    return dict(lengths=args.lengths, docs=documents_of(args), mode=args.mode, stride=args.stride,
+                max_windows=args.max_windows, buckets=args.buckets, chunk_size=args.chunk_size,
+                truncated_stride=args.truncated_stride, truncated_baseline=not args.no_truncated_baseline,
+                key_tokens=args.key_tokens,
                 evaluator=args.evaluator, evaluator_method=args.evaluator_method, key_alpha=args.key_alpha,
                 key_beta=args.key_beta)
 
