@@ -105,17 +105,11 @@ def _harness_entries(report: dict[str, Any], res: dict[str, Any]) -> list:
     return out
 
 
-def _checked_tasks(tasks: list[str]) -> list[str]:
-    if not tasks:
-        raise ValueError("--eval harness:TASK names an lm-eval task after the colon, e.g. harness:niah_single_1")
-    return check_tasks(tasks)
-
-
 HARNESS = register_task(EvalTask(
     name="harness", report="harness", summary="lm-evaluation-harness tasks (RULER: niah_single_1, vt, cwe, ...) per "
     "length on each patched model (needs the harness extra).", title="lm-evaluation-harness (RULER)", run=run_harness,
     flags=harness_flags, keywords=harness_keywords, default_methods=("none", "yarn"), engines=True,
-    model_index=_harness_entries, lengths_flag="harness", check_arguments=_checked_tasks, check_lengths=check_lengths,
+    model_index=_harness_entries, lengths_flag="harness", check_arguments=check_tasks, check_lengths=check_lengths,
     argument=("TASK", "an lm-eval task, e.g. harness:niah_single_1; repeatable"),
     patch_keywords=lambda e: dict(tasks=e.arguments, lengths=e.lengths, limit=e.limit,
                                   max_gen_tokens=e.max_gen_tokens)))
