@@ -175,8 +175,9 @@ def run_length(args, length: int) -> list[str]:
         return section(args, length, chosen, argv)
     run_cli(argv["ppl"], args.no_progress)
     judged(argv["judged"], os.path.join(args.output, str(length)), args.no_progress)
-    needle_chosen = [c for c in chosen if c[0] in args.needle_methods]
-    for i in range(1, len(needle_chosen) + 1):  # method by method, so that a stopped run keeps whole methods
+    order = args.needle_methods.index
+    needle_chosen = sorted((c for c in chosen if c[0] in args.needle_methods), key=lambda c: order(c[0]))
+    for i in range(1, len(needle_chosen) + 1):  # in --needle-methods order; a stopped run keeps whole methods
         sub = argparse.Namespace(**{**vars(args), "needle_methods": [m for m, _, _ in needle_chosen[:i]]})
         part = commands(sub, length, chosen)
         run_cli(part["text"], args.no_progress)

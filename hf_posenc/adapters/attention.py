@@ -34,6 +34,20 @@ def repeat_heads(x: torch.Tensor, n: int) -> torch.Tensor:
     return x if n == 1 else x.repeat_interleave(n, dim=1)
 
 
+def fold_groups(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``q`` ``[b, h, n, d]`` as ``[b, kv_heads, groups * n, d]``: the query heads that share a key/value head folded
+    into the query axis, so that a kernel reads each key once (no repeated keys; not for a causal pattern)."""
+    b, h, n, d = q.shape
+    return q.reshape(b, kv_heads, h // kv_heads * n, d)
+
+
+def unfold_groups(out: torch.Tensor, lse: torch.Tensor, heads: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`fold_groups` for a kernel's output ``[b, kv_heads, groups * n, dv]`` and its
+    log-sum-exp ``[b, kv_heads, >= groups * n]`` (a kernel may pad it): ``[b, heads, n, dv]`` and ``[b, heads, n]``."""
+    b, folded = out.shape[0], out.shape[2]
+    return out.reshape(b, heads, n, -1), lse[..., :folded].reshape(b, heads, n)
+
+
 def check_attention(model, method: str) -> str:
     """The model's attention implementation, if ``method``'s attention function can replace it (sdpa or eager)."""
     impl = getattr(model.config, "_attn_implementation", None) or "sdpa"

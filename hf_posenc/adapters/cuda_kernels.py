@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from .attention import repeat_heads
+from .attention import fold_groups, repeat_heads, unfold_groups
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 _checked: dict[tuple[str, torch.dtype, int], bool] = {}  # (device, dtype, head dim) -> the kernel passed its check
@@ -41,14 +41,12 @@ def flash_usable(q: torch.Tensor, dropout: float) -> bool:
 def flash_piece(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q`` ``[b, h, n, d]`` over all of ``k``/``v`` ``[b, h_kv, m, d]`` (``causal``: a square, top-left
     causal): ``(out [b, h, n, dv] float32, lse [b, h, n] float32)``."""
-    b, h, n, d = q.shape
+    _, h, n, _ = q.shape
     groups = h // k.shape[1]
     if causal:
         out, lse = _flash(q, repeat_heads(k, groups), repeat_heads(v, groups), True, scale)
     else:
-        qf = q.reshape(b, k.shape[1], groups * n, d)  # grouped heads folded into the query axis
-        out, lse = _flash(qf, k, v, False, scale)
-        out, lse = out.reshape(b, h, n, -1), lse.reshape(b, h, n)
+        out, lse = unfold_groups(*_flash(fold_groups(q, k.shape[1]), k, v, False, scale), h, n)
     return out.float(), lse.float()
 
 
@@ -56,15 +54,15 @@ def band_piece(q, k, v, allowed: torch.Tensor, scale: float) -> tuple[torch.Tens
     """Attention of ``q`` ``[b, h, n, d]`` over ``k``/``v`` ``[b, h_kv, m, d]`` where ``allowed`` ``[n, m]`` (bool)
     lets it: ``(out, lse)`` float32, as :func:`flash_piece` (a query allowed no key: a finite, meaningless lse that
     the caller replaces by -inf)."""
-    b, h, n, d = q.shape
+    b, h, n, _ = q.shape
     hk, m = k.shape[1], k.shape[2]
     groups = h // hk
     padded = -(-m // 16) * 16  # the kernel wants the bias's rows 16-element aligned: a wider buffer, sliced
     bias = torch.full((groups * n, padded), torch.finfo(q.dtype).min, dtype=q.dtype, device=q.device)
     bias[:, :m].masked_fill_(allowed.repeat(groups, 1), 0.0)
-    qf = q.reshape(b, hk, groups * n, d)
-    out, lse = _efficient(qf, k, v, bias[:, :m].expand(b, hk, groups * n, m), scale)
-    return out.reshape(b, h, n, -1).float(), lse[..., : groups * n].reshape(b, h, n).float()
+    got = _efficient(fold_groups(q, hk), k, v, bias[:, :m].expand(b, hk, groups * n, m), scale)
+    out, lse = unfold_groups(*got, h, n)
+    return out.float(), lse.float()
 
 
 def _efficient(q, k, v, bias, scale: float):

@@ -33,7 +33,7 @@ import torch
 
 from ..encodings.remap import Piece, Scheme
 from ..encodings.rope import apply_rotary
-from .attention import CacheOffset, register_attention, repeat_heads
+from .attention import CacheOffset, fold_groups, register_attention, repeat_heads, unfold_groups
 from .cuda_kernels import band_piece, flash_piece, flash_usable
 
 NAME = "hf_posenc_remapped"
@@ -337,14 +337,14 @@ def kernel(q, k, v, seg: Segment, scale: float, dropout: float):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, repeat_heads(k, groups), repeat_heads(v, groups), dropout, True, scale=scale)
     else:
-        qf = q.reshape(b, k.shape[1], groups * n, q.shape[-1])  # grouped heads folded into the query axis
+        qf = fold_groups(q, k.shape[1])
         mf = None if mask is None else mask.expand(groups, n, mask.shape[-1]).reshape(groups * n, -1)
         if fused:
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qf, k, v, dropout, False,
                                                                                   attn_mask=mf, scale=scale)
         else:
             out, lse = eager(qf, k, v, mf, scale, dropout)
-        out, lse = out.reshape(b, h, n, -1), lse.reshape(b, h, n)
+        out, lse = unfold_groups(out, lse, h, n)
     return out.float(), _no_key(lse.float(), seg, q.device)
 
 
