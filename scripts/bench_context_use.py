@@ -92,13 +92,17 @@ def _needle(report: dict | None, label: str, length: int, depths: list[float]) -
     return [f"{r['cells'][f'{length}@{d:g}']['accuracy']:.1f}" for d in depths] + [f"{r['by_length'][str(length)]:.2f}"]
 
 
+def _rows(lines_head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(lines_head) + " |", "|" + "---|" * len(lines_head),
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
+
+
 def table(args, length: int, chosen) -> list[str]:
+    """Two tables: perplexity past L, context gain and key tokens for every method; then needle accuracy per depth
+    (in text and in filler) for the needle methods, under the depths a model truncated to L can see."""
     out = os.path.join(args.output, str(length))
     ppl = _load(os.path.join(out, "ppl", "perplexity.json"))
-    text = _load(os.path.join(out, "needle_text", "passkey.json"))
-    filler = _load(os.path.join(out, "needle_filler", "passkey.json"))
     judged = _load(os.path.join(out, "ppl_judged", "perplexity.json"))
-    depths = [float(d) for d in args.depths.split(",")]
     original = ppl["setup"]["original_context"]
     base = ppl["results"][ppl["setup"]["truncated_baseline"]["label"]][str(length)]["past_original"]
     rows = []
@@ -106,29 +110,40 @@ def table(args, length: int, chosen) -> list[str]:
         label = variant.split("=", 1)[0]
         r = ppl["results"][label][str(length)]
         rows.append([method, f"`{variant}`", f"{r['past_original']['ppl']:.2f}", f"{r.get('context_gain', 1):.3f}",
-                     _key(r), _key(judged["results"][label][str(length)]) if judged else "–",
-                     *_needle(text, label, length, depths), *_needle(filler, label, length, depths)])
-    reach = ", ".join(f"{d:g}" for d in depths if d >= 1 - original / length)
+                     _key(r), _key(judged["results"][label][str(length)]) if judged else "–"])
     rows.append(["none, truncated to L", f"{original} tokens at most before each token", f"{base['ppl']:.2f}", "1",
-                 "", "", *["" for _ in depths], "", *["" for _ in depths], ""])
-    head = (["method", "configuration", f"ppl past L (from {base['from']})", "context gain",
-             "key-token ppl, own judge (count)", "key-token ppl, one judge (count)"]
-            + [f"text @ {d:g}" for d in depths] + ["text, all"] + [f"filler @ {d:g}" for d in depths] + ["filler, all"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+                 "", ""])
+    lines = _rows(["method", "configuration", f"ppl past L (from {base['from']})", "context gain",
+                   "key-token ppl, own judge (count)", "key-token ppl, one judge (count)"], rows)
     if judged:
         own = judged["setup"]["key_tokens"]["evaluator_own"][str(length)]
         own_ppl = f"{own['ppl']:.2f}" if own["ppl"] else "-"
         lines += ["", f"One judge: {judged['setup']['key_tokens']['evaluator']}, for every method ({own['count']} key "
                   f"tokens, {100 * own['share']:.2f}% of the scored ones; its own key-token perplexity {own_ppl}). "
                   "Own judge: each method's own model (its own key tokens)."]
-    note = (f"Needles: {args.trials} keys per depth (accuracy per depth in steps of {1 / args.trials:g}). A model "
-            f"truncated to L = {original} tokens sees a needle at {length} tokens only at depth >= "
-            f"{1 - original / length:.2f} (here: {reach or 'none of the depths'}); a method that finds needles at "
-            "shallower depths uses the context past L. –: not run yet (the runs resume method by method (--needle-methods) "
-            "and had not reached it); the filler passkey of every method, one key per depth at 0.1 / 0.5 / 0.9, is in "
-            "the section 'Training-free long context side by side'.")
-    return lines + ["", note]
+    return lines + ["", *needle_table(args, length, chosen, original)]
+
+
+def needle_table(args, length: int, chosen, original: int) -> list[str]:
+    out = os.path.join(args.output, str(length))
+    text = _load(os.path.join(out, "needle_text", "passkey.json"))
+    filler = _load(os.path.join(out, "needle_filler", "passkey.json"))
+    depths = [float(d) for d in args.depths.split(",")]
+    seen = 1 - original / length
+    labels = {m: v.split("=", 1)[0] for m, v, _ in chosen}
+    rows = [[m, *_needle(text, labels[m], length, depths), *_needle(filler, labels[m], length, depths)]
+            for m in args.needle_methods]
+    reach = ["✓" if d >= seen else "✗" for d in depths]
+    rows.append(["none, truncated to L: can it see the needle?", *reach, "", *reach, ""])
+    head = (["method"] + [f"text @ {d:g}" for d in depths] + ["text, all"]
+            + [f"filler @ {d:g}" for d in depths] + ["filler, all"])
+    note = (f"Needles: {args.trials} keys per depth (accuracy per depth in steps of {1 / args.trials:g}); text: a "
+            "RULER-worded needle in the book's prose; filler: the repeated-filler passkey. A model truncated to "
+            f"L = {original} tokens sees a needle at {length} tokens only at depth >= {seen:.2f}; a method that finds "
+            "needles at shallower depths retrieves from past L. –: not run yet (the runs resume method by method, "
+            "in --needle-methods order); the filler passkey of every method, one key per depth at 0.1 / 0.5 / 0.9, "
+            "is in the section 'Training-free long context side by side'.")
+    return [*_rows(head, rows), "", note]
 
 
 def verdict(args, length: int, chosen) -> str:
