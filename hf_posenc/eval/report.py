@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from typing import Any
 
 from ..files import atomic_write, atomic_write_text
@@ -110,11 +111,15 @@ def _plt():
 
 
 def plot_lines(series: dict[str, tuple[list[float], list[float]]], title: str, xlabel: str, ylabel: str, path: str,
-               logy: bool = False, vline: float | None = None, hline: tuple[float, str] | None = None) -> str:
+               logy: bool = False, vline: float | None = None, hline: tuple[float, str] | None = None,
+               baseline: str | None = None) -> str:
+    """One line per series; ``baseline`` names the series drawn as a black dashed reference line."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    many = len(series) > 4  # then the legend goes beside the axes, where it hides no line
+    fig, ax = plt.subplots(figsize=(9.5 if many else 7, 4.2), dpi=120)
     for label, (xs, ys) in series.items():
-        ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        style = {"color": "black", "linestyle": "--"} if label == baseline else {}
+        ax.plot(xs, ys, marker="o", markersize=3, label=label, **style)
     if vline:
         ax.axvline(vline, color="grey", linestyle="--", linewidth=1, label="original context")
     if hline:
@@ -125,7 +130,7 @@ def plot_lines(series: dict[str, tuple[list[float], list[float]]], title: str, x
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(**({"loc": "upper left", "bbox_to_anchor": (1.01, 1), "fontsize": "small"} if many else {}))
     fig.tight_layout()
     return _save_figure(plt, fig, path)
 
@@ -142,7 +147,8 @@ def _save_figure(plt, fig, path: str) -> str:
 def plot_heatmap(matrix: list[list[float]], rows: list[str], cols: list[str], title: str, path: str,
                  xlabel: str = "context length (tokens)", ylabel: str = "needle depth") -> str:
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(cols), 1.0 + 0.5 * len(rows)), dpi=120)
+    width = max(1.2 + 1.1 * len(cols), 3.6)  # at least wide enough for a readable title
+    fig, ax = plt.subplots(figsize=(width, 1.3 + 0.5 * len(rows)), dpi=120)
     im = ax.imshow(matrix, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
     ax.set_xticks(range(len(cols)), cols)
     ax.set_yticks(range(len(rows)), rows)
@@ -151,7 +157,7 @@ def plot_heatmap(matrix: list[list[float]], rows: list[str], cols: list[str], ti
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, int(width * 8), break_on_hyphens=False), fontsize="medium")  # a long label wraps
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
     return _save_figure(plt, fig, path)

@@ -78,12 +78,13 @@ def passkey_table(report: dict[str, Any]) -> str:
 
 def passkey_plots(report: dict[str, Any], output: str) -> list[str]:
     s, paths = report["setup"], []
+    what = "Needle-in-text accuracy" if s.get("haystack") == "text" else "Passkey accuracy"
     for m, r in report["results"].items():
         matrix = [[r["cells"][f"{n}@{d}"]["accuracy"] for n in s["lengths"]] for d in s["depths"]]
         paths.append(plot_heatmap(matrix, [f"{d:g}" for d in s["depths"]], [str(n) for n in s["lengths"]],
-                                  f"Passkey accuracy: {m}", os.path.join(output, f"passkey_heatmap_{m}.png")))
+                                  f"{what}: {m}", os.path.join(output, f"passkey_heatmap_{m}.png")))
     series = {m: (s["lengths"], [r["by_length"][str(n)] for n in s["lengths"]]) for m, r in report["results"].items()}
-    paths.append(plot_lines(series, "Passkey accuracy vs length", "context length (tokens)", "accuracy",
+    paths.append(plot_lines(series, f"{what} vs length", "context length (tokens)", "accuracy",
                             os.path.join(output, "passkey_vs_length.png"), vline=s["original_context"]))
     return paths
 

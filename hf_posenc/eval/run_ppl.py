@@ -224,12 +224,13 @@ def ppl_table(report: dict[str, Any]) -> str:
 
 def ppl_plots(report: dict[str, Any], output: str) -> list[str]:
     setup, paths = report["setup"], []
+    baseline = (setup.get("truncated_baseline") or {}).get("label")
     lengths = setup["lengths"]
     series = {m: ([n for n in lengths if str(n) in r], [r[str(n)]["ppl"] for n in lengths if str(n) in r])
               for m, r in report["results"].items()}
     paths.append(plot_lines(series, f"Perplexity vs context length ({setup['model']})", "context length (tokens)",
                             "perplexity", os.path.join(output, "ppl_vs_length.png"), logy=True,
-                            vline=setup["original_context"]))
+                            vline=setup["original_context"], baseline=baseline))
     for n in lengths:
         curves = {}
         for m, r in report["results"].items():
@@ -239,7 +240,8 @@ def ppl_plots(report: dict[str, Any], output: str) -> list[str]:
             curves[m] = ([(p["from"] + p["to"]) / 2 for p in pts], [p["nll"] for p in pts])
         vline = setup["original_context"] if setup["original_context"] < n else None
         paths.append(plot_lines(curves, f"Loss by position, {n}-token windows", "position in window",
-                                "mean NLL (nats)", os.path.join(output, f"loss_by_position_{n}.png"), vline=vline))
+                                "mean NLL (nats)", os.path.join(output, f"loss_by_position_{n}.png"), vline=vline,
+                                baseline=baseline))
     return paths
 
 
