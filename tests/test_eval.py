@@ -67,6 +67,8 @@ def test_passkey_prompt_lengths_and_depths(bert_tokenizer):
         for depth in (0.0, 0.5, 1.0):
             p = b.build(n, depth, "12345")
             assert n - filler < p.length <= n
+            needle = bert_tokenizer(b.needle.format(key="12345"), add_special_tokens=False)["input_ids"]
+            assert p.input_ids[p.needle[0] : p.needle[1]].tolist() == needle  # the recorded span holds the needle
             text = bert_tokenizer.decode(p.input_ids)
             at = text.find("12345") / len(text)
             assert abs(at - depth) < 0.15, (n, depth, at)
@@ -282,6 +284,7 @@ def test_text_haystack_prompts_hide_the_asked_needle_at_its_depth_among_distract
                                 add_special_tokens=False)["input_ids"]
         at = next(i for i in range(len(body)) if body[i : i + len(needle)] == needle)
         assert abs(at / (length - len(needle)) - depth) < 0.35  # near its depth (distractors and snapping move it)
+        assert p.needle == (len(hay.prefix) + at, len(hay.prefix) + at + len(needle))  # recorded where it is
     assert hay.build(600, 0.5, "11111").input_ids.tolist() != hay.build(600, 0.5, "22222").input_ids.tolist()
     with pytest.raises(ValueError, match="the haystack text has"):
         TextHaystack(bert_tokenizer, stream[:200]).build(600, 0.5, "12345")
@@ -301,11 +304,27 @@ def test_cli_passkey_in_real_text_resumes_and_refuses_filler_flags(tiny_checkpoi
     assert "needles in the prose of python-docs[0]" in (out / "passkey.md").read_text()
     samples = report["results"]["none"]["samples"]
     assert len(samples) == 2 * 2 and all(x["tokens"] == 120 for x in samples)
+    # beyond L (= 64): the prompts whose needle ends before the last 64 tokens, out of a truncated model's sight
+    out_of_sight = [x for x in samples if x["needle"][1] <= 120 - 64]
+    assert 0 < len(out_of_sight) < len(samples)
+    beyond = report["results"]["none"]["beyond_reach"]["120"]
+    assert (beyond["trials"], beyond["hits"]) == (len(out_of_sight), sum(x["correct"] for x in out_of_sight))
+    assert "| 120: beyond L |" in (out / "passkey.md").read_text()
     capsys.readouterr()
     assert main(argv) == 0 and "resumed 4 of 4 cells" in capsys.readouterr().err
     assert "--filler and --needle shape the filler haystack" in refused(argv + ["--filler", "x y"], capsys)
     plain = ["eval", "passkey", "--model", tiny_checkpoint, "--lengths", "120", "--corpus", "python-docs"]
     assert "the data flags give the haystack of --haystack text" in refused(plain, capsys)
+
+
+def test_beyond_reach_counts_needles_wholly_before_the_last_l_tokens_and_not_cells_without_their_place():
+    from hf_posenc.eval.passkey import beyond_reach
+
+    old = {"length": 100, "depth": 0.1, "tokens": 100, "key": "12345", "correct": True}
+    assert beyond_reach([old], 64) is None  # a cell of an older run: the needle's place was not recorded
+    samples = [dict(old, needle=[5, 36]), dict(old, needle=[30, 37]), dict(old, needle=[10, 20], correct=False)]
+    assert beyond_reach(samples, 64) == {"hits": 1, "trials": 2, "accuracy": 0.5}  # [30, 37) reaches token 36
+    assert beyond_reach([dict(old, needle=[80, 90])], 64) == {"hits": 0, "trials": 0, "accuracy": None}
 
 
 @pytest.mark.parametrize("alpha,beta", [(0.001, -1e9), (0.05, -12.0), (2.0, -2.0)])

@@ -63,7 +63,10 @@ class TextHaystack:
         for at, needle in sorted(zip(places, needles), key=lambda p: p[0], reverse=True):
             body[at:at] = needle
         ids = self.prefix + body + question
-        return PasskeyPrompt(torch.tensor(ids), key, torch.tensor(self._enc(" " + key)), depth, len(ids))
+        # the asked needle (first inserted, so pushed right by the others inserted at or before its place)
+        first = len(self.prefix) + places[0] + sum(len(n) for at, n in zip(places[1:], needles[1:]) if at <= places[0])
+        return PasskeyPrompt(torch.tensor(ids), key, torch.tensor(self._enc(" " + key)), depth, len(ids),
+                             (first, first + len(needles[0])))
 
     def _snap(self, start: int, at: int) -> int:
         """``at`` (an offset into the span from ``start``), moved back to just after a sentence end within SNAP

@@ -32,6 +32,7 @@ class PasskeyPrompt:
     answer_ids: torch.Tensor  # tokens of " <key>"
     depth: float
     length: int
+    needle: tuple[int, int] = (0, 0)  # [start, end) of the asked needle's tokens in input_ids
 
 
 def check_needle(needle: str) -> str:
@@ -71,7 +72,9 @@ class PasskeyBuilder:
         body = self.filler * at + needle + self.filler * (reps - at)
         ids = self.prefix + body + self.question
         answer = self._enc(" " + key)
-        return PasskeyPrompt(torch.tensor(ids), key, torch.tensor(answer), depth, len(ids))
+        start = len(self.prefix) + at * len(self.filler)
+        return PasskeyPrompt(torch.tensor(ids), key, torch.tensor(answer), depth, len(ids),
+                             (start, start + len(needle)))
 
 
 def random_key(rng: random.Random, digits: int) -> str:
@@ -177,12 +180,14 @@ def passkey_cell(model, tokenizer, builder: PasskeyBuilder, length: int, depth: 
         for i, r in zip(group, got):
             outcome[i] = r
     samples = [{"length": length, "depth": depth, "tokens": p.length, "key": p.key, "correct": ok,
-                **({"output": said} if said is not None else {})} for p, (ok, said) in zip(prompts, outcome)]
+                "needle": list(p.needle), **({"output": said} if said is not None else {})}
+               for p, (ok, said) in zip(prompts, outcome)]
     return {"hits": sum(s["correct"] for s in samples), "trials": trials, "samples": samples}
 
 
-def aggregate_passkey(lengths: list[int], cells: list[tuple[int, float, dict]]) -> dict:
-    """Accuracy per (length, depth) cell, per length and overall, from (length, depth, cell result)."""
+def aggregate_passkey(lengths: list[int], cells: list[tuple[int, float, dict]], original: int | None = None) -> dict:
+    """Accuracy per (length, depth) cell, per length and overall, from (length, depth, cell result); with the
+    ``original`` context L, also per length the needles out of truncation's reach (:func:`beyond_reach`)."""
     table = {f"{n}@{d}": {"length": n, "depth": d, "accuracy": c["hits"] / c["trials"], "trials": c["trials"]}
              for n, d, c in cells}
     by_length = {}
@@ -190,15 +195,32 @@ def aggregate_passkey(lengths: list[int], cells: list[tuple[int, float, dict]]) 
         cs = [c for c in table.values() if c["length"] == n]
         by_length[str(n)] = sum(c["accuracy"] for c in cs) / len(cs)
     overall = sum(c["accuracy"] for c in table.values()) / len(table)
-    return {"accuracy": overall, "by_length": by_length, "cells": table,
-            "samples": [s for _, _, c in cells for s in c["samples"]]}
+    samples = [s for _, _, c in cells for s in c["samples"]]
+    out = {"accuracy": overall, "by_length": by_length, "cells": table, "samples": samples}
+    if original:
+        out["beyond_reach"] = {str(n): beyond_reach([s for s in samples if s["length"] == n], original)
+                               for n in lengths if n > original}
+    return out
+
+
+def beyond_reach(samples: list[dict], original: int) -> dict | None:
+    """The samples whose asked needle lies wholly before the prompt's last ``original`` tokens -- where the
+    unpatched model truncated to its original context L cannot see it, so a hit there is a fact retrieved from
+    past L: ``{"hits", "trials", "accuracy"}`` (accuracy None when no needle lies there); None when a sample
+    predates the needle's recorded position (cells of an older run)."""
+    if any("needle" not in s for s in samples):
+        return None
+    out = [s for s in samples if s["needle"][1] <= s["tokens"] - original]
+    hits = sum(s["correct"] for s in out)
+    return {"hits": hits, "trials": len(out), "accuracy": hits / len(out) if out else None}
 
 
 def evaluate_passkey(model, tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int = 0,
                      digits: int = 5, scoring: str = "teacher_forced", builder: PasskeyBuilder | None = None,
-                     progress: bool = True, desc: str = "", batch_size: int = 1) -> dict:
+                     progress: bool = True, desc: str = "", batch_size: int = 1, original: int | None = None) -> dict:
     """Accuracy per (length, depth) cell and overall, for ``model`` as it is. Keys come from ``seed``: every
-    method sees the same keys. (``hf-posenc eval passkey`` computes the same cells resumably, see
+    method sees the same keys; ``original`` (the original context L) adds the accuracy beyond truncation's reach
+    per longer length (:func:`beyond_reach`). (``hf-posenc eval passkey`` computes the same cells resumably, see
     ``run_passkey``.)"""
     from tqdm.auto import tqdm
 
@@ -207,4 +229,4 @@ def evaluate_passkey(model, tokenizer, lengths: list[int], depths: list[float], 
     cells = [(n, d, passkey_cell(model, tokenizer, builder, n, d, s, trials, digits, scoring, batch_size))
              for n, d, s in tqdm(grid(lengths, depths, seed), desc=f"{desc} passkey".strip(), disable=not progress,
                                  leave=False)]
-    return aggregate_passkey(lengths, cells)
+    return aggregate_passkey(lengths, cells, original)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..context import original_context
 from .cells import NUMBER
 from .common import Run
 from .haystack import TEXT_NEEDLE, TextHaystack
@@ -34,7 +35,7 @@ def run_passkey(*, lengths: list[int], depths: list[float], trials: int = 5, dig
             raise ValueError(f"--depths must lie in [0, 1], got {depths}")
         check_needle(needle)
         check_scoring(scoring, trials, digits, batch_size)
-        _, tok, _ = job.load()
+        lm, tok, _ = job.load()
         settings = {"trials": trials, "digits": digits, "scoring": scoring, "filler": filler, "needle": needle,
                     "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
         if haystack == "text":
@@ -46,8 +47,8 @@ def run_passkey(*, lengths: list[int], depths: list[float], trials: int = 5, dig
                          lambda v, k: passkey_cell(job.model_for(v, max(lengths) + digits + 64), tok, builder,
                                                    *k, trials, digits, scoring, batch_size),
                          fields={"hits": NUMBER, "trials": NUMBER, "samples": list})
-        results = {label: aggregate_passkey(lengths, [(n, d, c) for (n, d, _), c in zip(cells, values)])
-                   for label, values in done.items()}
+        results = {label: aggregate_passkey(lengths, [(n, d, c) for (n, d, _), c in zip(cells, values)],
+                                            original_context(lm)) for label, values in done.items()}
         settings.update(lengths=lengths, depths=depths, batch_size=batch_size)
         return job.report("passkey", settings, results, passkey_table, passkey_plots)
 
@@ -68,12 +69,24 @@ def text_haystack(tok, docs: list | None, needles: int, settings: dict[str, Any]
 
 def passkey_table(report: dict[str, Any]) -> str:
     s = report["setup"]
-    rows = [[m, *(r["by_length"][str(n)] for n in s["lengths"]), r["accuracy"]] for m, r in report["results"].items()]
+    longer = [n for n in s["lengths"] if s["original_context"] and n > s["original_context"]]  # T5: no L
+    rows = [[m, *(r["by_length"][str(n)] for n in s["lengths"]), r["accuracy"],
+             *(_beyond(r.get("beyond_reach", {}).get(str(n))) for n in longer)] for m, r in report["results"].items()]
     hay = (f"needles in the prose of {', '.join(s['documents'])} ({s['needles']} per prompt, RULER's wording)"
            if s.get("haystack") == "text" else "needle in repeated filler")
     note = (f"Passkey accuracy ({hay}; {s['scoring']}, {s['trials']} trials x {len(s['depths'])} depths per length), "
             f"model {s['model']} (original context {s['original_context']}).")
-    return note + "\n\n" + markdown_table(["method", *(f"{n} tokens" for n in s["lengths"]), "overall"], rows)
+    if longer:
+        note += (f" Beyond L: the accuracy (and count) of the prompts whose needle lies wholly before the last "
+                 f"{s['original_context']} tokens, where the unpatched model truncated to its original context cannot "
+                 "see it: a hit there is retrieved from past L (–: no needle there, or cells of a run that did not "
+                 "record the needle's place).")
+    header = ["method", *(f"{n} tokens" for n in s["lengths"]), "overall", *(f"{n}: beyond L" for n in longer)]
+    return note + "\n\n" + markdown_table(header, rows)
+
+
+def _beyond(got: dict | None) -> str:
+    return "–" if not got or got["accuracy"] is None else f"{got['accuracy']:.2f} ({got['trials']})"
 
 
 def passkey_plots(report: dict[str, Any], output: str) -> list[str]:
