@@ -147,28 +147,31 @@ def needle_table(args, length: int, chosen, original: int) -> list[str]:
 
 
 def verdict(args, length: int, chosen) -> str:
+    """What the runs say, plainly: by perplexity (context gain, key tokens) and by needles out of truncation's reach."""
     ppl = _load(os.path.join(args.output, str(length), "ppl", "perplexity.json"))
     gains = {m: ppl["results"][v.split("=", 1)[0]][str(length)]["context_gain"] for m, v, _ in chosen}
     used = [f"{m} ({g:.3f})" for m, g in gains.items() if g > 1.01]
     held = [f"{m} ({g:.3f})" for m, g in gains.items() if 0.99 <= g <= 1.01]
     lost = [f"{m} ({g:.3f})" for m, g in gains.items() if g < 0.99]
-    said = (f"By perplexity: used the context past L (gain > 1.01): {', '.join(used) or 'none'}; only avoided "
-            f"breaking (within 1% of truncation): {', '.join(held) or 'none'}; worse than truncating: "
-            f"{', '.join(lost) or 'none'}. One window of one book.")
-    text = _load(os.path.join(args.output, str(length), "needle_text", "passkey.json"))
-    if text is None:
-        return said
+    said = (f"**By perplexity** (one window of one book): used the context past L (gain > 1.01): "
+            f"{', '.join(used) or 'none'}; only avoided breaking (within 1% of truncation): {', '.join(held) or 'none'}; "
+            f"worse than truncating: {', '.join(lost) or 'none'}.")
     original = ppl["setup"]["original_context"]
-    beyond = [d for d in text["setup"]["depths"] if d < 1 - original / length]
-    found = []
-    for m, v, _ in chosen:
-        cells = text["results"].get(v.split("=", 1)[0], {}).get("cells")
-        if cells:
-            hits = [cells[f"{length}@{d:g}"]["accuracy"] for d in beyond]
-            found.append(f"{m} {sum(hits) / len(hits):.2f}")
-    return said + (f" By needles in text at the depths a model truncated to L cannot see ({', '.join(map(str, beyond))}): "
-                   f"mean accuracy {', '.join(found)} (above 0: the method retrieves from past L)." if beyond and found
-                   else "")
+    beyond = [float(d) for d in args.depths.split(",") if float(d) < 1 - original / length]
+    for kind in ("text", "filler"):
+        report = _load(os.path.join(args.output, str(length), f"needle_{kind}", "passkey.json"))
+        found = []
+        for m in args.needle_methods:
+            label = next(v for mm, v, _ in chosen if mm == m).split("=", 1)[0]
+            cells = (report or {}).get("results", {}).get(label, {}).get("cells")
+            if cells and beyond:
+                hits = [cells[f"{length}@{d:g}"]["accuracy"] for d in beyond]
+                found.append(f"{m} {sum(hits) / len(hits):.2f}")
+        if found:
+            said += (f" **Needles in {kind}** at the depths a model truncated to L cannot see "
+                     f"({', '.join(f'{d:g}' for d in beyond)}): mean accuracy {', '.join(found)} (above 0: the "
+                     "method retrieves from past L).")
+    return said
 
 
 def judged(argv: list[str], out: str, no_progress: bool) -> None:
