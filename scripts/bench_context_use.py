@@ -92,6 +92,20 @@ def _needle(report: dict | None, label: str, length: int, depths: list[float]) -
     return [f"{r['cells'][f'{length}@{d:g}']['accuracy']:.1f}" for d in depths] + [f"{r['by_length'][str(length)]:.2f}"]
 
 
+def _label(variant: str) -> str:
+    """``LABEL=METHOD:...`` -> ``LABEL``, the key of a variant's results in a report."""
+    return variant.split("=", 1)[0]
+
+
+def _depths(args) -> list[float]:
+    return [float(d) for d in args.depths.split(",")]
+
+
+def _edge(original: int, length: int) -> float:
+    """The shallowest depth at which a model truncated to its original context L still sees a needle."""
+    return 1 - original / length
+
+
 def _rows(lines_head: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(lines_head) + " |", "|" + "---|" * len(lines_head),
             *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
@@ -107,7 +121,7 @@ def table(args, length: int, chosen) -> list[str]:
     base = ppl["results"][ppl["setup"]["truncated_baseline"]["label"]][str(length)]["past_original"]
     rows = []
     for method, variant in [("none", "none"), *[(m, v) for m, v, _ in chosen]]:
-        label = variant.split("=", 1)[0]
+        label = _label(variant)
         r = ppl["results"][label][str(length)]
         rows.append([method, f"`{variant}`", f"{r['past_original']['ppl']:.2f}", f"{r.get('context_gain', 1):.3f}",
                      _key(r), _key(judged["results"][label][str(length)]) if judged else "–"])
@@ -128,9 +142,8 @@ def needle_table(args, length: int, chosen, original: int) -> list[str]:
     out = os.path.join(args.output, str(length))
     text = _load(os.path.join(out, "needle_text", "passkey.json"))
     filler = _load(os.path.join(out, "needle_filler", "passkey.json"))
-    depths = [float(d) for d in args.depths.split(",")]
-    seen = 1 - original / length
-    labels = {m: v.split("=", 1)[0] for m, v, _ in chosen}
+    depths, seen = _depths(args), _edge(original, length)
+    labels = {m: _label(v) for m, v, _ in chosen}
     rows = [[m, *_needle(text, labels[m], length, depths), *_needle(filler, labels[m], length, depths)]
             for m in args.needle_methods]
     reach = ["✓" if d >= seen else "✗" for d in depths]
@@ -149,7 +162,8 @@ def needle_table(args, length: int, chosen, original: int) -> list[str]:
 def verdict(args, length: int, chosen) -> str:
     """What the runs say, plainly: by perplexity (context gain, key tokens) and by needles out of truncation's reach."""
     ppl = _load(os.path.join(args.output, str(length), "ppl", "perplexity.json"))
-    gains = {m: ppl["results"][v.split("=", 1)[0]][str(length)]["context_gain"] for m, v, _ in chosen}
+    labels = {m: _label(v) for m, v, _ in chosen}
+    gains = {m: ppl["results"][labels[m]][str(length)]["context_gain"] for m in labels}
     used = [f"{m} ({g:.3f})" for m, g in gains.items() if g > 1.01]
     held = [f"{m} ({g:.3f})" for m, g in gains.items() if 0.99 <= g <= 1.01]
     lost = [f"{m} ({g:.3f})" for m, g in gains.items() if g < 0.99]
@@ -157,13 +171,12 @@ def verdict(args, length: int, chosen) -> str:
             f"{', '.join(used) or 'none'}; only avoided breaking (within 1% of truncation): {', '.join(held) or 'none'}; "
             f"worse than truncating: {', '.join(lost) or 'none'}.")
     original = ppl["setup"]["original_context"]
-    beyond = [float(d) for d in args.depths.split(",") if float(d) < 1 - original / length]
+    beyond = [d for d in _depths(args) if d < _edge(original, length)]
     for kind in ("text", "filler"):
         report = _load(os.path.join(args.output, str(length), f"needle_{kind}", "passkey.json"))
         found = []
         for m in args.needle_methods:
-            label = next(v for mm, v, _ in chosen if mm == m).split("=", 1)[0]
-            cells = (report or {}).get("results", {}).get(label, {}).get("cells")
+            cells = (report or {}).get("results", {}).get(labels[m], {}).get("cells")
             if cells and beyond:
                 hits = [cells[f"{length}@{d:g}"]["accuracy"] for d in beyond]
                 found.append(f"{m} {sum(hits) / len(hits):.2f}")

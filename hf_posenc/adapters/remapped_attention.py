@@ -318,7 +318,7 @@ def _edge(start: int, stop: int, lo: torch.Tensor, hi: torch.Tensor) -> Segment:
 def kernel(q, k, v, seg: Segment, scale: float, dropout: float):
     """Attention of ``q`` ``[b, h, n, d]`` over ``k``/``v`` ``[b, h_kv, m, d]`` as allowed by ``seg``:
     ``(out [b, h, n, dv] float32, lse [b, h, n] float32)``, ``lse = -inf`` for a query that reads no key."""
-    b, h, n, _ = q.shape
+    _, h, n, _ = q.shape
     groups = h // k.shape[1]
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     on_gpu = not grad and flash_usable(q, dropout)  # CUDA, fp16/bf16: see cuda_kernels
