@@ -4,6 +4,7 @@ import json
 import sys
 
 import pytest
+import torch
 
 import hf_posenc
 from hf_posenc.cli import main
@@ -429,3 +430,27 @@ def test_a_config_naming_no_model_class_isrefused(architectures, message, tiny_c
     (folder / "config.json").write_text(json.dumps(config))
     err = refused(["eval", "ppl", "--model", str(folder), "--lengths", "32", "--corpus", "python-docs"], capsys)
     assert message in err
+
+
+@pytest.mark.parametrize("family", ["bert", "t5"])
+def test_next_token_scoring_refuses_models_that_are_not_causal_lms(family, bert_tokenizer, tmp_path, capsys):
+    """A masked-LM head sees the token it would predict and T5 reads with its encoder: neither has a perplexity
+    of the next token. `eval ppl` refuses them by name before reading any document and writes nothing."""
+    from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+
+    from hf_posenc.eval.perplexity import evaluate_perplexity
+
+    small = dict(vocab_size=bert_tokenizer.vocab_size, num_heads=2, num_attention_heads=2, num_layers=1,
+                 num_hidden_layers=1, d_model=32, hidden_size=32, d_ff=64, intermediate_size=64, d_kv=16)
+    maker = AutoModelForMaskedLM if family == "bert" else AutoModelForSeq2SeqLM
+    model = maker.from_config(AutoConfig.for_model(family, **small)).eval()
+    with pytest.raises(ValueError, match="needs a decoder-only causal LM"):
+        evaluate_perplexity(model, [torch.arange(100)], [32], progress=False)
+    model.save_pretrained(tmp_path / family)
+    bert_tokenizer.save_pretrained(tmp_path / family)
+    out = tmp_path / "out"
+    err = refused(["eval", "ppl", "--model", str(tmp_path / family), "--lengths", "32", "--corpus", "python-docs",
+                   "--no-progress", "--output", str(out)], capsys)
+    kind = "is not a causal language model" if family == "bert" else "is an encoder-decoder"
+    assert kind in err and f"model_type '{family}'" in err and "eval retrieval" in err
+    assert not out.exists() or not any(out.iterdir())

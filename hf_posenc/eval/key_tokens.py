@@ -30,7 +30,7 @@ from typing import Any
 
 from .cells import NUMBER
 from .perplexity import Window, truncated_nll
-from .scoring import input_device, token_nll
+from .scoring import input_device, require_causal_lm, token_nll
 from .variants import Variant
 
 ALPHA, BETA = 2.0, -2.0
@@ -139,6 +139,7 @@ def load_evaluator(job, model: str | None, method: str | None) -> Evaluator:
         separate, name = None, f"the model under test ({job.model})"
     else:
         separate, ev_tok, ev_src = load_model_and_tokenizer(model, job.dtype, job.device, tokenizer=job.tokenizer)
+        require_causal_lm(separate)
         if ev_tok.get_vocab() != tok.get_vocab():
             raise ValueError(f"--evaluator {model}: its tokenizer differs from the model under test's ({len(ev_tok)} "
                              f"vs {len(tok)} tokens); key tokens are token positions, so the evaluator must share the "

@@ -13,6 +13,7 @@ from .common import Run
 from ..config import PosEncConfig
 from ..context import original_context
 from .perplexity import aggregate_length, doc_digest, plan_lengths, truncated_window_cell, window_cell
+from .scoring import require_causal_lm
 from .variants import Variant, grouped_by_config
 from .cells import NUMBER
 from .key_tokens import (ALPHA, BETA, KEY_FIELDS, POSITION_FIELDS, aggregate_key_positions, aggregate_key_tokens,
@@ -51,6 +52,7 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
             raise ValueError(f"--stride {stride} applies to --mode sliding; windows mode scores non-overlapping windows "
                              "(drop --stride, or add --mode sliding)")
         lm, tok, _ = job.load()
+        require_causal_lm(lm)  # before the documents are read and tokenized
         original = original_context(lm)
         baseline = truncated_variant(original, truncated_stride, lengths) if truncated_baseline or key_tokens else None
         if key_tokens and baseline is None:
@@ -238,7 +240,8 @@ def ppl_plots(report: dict[str, Any], output: str) -> list[str]:
                 continue
             pts = r[str(n)]["curve"]
             curves[m] = ([(p["from"] + p["to"]) / 2 for p in pts], [p["nll"] for p in pts])
-        vline = setup["original_context"] if setup["original_context"] < n else None
+        L = setup["original_context"]
+        vline = L if L is not None and L < n else None
         paths.append(plot_lines(curves, f"Loss by position, {n}-token windows", "position in window",
                                 "mean NLL (nats)", os.path.join(output, f"loss_by_position_{n}.png"), vline=vline,
                                 baseline=baseline))

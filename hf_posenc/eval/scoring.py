@@ -12,11 +12,29 @@ import torch.nn.functional as F
 from ..engines.vllm_engine import EngineLM
 
 
+def require_causal_lm(model) -> None:
+    """Refuse a model whose next-token scores would not mean what perplexity and teacher forcing assume: an
+    encoder-decoder (T5 reads the prompt with its encoder), or a bidirectional encoder (BERT's masked-LM head sees
+    the very token it would predict). The rule is structural: a decoder-only model that can generate."""
+    if isinstance(model, EngineLM):
+        return
+    cfg, name = model.config, type(model).__name__
+    kind = None
+    if getattr(cfg, "is_encoder_decoder", False):
+        kind = "an encoder-decoder"
+    elif model.get_output_embeddings() is None:
+        kind = "a model without an LM head (get_output_embeddings() is None)"
+    elif not model.can_generate():
+        kind = "not a causal language model (it cannot generate: a bidirectional encoder's head)"
+    if kind:
+        raise ValueError(f"{name} (model_type {getattr(cfg, 'model_type', None)!r}) is {kind}; next-token scoring "
+                         "(eval ppl, key tokens, tune's objective, the teacher-forced passkey) needs a decoder-only "
+                         "causal LM. For an encoder use `eval retrieval`; for an encoder-decoder (T5) `eval passkey`.")
+
+
 def _head(model):
-    head = model.get_output_embeddings()
-    if head is None:
-        raise ValueError(f"{type(model).__name__} has no LM head (get_output_embeddings() is None): not a causal LM.")
-    return head
+    require_causal_lm(model)
+    return model.get_output_embeddings()
 
 
 def _finish_logits(model, logits: torch.Tensor) -> torch.Tensor:
@@ -55,8 +73,8 @@ def token_nll(model, input_ids: torch.Tensor, chunk_size: int = 1024, start: int
         raise ValueError(f"start must be in [1, {input_ids.shape[1] - 1}], got {start}")
     if isinstance(model, EngineLM):  # a serving engine scores it
         return model.token_nll(input_ids, start)
-    hidden = final_hidden(model, input_ids)
     head = _head(model)
+    hidden = final_hidden(model, input_ids)
     labels = input_ids[:, start:].to(hidden.device)
     preds = hidden[:, start - 1 : -1]
     out = torch.empty(labels.shape, dtype=torch.float32)
@@ -70,5 +88,6 @@ def token_nll(model, input_ids: torch.Tensor, chunk_size: int = 1024, start: int
 @torch.no_grad()
 def last_logits(model, input_ids: torch.Tensor, n: int) -> torch.Tensor:
     """float32 logits predicting the tokens after each of the last ``n`` positions: [batch, n, vocab]."""
+    head = _head(model)
     hidden = final_hidden(model, input_ids)
-    return _finish_logits(model, _head(model)(hidden[:, -n:]).float())
+    return _finish_logits(model, head(hidden[:, -n:]).float())
