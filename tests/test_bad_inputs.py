@@ -443,7 +443,8 @@ def test_next_token_scoring_refuses_models_that_are_not_causal_lms(family, bert_
     small = dict(vocab_size=bert_tokenizer.vocab_size, num_heads=2, num_attention_heads=2, num_layers=1,
                  num_hidden_layers=1, d_model=32, hidden_size=32, d_ff=64, intermediate_size=64, d_kv=16)
     maker = AutoModelForMaskedLM if family == "bert" else AutoModelForSeq2SeqLM
-    model = maker.from_config(AutoConfig.for_model(family, **small)).eval()
+    starts = {"decoder_start_token_id": 0, "pad_token_id": 0} if family == "t5" else {}  # as T5's own configs
+    model = maker.from_config(AutoConfig.for_model(family, **small, **starts)).eval()
     with pytest.raises(ValueError, match="needs a decoder-only causal LM"):
         evaluate_perplexity(model, [torch.arange(100)], [32], progress=False)
     model.save_pretrained(tmp_path / family)
@@ -454,3 +455,15 @@ def test_next_token_scoring_refuses_models_that_are_not_causal_lms(family, bert_
     kind = "is not a causal language model" if family == "bert" else "is an encoder-decoder"
     assert kind in err and f"model_type '{family}'" in err and "eval retrieval" in err
     assert not out.exists() or not any(out.iterdir())
+    passkey = ["eval", "passkey", "--model", str(tmp_path / family), "--lengths", "96", "--depths", "0.5",
+               "--trials", "1", "--methods", "none", "--no-progress", "--output", str(out)]
+    if family == "bert":  # a passkey needs an answer: BERT has none; T5 answers from its decoder
+        assert "is not a causal language model" in refused(passkey, capsys)
+        assert not out.exists() or not any(out.iterdir())
+    else:
+        assert main(passkey) == 0 and (out / "passkey.json").is_file()
+        from hf_posenc.eval.passkey import evaluate_passkey
+
+        model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = None
+        with pytest.raises(ValueError, match="sets no decoder_start_token_id"):
+            evaluate_passkey(model, bert_tokenizer, [96], [0.5], trials=1, progress=False)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engines.vllm_engine import EngineLM
-from .scoring import input_device, last_logits
+from .scoring import input_device, last_logits, require_answering_lm
 
 PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
           "I will quiz you about the important information there.")
@@ -95,6 +95,16 @@ def batches(prompts: list[PasskeyPrompt], batch_size: int, with_answer: bool) ->
     return [[prompts[i] for i in g] for g in batch_indices(prompts, batch_size, with_answer)]
 
 
+def decoder_start(model) -> int:
+    """The token an encoder-decoder's decoder starts from: its config's, else its generation config's."""
+    for source in (model.config, getattr(model, "generation_config", None)):
+        start = getattr(source, "decoder_start_token_id", None)
+        if start is not None:
+            return start
+    raise ValueError(f"{type(model).__name__} sets no decoder_start_token_id (config or generation config); the "
+                     "teacher-forced passkey needs it (T5's is its pad token, 0): set it in config.json")
+
+
 @torch.no_grad()
 def score_teacher_forced(model, prompt: PasskeyPrompt | list[PasskeyPrompt]) -> bool | list[bool]:
     """Correct when every answer token is the argmax given the prompt and the answer tokens before it.
@@ -105,7 +115,7 @@ def score_teacher_forced(model, prompt: PasskeyPrompt | list[PasskeyPrompt]) -> 
         raise ValueError("a teacher-forced batch needs prompts and answers of one length each")
     device = input_device(model)
     if getattr(model.config, "is_encoder_decoder", False):  # T5: the prompt is the encoder input
-        start = model.config.decoder_start_token_id or 0
+        start = decoder_start(model)
         dec = torch.stack([torch.cat([torch.tensor([start]), p.answer_ids[:-1]]) for p in group]).to(device)
         enc = torch.stack([p.input_ids for p in group]).to(device)
         pred = model(input_ids=enc, decoder_input_ids=dec).logits.argmax(-1).cpu()
@@ -225,6 +235,7 @@ def evaluate_passkey(model, tokenizer, lengths: list[int], depths: list[float], 
     from tqdm.auto import tqdm
 
     check_scoring(scoring, trials, digits, batch_size)
+    require_answering_lm(model)
     builder = builder or PasskeyBuilder(tokenizer)
     cells = [(n, d, passkey_cell(model, tokenizer, builder, n, d, s, trials, digits, scoring, batch_size))
              for n, d, s in tqdm(grid(lengths, depths, seed), desc=f"{desc} passkey".strip(), disable=not progress,

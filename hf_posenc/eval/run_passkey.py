@@ -12,6 +12,7 @@ from .haystack import TEXT_NEEDLE, TextHaystack
 from .passkey import FILLER, NEEDLE, PasskeyBuilder, aggregate_passkey, check_needle, check_scoring, grid, passkey_cell
 from .report import markdown_table, plot_heatmap, plot_lines
 from .tasks import EvalTask, Objective, per_length_entries, register_task
+from .scoring import require_answering_lm
 from ..flags import data_flags, depths, documents_of, ints, positive
 
 
@@ -36,6 +37,7 @@ def run_passkey(*, lengths: list[int], depths: list[float], trials: int = 5, dig
         check_needle(needle)
         check_scoring(scoring, trials, digits, batch_size)
         lm, tok, _ = job.load()
+        require_answering_lm(lm)
         settings = {"trials": trials, "digits": digits, "scoring": scoring, "filler": filler, "needle": needle,
                     "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
         if haystack == "text":

@@ -32,6 +32,13 @@ def require_causal_lm(model) -> None:
                          "causal LM. For an encoder use `eval retrieval`; for an encoder-decoder (T5) `eval passkey`.")
 
 
+def require_answering_lm(model) -> None:
+    """The passkey's rule: an encoder-decoder reads the prompt with its encoder and answers from its decoder; any
+    other model must be a causal LM (:func:`require_causal_lm`)."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        require_causal_lm(model)
+
+
 def _head(model):
     require_causal_lm(model)
     return model.get_output_embeddings()
