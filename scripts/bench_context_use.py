@@ -92,6 +92,13 @@ def _needle(report: dict | None, label: str, length: int, depths: list[float]) -
     return [f"{r['cells'][f'{length}@{d:g}']['accuracy']:.1f}" for d in depths] + [f"{r['by_length'][str(length)]:.2f}"]
 
 
+def _exact(result: dict, length: int) -> str:
+    """`` [hits/needles]`` of the report's exact count beyond truncation's reach (by each needle's recorded span;
+    ``eval passkey``'s ``beyond_reach``), or nothing for cells that predate the recorded spans."""
+    got = (result.get("beyond_reach") or {}).get(str(length))
+    return f" [{got['hits']}/{got['trials']}]" if got and got["trials"] else ""
+
+
 def _label(variant: str) -> str:
     """``LABEL=METHOD:...`` -> ``LABEL``, the key of a variant's results in a report."""
     return variant.split("=", 1)[0]
@@ -176,14 +183,16 @@ def verdict(args, length: int, chosen) -> str:
         report = _load(os.path.join(args.output, str(length), f"needle_{kind}", "passkey.json"))
         found = []
         for m in args.needle_methods:
-            cells = (report or {}).get("results", {}).get(labels[m], {}).get("cells")
-            if cells and beyond:
-                hits = [cells[f"{length}@{d:g}"]["accuracy"] for d in beyond]
-                found.append(f"{m} {sum(hits) / len(hits):.2f}")
+            r = (report or {}).get("results", {}).get(labels[m], {})
+            if r.get("cells") and beyond:
+                hits = [r["cells"][f"{length}@{d:g}"]["accuracy"] for d in beyond]
+                found.append(f"{m} {sum(hits) / len(hits):.2f}{_exact(r, length)}")
         if found:
             said += (f" **Needles in {kind}** at the depths a model truncated to L cannot see "
                      f"({', '.join(f'{d:g}' for d in beyond)}): mean accuracy {', '.join(found)} (above 0: the "
-                     "method retrieves from past L).")
+                     "method retrieves from past L" + ("; [hits/needles]: every needle of the run lying wholly before "
+                     "the last L tokens, by its recorded position, where the run's cells record it" if "[" in
+                     "".join(found) else "") + ").")
     return said
 
 
