@@ -80,11 +80,6 @@ def commands(args, length: int, chosen) -> dict[str, list[str]]:
     }
 
 
-def _key(r: dict) -> str:
-    key = r.get("key_tokens") or {}
-    return f"{key['ppl']:.2f} ({key['count']})" if key.get("ppl") else "- (0)"
-
-
 def _needle(report: dict | None, label: str, length: int, depths: list[float]) -> list[str]:
     if report is None or label not in report["results"]:
         return ["–"] * (len(depths) + 1)
@@ -119,6 +114,8 @@ def _rows(lines_head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def table(args, length: int, chosen) -> list[str]:
+    from hf_posenc.eval.run_ppl import key_tokens_text
+
     """Two tables: perplexity past L, context gain and key tokens for every method; then needle accuracy per depth
     (in text and in filler) for the needle methods, under the depths a model truncated to L can see."""
     out = os.path.join(args.output, str(length))
@@ -131,7 +128,7 @@ def table(args, length: int, chosen) -> list[str]:
         label = _label(variant)
         r = ppl["results"][label][str(length)]
         rows.append([method, f"`{variant}`", f"{r['past_original']['ppl']:.2f}", f"{r.get('context_gain', 1):.3f}",
-                     _key(r), _key(judged["results"][label][str(length)]) if judged else "–"])
+                     key_tokens_text(r), key_tokens_text(judged["results"][label][str(length)]) if judged else "–"])
     rows.append(["none, truncated to L", f"{original} tokens at most before each token", f"{base['ppl']:.2f}", "1",
                  "", ""])
     lines = _rows(["method", "configuration", f"ppl past L (from {base['from']})", "context gain",
@@ -140,7 +137,9 @@ def table(args, length: int, chosen) -> list[str]:
         own = judged["setup"]["key_tokens"]["evaluator_own"][str(length)]
         own_ppl = f"{own['ppl']:.2f}" if own["ppl"] else "-"
         lines += ["", f"One judge: {judged['setup']['key_tokens']['evaluator']}, for every method ({own['count']} key "
-                  f"tokens, {100 * own['share']:.2f}% of the scored ones; its own key-token perplexity {own_ppl}). "
+                  f"tokens, {100 * own['share']:.2f}% of the scored ones; its own key-token perplexity {own_ppl}"
+                  + (f"; the largest gain any token got from past L, LSD max {own['lsd_max']:.2f} nats" if "lsd_max" in own
+                     else "") + "). "
                   "Own judge: each method's own model (its own key tokens)."]
     return lines + ["", *needle_table(args, length, chosen, original)]
 

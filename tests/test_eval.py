@@ -346,8 +346,10 @@ def test_key_tokens_follow_longppl_definition(alpha, beta):
     assert cell["key_count"] == int(key.sum()) and cell["scored"] == 149
     assert cell["key_nll_sum"] == pytest.approx(long[key].sum().item(), abs=1e-4)
     assert not key[:63].any()  # inside L both contexts are the same: no key token
-    agg = aggregate_key_tokens([cell, cell])
-    assert agg["count"] == 2 * cell["key_count"]
+    assert cell["lsd_max"] == pytest.approx((short - long).max().item(), abs=1e-4)
+    agg = aggregate_key_tokens([cell, dict(cell, lsd_max=cell["lsd_max"] - 1)])
+    assert agg["count"] == 2 * cell["key_count"] and agg["lsd_max"] == cell["lsd_max"]
+    assert "lsd_max" not in aggregate_key_tokens([cell, {k: v for k, v in cell.items() if k != "lsd_max"}])  # old cell
     assert agg["ppl"] is None if not cell["key_count"] else agg["ppl"] == pytest.approx(
         math.exp(cell["key_nll_sum"] / cell["key_count"]))
 
@@ -362,9 +364,11 @@ def test_cli_ppl_key_tokens(tiny_checkpoint, tmp_path, capsys):
     assert report["setup"]["key_tokens"]["alpha"] == 2.0 and report["setup"]["key_tokens"]["short_context"] == 64
     for label in ("none", "yarn"):
         k = report["results"][label]["128"]["key_tokens"]
-        assert set(k) == {"count", "share", "ppl"} and 0 <= k["share"] <= 1 and "key_tokens" not in \
+        assert set(k) == {"count", "share", "ppl", "lsd_max"} and 0 <= k["share"] <= 1 and "key_tokens" not in \
             report["results"][label]["32"]
-    assert "| 128: key-token ppl (count) |" in (out / "perplexity.md").read_text()
+        assert k["count"] == 0 or k["lsd_max"] > 2.0  # a key token's LSD is above alpha
+    table = (out / "perplexity.md").read_text()
+    assert "| 128: key-token ppl (count) |" in table and f"LSD max {k['lsd_max']:.2f})" in table
     capsys.readouterr()
     assert main(argv) == 0 and "resumed" in capsys.readouterr().err
     short = [a if a != "32,128" else "32" for a in argv]
@@ -392,6 +396,7 @@ def test_key_positions_and_scored_key_cell_written_out():
     got = key_positions_cell(judge, x[0], w, 64, 16, 0.05, -12.0)
     assert got["positions"] == key.nonzero()[:, 0].tolist() and got["positions"] and got["scored"] == 149
     assert got["nll_sum"] == pytest.approx(long[key].sum().item(), abs=1e-4)
+    assert got["lsd_max"] == pytest.approx((short - long).max().item(), abs=1e-4)
     mine = token_nll(model, x)[0].double()
     cell = scored_key_cell(model, x[0], w, got["positions"])
     assert cell["key_count"] == int(key.sum()) and cell["key_nll_sum"] == pytest.approx(mine[key].sum().item(), abs=1e-4)

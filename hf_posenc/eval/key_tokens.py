@@ -58,7 +58,8 @@ def key_token_cell(model, doc, window: Window, original: int, stride: int, alpha
     long-context NLL, and how many tokens were scored."""
     long, short = _long_short(model, doc, window, original, stride, chunk_size)
     key = key_mask(long, short, alpha, beta)
-    return {"key_count": int(key.sum()), "key_nll_sum": long[key].sum().item(), "scored": long.numel()}
+    return {"key_count": int(key.sum()), "key_nll_sum": long[key].sum().item(), "scored": long.numel(),
+            "lsd_max": (short - long).max().item()}
 
 
 def key_positions_cell(evaluator, doc, window: Window, original: int, stride: int, alpha: float = ALPHA,
@@ -67,7 +68,8 @@ def key_positions_cell(evaluator, doc, window: Window, original: int, stride: in
     how many were scored, and the evaluator's own long-context NLL over them."""
     long, short = _long_short(evaluator, doc, window, original, stride, chunk_size)
     key = key_mask(long, short, alpha, beta)
-    return {"positions": key.nonzero()[:, 0].tolist(), "scored": long.numel(), "nll_sum": long[key].sum().item()}
+    return {"positions": key.nonzero()[:, 0].tolist(), "scored": long.numel(), "nll_sum": long[key].sum().item(),
+            "lsd_max": (short - long).max().item()}
 
 
 def scored_key_cell(model, doc, window: Window, positions: list[int], chunk_size: int = 1024) -> dict[str, Any]:
@@ -82,17 +84,20 @@ def scored_key_cell(model, doc, window: Window, positions: list[int], chunk_size
 
 def aggregate_key_tokens(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """The key tokens of one length over its windows: count, share of the scored tokens, perplexity (None when
-    there are none)."""
+    there are none), and the largest long-short difference of any scored token (``lsd_max``, nats: how close the
+    likeliest-helped token came to ``alpha``; judged by the cells' own model, absent from cells that predate it)."""
     count, total, scored = (sum(c[k] for c in cells) for k in ("key_count", "key_nll_sum", "scored"))
-    return {"count": count, "share": count / scored if scored else 0.0,
-            "ppl": math.exp(total / count) if count else None}
+    out = {"count": count, "share": count / scored if scored else 0.0, "ppl": math.exp(total / count) if count else None}
+    if cells and all("lsd_max" in c for c in cells):
+        out["lsd_max"] = max(c["lsd_max"] for c in cells)
+    return out
 
 
 def aggregate_key_positions(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """The evaluator's own key tokens of one length (:func:`key_positions_cell` cells), as :func:`aggregate_key_tokens`
     gives a method's."""
-    return aggregate_key_tokens([{"key_count": len(c["positions"]), "key_nll_sum": c["nll_sum"], "scored": c["scored"]}
-                                 for c in cells])
+    return aggregate_key_tokens([{"key_count": len(c["positions"]), "key_nll_sum": c["nll_sum"], "scored": c["scored"],
+                                  **({"lsd_max": c["lsd_max"]} if "lsd_max" in c else {})} for c in cells])
 
 
 @dataclass(frozen=True)

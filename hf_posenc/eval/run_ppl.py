@@ -171,18 +171,21 @@ def _past(r: dict[str, Any] | None) -> str:
     return "-" if past is None else f"{past['ppl']:.2f}" + (f" (x{gain:.3f})" if gain is not None else "")
 
 
-def _key(r: dict[str, Any] | None) -> str:
+def key_tokens_text(r: dict[str, Any] | None) -> str:
+    """A method's key-token cell of the table: perplexity over its key tokens (count; LSD max where recorded)."""
     k = (r or {}).get("key_tokens")
     if k is None:
         return "-"
-    return f"{k['ppl']:.2f} ({k['count']})" if k["ppl"] is not None else "- (0)"
+    top = f"; LSD max {k['lsd_max']:.2f}" if "lsd_max" in k else ""
+    return (f"{k['ppl']:.2f}" if k["ppl"] is not None else "-") + f" ({k['count']}{top})"
 
 
 def _judge(keyed: dict[str, Any]) -> str:
     if "evaluator_own" not in keyed:
         return "each method's own model (so each method has its own key tokens; a strong long-context evaluator, " \
                "--evaluator, makes them the same for every method and is better)"
-    own = ", ".join(f"{v['count']} at {n}" for n, v in keyed["evaluator_own"].items())
+    own = ", ".join(f"{v['count']} at {n}" + (f", LSD max {v['lsd_max']:.2f}" if "lsd_max" in v else "")
+                    for n, v in keyed["evaluator_own"].items())
     return f"one evaluator for every method, {keyed['evaluator']} ({own})"
 
 
@@ -199,7 +202,7 @@ def ppl_table(report: dict[str, Any]) -> str:
             ci = r["ci95"] if r else None
             row.append("-" if r is None else f"{r['ppl']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
         row += [_past(per_len.get(str(n))) for n in longer]
-        row += [_key(per_len.get(str(n))) for n in longer if keyed]
+        row += [key_tokens_text(per_len.get(str(n))) for n in longer if keyed]
         rows.append(row)
     note = (f"Perplexity (token-weighted; [95% interval of the per-document mean] with >= 2 documents), "
             f"{setup['mode']} mode, model {setup['model']} (original context {L}).")
@@ -218,7 +221,8 @@ def ppl_table(report: dict[str, Any]) -> str:
         note += (f" Key tokens (LongPPL, Fang et al. 2024): tokens whose log-probability with the whole window exceeds "
                  f"that with at most {keyed['short_context']} tokens before them by more than {keyed['alpha']:g} and is more than "
                  f"{keyed['beta']:g}, judged by {_judge(keyed)}; the column gives the perplexity over them (and their "
-                 "count).")
+                 "count; LSD max: the largest log-probability gain, in nats, that any token got from the context "
+                 "before its last L tokens -- below alpha, no token is a key token).")
     header = (["method"] + [f"{n} tokens" for n in lengths] + [f"{n}: past L" for n in longer]
               + [f"{n}: key-token ppl (count)" for n in longer if keyed])
     return note + "\n\n" + markdown_table(header, rows)
