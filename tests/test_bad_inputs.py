@@ -460,6 +460,10 @@ def test_next_token_scoring_refuses_models_that_are_not_causal_lms(family, bert_
     if family == "bert":  # a passkey needs an answer: BERT has none; T5 answers from its decoder
         assert "is not a causal language model" in refused(passkey, capsys)
         assert not out.exists() or not any(out.iterdir())
+        tune = ["tune", "--model", str(tmp_path / family), "--target-length", "128", "--corpus", "python-docs",
+                "--no-progress", "--output", str(out)]
+        assert "is not a causal language model" in refused(tune, capsys)
+        assert not out.exists() or not any(out.iterdir())
     else:
         assert main(passkey) == 0 and (out / "passkey.json").is_file()
         from hf_posenc.eval.passkey import evaluate_passkey
@@ -467,3 +471,13 @@ def test_next_token_scoring_refuses_models_that_are_not_causal_lms(family, bert_
         model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = None
         with pytest.raises(ValueError, match="sets no decoder_start_token_id"):
             evaluate_passkey(model, bert_tokenizer, [96], [0.5], trials=1, progress=False)
+
+
+def test_a_method_the_family_does_not_take_is_refused_before_any_cell(tiny_checkpoint, tmp_path, capsys):
+    """The unpatched model's cells come first: a later method the family cannot take used to be refused only after
+    them, leaving a cells file behind."""
+    out = tmp_path / "out"
+    err = refused(["eval", "passkey", "--model", tiny_checkpoint, "--methods", "none,bucket_scale", "--lengths", "96",
+                   "--depths", "0.5", "--trials", "1", "--no-progress", "--output", str(out)], capsys)
+    assert "method 'bucket_scale' (relative_bucket) does not apply to model_type='llama'" in err
+    assert not out.exists()

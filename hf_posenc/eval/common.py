@@ -21,6 +21,7 @@ from .processes import Processes
 from .report import finish_report
 from .engine_choice import EngineChoice
 from .variants import build_variants
+from ..adapters import find_adapter
 
 
 def parse_method_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -162,11 +163,14 @@ class Run:
         """The cell results of ``variants`` (default: every variant of the run; see :func:`cells.run_cells`),
         resumed from ``output`` when it has them. Called again for the same task in one run, it reuses the
         cells computed so far (the settings of the first call are the task's)."""
+        variants = variants or self.variants
+        for v in variants:  # a method the family does not take is refused before the cells file is written
+            find_adapter(self.loaded[0], v.config.spec)
         store = self._stores.get(task)
         if store is None:
             kept = self.fingerprint(task, settings) if self.output else {}  # only a cells file needs one
             store = self._stores[task] = CellStore(self.output, kept, self.processes, self.overwrite)
-        return run_cells(self.loaded[0], variants or self.variants, keys, compute, store, self.processes,
+        return run_cells(self.loaded[0], variants, keys, compute, store, self.processes,
                          self.progress and self.processes.is_main, desc=desc or task, fields=fields)
 
     def cell_seconds(self, task: str, label: str, keys: list[list]) -> float:

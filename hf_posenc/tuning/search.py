@@ -24,6 +24,7 @@ from ..config import PosEncConfig
 from ..context import original_context
 from ..eval.common import Run
 from ..eval.perplexity import doc_digest
+from ..eval.scoring import require_causal_lm
 from ..eval.variants import Variant
 from ..methods import resolve_method
 from .objective import (DEPTHS, CellComputer, TuneData, measure, plan_data, rank, ranking, result_fields,
@@ -190,6 +191,7 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
     _check_keywords(docs, data_keys, run)
     with _job(model, tokenizer, run) as job:
         lm, tok, _ = job.load()
+        require_causal_lm(lm)  # its objective is perplexity and the teacher-forced passkey
         original = pinned or original_context(lm)
         if original is None:
             raise ValueError(f"{type(lm).__name__} has no fixed context length: tune extends RoPE decoders")
