@@ -140,8 +140,9 @@ def score_greedy(model, tokenizer, prompt: PasskeyPrompt | list[PasskeyPrompt]):
     if isinstance(model, EngineLM):
         out, skip = model.greedy(ids, new, stop_tokens(model.generation_config, tokenizer)), 0
     else:
+        pad = tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id  # 0 is an id
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+                             pad_token_id=pad)
         skip = 0 if getattr(model.config, "is_encoder_decoder", False) else ids.shape[1]  # seq2seq: only new tokens
     res = []
     for row, p in zip(out, group):
