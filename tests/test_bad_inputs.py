@@ -433,7 +433,8 @@ def test_a_config_naming_no_model_class_isrefused(architectures, message, tiny_c
 
 
 @pytest.mark.parametrize("family", ["bert", "t5"])
-def test_next_token_scoring_refuses_models_that_are_not_causal_lms(family, bert_tokenizer, tmp_path, capsys):
+def test_next_token_scoring_refuses_models_that_are_not_causal_lms(family, bert_tokenizer, tiny_checkpoint, tmp_path,
+                                                                    capsys):
     """A masked-LM head sees the token it would predict and T5 reads with its encoder: neither has a perplexity
     of the next token. `eval ppl` refuses them by name before reading any document and writes nothing."""
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
@@ -460,6 +461,9 @@ def test_next_token_scoring_refuses_models_that_are_not_causal_lms(family, bert_
     if family == "bert":  # a passkey needs an answer: BERT has none; T5 answers from its decoder
         assert "is not a causal language model" in refused(passkey, capsys)
         assert not out.exists() or not any(out.iterdir())
+        judge = ["eval", "ppl", "--model", tiny_checkpoint, "--lengths", "128", "--corpus", "python-docs",
+                 "--key-tokens", "--evaluator", str(tmp_path / family), "--no-progress", "--output", str(out)]
+        assert "is not a causal language model" in refused(judge, capsys)  # as a key-token judge neither
         tune = ["tune", "--model", str(tmp_path / family), "--target-length", "128", "--corpus", "python-docs",
                 "--no-progress", "--output", str(out)]
         assert "is not a causal language model" in refused(tune, capsys)
