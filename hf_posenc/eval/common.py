@@ -21,7 +21,6 @@ from .processes import Processes
 from .report import finish_report
 from .engine_choice import EngineChoice
 from .variants import build_variants
-from ..adapters import find_adapter
 
 
 def parse_method_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -164,8 +163,8 @@ class Run:
         resumed from ``output`` when it has them. Called again for the same task in one run, it reuses the
         cells computed so far (the settings of the first call are the task's)."""
         variants = variants or self.variants
-        for v in variants:  # a method the family does not take is refused before the cells file is written
-            find_adapter(self.loaded[0], v.config.spec)
+        with trying(self.loaded[0], [v.config for v in variants]):  # a variant that does not fit the model is
+            pass  # refused before the cells file is written (run_cells tries them again, after the file exists)
         store = self._stores.get(task)
         if store is None:
             kept = self.fingerprint(task, settings) if self.output else {}  # only a cells file needs one
