@@ -114,10 +114,10 @@ def _rows(lines_head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def table(args, length: int, chosen) -> list[str]:
-    from hf_posenc.eval.run_ppl import key_tokens_text
-
     """Two tables: perplexity past L, context gain and key tokens for every method; then needle accuracy per depth
     (in text and in filler) for the needle methods, under the depths a model truncated to L can see."""
+    from hf_posenc.eval.run_ppl import key_tokens_text
+
     out = os.path.join(args.output, str(length))
     ppl = _load(os.path.join(out, "ppl", "perplexity.json"))
     judged = _load(os.path.join(out, "ppl_judged", "perplexity.json"))
