@@ -124,6 +124,60 @@ def test_a_failed_run_releases_the_folder(tiny_checkpoint, tmp_path, capsys):
     assert main(_ppl(tiny_checkpoint, out)) == 0
 
 
+def _failing_cells(monkeypatch, after: int):
+    """``window_cell`` computes ``after`` cells, then fails (as an out-of-memory or a kill would)."""
+    import hf_posenc.eval.run_ppl as run_ppl
+
+    real, calls = run_ppl.window_cell, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > after:
+            raise RuntimeError("the device ran out of memory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_ppl, "window_cell", failing)
+
+
+def test_a_run_failing_in_its_first_cell_leaves_no_folder(tiny_checkpoint, tmp_path, monkeypatch):
+    out = tmp_path / "o"
+    _failing_cells(monkeypatch, after=0)
+    with pytest.raises(RuntimeError, match="ran out of memory"):
+        main(_ppl(tiny_checkpoint, out))
+    assert not out.exists()  # no cells file holding only its setup line, no empty folder
+
+
+def test_a_run_failing_after_a_cell_keeps_it_for_the_next(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "o"
+    args = _ppl(tiny_checkpoint, out)
+    _failing_cells(monkeypatch, after=1)
+    with pytest.raises(RuntimeError, match="ran out of memory"):
+        main(args)
+    lines = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert [line["kind"] for line in lines] == ["setup", "cell"] and not (out / "perplexity.json").exists()
+    monkeypatch.undo()
+    assert main(args) == 0
+    total = int(capsys.readouterr().err.split("resumed 1 of ")[1].split()[0])
+    assert total > 1 and [json.loads(line)["kind"] for line in (out / "cells.jsonl").read_text().splitlines()] == \
+        ["setup"] + ["cell"] * total
+
+
+def test_processes_starting_the_cells_file_together_write_one_setup_line(tmp_path):
+    from hf_posenc.config import PosEncConfig
+    from hf_posenc.eval.cells import CellStore
+    from hf_posenc.eval.processes import Processes
+    from hf_posenc.eval.variants import Variant
+
+    out = tmp_path / "o"
+    variant = Variant("none", PosEncConfig(method="none"))
+    first, second = (CellStore(str(out), {"task": "t"}, Processes("cpu")) for _ in range(2))  # both saw no file
+    assert not out.exists()
+    first.add(variant, [1], {"x": 1.0}, 0.1)
+    second.add(variant, [2], {"x": 2.0}, 0.1)
+    kinds = [json.loads(line)["kind"] for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert kinds == ["setup", "cell", "cell"] and os.listdir(out) == ["cells.jsonl"]  # no temporary file left
+
+
 def _variant_run(checkpoint, out, factor):
     return ["eval", "ppl", "--model", str(checkpoint), "--variant", f"y=yarn:factor={factor}", "--lengths", "32",
             "--max-windows", "2", "--corpus", "python-docs", "--output", str(out), "--no-plots", "--no-progress"]

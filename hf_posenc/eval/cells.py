@@ -4,7 +4,8 @@ A cell is one variant's number(s) at one point of the task's grid (a perplexity 
 (length, depth) batch of keys, ...), keyed by a JSON list. With an output folder, each finished cell is
 appended to ``<output>/cells.jsonl`` at once (one ``write`` of one line, flushed and fsynced), after a
 first line that records the setup's fingerprint (model and its revision or file digest, the task's
-settings, the seed, the versions). Run again, the same command skips the cells already there and says
+settings, the seed, the versions), written with the first cell: a run refused or failing before any cell
+leaves no cells file. Run again, the same command skips the cells already there and says
 ``resumed K of N cells``; a different setup in the same folder is refused, naming what differs, unless
 ``overwrite``. A method whose frequencies follow the lengths seen so far (dynamic NTK, dynamic YaRN, LongRoPE)
 is patched afresh before each of its cells, so that a cell's numbers never depend on which cells ran before
@@ -124,11 +125,11 @@ class CellStore:
         # that all agree on what is pending and on its share-out
 
     def _prepare(self, overwrite: bool) -> None:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        """Check a cells file left by an earlier run (or discard it on ``overwrite``). A new file is written only
+        with the first cell (see :meth:`_append`): a run that fails before it leaves no cells file behind."""
         if overwrite and os.path.exists(self.path):
             os.remove(self.path)
         if not os.path.exists(self.path):
-            self._append({"kind": "setup", "fingerprint": self.fingerprint})
             return
         with open(self.path, encoding="utf-8") as f:
             first = f.readline()
@@ -147,6 +148,8 @@ class CellStore:
                 f.write(b"\n")
 
     def _read(self) -> None:
+        if not os.path.exists(self.path):
+            return
         with open(self.path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
                 try:
@@ -192,7 +195,24 @@ class CellStore:
                                  f"a field of the task, or has one of another type); use another --output, or "
                                  "--overwrite to start it anew")
 
+    def _start_file(self) -> None:
+        """Create the cells file with its setup line, unless it exists (an earlier run's, or written by another
+        process of this run since): made whole under a temporary name and linked into place, which fails rather
+        than replace a file that appeared meanwhile, so no process ever sees a cells file without its setup line."""
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"kind": "setup", "fingerprint": self.fingerprint}) + "\n")
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError:
+            pass
+        finally:
+            os.remove(tmp)
+
     def _append(self, item: dict[str, Any]) -> None:
+        if not os.path.exists(self.path):
+            self._start_file()
         line = (json.dumps(item) + "\n").encode("utf-8")
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:

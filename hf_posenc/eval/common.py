@@ -163,8 +163,6 @@ class Run:
         resumed from ``output`` when it has them. Called again for the same task in one run, it reuses the
         cells computed so far (the settings of the first call are the task's)."""
         variants = variants or self.variants
-        with trying(self.loaded[0], [v.config for v in variants]):  # a variant that does not fit the model is
-            pass  # refused before the cells file is written (run_cells tries them again, after the file exists)
         store = self._stores.get(task)
         if store is None:
             kept = self.fingerprint(task, settings) if self.output else {}  # only a cells file needs one
