@@ -77,10 +77,12 @@ def test_a_killed_run_resumes_where_it_stopped_and_gives_the_same_report(tiny_ch
     lines = (cut / "cells.jsonl").read_text().splitlines(keepends=True)
     assert len(lines) == 1 + 2 * 4  # the setup, then 2 variants x 2 lengths x 2 depths
     # killed while writing the fourth cell: three whole cells and half a line survive, no report yet; the
-    # first cell was written by a release that recorded no seconds
-    old = json.loads(lines[1])
-    del old["seconds"]
-    lines[1] = json.dumps(old) + "\n"
+    # first cell was written by a release that recorded no seconds nor device, the second on a GPU machine
+    old, other = json.loads(lines[1]), json.loads(lines[2])
+    assert old["device"] == other["device"] == "cpu"
+    del old["seconds"], old["device"]
+    other["device"] = "cuda (NVIDIA H100 80GB HBM3)"
+    lines[1], lines[2] = json.dumps(old) + "\n", json.dumps(other) + "\n"
     (cut / "cells.jsonl").write_text("".join(lines[:4]) + lines[4][: len(lines[4]) // 2])
     (cut / "passkey.json").unlink()
     capsys.readouterr()
@@ -90,12 +92,16 @@ def test_a_killed_run_resumes_where_it_stopped_and_gives_the_same_report(tiny_ch
     assert main(_passkey(tiny_checkpoint, cut)) == 0
     assert "resumed 3 of 8 cells" in capsys.readouterr().err and len(computed) == 5
     resumed, once = (json.loads((d / "passkey.json").read_text()) for d in (cut, whole))
-    assert _stable(resumed) == _stable(once)
+    assert _stable(resumed) == {**_stable(once), "table": once["table"] + (  # the cells' devices said under the table
+        "\n\nCells computed on: cpu (6), cuda (NVIDIA H100 80GB HBM3) (1), not recorded (1); this call ran on cpu.")}
     # the cost of the cells over both calls, the untimed one said, not counted as zero
     for folder, report, untimed in ((cut, resumed, 1), (whole, once, 0)):
         kept = [json.loads(line) for line in (folder / "cells.jsonl").read_text().splitlines()[1:] if line.endswith("}")]
         assert report["setup"]["compute"]["seconds"] == pytest.approx(sum(c.get("seconds", 0) for c in kept), abs=1e-3)
         assert {k: report["setup"]["compute"][k] for k in ("cells", "untimed")} == {"cells": 8, "untimed": untimed}
+    # and where each cell was computed, whichever call computed it
+    assert resumed["setup"]["compute"]["devices"] == {"cpu": 6, "cuda (NVIDIA H100 80GB HBM3)": 1, "not recorded": 1}
+    assert once["setup"]["compute"]["devices"] == {"cpu": 8}
     capsys.readouterr()
     assert main(_passkey(tiny_checkpoint, cut)) == 0 and len(computed) == 5  # all done: nothing computed again
     assert "resumed 8 of 8 cells" in capsys.readouterr().err

@@ -82,7 +82,7 @@ def _is_cell(item: Any) -> bool:
     seconds = _recorded_seconds(item)
     timed = seconds is None or (isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0)
     return (isinstance(item.get("variant"), str) and isinstance(item.get("key"), list)
-            and isinstance(item.get("config"), dict) and timed)
+            and isinstance(item.get("config"), dict) and timed and isinstance(item.get("device", ""), str))
 
 
 def _describe(item: Any) -> str:
@@ -107,13 +107,15 @@ class CellStore:
     """The finished cells of one run folder (or, without a folder, of this run only)."""
 
     def __init__(self, output: str | None, fingerprint: dict[str, Any], processes: Processes,
-                 overwrite: bool = False):
+                 overwrite: bool = False, device: str | None = None):
         self.path = os.path.join(output, CELLS_FILE) if output else None
+        self.device = device  # what computes this call's cells (recorded with each; not part of the fingerprint)
         self.fingerprint = _normal(fingerprint)
         self.done: dict[str, Any] = {}
         self.kept: dict[str, int] = {}  # the cells found in the file (computed by an earlier run): their line
         self.configs: dict[str, list[dict[str, Any]]] = {}  # label -> the configs of its finished cells
         self.seconds: dict[str, float] = {}  # cell id -> the seconds it took (cells of older releases have none)
+        self.devices: dict[str, str] = {}  # cell id -> what computed it (cells of older releases have none)
         self.used: set[str] = set()  # the cells this run's results are made of
         if self.path is None:
             return
@@ -174,6 +176,8 @@ class CellStore:
         seconds = _recorded_seconds(item)
         if seconds is not None:
             self.seconds[cell] = seconds
+        if "device" in item:
+            self.devices[cell] = item["device"]
 
     def check(self, variants: list[Variant]) -> None:
         """Refuse a label whose configuration differs from one its finished cells were computed with (every
@@ -225,9 +229,12 @@ class CellStore:
         result, seconds = _normal(result), round(seconds, 3)
         self.done[_key_id(variant.label, key)] = result
         self.seconds[_key_id(variant.label, key)] = seconds
+        line = {"kind": "cell", "variant": variant.label, "config": variant.config.to_dict(), "key": key,
+                "result": result, "seconds": seconds}
+        if self.device is not None:
+            self.devices[_key_id(variant.label, key)] = line["device"] = self.device
         if self.path is not None:
-            self._append({"kind": "cell", "variant": variant.label, "config": variant.config.to_dict(),
-                          "key": key, "result": result, "seconds": seconds})
+            self._append(line)
         return result
 
     def seconds_of(self, label: str, keys: list[list]) -> float:
@@ -237,9 +244,15 @@ class CellStore:
     def compute(self) -> dict[str, Any]:
         """What the cells this run's results are made of cost, in whichever call computed them:
         ``{"seconds": sum of their recorded seconds, "cells": how many, "untimed": how many of them were
-        computed by a release that recorded no seconds}``."""
+        computed by a release that recorded no seconds, "devices": {what computed them: how many cells}}``
+        (a resumed run's cells may come from another machine than the one of this call)."""
         timed = [self.seconds[c] for c in self.used if c in self.seconds]
-        return {"seconds": round(sum(timed), 3), "cells": len(self.used), "untimed": len(self.used) - len(timed)}
+        devices: dict[str, int] = {}
+        for c in self.used:
+            where = self.devices.get(c, "not recorded")
+            devices[where] = devices.get(where, 0) + 1
+        return {"seconds": round(sum(timed), 3), "cells": len(self.used), "untimed": len(self.used) - len(timed),
+                "devices": dict(sorted(devices.items()))}
 
 
 def run_cells(model, variants: list[Variant], keys: dict[str, list[list]], compute: Callable[[Variant, list], Any],
@@ -271,11 +284,12 @@ def run_cells(model, variants: list[Variant], keys: dict[str, list[list]], compu
                 start = time.perf_counter()
                 result = store.add(v, k, compute(v, k), time.perf_counter() - start)
                 cell = _key_id(v.label, k)
-                computed.append((cell, result, store.seconds[cell]))
+                computed.append((cell, result, store.seconds[cell], store.devices.get(cell)))
                 bar.update(1)
         bar.close()
     gathered = processes.gather(computed)
-    store.done.update((cell, result) for cell, result, _ in gathered)
-    store.seconds.update((cell, seconds) for cell, _, seconds in gathered)
+    store.done.update((cell, result) for cell, result, _, _ in gathered)
+    store.seconds.update((cell, seconds) for cell, _, seconds, _ in gathered)
+    store.devices.update((cell, device) for cell, _, _, device in gathered if device is not None)
     store.used.update(_key_id(v.label, k) for v in variants for k in keys[v.label])
     return {v.label: [store.done[_key_id(v.label, k)] for k in keys[v.label]] for v in variants}

@@ -17,7 +17,7 @@ from ..files import OutputLock, check_output_folder
 from ..provenance import environment, recorded_command
 from ..runtime import load_model_and_tokenizer, seed_everything
 from .cells import CellStore, run_cells
-from .processes import Processes
+from .processes import Processes, device_name
 from .report import finish_report
 from .engine_choice import EngineChoice
 from .variants import build_variants
@@ -166,7 +166,8 @@ class Run:
         store = self._stores.get(task)
         if store is None:
             kept = self.fingerprint(task, settings) if self.output else {}  # only a cells file needs one
-            store = self._stores[task] = CellStore(self.output, kept, self.processes, self.overwrite)
+            store = self._stores[task] = CellStore(self.output, kept, self.processes, self.overwrite,
+                                                   device=device_name(self.device))
         return run_cells(self.loaded[0], variants, keys, compute, store, self.processes,
                          self.progress and self.processes.is_main, desc=desc or task, fields=fields)
 

@@ -14,6 +14,16 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def device_name(device: str) -> str:
+    """What ``device`` is, for the record: ``cpu``, or an accelerator with its name (``cuda (NVIDIA H100 80GB HBM3)``)."""
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda ({torch.cuda.get_device_name(torch.device(device))})"
+    return device.split(":")[0]
+
+
 class Processes:
     """``device``: what the run asked for; ``cpu`` joins the processes over gloo (accelerate's MULTI_CPU)."""
 

@@ -49,12 +49,21 @@ def save_report(report: dict[str, Any], output: str, stem: str, plots=None) -> N
         report["plots"] = plots(report, output)
 
 
+def _devices_note(setup: dict[str, Any]) -> str:
+    """A line under the table when the cells of a resumed run were computed on more than one device."""
+    devices = setup.get("compute", {}).get("devices", {})
+    if len(devices) < 2:
+        return ""
+    counts = ", ".join(f"{device} ({n})" for device, n in devices.items())
+    return f"\n\nCells computed on: {counts}; this call ran on {setup.get('device')}."
+
+
 def finish_report(task: str, setup: dict[str, Any], results: dict[str, Any], table, output: str | None = None,
                   plots=None) -> dict[str, Any]:
     """An evaluation runner's report ``{task, setup, results, table}`` (``table(report)`` gives the Markdown
     table), saved as ``<task>.json`` / ``<task>.md`` (and ``plots(report, output)``) when ``output`` is given."""
     report = {"task": task, "setup": setup, "results": results}
-    report["table"] = table(report)
+    report["table"] = table(report) + _devices_note(setup)
     if output:
         save_report(report, output, task, plots)
     return report
