@@ -20,12 +20,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..files import umask
 from ..methods.rope import DYNAMIC
 from ..patching import patch, trying
 from .processes import Processes
@@ -204,9 +206,10 @@ class CellStore:
         process of this run since): made whole under a temporary name and linked into place, which fails rather
         than replace a file that appeared meanwhile, so no process ever sees a cells file without its setup line."""
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
+        fd, tmp = tempfile.mkstemp(prefix=f".{CELLS_FILE}.", suffix=".tmp", dir=os.path.dirname(self.path) or ".")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(json.dumps({"kind": "setup", "fingerprint": self.fingerprint}) + "\n")
+        os.chmod(tmp, 0o666 & ~umask())  # the mode a plain open() gives, not mkstemp's 0600
         try:
             os.link(tmp, self.path)
         except FileExistsError:
