@@ -224,10 +224,30 @@ def run_length(args, length: int) -> list[str]:
     return section(args, length, chosen, argv)
 
 
+REPORTS = {"ppl": "perplexity.json", "ppl_judged": "perplexity.json", "needle_text": "passkey.json",
+           "needle_filler": "passkey.json"}
+
+
+def computed_on(out: str) -> str:
+    """The cells of one length's reports counted by the device that computed them (a run resumed on another
+    machine keeps each cell's own; a report older than per-cell devices counts its cells as not recorded)."""
+    counts: dict[str, int] = {}
+    for folder, name in REPORTS.items():
+        report = _load(os.path.join(out, folder, name))
+        if report is None:
+            continue
+        compute = report["setup"].get("compute", {})
+        for device, n in (compute.get("devices") or {"not recorded": compute.get("cells", 0)}).items():
+            counts[device] = counts.get(device, 0) + n
+    return ", ".join(f"{device} {n}" for device, n in sorted(counts.items())) or "none yet"
+
+
 def section(args, length: int, chosen, argv: dict[str, list[str]]) -> list[str]:
     """The lines of one length's part of the section, from the reports written so far."""
+    where = computed_on(os.path.join(args.output, str(length)))
     return [f"### {length} tokens", "", *table(args, length, chosen), "", verdict(args, length, chosen), "",
-            *(f"`hf-posenc {shlex.join(a)}`  " for a in argv.values()), ""]
+            f"Cells of these reports by the device that computed them: {where} (not recorded: computed before "
+            "cells recorded their device).", "", *(f"`hf-posenc {shlex.join(a)}`  " for a in argv.values()), ""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     said = (" (this section was written with --no-run from the runs finished so far; the command resumes the rest)"
             if args.no_run else "")
     parts = [TITLE, "", f"Command: `python scripts/bench_context_use.py {full}`{said}", "",
-             f"Machine: {os.cpu_count()} CPU cores, device {args.device}; measured on "
+             f"Machine of this call: {os.cpu_count()} CPU cores, device {args.device}; measured on "
              f"{os.path.basename(args.text_file)}, knobs chosen by `hf-posenc tune` on pg1342.txt.", ""]
     for length in args.lengths:
         parts += run_length(args, length)
