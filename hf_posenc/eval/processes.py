@@ -15,7 +15,7 @@ T = TypeVar("T")
 
 
 def device_name(device: str) -> str:
-    """What ``device`` is, for the record: ``cpu``, or an accelerator with its name (``cuda (NVIDIA H100 80GB HBM3)``)."""
+    """What ``device`` is, for the record: ``cpu``, or a GPU with its name (``cuda (NVIDIA H100 80GB HBM3)``)."""
     if device.startswith("cuda"):
         import torch
 
