@@ -25,9 +25,11 @@ def follow_umask(folder: str) -> None:
                 os.chmod(path, mode)
 
 
-def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> str:
+def atomic_write(path: str, write: Callable[[BinaryIO], None], replace: bool = True) -> str:
     """``write(f)`` into a temporary file beside ``path``, flushed to disk, then renamed over ``path``. The file
-    gets the mode a plain ``open`` would give it (0644 under umask 022), not the temporary file's 0600."""
+    gets the mode a plain ``open`` would give it (0644 under umask 022), not the temporary file's 0600. With
+    ``replace=False`` a ``path`` that exists is kept as it is: the file is linked into place, which fails rather
+    than replace one that appeared meanwhile (of several writers racing to create it, the first one's stands)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
@@ -37,7 +39,14 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> str:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            os.unlink(tmp)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -45,9 +54,9 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> str:
     return path
 
 
-def atomic_write_text(path: str, text: str) -> str:
+def atomic_write_text(path: str, text: str, replace: bool = True) -> str:
     """``text`` (UTF-8) at ``path``, written as :func:`atomic_write` does."""
-    return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8")), replace)
 
 
 def check_output_folder(output: str, source: str | None = None) -> str:

@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..files import umask
+from ..files import atomic_write_text
 from ..methods.rope import DYNAMIC
 from ..patching import patch, trying
 from .processes import Processes
@@ -201,25 +200,12 @@ class CellStore:
                                  f"a field of the task, or has one of another type); use another --output, or "
                                  "--overwrite to start it anew")
 
-    def _start_file(self) -> None:
-        """Create the cells file with its setup line, unless it exists (an earlier run's, or written by another
-        process of this run since): made whole under a temporary name and linked into place, which fails rather
-        than replace a file that appeared meanwhile, so no process ever sees a cells file without its setup line."""
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{CELLS_FILE}.", suffix=".tmp", dir=os.path.dirname(self.path) or ".")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps({"kind": "setup", "fingerprint": self.fingerprint}) + "\n")
-        os.chmod(tmp, 0o666 & ~umask())  # the mode a plain open() gives, not mkstemp's 0600
-        try:
-            os.link(tmp, self.path)
-        except FileExistsError:
-            pass
-        finally:
-            os.remove(tmp)
-
     def _append(self, item: dict[str, Any]) -> None:
-        if not os.path.exists(self.path):
-            self._start_file()
+        if not os.path.exists(self.path):  # the first cell: the file starts whole, with its setup line, unless
+            # another process of this run created it meanwhile (then that one stands), so no process ever reads
+            # a cells file without its setup line
+            atomic_write_text(self.path, json.dumps({"kind": "setup", "fingerprint": self.fingerprint}) + "\n",
+                              replace=False)
         line = (json.dumps(item) + "\n").encode("utf-8")
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
