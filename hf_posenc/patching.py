@@ -9,6 +9,7 @@ from torch import nn
 
 from .adapters import PatchRecord, find_adapter
 from .adapters.base import SavedAsOriginal
+from .compat import warn_if_untested
 from .config import CONFIG_KEY, PosEncConfig, as_config
 
 _STATE = "_hf_posenc_record"
@@ -25,6 +26,7 @@ def get_config(model: nn.Module) -> PosEncConfig | None:
 
 
 def _apply(model: nn.Module, cfg: PosEncConfig) -> None:
+    warn_if_untested()
     adapter = find_adapter(model, cfg.spec)
     if cfg.params.get("layer_types") is not None and not adapter.takes_layer_types():
         raise ValueError(f"layer_types={cfg.params['layer_types']!r}: it applies to decoders with per-layer-type RoPE "

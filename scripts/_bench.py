@@ -43,12 +43,14 @@ def greedy_decode(model, cache, first, start: int, steps: int):
 
     import torch
 
+    from hf_posenc.adapters.cache_argument import with_cache
+
     out, token = [], first
     with torch.no_grad():
         begin = time.perf_counter()
         for i in range(steps):
             pos = torch.tensor([[start + i]])
-            logits = model(input_ids=token, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, -1]
+            logits = model(input_ids=token, **with_cache(model, cache), position_ids=pos, use_cache=True).logits[:, -1]
             token = logits.argmax(-1, keepdim=True)
             out.append(token)
         return time.perf_counter() - begin, torch.cat(out, -1), logits.float()

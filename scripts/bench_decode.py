@@ -52,11 +52,12 @@ def run_length(model, tok, n: int, args) -> dict:
     from transformers import DynamicCache
 
     import hf_posenc
+    from hf_posenc.adapters.cache_argument import with_cache
 
     ids, source = prompt_ids(tok, n, model.config.vocab_size)
     prefill = DynamicCache(config=model.config)
     with torch.no_grad():
-        first = model(input_ids=ids, past_key_values=prefill, use_cache=True).logits[:, -1:].argmax(-1)
+        first = model(input_ids=ids, **with_cache(model, prefill), use_cache=True).logits[:, -1:].argmax(-1)
     labels = ["none", *args.methods]
     times: dict[str, list[float]] = {m: [] for m in labels}
     memory: dict[str, tuple[int, int, int]] = {}

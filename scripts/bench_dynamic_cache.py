@@ -31,6 +31,7 @@ def run(args) -> dict:
     from transformers import DynamicCache
 
     import hf_posenc
+    from hf_posenc.adapters.cache_argument import with_cache
     from hf_posenc.runtime import load_model_and_tokenizer
 
     model, tok, _ = load_model_and_tokenizer(args.model, attn_implementation="sdpa")
@@ -38,7 +39,7 @@ def run(args) -> dict:
     ids, source = prompt_ids(tok, L - 8, model.config.vocab_size)
     prefill = DynamicCache(config=model.config)
     with torch.no_grad():
-        first = model(input_ids=ids, past_key_values=prefill, use_cache=True).logits[:, -1:].argmax(-1)
+        first = model(input_ids=ids, **with_cache(model, prefill), use_cache=True).logits[:, -1:].argmax(-1)
     results = {}
     for method in args.methods:
         times = {m: [] for m in MODES}

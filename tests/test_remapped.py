@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import hf_posenc
+from hf_posenc.adapters.cache_argument import with_cache
 from conftest import ORIGINAL, THETA, cached_last_logits, ids, logits, tiny_config, tiny_model, written_out_decoder
 
 L = ORIGINAL
@@ -91,6 +92,32 @@ def test_cached_decode_equals_full_forward(method):
     gen = model.generate(x[:, :120], attention_mask=torch.ones(1, 120, dtype=torch.long), max_new_tokens=12,
                          do_sample=False)
     assert torch.equal(logits(model, gen)[:, 119:-1].argmax(-1), gen[:, 120:])
+
+
+def test_the_cache_is_found_under_either_name_and_one_not_found_is_refused_not_ignored():
+    """Transformers 5.24 renamed the forward's ``past_key_values`` to ``cache``: the body hook finds it under both
+    names and by position; a call whose cache it does not find, yet whose attention gets more keys than queries,
+    is refused (its positions would otherwise silently start at 0)."""
+    from torch import nn
+
+    from hf_posenc.adapters.attention import CacheOffset
+
+    class Cached:
+        def get_seq_length(self):
+            return 96
+
+    class Body(nn.Module):
+        def forward(self, input_ids, attention_mask=None, cache=None, **kwargs):
+            return input_ids
+
+    state = CacheOffset()
+    for args, kwargs in [((), {"cache": Cached()}), ((), {"past_key_values": Cached()}), ((0, None, Cached()), {})]:
+        state.body_hook(Body(), args, kwargs)
+        assert state.query_start(1, 97) == 96
+    state.body_hook(Body(), (), {"kv": Cached()})
+    assert state.query_start(5, 5) == 0  # a prefill without a cache
+    with pytest.raises(RuntimeError, match="97 keys for 1 queries.*cache or past_key_values"):
+        state.query_start(1, 97)
 
 
 @pytest.mark.parametrize("method", list(KNOBS))
@@ -273,9 +300,9 @@ def _decode(model, x, prompt, cache=None):
     from transformers import DynamicCache
 
     cache = cache if cache is not None else DynamicCache(config=model.config)
-    out = [model(x[:, :prompt], past_key_values=cache, use_cache=True).logits[:, -1]]
+    out = [model(x[:, :prompt], **with_cache(model, cache), use_cache=True).logits[:, -1]]
     for i in range(prompt, x.shape[1] - 1):
-        out.append(model(x[:, i : i + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+        out.append(model(x[:, i : i + 1], **with_cache(model, cache), use_cache=True).logits[:, -1])
     return torch.stack(out, 1).float(), cache
 
 
@@ -293,7 +320,7 @@ def test_keys_kept_between_decoding_steps_follow_a_cut_cache_and_stay_with_it(me
     cache.crop(110 - cache.get_seq_length())  # cut back to 110 tokens (as assisted decoding does), then other tokens
     y = torch.cat([x[:, :110], ids(40, seed=7)], 1)
     with torch.no_grad():
-        steps = [model(y[:, i : i + 1], past_key_values=cache, use_cache=True).logits[:, -1] for i in range(110, 149)]
+        steps = [model(y[:, i : i + 1], **with_cache(model, cache), use_cache=True).logits[:, -1] for i in range(110, 149)]
     assert (torch.stack(steps, 1).float() - logits(model, y)[:, 110:149]).abs().max().item() <= 1e-5
     if method in ("rerope", "leaky_rerope"):  # another scheme decoding on the same cache keeps keys of its own
         import copy
@@ -302,7 +329,7 @@ def test_keys_kept_between_decoding_steps_follow_a_cut_cache_and_stay_with_it(me
         bare = copy.deepcopy(cache)
         del bare.__dict__[KEPT_ATTR]
         with torch.no_grad():
-            shared = [other(y[:, i : i + 1], past_key_values=c, use_cache=True).logits for c in (cache, bare)
+            shared = [other(y[:, i : i + 1], **with_cache(other, c), use_cache=True).logits for c in (cache, bare)
                       for i in [149]]
         assert torch.equal(shared[0], shared[1]) and len(cache.__dict__[KEPT_ATTR]) == 2 * len(bare.__dict__[KEPT_ATTR])
     _, two = _decode(model, ids(150, batch=2), 97)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import hf_posenc
+from hf_posenc.adapters.cache_argument import returned_cache, with_cache
 from hf_posenc.encodings import absolute as A
 from hf_posenc.encodings.alibi import alibi_slopes
 from conftest import ORIGINAL, ids, logits, tiny_model, written_out_decoder
@@ -119,10 +120,10 @@ def test_alibi_kv_cache_and_generate_agree_with_the_full_forward():
     with torch.no_grad():
         out = model(x[:, :30], use_cache=True)
         steps = [out.logits[:, -1]]
-        cache = out.past_key_values
+        cache = returned_cache(out)
         for i in range(30, 40):
-            out = model(x[:, i : i + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+            out = model(x[:, i : i + 1], **with_cache(model, cache), use_cache=True)
+            cache = returned_cache(out)
             steps.append(out.logits[:, -1])
     incremental = torch.stack(steps[:-1], 1)
     assert (incremental - full[:, 29:39]).abs().max().item() <= 1e-5

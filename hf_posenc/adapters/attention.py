@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .cache_argument import CACHE_NAMES, passed_cache
+
 _registered: set[str] = set()  # names added to transformers' registries
 
 
@@ -19,13 +21,20 @@ class CacheOffset:
 
     def __init__(self) -> None:
         self.past = 0
+        self.cache_seen: bool | None = None  # whether the body's current call passed a KV cache (None: no call seen)
 
     def body_hook(self, module, args, kwargs) -> None:
-        cache = kwargs.get("past_key_values")
+        cache = passed_cache(module, args, kwargs)
         self.past = cache.get_seq_length() if cache is not None else 0
+        self.cache_seen = cache is not None
 
     def query_start(self, q: int, k_total: int) -> int:
-        """The cache index of the first of ``q`` queries over ``k_total`` keys."""
+        """The cache index of the first of ``q`` queries over ``k_total`` keys. More keys than queries in a call
+        whose cache the body hook did not find is refused: the positions would be wrong (a silent wrong)."""
+        if getattr(self, "cache_seen", None) is False and k_total > q:
+            raise RuntimeError(f"attention got {k_total} keys for {q} queries, but the model's forward call passed no "
+                               f"KV cache that hf_posenc recognises (keyword {' or '.join(CACHE_NAMES)}); the positions "
+                               "of the queries would be wrong. Pass the cache to the model under one of those names.")
         return self.past if self.past + q <= k_total else k_total - q
 
 

@@ -7,7 +7,7 @@ length, so the frequencies); the keys already in the cache keep the rotation the
 they change (:func:`hf_posenc.encodings.rope.rerotate_keys`), so each step equals recomputing the sequence.
 
 To reach the cache, a :class:`CacheWatcher` on the module that owns the rotary module (the decoder body)
-holds the ``past_key_values`` of the call in progress. The cached keys of a row are taken to be the tokens
+holds the KV cache (``cache``, formerly ``past_key_values``) of the call in progress. The cached keys of a row are taken to be the tokens
 just before the call's first position (how ``generate`` fills a cache, left padding included: padded slots
 are masked, whatever their rotation). Supported: transformers' dynamic cache (``DynamicCache``, the default
 of ``generate``), sliding-window layers included; another cache type is refused by name.
@@ -27,30 +27,23 @@ nothing changes any more. Without ``generate`` (a cache passed by hand), the key
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..encodings import rope as R
+from .cache_argument import cache_keyword, passed_cache
 
 
 class CacheWatcher:
     """Forward pre- and post-hook of the rotary module's owner: ``cache`` is the running call's KV cache."""
 
-    def __init__(self, owner: nn.Module):
+    def __init__(self) -> None:
         self.cache: Any = None
-        try:
-            self._names = list(inspect.signature(owner.forward).parameters)
-        except (TypeError, ValueError):
-            self._names = []
 
     def before(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        cache = kwargs.get("past_key_values")
-        if cache is None and "past_key_values" in self._names[: len(args)]:
-            cache = args[self._names.index("past_key_values")]
-        self.cache = cache
+        self.cache = passed_cache(module, args, kwargs)
 
     def after(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         self.cache = None  # no reference to a cache outlives its call
@@ -71,7 +64,7 @@ def watch(model: nn.Module, rotary: nn.Module, record, watchers: list[tuple[nn.M
     for held, w in watchers:
         if held is owner:
             return w
-    w = CacheWatcher(owner)
+    w = CacheWatcher()
     watchers.append((owner, w))
     record.add_hook(owner.register_forward_pre_hook(w.before, with_kwargs=True))
     record.add_hook(owner.register_forward_hook(w.after, with_kwargs=True))
@@ -134,11 +127,11 @@ class RecomputeOnChange:
     def __init__(self, model: nn.Module, hooks: list):
         self.model, self.hooks = model, hooks
 
-    def __call__(self, input_ids: torch.Tensor, past_key_values: Any = None, **kwargs: Any) -> dict:
-        if past_key_values is not None and past_key_values.get_seq_length() > 0:
+    def __call__(self, input_ids: torch.Tensor, **kwargs: Any) -> dict:
+        name = cache_keyword(kwargs)  # generate passes it as ``cache`` (transformers >= 5.24) or ``past_key_values``
+        if name is not None and kwargs[name].get_seq_length() > 0:
             n = generated_length(input_ids, kwargs.get("attention_mask"))
             if any(h.would_change(n) for h in self.hooks):
-                past_key_values = None
+                kwargs[name] = None
                 kwargs["next_sequence_length"] = None
-        return type(self.model).prepare_inputs_for_generation(self.model, input_ids, past_key_values=past_key_values,
-                                                              **kwargs)
+        return type(self.model).prepare_inputs_for_generation(self.model, input_ids, **kwargs)

@@ -35,6 +35,7 @@ from ..encodings.alibi import alibi_slopes
 from .alibi_attention import STATE_ATTR as ALIBI_STATE, AlibiState, register
 from .attention import check_attention, select
 from .base import PatchRecord
+from .cache_argument import passed_cache
 from .layout import Layout, attention_modules, body, decoder_layers
 from .rope_native import softmax_rescalers
 
@@ -64,12 +65,11 @@ class AbsolutePositions:
         self.dim = self.embed.weight.shape[1]
         self.scale = cfg.params["scale"]
 
-    def positions(self, kwargs: dict, length: int, device) -> torch.Tensor:
+    def positions(self, kwargs: dict, cache: Any, length: int, device) -> torch.Tensor:
         pos = kwargs.get("position_ids")
         if pos is None:
             pos = kwargs.get("cache_position")
         if pos is None:
-            cache = kwargs.get("past_key_values")
             past = cache.get_seq_length() if cache is not None else 0
             pos = torch.arange(past, past + length, device=device)
         return pos if pos.dim() == 2 else pos[None]
@@ -84,13 +84,14 @@ class AbsolutePositions:
         return (A.sinusoid(pos, self.dim, self.cfg.params["base"]) * self.scale).to(dtype)
 
     def __call__(self, module, args, kwargs):
+        cache = passed_cache(module, args, kwargs)
         ids = kwargs.pop("input_ids", None)
         if ids is None and args:
             ids, args = args[0], args[1:]
         embeds = kwargs.get("inputs_embeds")
         if embeds is None:
             embeds = self.embed(ids)
-        pos = self.positions(kwargs, embeds.shape[1], embeds.device)
+        pos = self.positions(kwargs, cache, embeds.shape[1], embeds.device)
         kwargs["inputs_embeds"] = embeds + self.vectors(pos, embeds.dtype)
         kwargs["input_ids"] = None
         return args, kwargs

@@ -26,6 +26,7 @@ from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..encodings.alibi import alibi_bias, alibi_slopes
 from .base import PatchRecord
+from .cache_argument import passed_cache
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
@@ -131,9 +132,7 @@ class CachedLength:
         self.module, self.value = module, 0
 
     def hook(self, module, args, kwargs) -> None:
-        cache = kwargs.get("past_key_values")
-        if cache is None and len(args) > 4:
-            cache = args[4]
+        cache = passed_cache(module, args, kwargs)
         self.value = int(cache.get_seq_length(module.layer_idx)) if cache is not None else 0
 
     def __call__(self) -> int:

@@ -34,6 +34,7 @@ import torch
 from ..encodings.remap import Piece, Scheme
 from ..encodings.rope import apply_rotary
 from .attention import CacheOffset, fold_groups, register_attention, repeat_heads, unfold_groups
+from .cache_argument import passed_cache
 from .cuda_kernels import band_piece, flash_piece, flash_usable
 
 NAME = "hf_posenc_remapped"
@@ -63,7 +64,7 @@ class RemapState(CacheOffset):
     def body_hook(self, module, args, kwargs) -> None:
         super().body_hook(module, args, kwargs)
         self._starts = {}  # a new forward call: its layers share its mask, and nothing of an earlier call is kept
-        self._cache = kwargs.get("past_key_values")
+        self._cache = passed_cache(module, args, kwargs)
 
     def body_done(self, module, args, kwargs, output) -> None:
         self._starts, self._cache = None, None

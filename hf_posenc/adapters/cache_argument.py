@@ -1,0 +1,59 @@
+"""The KV cache argument of a transformers forward call, under either of its names: ``cache`` from
+transformers 5.24, ``past_key_values`` before (and in models' remote code that still spells it so).
+
+Every hook that reads the cache of a call, and every call this package makes with a cache, goes through
+here: a hook that looked for one name only would see no cache under the other, and compute positions as if
+nothing were cached (a silent wrong from the second decoding step on).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from torch import nn
+
+CACHE_NAMES = ("cache", "past_key_values")
+
+
+def forward_names(module: nn.Module) -> list[str]:
+    """The parameter names of ``module.forward`` (through transformers' deprecation wrappers), in order."""
+    try:
+        return list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def passed_cache(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    """The KV cache ``module``'s forward was called with (by keyword under either name, or by position), or None."""
+    for name in CACHE_NAMES:
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    if len(args) > 1:
+        names = forward_names(module)[: len(args)]
+        for name in CACHE_NAMES:
+            if name in names:
+                return args[names.index(name)]
+    return None
+
+
+def cache_name(model: nn.Module) -> str:
+    """The keyword under which ``model``'s forward takes its KV cache."""
+    names = forward_names(model)
+    return next((n for n in CACHE_NAMES if n in names), "past_key_values")
+
+
+def with_cache(model: nn.Module, cache: Any) -> dict:
+    """``{name: cache}`` for ``model(**inputs, **with_cache(model, cache))``, under the name its forward takes."""
+    return {cache_name(model): cache}
+
+
+def cache_keyword(kwargs: dict) -> str | None:
+    """Which of the cache's names ``kwargs`` holds a cache under (``prepare_inputs_for_generation``'s), or None."""
+    return next((n for n in CACHE_NAMES if kwargs.get(n) is not None), None)
+
+
+def returned_cache(output: Any) -> Any:
+    """The KV cache a model's output carries (its ``cache`` field, formerly ``past_key_values``), or None."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
