@@ -61,6 +61,15 @@ def _load(path: str) -> dict | None:
         return json.load(f)
 
 
+PPL, JUDGED, TEXT, FILLER = "ppl", "ppl_judged", "needle_text", "needle_filler"  # one length's run folders
+REPORTS = {PPL: "perplexity.json", JUDGED: "perplexity.json", TEXT: "passkey.json", FILLER: "passkey.json"}
+
+
+def _report(out: str, folder: str) -> dict | None:
+    """The report of one run folder of a length's output ``out``, or None before it is written."""
+    return _load(os.path.join(out, folder, REPORTS[folder]))
+
+
 def commands(args, length: int, chosen) -> dict[str, list[str]]:
     """The ``hf-posenc`` argv of each run at ``length``: ppl (with key tokens), needles in text, filler passkey."""
     out = os.path.join(args.output, str(length))
@@ -72,11 +81,11 @@ def commands(args, length: int, chosen) -> dict[str, list[str]]:
     ppl = ["eval", "ppl", *common, "--methods", "none", *variants, "--text-file", rel(args.text_file),
            "--max-windows", "1", "--key-tokens"]
     return {
-        "ppl": [*ppl, "--output", rel(os.path.join(out, "ppl"))],
-        "judged": [*ppl, "--evaluator-method", judge, "--output", rel(os.path.join(out, "ppl_judged"))],
+        "ppl": [*ppl, "--output", rel(os.path.join(out, PPL))],
+        "judged": [*ppl, "--evaluator-method", judge, "--output", rel(os.path.join(out, JUDGED))],
         "text": ["eval", "passkey", *common, *needle, *grid, "--haystack", "text", "--text-file", rel(args.text_file),
-                 "--output", rel(os.path.join(out, "needle_text"))],
-        "filler": ["eval", "passkey", *common, *needle, *grid, "--output", rel(os.path.join(out, "needle_filler"))],
+                 "--output", rel(os.path.join(out, TEXT))],
+        "filler": ["eval", "passkey", *common, *needle, *grid, "--output", rel(os.path.join(out, FILLER))],
     }
 
 
@@ -119,8 +128,7 @@ def table(args, length: int, chosen) -> list[str]:
     from hf_posenc.eval.run_ppl import key_tokens_text
 
     out = os.path.join(args.output, str(length))
-    ppl = _load(os.path.join(out, "ppl", "perplexity.json"))
-    judged = _load(os.path.join(out, "ppl_judged", "perplexity.json"))
+    ppl, judged = _report(out, PPL), _report(out, JUDGED)
     original = ppl["setup"]["original_context"]
     base = ppl["results"][ppl["setup"]["truncated_baseline"]["label"]][str(length)]["past_original"]
     rows = []
@@ -146,8 +154,7 @@ def table(args, length: int, chosen) -> list[str]:
 
 def needle_table(args, length: int, chosen, original: int) -> list[str]:
     out = os.path.join(args.output, str(length))
-    text = _load(os.path.join(out, "needle_text", "passkey.json"))
-    filler = _load(os.path.join(out, "needle_filler", "passkey.json"))
+    text, filler = _report(out, TEXT), _report(out, FILLER)
     depths, seen = _depths(args), _edge(original, length)
     labels = {m: _label(v) for m, v, _ in chosen}
     rows = [[m, *_needle(text, labels[m], length, depths), *_needle(filler, labels[m], length, depths)]
@@ -167,7 +174,7 @@ def needle_table(args, length: int, chosen, original: int) -> list[str]:
 
 def verdict(args, length: int, chosen) -> str:
     """What the runs say, plainly: by perplexity (context gain, key tokens) and by needles out of truncation's reach."""
-    ppl = _load(os.path.join(args.output, str(length), "ppl", "perplexity.json"))
+    ppl = _report(os.path.join(args.output, str(length)), PPL)
     labels = {m: _label(v) for m, v, _ in chosen}
     gains = {m: ppl["results"][labels[m]][str(length)]["context_gain"] for m in labels}
     used = [f"{m} ({g:.3f})" for m, g in gains.items() if g > 1.01]
@@ -200,10 +207,10 @@ def judged(argv: list[str], out: str, no_progress: bool) -> None:
     folder starts from a copy of them and only the evaluator's and the methods' key-token cells are computed."""
     import shutil
 
-    cells = os.path.join(out, "ppl_judged", "cells.jsonl")
+    cells = os.path.join(out, JUDGED, "cells.jsonl")
     if not os.path.exists(cells):
         os.makedirs(os.path.dirname(cells), exist_ok=True)
-        shutil.copyfile(os.path.join(out, "ppl", "cells.jsonl"), cells)
+        shutil.copyfile(os.path.join(out, PPL, "cells.jsonl"), cells)
     run_cli(argv, no_progress)
 
 
@@ -224,29 +231,27 @@ def run_length(args, length: int) -> list[str]:
     return section(args, length, chosen, argv)
 
 
-REPORTS = {"ppl": "perplexity.json", "ppl_judged": "perplexity.json", "needle_text": "passkey.json",
-           "needle_filler": "passkey.json"}
-
-
 def computed_on(out: str) -> str:
     """The cells of one length's reports counted by the device that computed them (a run resumed on another
     machine keeps each cell's own; a report older than per-cell devices counts its cells as not recorded)."""
+    from hf_posenc.eval.report import NOT_RECORDED, device_counts
+
     counts: dict[str, int] = {}
-    for folder, name in REPORTS.items():
-        report = _load(os.path.join(out, folder, name))
+    for folder in REPORTS:
+        report = _report(out, folder)
         if report is None:
             continue
         compute = report["setup"].get("compute", {})
-        for device, n in (compute.get("devices") or {"not recorded": compute.get("cells", 0)}).items():
+        for device, n in (compute.get("devices") or {NOT_RECORDED: compute.get("cells", 0)}).items():
             counts[device] = counts.get(device, 0) + n
-    return ", ".join(f"{device} {n}" for device, n in sorted(counts.items())) or "none yet"
+    return device_counts(counts) or "none yet"
 
 
 def section(args, length: int, chosen, argv: dict[str, list[str]]) -> list[str]:
     """The lines of one length's part of the section, from the reports written so far."""
     where = computed_on(os.path.join(args.output, str(length)))
     return [f"### {length} tokens", "", *table(args, length, chosen), "", verdict(args, length, chosen), "",
-            f"Cells of these reports by the device that computed them: {where} (not recorded: computed before "
+            f"Cells of these reports, by the device that computed them: {where} (not recorded: computed before "
             "cells recorded their device).", "", *(f"`hf-posenc {shlex.join(a)}`  " for a in argv.values()), ""]
 
 

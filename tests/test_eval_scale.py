@@ -93,7 +93,7 @@ def test_a_killed_run_resumes_where_it_stopped_and_gives_the_same_report(tiny_ch
     assert "resumed 3 of 8 cells" in capsys.readouterr().err and len(computed) == 5
     resumed, once = (json.loads((d / "passkey.json").read_text()) for d in (cut, whole))
     assert _stable(resumed) == {**_stable(once), "table": once["table"] + (  # the cells' devices said under the table
-        "\n\nCells computed on: cpu (6), cuda (NVIDIA H100 80GB HBM3) (1), not recorded (1); this call ran on cpu.")}
+        "\n\nCells computed: 6 on cpu, 1 on cuda (NVIDIA H100 80GB HBM3), 1 not recorded; this call ran on cpu.")}
     # the cost of the cells over both calls, the untimed one said, not counted as zero
     for folder, report, untimed in ((cut, resumed, 1), (whole, once, 0)):
         kept = [json.loads(line) for line in (folder / "cells.jsonl").read_text().splitlines()[1:] if line.endswith("}")]

@@ -30,6 +30,7 @@ from ..files import atomic_write_text
 from ..methods.rope import DYNAMIC
 from ..patching import patch, trying
 from .processes import Processes
+from .report import NOT_RECORDED
 from .variants import Variant
 
 CELLS_FILE = "cells.jsonl"
@@ -238,7 +239,7 @@ class CellStore:
         timed = [self.seconds[c] for c in self.used if c in self.seconds]
         devices: dict[str, int] = {}
         for c in self.used:
-            where = self.devices.get(c, "not recorded")
+            where = self.devices.get(c, NOT_RECORDED)
             devices[where] = devices.get(where, 0) + 1
         return {"seconds": round(sum(timed), 3), "cells": len(self.used), "untimed": len(self.used) - len(timed),
                 "devices": dict(sorted(devices.items()))}

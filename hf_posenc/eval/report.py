@@ -49,13 +49,21 @@ def save_report(report: dict[str, Any], output: str, stem: str, plots=None) -> N
         report["plots"] = plots(report, output)
 
 
+NOT_RECORDED = "not recorded"  # the device of a cell computed before cells recorded theirs
+
+
+def device_counts(devices: dict[str, int]) -> str:
+    """Cell counts by device in words: ``"6 on cpu, 1 on cuda (NVIDIA H100 80GB HBM3), 1 not recorded"``."""
+    return ", ".join(f"{n} {device}" if device == NOT_RECORDED else f"{n} on {device}"
+                     for device, n in sorted(devices.items()))
+
+
 def _devices_note(setup: dict[str, Any]) -> str:
     """A line under the table when the cells of a resumed run were computed on more than one device."""
     devices = setup.get("compute", {}).get("devices", {})
     if len(devices) < 2:
         return ""
-    counts = ", ".join(f"{device} ({n})" for device, n in devices.items())
-    return f"\n\nCells computed on: {counts}; this call ran on {setup.get('device')}."
+    return f"\n\nCells computed: {device_counts(devices)}; this call ran on {setup.get('device')}."
 
 
 def finish_report(task: str, setup: dict[str, Any], results: dict[str, Any], table, output: str | None = None,
