@@ -422,3 +422,31 @@ def test_a_transformers_newer_than_the_tested_one_is_named_at_patch_time(monkeyp
         hf_posenc.patch(tiny_model("llama"), "linear", factor=2.0)
     said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     assert any(newer in s and TESTED_TRANSFORMERS in s for s in said), said
+
+
+def test_a_run_resumes_under_another_torch_build_of_the_same_release_only(own_checkpoint, tmp_path, capsys):
+    """A CPU run goes on on a GPU machine with the same torch release (its build tag differs: +cpu, +cu130; each cell
+    records its device); another torch release or another transformers is another setup."""
+    import torch
+
+    out = tmp_path / "ppl"
+    assert main(_ppl(own_checkpoint, out)) == 0
+    cells = out / "cells.jsonl"
+    lines = cells.read_text().splitlines(keepends=True)
+    setup = json.loads(lines[0])
+    release = torch.__version__.split("+")[0]
+    for torch_version, transformers_version, resumes in ((f"{release}+cu130", None, True), ("1.0.0+cpu", None, False),
+                                                         (None, "4.0.0", False)):
+        changed = json.loads(lines[0])
+        changed["fingerprint"]["versions"]["torch"] = torch_version or setup["fingerprint"]["versions"]["torch"]
+        changed["fingerprint"]["versions"]["transformers"] = (transformers_version
+                                                              or setup["fingerprint"]["versions"]["transformers"])
+        cells.write_text(json.dumps(changed) + "\n" + "".join(lines[1:]))
+        capsys.readouterr()
+        if resumes:
+            assert main(_ppl(own_checkpoint, out)) == 0
+            err = capsys.readouterr().err
+            assert f"resumed {len(lines) - 1} of {len(lines) - 1} cells" in err
+        else:
+            err = refused(_ppl(own_checkpoint, out), capsys)
+            assert "another setup (versions.t" in err and ("torch: '1.0.0' ->" in err or "transformers: '4.0.0' ->" in err)

@@ -7,7 +7,8 @@ first line that records the setup's fingerprint (model and its revision or file 
 settings, the seed, the versions), written with the first cell: a run refused or failing before any cell
 leaves no cells file. Run again, the same command skips the cells already there and says
 ``resumed K of N cells``; a different setup in the same folder is refused, naming what differs, unless
-``overwrite``. A method whose frequencies follow the lengths seen so far (dynamic NTK, dynamic YaRN, LongRoPE)
+``overwrite`` (torch's build tag aside: a CPU run can be resumed on a GPU with the same torch release, see
+:func:`resumable`). A method whose frequencies follow the lengths seen so far (dynamic NTK, dynamic YaRN, LongRoPE)
 is patched afresh before each of its cells, so that a cell's numbers never depend on which cells ran before
 it in the same process (resumed, shared out or not). A line cut short by a kill is ignored (that cell is computed again). Results pass through
 JSON before they are used, so a resumed report equals an uninterrupted one. Each cell line also records the
@@ -50,6 +51,16 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     a, b = _flat(old), _flat(new)
     return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in sorted(set(a) | set(b))
             if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def resumable(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint as a resume compares it: torch's version without its build tag (``2.13.0+cpu`` and
+    ``2.13.0+cu130`` are one release built for other devices; each cell records the device it was computed on,
+    and a report counts its cells by device). Every other field, transformers' version included, must match."""
+    torch_version = fingerprint.get("versions", {}).get("torch")
+    if not isinstance(torch_version, str):
+        return fingerprint
+    return {**fingerprint, "versions": {**fingerprint["versions"], "torch": torch_version.split("+", 1)[0]}}
 
 
 def _key_id(label: str, key: list) -> str:
@@ -142,7 +153,7 @@ class CellStore:
         except (ValueError, KeyError, TypeError):
             raise ValueError(f"{self.path} is not a cells file of hf_posenc (first line: {first[:80]!r}); use another "
                              "--output, or --overwrite to start it anew") from None
-        changed = differences(stored, self.fingerprint)
+        changed = differences(resumable(stored), resumable(self.fingerprint))
         if changed:
             raise ValueError(f"{self.path} holds the cells of another setup ({'; '.join(changed)}); use another "
                              "--output, or --overwrite to discard them")
