@@ -247,12 +247,26 @@ def computed_on(out: str) -> str:
     return device_counts(counts) or "none yet"
 
 
+def versions_of(out: str) -> str:
+    """The library versions one length's reports were computed with (a resume needs the same hf_posenc and
+    transformers and the same torch release, so each report names those of all its cells)."""
+    seen = []
+    for folder in REPORTS:
+        report = _report(out, folder)
+        env = report["setup"].get("environment", {}) if report is not None else {}
+        said = ", ".join(f"{name} {env[name]}" for name in ("hf_posenc", "transformers", "torch") if name in env)
+        if said and said not in seen:
+            seen.append(said)
+    return "; ".join(seen) or "none yet"
+
+
 def section(args, length: int, chosen, argv: dict[str, list[str]]) -> list[str]:
     """The lines of one length's part of the section, from the reports written so far."""
-    where = computed_on(os.path.join(args.output, str(length)))
+    out = os.path.join(args.output, str(length))
     return [f"### {length} tokens", "", *table(args, length, chosen), "", verdict(args, length, chosen), "",
-            f"Cells of these reports, by the device that computed them: {where} (not recorded: computed before "
-            "cells recorded their device).", "", *(f"`hf-posenc {shlex.join(a)}`  " for a in argv.values()), ""]
+            f"Cells of these reports, by the device that computed them: {computed_on(out)} (not recorded: computed "
+            f"before cells recorded their device); computed with {versions_of(out)}.", "",
+            *(f"`hf-posenc {shlex.join(a)}`  " for a in argv.values()), ""]
 
 
 def main(argv: list[str] | None = None) -> int:
