@@ -75,8 +75,8 @@ class AlibiState(CacheOffset):
             raise ValueError(f"ALiBi expects a 4-D attention mask from the model, got shape {tuple(mask.shape)}")
         b, q = hidden.shape[:2]
         k = mask.shape[-1] if mask is not None else self.past + q
-        kwargs["attention_mask"] = self.full_mask(mask, b, len(self.slopes), q, k, self.past, hidden.dtype,
-                                                  hidden.device, causal=True)
+        kwargs["attention_mask"] = self.full_mask(mask, b, len(self.slopes), q, k, self.query_start(q, k),
+                                                  hidden.dtype, hidden.device, causal=True)
         return args, kwargs
 
 
