@@ -7,9 +7,9 @@ length, so the frequencies); the keys already in the cache keep the rotation the
 they change (:func:`hf_posenc.encodings.rope.rerotate_keys`), so each step equals recomputing the sequence.
 
 To reach the cache, a :class:`CacheWatcher` on the module that owns the rotary module (the decoder body)
-holds the KV cache (``cache``, formerly ``past_key_values``) of the call in progress. The cached keys of a row are taken to be the tokens
-just before the call's first position (how ``generate`` fills a cache, left padding included: padded slots
-are masked, whatever their rotation). Supported: transformers' dynamic cache (``DynamicCache``, the default
+holds the KV cache (``cache``, formerly ``past_key_values``) of the call in progress. The cached keys of a
+row are taken to be the tokens just before the call's first position (how ``generate`` fills a cache, left
+padding included: padded slots are masked, whatever their rotation). Supported: transformers' dynamic cache (``DynamicCache``, the default
 of ``generate``), sliding-window layers included; another cache type is refused by name.
 
 What re-rotation reaches: every cached key is rotated as a forward over the whole sequence would rotate it,
