@@ -207,10 +207,12 @@ def judged(argv: list[str], out: str, no_progress: bool) -> None:
     folder starts from a copy of them and only the evaluator's and the methods' key-token cells are computed."""
     import shutil
 
-    cells = os.path.join(out, JUDGED, "cells.jsonl")
+    from hf_posenc.eval.cells import CELLS_FILE
+
+    cells = os.path.join(out, JUDGED, CELLS_FILE)
     if not os.path.exists(cells):
         os.makedirs(os.path.dirname(cells), exist_ok=True)
-        shutil.copyfile(os.path.join(out, PPL, "cells.jsonl"), cells)
+        shutil.copyfile(os.path.join(out, PPL, CELLS_FILE), cells)
     run_cli(argv, no_progress)
 
 
@@ -231,29 +233,25 @@ def run_length(args, length: int) -> list[str]:
     return section(args, length, chosen, argv)
 
 
-def computed_on(out: str) -> str:
+def computed_on(reports: list[dict]) -> str:
     """The cells of one length's reports counted by the device that computed them (a run resumed on another
     machine keeps each cell's own; a report older than per-cell devices counts its cells as not recorded)."""
     from hf_posenc.eval.report import NOT_RECORDED, device_counts
 
     counts: dict[str, int] = {}
-    for folder in REPORTS:
-        report = _report(out, folder)
-        if report is None:
-            continue
+    for report in reports:
         compute = report["setup"].get("compute", {})
         for device, n in (compute.get("devices") or {NOT_RECORDED: compute.get("cells", 0)}).items():
             counts[device] = counts.get(device, 0) + n
     return device_counts(counts) or "none yet"
 
 
-def versions_of(out: str) -> str:
+def versions_of(reports: list[dict]) -> str:
     """The library versions one length's reports were computed with (a resume needs the same hf_posenc and
     transformers and the same torch release, so each report names those of all its cells)."""
     seen = []
-    for folder in REPORTS:
-        report = _report(out, folder)
-        env = report["setup"].get("environment", {}) if report is not None else {}
+    for report in reports:
+        env = report["setup"].get("environment", {})
         said = ", ".join(f"{name} {env[name]}" for name in ("hf_posenc", "transformers", "torch") if name in env)
         if said and said not in seen:
             seen.append(said)
@@ -263,9 +261,10 @@ def versions_of(out: str) -> str:
 def section(args, length: int, chosen, argv: dict[str, list[str]]) -> list[str]:
     """The lines of one length's part of the section, from the reports written so far."""
     out = os.path.join(args.output, str(length))
+    reports = [r for r in (_report(out, folder) for folder in REPORTS) if r is not None]  # read once for both lines
     return [f"### {length} tokens", "", *table(args, length, chosen), "", verdict(args, length, chosen), "",
-            f"Cells of these reports, by the device that computed them: {computed_on(out)} (not recorded: computed "
-            f"before cells recorded their device); computed with {versions_of(out)}.", "",
+            f"Cells of these reports, by the device that computed them: {computed_on(reports)} (not recorded: "
+            f"computed before cells recorded their device); computed with {versions_of(reports)}.", "",
             *(f"`hf-posenc {shlex.join(a)}`  " for a in argv.values()), ""]
 
 
