@@ -1,6 +1,7 @@
 """What every saved result records about how it was made -- the command and the versions -- with every secret
 taken out: the ``token`` argument, ``HF_TOKEN`` / ``HUGGING_FACE_HUB_TOKEN``, the tokens stored by
-``hf auth login``, anything shaped like a Hub token, and the value after a ``--token``-like flag."""
+``hf auth login``, anything shaped like a Hub token, and the value after any flag, ``NAME=`` or mapping key whose
+name says it holds a secret (:func:`secret_name`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,28 @@ from typing import Any
 
 MASK = "***"
 _TOKEN_SHAPE = re.compile(r"\b(?:hf_|api_org_)[A-Za-z0-9]{20,}\b")
-# --token and its prefixes (--tok, --toke: what an abbreviating parser would take for it), not --tokenizer
-_SECRET_FLAG = re.compile(r"(--(?:hf[-_])?tok(?:en?)?|--api[-_]key|--password|--secret)(=|\s+)('[^']*'|\"[^\"]*\"|\S+)")
+_VALUE = r"""(?:'[^']*'|"[^"]*"|\S)+"""  # a word, quoted parts and all (an unclosed quote: to the next space)
+_FLAG = re.compile(rf"(?<![\w-])(--?[A-Za-z][\w.-]*)(=|\s+)(?!-)({_VALUE})")
+_ASSIGNED = re.compile(r"""(?<![\w.-])([A-Za-z_][\w.-]*)=((?:'[^']*'|"[^"]*"|[^\s,;)}\]])+)""")
+_MAPPED = re.compile(r"""(["'])([A-Za-z_][\w.-]*)\1(\s*:\s*)('[^']*'|"[^"]*"|[^\s,}\]]+)""")
+_BEARER = re.compile(r"\b(Bearer)(\s+)([A-Za-z0-9._~+/=-]{8,})")
+_SECRET_WORDS = ("secret", "passw", "passphrase", "credential")
+
+
+def secret_name(name: str, flag: bool = True) -> bool:
+    """Whether the flag or keyword ``name`` holds a secret: its last word ends in ``token`` (``--token``,
+    ``--hub_token``, ``--use-auth-token``, ``hubToken``; ``--tok`` as an abbreviation) or ``key`` (``--api-key``,
+    ``--key``; not ``passkey``), or a word starts with ``auth`` (not ``author``) or says secret, password,
+    passphrase or credential. Not secret: ``--tokenizer``, ``--max-gen-tokens``, ``--key-tokens``, ``--keys``,
+    ``--pad-token-id``. A bare ``key`` is secret as a flag only (``flag``): as a keyword it is a passkey's field."""
+    words = [w for w in re.split(r"[-_.\s]+", name.lower()) if w]
+    if not words or (not flag and words == ["key"]):
+        return False
+    last = words[-1]
+    if last.endswith("token") or last in ("tok", "toke") or (last.endswith("key") and last != "passkey"):
+        return True
+    return any((w.startswith("auth") and w not in ("author", "authors")) or any(s in w for s in _SECRET_WORDS)
+               for w in words)
 
 
 def known_secrets(*extra: str | None) -> set[str]:
@@ -46,8 +67,18 @@ def _longest_first(secrets: set[str]) -> list[str]:
 def _scrub_known(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, MASK)
-    text = _SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
+    text = _FLAG.sub(lambda m: f"{m[1]}{m[2]}{MASK}" if secret_name(m[1]) else m[0], text)
+    text = _ASSIGNED.sub(lambda m: f"{m[1]}={_quoted_mask(m[2])}" if secret_name(m[1], False) else m[0], text)
+    text = _MAPPED.sub(lambda m: f"{m[1]}{m[2]}{m[1]}{m[3]}{_quoted_mask(m[4])}" if secret_name(m[2], False)
+                       else m[0], text)
+    text = _BEARER.sub(lambda m: f"{m[1]}{m[2]}{MASK}", text)
     return _TOKEN_SHAPE.sub(MASK, text)
+
+
+def _quoted_mask(value: str) -> str:
+    """``***``, in the quotes ``value`` stood in (a repr or JSON stays one)."""
+    quote = value[0] if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"" else ""
+    return f"{quote}{MASK}{quote}"
 
 
 def scrub_data(data: Any, *extra: str | None) -> Any:
@@ -58,12 +89,18 @@ def scrub_data(data: Any, *extra: str | None) -> Any:
         if isinstance(item, str):
             return _scrub_known(item, secrets)
         if isinstance(item, dict):
-            return {k: walk(v) for k, v in item.items()}
+            return {k: MASK if _secret_field(k, v) else walk(v) for k, v in item.items()}
         if isinstance(item, (list, tuple)):
             return [walk(v) for v in item]
         return item
 
     return walk(data)
+
+
+def _secret_field(key: Any, value: Any) -> bool:
+    """A mapping's entry that holds a secret: a text or number under a secret name (``hf_token``, ``api_key``)."""
+    return (isinstance(key, str) and isinstance(value, (str, int, float)) and not isinstance(value, bool)
+            and secret_name(key, flag=False))
 
 
 def recorded_command(command: str | None = None) -> str:

@@ -1,5 +1,7 @@
 """The argument parser of every ``hf-posenc`` command: no abbreviated flags (``--token`` is never taken for
-``--tokenizer``), and no secret in its errors (``unrecognized arguments: --token hf_...`` is scrubbed)."""
+``--tokenizer``), and no secret in its errors: an unrecognised argument is named by its flag alone (``unrecognized
+arguments: --hub-token ***``), and a word that followed an unknown or secret-named flag is never quoted back
+(``eval --token SECRET`` made argparse say ``invalid choice: 'SECRET'``)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-from ..provenance import scrub
+from ..provenance import MASK, scrub, secret_name
 
 
 class Parser(argparse.ArgumentParser):
@@ -17,7 +19,44 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
+        self._words: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._words = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(hide_values(extras))}")
+        return parsed
 
     def error(self, message: str) -> NoReturn:
+        for word in self._hidden():
+            message = message.replace(repr(word), f"'{MASK}'")
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {scrub(message)}\n")
+
+    def _hidden(self) -> list[str]:
+        """The words this parser must not quote back: each one after a flag it does not know or whose name says
+        secret (argparse may have taken it for a positional), and the value in ``--flag=value`` of such a flag."""
+        hidden = []
+        for before, word in zip([""] + self._words, self._words):
+            flag, eq, value = word.partition("=")
+            if eq and flag.startswith("-") and self._suspect(flag):
+                hidden.append(value)
+            elif before.startswith("-") and "=" not in before and self._suspect(before):
+                hidden.append(word)
+        return sorted(set(hidden) - {""}, key=len, reverse=True)
+
+    def _suspect(self, flag: str) -> bool:
+        return flag not in self._option_string_actions or secret_name(flag)
+
+
+def hide_values(words: list[str]) -> list[str]:
+    """Unrecognised arguments as they may be shown: each flag by its name, every value as ``***``."""
+    shown = []
+    for word in words:
+        flag, eq, _ = word.partition("=")
+        shown.append(MASK if not word.startswith("-") else f"{flag}={MASK}" if eq else word)
+    return shown
