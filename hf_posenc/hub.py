@@ -10,6 +10,7 @@ token is never written to the card, the saved files, logs or error messages.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 import tempfile
@@ -151,7 +152,7 @@ def upload(folder: str, repo_id: str, *, private: bool | None = None, revision: 
     if not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     files = sorted(os.path.relpath(os.path.join(root, f), folder) for root, _, names in os.walk(folder) for f in names)
-    rerun = f"hf-posenc upload {folder} {repo_id}" + (f" --revision {revision}" if revision else "")
+    rerun = shlex.join(["hf-posenc", "upload", folder, repo_id] + (["--revision", revision] if revision else []))
     api = HfApi(endpoint=endpoint, token=token)
     try:
         with _sigterm_interrupts(), _hub_timeout(timeout):
