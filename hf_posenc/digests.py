@@ -1,10 +1,18 @@
-"""Content digests of files: SHA-256 of every byte, remembered by path, size and modification time.
+"""Content digests of files: SHA-256 of every byte, remembered by path and by what the file system says of the file.
 
 The digest names a file's whole content (a change anywhere in a weight file changes it). Hashing a multi-GB
 checkpoint takes seconds to a minute, so each digest is kept in a small JSON file, ``file_digests.json`` in
 the cache folder (``$HF_POSENC_CACHE``, else ``$XDG_CACHE_HOME/hf_posenc``, else ``~/.cache/hf_posenc``), under
-the file's real path with its size and modification time in nanoseconds: a file that keeps all three is not
-read again. A cache that cannot be read or written is ignored (the file is hashed every time).
+the file's real path with its stamp: size, modification time, device, inode and status-change time (ctime), in
+nanoseconds.
+
+The guarantee: a cached digest is used only while all of the stamp is unchanged and the file's ctime lies more
+than :data:`RACY_NS` before the moment it was hashed. ``cp -p``, ``rsync -a`` and ``touch -d`` can put back an
+old size and mtime, but not the ctime (the kernel sets it on every write, rename or ``utime``; only changing the
+system clock can forge it), and a file replaced by another has another inode. A file written within
+:data:`RACY_NS` of its hashing (where a coarse file-system clock could give the rewrite the same ctime) is hashed
+again on the next call, until its digest is older than that. A cache that cannot be read or written is ignored
+(the file is hashed every time).
 """
 
 from __future__ import annotations
@@ -12,11 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 
 from .files import atomic_write_text
 from .models import cache_dir
 
 CACHE_FILE = "file_digests.json"
+RACY_NS = 2_000_000_000  # 2 s: above the clock tick of any local file system (FAT's 2 s included)
 _CHUNK = 1 << 24
 
 
@@ -38,20 +48,35 @@ def hash_file(path: str) -> str:
     return digest.hexdigest()
 
 
+def _stamp(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino, st.st_ctime_ns]
+
+
+def _cached(held, stamp: list[int]) -> str | None:
+    """The recorded digest when ``held`` records this stamp, hashed more than RACY_NS after the file's ctime."""
+    if not (isinstance(held, dict) and held.get("stamp") == stamp and isinstance(held.get("sha256"), str)):
+        return None
+    hashed_at = held.get("hashed_at_ns")
+    if not isinstance(hashed_at, int) or hashed_at - stamp[4] <= RACY_NS:
+        return None
+    return held["sha256"]
+
+
 def file_digests(paths: list[str]) -> list[str]:
-    """The SHA-256 of each file of ``paths`` (hex), read from the cache where the file's real path, size and
-    modification time are those recorded, hashed (and recorded) otherwise."""
+    """The SHA-256 of each file of ``paths`` (hex), read from the cache where the file's real path and stamp are
+    those recorded (see the module's guarantee), hashed (and recorded) otherwise."""
     cache_path = os.path.join(cache_dir(), CACHE_FILE)
     cache, out, changed = _load(cache_path), [], False
     for path in paths:
         real, st = os.path.realpath(path), os.stat(path)
-        stamp = [st.st_size, st.st_mtime_ns]
-        held = cache.get(real)
-        if isinstance(held, dict) and held.get("stamp") == stamp and isinstance(held.get("sha256"), str):
-            out.append(held["sha256"])
+        stamp = _stamp(st)
+        held = _cached(cache.get(real), stamp)
+        if held is not None:
+            out.append(held)
             continue
+        hashed_at = time.time_ns()  # before reading: a write during the hashing falls after it
         out.append(hash_file(path))
-        cache[real], changed = {"stamp": stamp, "sha256": out[-1]}, True
+        cache[real], changed = {"stamp": stamp, "hashed_at_ns": hashed_at, "sha256": out[-1]}, True
     if changed:
         try:
             atomic_write_text(cache_path, json.dumps(cache, indent=0, sort_keys=True))
