@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -79,6 +80,13 @@ class EvalTask:
             raise ValueError(f"an eval task's name is a word (letters, digits, - and _), got {self.name!r}")
         if not self.default_methods:
             raise ValueError(f"eval task {self.name!r}: default_methods is empty")
+        for name in ("run", "flags", "keywords", *_OPTIONAL_CALLABLES):
+            value = getattr(self, name)
+            if not callable(value) and (value is not None or name not in _OPTIONAL_CALLABLES):
+                raise ValueError(f"eval task {self.name!r}: {name} must be callable, got {value!r}")
+
+
+_OPTIONAL_CALLABLES = ("model_index", "patch_keywords", "check_arguments", "check_lengths")
 
 
 _TASKS: dict[str, EvalTask] = {}
@@ -111,13 +119,42 @@ def registered() -> dict[str, EvalTask]:
         from importlib.metadata import entry_points
 
         for point in entry_points(group=ENTRY_POINTS):
-            point.load()
+            _load_plugin(point)
 
     def order(task: EvalTask) -> int:  # the built-in ones first, in BUILTIN's order, whoever imported them first
         module = task.run.__module__.rpartition(".")[2]
         return BUILTIN.index(module) if task.run.__module__.startswith(__package__) and module in BUILTIN else len(BUILTIN)
 
     return {t.name: t for t in sorted(_TASKS.values(), key=order)}
+
+
+def _load_plugin(point) -> None:
+    """Import one entry point of the eval-task group and check the tasks it registered; a plugin that fails (raises
+    on import, registers a name taken, a malformed task or flags that do not build) is skipped, its tasks taken
+    back, with a warning naming it and why: one broken package does not take the whole CLI down."""
+    before = dict(_TASKS)
+    try:
+        point.load()
+        for task in [t for name, t in _TASKS.items() if name not in before]:
+            _try_flags(task)
+    except Exception as err:  # whatever a third-party module raises
+        _TASKS.clear()
+        _TASKS.update(before)
+        reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        warnings.warn(f"hf_posenc: skipping the eval-task plugin {point.name!r} ({point.value}) of the "
+                      f"{ENTRY_POINTS!r} entry points: {reason}", UserWarning, stacklevel=2)
+
+
+def _try_flags(task: EvalTask) -> None:
+    """``task.flags`` on a parser with the flags ``eval NAME`` gives every task, as the CLI builds it."""
+    from ..cli.eval_cmd import common_flags
+
+    parser = argparse.ArgumentParser(prog=f"hf-posenc eval {task.name}", add_help=True)
+    common_flags(parser, task)
+    try:
+        task.flags(parser)
+    except argparse.ArgumentError as err:
+        raise ValueError(f"eval task {task.name!r}: its flags clash with the eval command's: {err}") from None
 
 
 def get_task(name: str) -> EvalTask:
