@@ -87,36 +87,6 @@ def _can_create_in(folder: str) -> bool:
     return True
 
 
-class StagedFolder:
-    """``with StagedFolder(output) as tmp:`` -- write into ``tmp`` (beside ``output``); on success it replaces
-    ``output`` whole, on any failure it is removed and ``output`` stays as it was."""
-
-    def __init__(self, output: str):
-        self.output = os.path.abspath(output)
-
-    def __enter__(self) -> str:
-        parent = os.path.dirname(self.output)
-        os.makedirs(parent, exist_ok=True)
-        self.tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(self.output)}.partial-")
-        os.chmod(self.tmp, 0o777 & ~umask())  # the mode of a folder made by os.makedirs, not mkdtemp's 0700
-        return self.tmp
-
-    def __exit__(self, kind, value, tb) -> bool:
-        import shutil
-
-        if kind is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return False
-        old = None
-        if os.path.exists(self.output):
-            old = tempfile.mkdtemp(dir=os.path.dirname(self.output), prefix=f".{os.path.basename(self.output)}.old-")
-            os.replace(self.output, os.path.join(old, "previous"))
-        os.replace(self.tmp, self.output)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return False
-
-
 LOCK_FILE = ".hf_posenc.lock"
 
 
@@ -124,13 +94,16 @@ class OutputLock:
     """An exclusive lock on an output folder for one run: ``<folder>/.hf_posenc.lock``, held with ``flock`` (the
     system releases it when the process ends, however it ends) and removed when the run ends. A second run on
     the same folder is refused with the pid of the one holding it. A folder that the lock itself created and
-    that holds nothing else when the run ends (it failed before writing anything) is removed too."""
+    that holds nothing else when the run ends (it failed before writing anything) is removed too. ``path``: the lock
+    file when it is not ``<folder>/.hf_posenc.lock`` (a command that replaces its folder whole locks it from beside
+    the folder: :mod:`hf_posenc.replaced_folder`)."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, path: str | None = None):
         self.folder = os.path.abspath(folder)
-        self.created = not os.path.exists(self.folder)
-        os.makedirs(self.folder, exist_ok=True)
-        self.path = os.path.join(self.folder, LOCK_FILE)
+        self.created = path is None and not os.path.exists(self.folder)
+        if path is None:
+            os.makedirs(self.folder, exist_ok=True)
+        self.path = path or os.path.join(self.folder, LOCK_FILE)
         while True:  # the file locked must still be the one at the path (a releasing run removes it)
             self.fd = self._take(folder)
             try:

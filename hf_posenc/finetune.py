@@ -57,7 +57,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
              command: str | None = None, progress: bool = True) -> dict[str, Any]:
     """Patch ``model`` with ``config``, train it ``steps`` optimizer steps on packed ``train_docs``, measure
     held-out perplexity on ``eval_docs`` before and after, save to ``output``; returns the report."""
-    from .files import StagedFolder, check_output_folder
+    from .replaced_folder import ReplacedOutput, check_replaced_output
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
     from .eval.data import tokenize_documents
@@ -69,44 +69,47 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                          f"batch_size={batch_size}, grad_accum={grad_accum}, learning_rate={learning_rate}")
     if not eval_docs:
         raise ValueError("held-out evaluation needs at least one document that is not trained on")
-    check_output_folder(output, resolve_source(model).path)  # before any compute
-    seed_everything(seed)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    lm, tok, _ = load_model_and_tokenizer(model, dtype, device)
-    patch(lm, config)
-    blocks = pack(tokenize_documents(tok, train_docs), seq_len, tok.eos_token_id)
-    need = steps * batch_size * grad_accum
-    heldout = tokenize_documents(tok, eval_docs, seq_len * eval_windows)
-    if max(len(t) for t in heldout) < seq_len:
-        raise ValueError(f"too little held-out text for seq_len={seq_len}: the longest held-out document has "
-                         f"{max(len(t) for t in heldout)} tokens")
-    before = heldout_perplexity(lm, heldout, seq_len, eval_windows)
+    check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
+    with ReplacedOutput(output, "finetune") as out:  # one run per --output, from here to the save
+        seed_everything(seed)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        lm, tok, _ = load_model_and_tokenizer(model, dtype, device)
+        patch(lm, config)
+        blocks = pack(tokenize_documents(tok, train_docs), seq_len, tok.eos_token_id)
+        need = steps * batch_size * grad_accum
+        heldout = tokenize_documents(tok, eval_docs, seq_len * eval_windows)
+        if max(len(t) for t in heldout) < seq_len:
+            raise ValueError(f"too little held-out text for seq_len={seq_len}: the longest held-out document has "
+                             f"{max(len(t) for t in heldout)} tokens")
+        before = heldout_perplexity(lm, heldout, seq_len, eval_windows)
 
-    losses, seconds = _train(lm, blocks, steps=steps, batch_size=batch_size, grad_accum=grad_accum,
-                             learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
-                             gradient_checkpointing=gradient_checkpointing, seed=seed, device=device, progress=progress)
-    lm.eval()
-    after = heldout_perplexity(lm, heldout, seq_len, eval_windows)
-    report = {
-        "task": "finetune",
-        "setup": {"model": model, "method": config.to_dict(), "seq_len": seq_len, "steps": steps,
-                  "batch_size": batch_size, "grad_accum": grad_accum, "learning_rate": learning_rate,
-                  "warmup_steps": warmup_steps, "weight_decay": weight_decay,
-                  "gradient_checkpointing": gradient_checkpointing, "train_blocks": int(blocks.shape[0]),
-                  "blocks_seen": need, "train_documents": [d.name for d in train_docs],
-                  "eval_documents": [d.name for d in eval_docs], "eval_windows": eval_windows, "seed": seed,
-                  "device": device, "dtype": dtype, "command": recorded_command(command), "seconds": round(seconds, 1)},
-        "losses": losses,
-        "heldout_before": before,
-        "heldout_after": after,
-    }
-    report["table"] = finetune_table(report)
-    # the checkpoint, its card (with the training table) and the report (JSON, Markdown) in hf_posenc_eval/;
-    # written into a staged folder that replaces --output only when all of it is written
-    with StagedFolder(output) as staged:
-        save_pretrained(lm, staged, tok, eval_results=[report], base_model=model, command=command, trained=True)
-        plotted = plot_losses(report, os.path.join(staged, EVAL_FOLDER, "finetune_loss.png"))
-    report["plot"] = os.path.join(output, os.path.relpath(plotted, staged)) if plotted else ""
+        losses, seconds = _train(lm, blocks, steps=steps, batch_size=batch_size, grad_accum=grad_accum,
+                                 learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
+                                 gradient_checkpointing=gradient_checkpointing, seed=seed, device=device,
+                                 progress=progress)
+        lm.eval()
+        after = heldout_perplexity(lm, heldout, seq_len, eval_windows)
+        report = {
+            "task": "finetune",
+            "setup": {"model": model, "method": config.to_dict(), "seq_len": seq_len, "steps": steps,
+                      "batch_size": batch_size, "grad_accum": grad_accum, "learning_rate": learning_rate,
+                      "warmup_steps": warmup_steps, "weight_decay": weight_decay,
+                      "gradient_checkpointing": gradient_checkpointing, "train_blocks": int(blocks.shape[0]),
+                      "blocks_seen": need, "train_documents": [d.name for d in train_docs],
+                      "eval_documents": [d.name for d in eval_docs], "eval_windows": eval_windows, "seed": seed,
+                      "device": device, "dtype": dtype, "command": recorded_command(command),
+                      "seconds": round(seconds, 1)},
+            "losses": losses,
+            "heldout_before": before,
+            "heldout_after": after,
+        }
+        report["table"] = finetune_table(report)
+        # the checkpoint, its card (with the training table) and the report (JSON, Markdown) in hf_posenc_eval/;
+        # written into a staged folder that replaces --output only when all of it is written
+        with out.staged() as staged:
+            save_pretrained(lm, staged, tok, eval_results=[report], base_model=model, command=command, trained=True)
+            plotted = plot_losses(report, os.path.join(staged, EVAL_FOLDER, "finetune_loss.png"))
+        report["plot"] = os.path.join(output, os.path.relpath(plotted, staged)) if plotted else ""
     return report
 
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import sys
 import tempfile
-import threading
 from contextlib import contextmanager
 from typing import Any
 
 from .context import context_length
 from .files import atomic_write_text, follow_umask
+from .interrupts import sigterm_interrupts
+from .replaced_folder import OWN
 from .provenance import scrub
 from .card import BaseModel, build_model_card, describe_base
 from .eval.report import save_report
@@ -116,26 +116,6 @@ def _hub_timeout(seconds: float):
         session.timeout = before
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM during an upload, turned into an interruption so that the rerun command is printed."""
-
-
-@contextmanager
-def _sigterm_interrupts():
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise Terminated(f"signal {signum}")
-
-    before = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
 def upload(folder: str, repo_id: str, *, private: bool | None = None, revision: str | None = None,
            commit_message: str | None = None, token: str | None = None, endpoint: str | None = None,
            timeout: float = UPLOAD_TIMEOUT) -> str:
@@ -151,11 +131,12 @@ def upload(folder: str, repo_id: str, *, private: bool | None = None, revision: 
         raise ValueError(f"repo_id must look like 'user/name' (or 'name'), got {repo_id!r}")
     if not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    files = sorted(os.path.relpath(os.path.join(root, f), folder) for root, _, names in os.walk(folder) for f in names)
+    files = sorted(rel for root, _, names in os.walk(folder) for rel in (os.path.relpath(os.path.join(root, f), folder)
+                                                                          for f in names) if rel not in OWN)
     rerun = shlex.join(["hf-posenc", "upload", folder, repo_id] + (["--revision", revision] if revision else []))
     api = HfApi(endpoint=endpoint, token=token)
     try:
-        with _sigterm_interrupts(), _hub_timeout(timeout):
+        with sigterm_interrupts(), _hub_timeout(timeout):
             api.create_repo(repo_id, private=private, exist_ok=True)
             if revision and revision != "main":
                 api.create_branch(repo_id, branch=revision, exist_ok=True)

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from .config import PosEncConfig
-from .files import StagedFolder, check_output_folder
+from .replaced_folder import ReplacedOutput, check_replaced_output
 from .models import resolve_source
 
 
@@ -59,39 +59,44 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     for task, arguments in evals:
         if task.check_lengths and (eval_lengths or {}).get(task.lengths_flag):
             task.check_lengths(eval_lengths[task.lengths_flag], arguments)
-    check_output_folder(output, resolve_source(model).path)  # before any compute
+    check_replaced_output(output, "patch", resolve_source(model).path, text_file or [])  # before any compute
     if (private or revision) and not push_to_hub:
         raise ValueError("--private and --revision apply to an upload: add --push-to-hub USER/NAME, or drop them.")
-    docs = gather_documents(text_file=text_file, encoding=encoding) if any(t.reads_documents for t, _ in evals) else []
-    lm, tok, src = runtime.load_model_and_tokenizer(model, dtype, device, tokenizer=tokenizer,
-                                                    need_tokenizer=bool(evals))
-    lengths = _lengths_of(lm, config, evals, eval_lengths or {})
-    methods = ["none", config] if config.method != "none" else ["none"]
-    common = dict(model=model, methods=methods, factor=config.factor, method_params={}, seed=seed, dtype=dtype,
-                  device=device, progress=progress, plots=False, loaded=(lm, tok, src), command=command)
-    reports = []
-    for task, arguments in evals:  # each of the unpatched model beside the patched one
-        given = PatchEval(lengths=lengths[task.name], docs=docs, arguments=arguments, depths=depths or [0.5],
-                          trials=trials, max_windows=max_windows, limit=harness_limit, max_gen_tokens=max_gen_tokens)
-        reports.append(task.run(**task.patch_keywords(given), **common))
-    if tuned is not None:
-        reports.insert(0, tuned)
-    patch(lm, config)
-    card = dict(base_model=model, repo_id=push_to_hub, command=command)
-    with StagedFolder(output) as staged:  # a failure leaves --output as it was
-        save_pretrained(lm, staged, tok, eval_results=reports, **card)
-        if serve_check:
-            from .hub import write_model_card
-            from .serve_check import serve_check as check_folder, serve_table
+    with ReplacedOutput(output, "patch") as out:  # one run per --output, from here to the save
+        reads_documents = any(t.reads_documents for t, _ in evals)
+        docs = gather_documents(text_file=text_file, encoding=encoding) if reads_documents else []
+        lm, tok, src = runtime.load_model_and_tokenizer(model, dtype, device, tokenizer=tokenizer,
+                                                        need_tokenizer=bool(evals))
+        lengths = _lengths_of(lm, config, evals, eval_lengths or {})
+        methods = ["none", config] if config.method != "none" else ["none"]
+        common = dict(model=model, methods=methods, factor=config.factor, method_params={}, seed=seed, dtype=dtype,
+                      device=device, progress=progress, plots=False, loaded=(lm, tok, src), command=command)
+        reports = []
+        for task, arguments in evals:  # each of the unpatched model beside the patched one
+            given = PatchEval(lengths=lengths[task.name], docs=docs, arguments=arguments, depths=depths or [0.5],
+                              trials=trials, max_windows=max_windows, limit=harness_limit,
+                              max_gen_tokens=max_gen_tokens)
+            reports.append(task.run(**task.patch_keywords(given), **common))
+        if tuned is not None:
+            reports.insert(0, tuned)
+        patch(lm, config)
+        card = dict(base_model=model, repo_id=push_to_hub, command=command)
+        with out.staged() as staged:  # a failure leaves --output as it was
+            save_pretrained(lm, staged, tok, eval_results=reports, **card)
+            if serve_check:
+                from .hub import write_model_card
+                from .serve_check import serve_check as check_folder, serve_table
 
-            check = check_folder(staged, engine=serve_check, engine_python=engine_python, lengths=serve_check_lengths,
-                                 tokenizer=tokenizer, dtype=dtype, progress=progress, command=command)
-            check["setup"]["folder"] = os.path.abspath(output)  # where it will be, not the staging folder
-            check["table"] = serve_table(check)
-            reports.append(check)
-            write_model_card(lm, staged, eval_results=reports, serve_check=check, **card)
-    done: dict[str, Any] = {"output": output, "reports": reports, "commit_url": None, "tokenizer_saved": tok is not None}
-    if push_to_hub:
-        done["commit_url"] = upload(output, push_to_hub, private=private, revision=revision,
-                                    commit_message=commit_message, timeout=timeout or UPLOAD_TIMEOUT)
+                check = check_folder(staged, engine=serve_check, engine_python=engine_python,
+                                     lengths=serve_check_lengths, tokenizer=tokenizer, dtype=dtype, progress=progress,
+                                     command=command)
+                check["setup"]["folder"] = os.path.abspath(output)  # where it will be, not the staging folder
+                check["table"] = serve_table(check)
+                reports.append(check)
+                write_model_card(lm, staged, eval_results=reports, serve_check=check, **card)
+        done: dict[str, Any] = {"output": output, "reports": reports, "commit_url": None,
+                                "tokenizer_saved": tok is not None}
+        if push_to_hub:  # still under the lock: no other run replaces the folder while it is sent
+            done["commit_url"] = upload(output, push_to_hub, private=private, revision=revision,
+                                        commit_message=commit_message, timeout=timeout or UPLOAD_TIMEOUT)
     return done

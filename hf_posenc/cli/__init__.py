@@ -8,7 +8,8 @@ import argparse
 import sys
 
 from ..engines.vllm_engine import EngineError
-from ..hub import Terminated, UploadError
+from ..hub import UploadError
+from ..interrupts import Terminated, sigterm_interrupts
 from ..provenance import command_line, scrub
 from . import eval_cmd, finetune_cmd, methods_cmd, patch_cmd, serve_check_cmd, tune_cmd, upload_cmd
 from .parser import Parser
@@ -32,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # a command that relaunches itself (eval --data-parallel-size) needs its own words
     try:
-        return COMMANDS[args.command].run(args, command_line(argv, "hf-posenc"))
+        with sigterm_interrupts():  # a kill unwinds: locks released, staged folders removed
+            return COMMANDS[args.command].run(args, command_line(argv, "hf-posenc"))
     except ValueError as err:
         print(f"hf-posenc: error: {scrub(str(err))}", file=sys.stderr)
         return 2
@@ -42,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     except UploadError as err:  # the local save is complete; the message says what to rerun
         print(f"hf-posenc: error: {scrub(str(err))}", file=sys.stderr)
         return 1
-    except Terminated:  # SIGTERM during an upload, which printed what to rerun
+    except Terminated:  # SIGTERM (an upload printed what to rerun)
+        print("hf-posenc: terminated", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
         print("hf-posenc: interrupted", file=sys.stderr)

@@ -77,14 +77,21 @@ def add_parser(sub) -> None:
 
 def relaunch(argv: list[str], processes: int) -> int:
     """The same command under torchrun with ``processes`` processes (less the flag that asked for it)."""
+    import signal
     import subprocess
     import sys
 
     flag = "--data-parallel-size"
     rest = [a for i, a in enumerate(argv) if a != flag and not a.startswith(flag + "=")
             and not (i > 0 and argv[i - 1] == flag)]
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                           str(processes), "-m", "hf_posenc", *rest]).returncode
+    child = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                              str(processes), "-m", "hf_posenc", *rest])
+    try:
+        return child.wait()
+    except KeyboardInterrupt:  # passed on, so that the workers unwind too (their lock released), then waited for
+        child.send_signal(signal.SIGTERM)
+        child.wait()
+        raise
 
 
 def run(args, command: str) -> int:

@@ -6,6 +6,7 @@ import argparse
 
 from ..models import DEFAULT_MODEL
 from ..flags import data_flags, method_config, positive
+from ..replaced_folder import check_replaced_output
 
 
 def add_parser(sub) -> None:
@@ -44,6 +45,8 @@ def run(args, command: str) -> int:
     from ..finetune import finetune
 
     config = method_config(args)  # validated before the slow load
+    reads = [*(args.text_file or []), args.text_dir, args.dataset, *args.eval_text_file]
+    check_replaced_output(args.output, "finetune", reads=reads)  # before reading any of them
     if not (args.text_file or args.text_dir or args.dataset):
         raise ValueError("finetune needs training text: --text-file, --text-dir or --dataset")
     train = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,

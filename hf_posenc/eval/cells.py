@@ -142,17 +142,18 @@ class CellStore:
     def _prepare(self, overwrite: bool) -> None:
         """Check a cells file left by an earlier run (or discard it on ``overwrite``). A new file is written only
         with the first cell (see :meth:`_append`): a run that fails before it leaves no cells file behind."""
-        if overwrite and os.path.exists(self.path):
-            os.remove(self.path)
         if not os.path.exists(self.path):
             return
-        with open(self.path, encoding="utf-8") as f:
+        with open(self.path, encoding="utf-8", errors="replace") as f:
             first = f.readline()
         try:
             stored = json.loads(first)["fingerprint"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):  # not written by hf_posenc: never deleted, not even on --overwrite
             raise ValueError(f"{self.path} is not a cells file of hf_posenc (first line: {first[:80]!r}); use another "
-                             "--output, or --overwrite to start it anew") from None
+                             "--output, or move that file away") from None
+        if overwrite:
+            os.remove(self.path)
+            return
         changed = differences(resumable(stored), resumable(self.fingerprint))
         if changed:
             raise ValueError(f"{self.path} holds the cells of another setup ({'; '.join(changed)}); use another "

@@ -1,0 +1,187 @@
+"""The ``--output`` of a command that writes a whole folder (``patch``, ``finetune``): checked before any compute,
+locked for one run, written into a staged folder beside it, and put in place only when complete. It never
+deletes what the command did not write: a folder that is not empty is replaced only when it is the same
+command's earlier output, unchanged, as its manifest (``.hf_posenc-output.json``) lists it."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from .files import LOCK_FILE, OutputLock, atomic_write_text, check_output_folder, umask
+
+MANIFEST = ".hf_posenc-output.json"
+OWN = {MANIFEST, LOCK_FILE}  # what hf_posenc keeps in a folder beside the files of the output
+
+
+def check_replaced_output(output: str, command: str, source: str | None = None, reads: list[str] = ()) -> str:
+    """Refuse, before any compute, an ``--output`` that ``command`` may not replace: what
+    :func:`files.check_output_folder` refuses, a folder that contains the model being read (``source``), an input
+    in ``reads`` or the working directory, and a folder that is not empty unless it is ``command``'s own earlier
+    output, unchanged."""
+    path = check_output_folder(output, source)
+    read = [("the model being read", source)] + [("the input", r) for r in reads if r]
+    for what, inside in read + [("the current working directory", os.getcwd())]:
+        if inside and os.path.exists(inside) and _within(inside, path):
+            raise ValueError(f"--output {output!r} contains {what} ({inside}), and `hf-posenc {command}` replaces "
+                             "its --output whole; give a folder outside it.")
+    check_replaceable(output, command)
+    return path
+
+
+def _within(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies below it (links resolved)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
+
+
+def check_replaceable(output: str, command: str) -> None:
+    """Refuse a folder that is not empty unless its manifest says ``command`` wrote it and every file in it is
+    one the manifest lists, with the size and modification time it had when written."""
+    path = os.path.abspath(output)
+    present = _files(path) if os.path.isdir(path) else {}
+    if not present:
+        return
+    how = (f"give a new or empty folder, or move those files away yourself: hf-posenc never deletes a file it did "
+           "not write")
+    manifest = _read_manifest(path)
+    if manifest is None:
+        raise ValueError(f"--output {output!r} already holds files that hf-posenc {command} did not write "
+                         f"({_some(present)}); {how}.")
+    if manifest.get("command") != command:
+        raise ValueError(f"--output {output!r} holds the output of `hf-posenc {manifest.get('command')}`, which "
+                         f"`hf-posenc {command}` does not replace; give another folder, or remove it yourself.")
+    written = manifest.get("files", {})
+    foreign = sorted(name for name in present if name not in written)
+    changed = sorted(name for name, stamp in written.items() if present.get(name, stamp) != stamp)
+    if foreign or changed:
+        what = (f"files it did not write ({_some(foreign)})" if foreign else "") + \
+               (" and " if foreign and changed else "") + \
+               (f"files changed since it wrote them ({_some(changed)})" if changed else "")
+        raise ValueError(f"--output {output!r} is an earlier output of `hf-posenc {command}`, but it now holds {what}; "
+                         f"{how}.")
+
+
+def _files(folder: str) -> dict[str, list[int]]:
+    """Every file (and link) below ``folder`` but hf_posenc's own, by relative path: [size, mtime in ns]."""
+    found = {}
+    for root, dirs, names in os.walk(folder):
+        for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            full = os.path.join(root, name)
+            rel = os.path.relpath(full, folder).replace(os.sep, "/")
+            if rel not in OWN:
+                st = os.lstat(full)
+                found[rel] = [st.st_size, st.st_mtime_ns]
+    return found
+
+
+def _read_manifest(folder: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(folder, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
+
+
+def _some(names, shown: int = 5) -> str:
+    names = sorted(names)
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+class ReplacedOutput:
+    """``with ReplacedOutput(output, command) as out: ... with out.staged() as tmp: <write into tmp>``
+
+    Holds ``.<name>.hf_posenc.lock`` beside ``output`` from start to end (a second run on the same folder is
+    refused, naming the pid); on entering, puts back an output that a killed run had moved aside and removes the
+    staged folders killed runs left. ``staged()`` yields a folder beside ``output``; when its block ends without
+    error, the folder gets its manifest and replaces ``output`` (checked again: still replaceable); on any failure
+    it is removed and ``output`` stays as it was."""
+
+    def __init__(self, output: str, command: str):
+        self.output, self.command = os.path.abspath(output), command
+        parent, name = os.path.split(self.output)
+        self.made = _missing_parents(parent)
+        os.makedirs(parent, exist_ok=True)
+        self._prefix = os.path.join(parent, f".{name}.")
+        try:
+            self.lock = OutputLock(self.output, path=f"{self._prefix}hf_posenc.lock")
+        except BaseException:
+            self._remove_made()
+            raise
+        self._recover()
+
+    def __enter__(self) -> "ReplacedOutput":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+        self._remove_made()
+
+    def _recover(self) -> None:
+        """What a run killed while it held this lock left beside the output (only such a run writes these names)."""
+        for old in glob.glob(glob.escape(self._prefix) + "old-*"):
+            previous = os.path.join(old, "previous")
+            if os.path.isdir(previous) and not os.path.exists(self.output):  # killed between the two renames
+                os.replace(previous, self.output)
+            shutil.rmtree(old, ignore_errors=True)
+        for partial in glob.glob(glob.escape(self._prefix) + "partial-*"):
+            shutil.rmtree(partial, ignore_errors=True)
+
+    def _remove_made(self) -> None:
+        """The parent folders this run made, when they are still empty (it failed before writing)."""
+        for folder in reversed(self.made):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
+
+    def staged(self) -> "_Staged":
+        return _Staged(self)
+
+
+class _Staged:
+    def __init__(self, out: ReplacedOutput):
+        self.out = out
+
+    def __enter__(self) -> str:
+        self.tmp = tempfile.mkdtemp(prefix=os.path.basename(self.out._prefix) + "partial-",
+                                    dir=os.path.dirname(self.out.output))
+        os.chmod(self.tmp, 0o777 & ~umask())  # the mode of a folder made by os.makedirs, not mkdtemp's 0700
+        return self.tmp
+
+    def __exit__(self, kind, value, tb) -> bool:
+        if kind is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        try:
+            check_replaceable(self.out.output, self.out.command)  # a file put there while the run computed
+        except ValueError as err:  # keep what was computed, under a name no later run removes
+            kept = tempfile.mkdtemp(prefix=os.path.basename(self.out.output) + ".new-",
+                                    dir=os.path.dirname(self.out.output))
+            os.replace(self.tmp, kept)
+            raise ValueError(f"{err} The new output is kept in {kept}.") from None
+        manifest = {"command": self.out.command, "files": _files(self.tmp)}
+        atomic_write_text(os.path.join(self.tmp, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        old = None
+        if os.path.exists(self.out.output):
+            old = tempfile.mkdtemp(prefix=os.path.basename(self.out._prefix) + "old-",
+                                   dir=os.path.dirname(self.out.output))
+            os.replace(self.out.output, os.path.join(old, "previous"))
+        os.replace(self.tmp, self.out.output)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return False
+
+
+def _missing_parents(folder: str) -> list[str]:
+    """The folders from the first missing ancestor of ``folder`` down to it (empty when it exists)."""
+    missing = []
+    while not os.path.exists(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return list(reversed(missing))

@@ -1,0 +1,189 @@
+"""Nothing a command did not write is ever deleted (issue 40, item 1): ``patch`` and ``finetune`` replace their
+``--output`` whole only when it is their own earlier output, unchanged; one run per folder; a kill leaves no lock
+and no staged folder; the other output-taking commands keep what else the folder holds."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hf_posenc.cli import main
+from hf_posenc.files import LOCK_FILE
+from hf_posenc.replaced_folder import MANIFEST, ReplacedOutput
+from conftest import book_path, refused
+
+PATCH = ["patch", "--method", "yarn", "--factor", "2", "--no-progress"]
+
+
+def _patch(model, out):
+    return [*PATCH, "--model", model, "--output", str(out)]
+
+
+def _finetune(model, out, train=None):
+    return ["finetune", "--model", model, "--method", "alibi", "--text-file", train or book_path("pg1513.txt"),
+            "--eval-text-file", book_path("pg84.txt"), "--seq-len", "64", "--steps", "1", "--eval-windows", "1",
+            "--output", str(out), "--no-progress"]
+
+
+def _leftovers(parent) -> list[str]:
+    """What a run may leave beside its output: staged folders, moved-aside outputs, locks."""
+    return sorted(n for n in os.listdir(parent) if ".partial-" in n or ".old-" in n or n.endswith(".hf_posenc.lock"))
+
+
+def test_patch_refuses_a_folder_with_a_file_it_did_not_write(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "keep.txt").write_text("my notes")
+    err = refused(_patch(tiny_checkpoint, out), capsys)
+    assert "already holds files that hf-posenc patch did not write (keep.txt)" in err and "never deletes" in err
+    assert (out / "keep.txt").read_text() == "my notes" and os.listdir(out) == ["keep.txt"]
+    assert _leftovers(tmp_path) == []
+
+
+def test_patch_refuses_a_parent_of_the_model(tiny_checkpoint, tmp_path, capsys):
+    import shutil
+
+    base = tmp_path / "parent" / "base"
+    shutil.copytree(tiny_checkpoint, base)
+    err = refused(_patch(str(base), tmp_path / "parent"), capsys)
+    assert f"contains the model being read ({base})" in err
+    assert (base / "config.json").exists()
+
+
+def test_patch_refuses_the_working_directory(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    here = tmp_path / "empty-here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    err = refused(_patch(tiny_checkpoint, "."), capsys)
+    assert "contains the current working directory" in err
+    err = refused(_patch(tiny_checkpoint, tmp_path), capsys)  # an ancestor of it too
+    assert "contains the current working directory" in err
+    assert here.exists() and os.listdir(here) == []
+
+
+def test_patch_replaces_its_own_output_but_not_once_a_file_is_added_or_changed(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "patched"
+    assert main(_patch(tiny_checkpoint, out)) == 0
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["command"] == "patch" and "config.json" in manifest["files"] and "README.md" in manifest["files"]
+    assert main(_patch(tiny_checkpoint, out)) == 0  # its own earlier output, unchanged: replaced
+    capsys.readouterr()
+    (out / "hf_posenc_eval").mkdir(exist_ok=True)
+    (out / "hf_posenc_eval" / "my-eval.json").write_text("{}")
+    err = refused(_patch(tiny_checkpoint, out), capsys)
+    assert "files it did not write (hf_posenc_eval/my-eval.json)" in err
+    (out / "hf_posenc_eval" / "my-eval.json").unlink()
+    card = (out / "README.md").read_text()
+    (out / "README.md").write_text(card + "\nmy edit\n")
+    err = refused(_patch(tiny_checkpoint, out), capsys)
+    assert "files changed since it wrote them (README.md)" in err
+    assert (out / "README.md").read_text().endswith("my edit\n")
+    assert _leftovers(tmp_path) == []
+
+
+def test_patch_does_not_replace_a_finetune_output(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "trained"
+    out.mkdir()
+    (out / "weights.bin").write_text("x")
+    (out / MANIFEST).write_text(json.dumps({"command": "finetune", "files": {"weights.bin": [1, 0]}}))
+    err = refused(_patch(tiny_checkpoint, out), capsys)
+    assert "holds the output of `hf-posenc finetune`" in err and (out / "weights.bin").exists()
+
+
+def test_a_second_patch_run_on_the_same_output_is_refused(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "patched"
+    with ReplacedOutput(str(out), "patch"):  # another run holding it
+        err = refused(_patch(tiny_checkpoint, out), capsys)
+    assert f"in use by another hf-posenc run (pid {os.getpid()}" in err
+    assert not out.exists() and _leftovers(tmp_path) == []
+
+
+def test_an_output_moved_aside_by_a_killed_run_is_put_back(tmp_path):
+    out = tmp_path / "patched"
+    moved = tmp_path / ".patched.old-abc" / "previous"  # killed between its two renames
+    moved.mkdir(parents=True)
+    (moved / "config.json").write_text("{}")
+    (tmp_path / ".patched.partial-xyz").mkdir()  # and a staged folder a killed run left
+    with ReplacedOutput(str(out), "patch"):
+        assert (out / "config.json").read_text() == "{}"
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_failed_save_leaves_the_output_and_no_parents_it_made(tmp_path):
+    out = tmp_path / "a" / "b" / "patched"
+    with pytest.raises(RuntimeError):
+        with ReplacedOutput(str(out), "patch") as run, run.staged() as staged:
+            open(os.path.join(staged, "config.json"), "w").close()
+            raise RuntimeError("disk full")
+    assert os.listdir(tmp_path) == []
+
+
+def test_finetune_refuses_a_folder_with_a_file_it_did_not_write_and_the_folder_of_its_data(tiny_checkpoint, tmp_path,
+                                                                                          capsys):
+    out = tmp_path / "ft"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    err = refused(_finetune(tiny_checkpoint, out), capsys)
+    assert "did not write (keep.txt)" in err and (out / "keep.txt").exists()
+    data = tmp_path / "data"
+    data.mkdir()
+    train = data / "train.txt"
+    train.write_text(open(book_path("pg1513.txt"), encoding="utf-8").read())
+    err = refused(_finetune(tiny_checkpoint, tmp_path / "data", str(train)), capsys)
+    assert f"contains the input ({train})" in err and train.exists()
+
+
+@pytest.mark.parametrize("command", ["ppl", "tune", "serve-check"])
+def test_commands_that_write_into_a_folder_keep_what_else_it_holds(command, tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    if command == "ppl":
+        argv = ["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none", "--lengths", "64", "--max-windows", "1",
+                "--corpus", "python-docs", "--limit", "1", "--no-plots", "--no-progress"]
+    elif command == "tune":
+        argv = ["tune", "--model", tiny_checkpoint, "--target-length", "128", "--corpus", "python-docs", "--limit", "1",
+                "--methods", "pi", "--no-progress"]
+    else:  # a method no engine computes: the verdict comes without starting one
+        patched = tmp_path / "patched"
+        assert main(["patch", "--model", tiny_checkpoint, "--method", "self_extend", "--output", str(patched),
+                     "--no-progress"]) == 0
+        argv = ["serve-check", str(patched)]
+    assert main([*argv, "--output", str(out)]) == 0, capsys.readouterr().err
+    assert (out / "keep.txt").read_text() == "mine" and not (out / LOCK_FILE).exists()
+
+
+def test_overwrite_never_deletes_a_cells_file_it_did_not_write(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "cells.jsonl").write_text("my own data\n")
+    err = refused(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none", "--lengths", "64", "--corpus",
+                   "python-docs", "--limit", "1", "--overwrite", "--output", str(out)], capsys)
+    assert "is not a cells file of hf_posenc" in err and (out / "cells.jsonl").read_text() == "my own data\n"
+
+
+@pytest.mark.parametrize("command", ["eval", "patch"])
+def test_sigterm_releases_the_lock_and_removes_what_was_staged(command, tiny_checkpoint, tmp_path):
+    out = tmp_path / "out"
+    if command == "eval":
+        argv = ["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,pi", "--factor", "2", "--lengths",
+                "64,128,256,512,1024,2048", "--corpus", "python-docs", "--limit", "3", "--no-progress"]
+        lock = out / LOCK_FILE
+    else:
+        argv = [*PATCH, "--model", tiny_checkpoint, "--eval", "ppl", "--ppl-lengths", "64,128,256,512,1024,2048",
+                "--max-windows", "8", "--text-file", book_path("pg84.txt")]
+        lock = tmp_path / ".out.hf_posenc.lock"
+    child = subprocess.Popen([sys.executable, "-m", "hf_posenc.cli", *argv, "--output", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not lock.exists() and child.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert lock.exists(), child.communicate()
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 143 and "terminated" in err and "Traceback" not in err, err
+    assert not lock.exists() and _leftovers(tmp_path) == []
