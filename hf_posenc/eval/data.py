@@ -46,6 +46,8 @@ def read_text_file(path: str, encoding: str = "utf-8") -> Document:
     """The text of ``path`` decoded as ``encoding``. Bytes that are not valid in it are an error naming the
     file and the offset (scoring replacement characters would measure the wrong text)."""
     check_encoding(encoding)
+    if os.path.isdir(path):
+        raise ValueError(f"text file {path!r} is a folder; pass a folder of .txt/.md files with --text-dir")
     if not os.path.isfile(path):
         raise ValueError(f"text file not found: {path}")
     with open(path, "rb") as f:
@@ -61,7 +63,7 @@ def read_text_file(path: str, encoding: str = "utf-8") -> Document:
 def read_text_dir(path: str, encoding: str = "utf-8") -> list[Document]:
     if not os.path.isdir(path):
         raise ValueError(f"text folder not found: {path}")
-    files = sorted(f for f in os.listdir(path) if f.endswith((".txt", ".md")))
+    files = sorted(f for f in os.listdir(path) if f.endswith((".txt", ".md")) and os.path.isfile(os.path.join(path, f)))
     if not files:
         raise ValueError(f"no .txt or .md files in {path}")
     return [read_text_file(os.path.join(path, f), encoding) for f in files]
@@ -107,25 +109,67 @@ def default_corpus() -> list[Document]:
 def read_dataset(name: str, config: str | None = None, split: str = "test", column: str = "text",
                  limit: int | None = None) -> list[Document]:
     """A Hugging Face dataset by Hub name (e.g. ``pg19``, ``hoskinson-center/proof-pile``) or a folder
-    written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``."""
-    import datasets
-
-    if os.path.isdir(name):
-        ds = datasets.load_from_disk(name)
-        if isinstance(ds, datasets.DatasetDict):
-            if split not in ds:
-                raise ValueError(f"split {split!r} not in {name}; it has {sorted(ds)}")
-            ds = ds[split]
-    else:
-        ds = datasets.load_dataset(name, config, split=split, streaming=limit is not None)
-    if column not in (ds.column_names or []):
-        raise ValueError(f"column {column!r} not in dataset {name}; columns: {ds.column_names}")
+    written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``. A missing folder, a column that is not
+    there or holds no text, are errors naming them (and the text columns there are), before any model loads."""
+    ds = _open_dataset(name, config, split, limit)
+    _check_column(ds, name, column)
     docs = []
     for i, row in enumerate(ds):
         if limit is not None and i >= limit:
             break
+        if not isinstance(row[column], str):
+            raise ValueError(f"row {i} of dataset {name!r}'s column {column!r} is {type(row[column]).__name__}, "
+                             "not text; pass a column of strings with --column")
         docs.append(Document(f"{os.path.basename(name.rstrip('/'))}[{i}]", row[column]))
     return docs
+
+
+def _open_dataset(name: str, config: str | None, split: str, limit: int | None):
+    import datasets
+
+    if os.path.isdir(name):
+        try:
+            ds = datasets.load_from_disk(name)
+        except FileNotFoundError as err:
+            raise ValueError(f"--dataset {name!r} is a folder but not one written by save_to_disk "
+                             f"({' '.join(str(err).split())})") from None
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise ValueError(f"split {split!r} not in {name}; it has {sorted(ds)}")
+            ds = ds[split]
+        return ds
+    if os.path.isabs(name) or name.startswith((".", "~")) or os.path.exists(name):
+        raise ValueError(f"--dataset {name!r}: no such folder (--dataset takes a folder written by save_to_disk "
+                         "or a Hub dataset name such as pg19)")
+    try:
+        return datasets.load_dataset(name, config, split=split, streaming=limit is not None)
+    except (FileNotFoundError, ConnectionError) as err:
+        raise ValueError(f"--dataset {name!r} is not a local folder, and the Hub did not give it "
+                         f"({' '.join(str(err).split())[:300]})") from None
+
+
+def _kind(feature) -> str:
+    """A column's type in words: int64, string, dict, list, ..."""
+    dtype = getattr(feature, "dtype", None)
+    if isinstance(dtype, str) and type(feature).__name__ == "Value":
+        return dtype
+    return "dict" if isinstance(feature, dict) else type(feature).__name__.lower()
+
+
+def _check_column(ds, name: str, column: str) -> None:
+    """``column`` is a column of ``ds`` holding text (where the dataset says what its columns hold)."""
+    features = getattr(ds, "features", None)
+    if features is None:  # a streamed dataset may not say; each row is checked as it comes
+        if ds.column_names is not None and column not in ds.column_names:
+            raise ValueError(f"column {column!r} not in dataset {name}; columns: {ds.column_names}")
+        return
+    kinds = {c: _kind(f) for c, f in features.items()}
+    text = [c for c, k in kinds.items() if k in ("string", "large_string")]
+    if column not in kinds:
+        raise ValueError(f"column {column!r} not in dataset {name}; columns: {list(kinds)}; text columns: {text}")
+    if column not in text:
+        raise ValueError(f"column {column!r} of dataset {name} holds {kinds[column]}, not text; text columns: "
+                         f"{', '.join(map(repr, text)) or 'none'} (pass one with --column)")
 
 
 # -- the documents a command asks for, and their tokens --------------------------------------------------------
