@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..provenance import scrub
+from ..provenance import scrub, secret_name
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 PYTHON_ENV = "HF_POSENC_VLLM_PYTHON"
@@ -98,14 +99,18 @@ class VllmEngine:
         env = engine_env(gpus)
         if allow_long:
             env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+        self.secrets = secret_values(engine_args)  # taken out of every message (the log keeps them: mode 0600)
+        self.failed, self.own_log = False, log is None
         self.log = log or tempfile.mkstemp(prefix="hf_posenc_vllm_", suffix=".log")[1]
         self._log = open(self.log, "w", encoding="utf-8")
-        self.proc = subprocess.Popen([engine_python(python), WORKER, json.dumps(spec)], stdin=subprocess.PIPE,
+        # the spec goes on standard input, not argv: every user can read a process's argv (ps)
+        self.proc = subprocess.Popen([engine_python(python), WORKER], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        self._send(spec)
         first = self._read()
         if not first.get("ready"):
             self.close()
-            raise EngineError(f"vLLM did not start on {folder}: {first.get('message')}{self._tail()}")
+            raise self._fail(f"vLLM did not start on {folder}: {first.get('message')}")
         self.max_model_len, self.version = int(first["max_model_len"]), first["version"]
 
     def __enter__(self) -> "VllmEngine":
@@ -114,35 +119,39 @@ class VllmEngine:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _tail(self, lines: int = 8) -> str:
+    def _fail(self, message: str) -> EngineError:
+        """The error to raise, with the log's errors and last lines, scrubbed; the log is kept."""
+        self.failed = True
+        return EngineError(scrub(message + log_excerpt(self.log), *self.secrets))
+
+    def _send(self, obj: dict[str, Any]) -> None:
         try:
-            with open(self.log, encoding="utf-8", errors="replace") as f:
-                tail = f.read().splitlines()[-lines:]
-        except OSError:
-            return ""
-        return scrub(f"\n(the engine's log: {self.log}; its last lines:)\n" + "\n".join(tail)) if tail else ""
+            self.proc.stdin.write(json.dumps(obj) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # the process is gone: reading its answer says so, with its log
+            pass
 
     def _read(self) -> dict[str, Any]:
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
-            raise EngineError(f"the vLLM process ended (exit status {code}) without answering{self._tail()}")
+            raise self._fail(f"the vLLM process ended (exit status {code}) without answering")
         return json.loads(line)
 
     def ask(self, request: dict[str, Any]) -> list:
         """One request's results; :class:`EngineRefused` when the engine refused its input."""
         if self.proc.poll() is not None:
-            raise EngineError(f"the vLLM process has ended (exit status {self.proc.returncode}){self._tail()}")
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
+            raise self._fail(f"the vLLM process has ended (exit status {self.proc.returncode})")
+        self._send(request)
         answer = self._read()
         if "refused" in answer:
-            raise EngineRefused(answer["refused"])
+            raise EngineRefused(scrub(answer["refused"], *self.secrets))
         if "error" in answer:
-            raise EngineError(f"vLLM failed a request: {answer.get('message')}")
+            raise self._fail(f"vLLM failed a request: {answer.get('message')}")
         return answer["results"]
 
     def close(self) -> None:
+        """End the process; its log is removed when it served without a failure and ended cleanly."""
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.close()
@@ -151,6 +160,46 @@ class VllmEngine:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        if self.own_log and not self.failed and self.proc.returncode == 0 and os.path.exists(self.log):
+            os.remove(self.log)
+
+
+def secret_values(engine_args: dict[str, Any] | None) -> list[str]:
+    """The values of the engine arguments whose names say secret (``hf_token``), to take out of messages."""
+    return [str(v) for k, v in (engine_args or {}).items() if secret_name(k, flag=False) and isinstance(v, str)]
+
+
+_PREFIX = re.compile(r"^(?:\(\S+ pid=\d+\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s?")
+_RAISED = re.compile(r"^[\w.]*(?:Error|Exception|Interrupt)\b(?::|$)")
+_DIED = re.compile(r"\b(?:died|killed|out of memory)\b", re.IGNORECASE)
+
+
+def log_excerpt(path: str, errors: int = 5, last: int = 6) -> str:
+    """What an engine's log says of a failure, for its error message: the log's name, its last ``errors`` distinct
+    error lines (vLLM's ERROR records and exceptions, traceback frames left out: a worker's death is told there,
+    far above the end) and its ``last`` lines. The caller scrubs it."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            rows = [r.rstrip() for r in f if r.strip()]
+    except OSError:
+        return ""
+    if not rows:
+        return f"\n(the engine's log, {path}, is empty)"
+    causes = list(dict.fromkeys(c for c in map(_cause, rows) if c))[-errors:]
+    shown = [f"(the engine's log: {path}; its errors:)", *causes] if causes else [f"(the engine's log: {path})"]
+    return "\n" + "\n".join(shown + ["(its last lines:)", *rows[-last:]])
+
+
+def _cause(row: str) -> str | None:
+    """The message of a log line that tells of a failure (an ERROR record, an exception, a death), else None;
+    a record of a lower level (vLLM's warnings quote exceptions it handled) is none."""
+    prefix = _PREFIX.match(row)
+    message = row[prefix.end():] if prefix else row
+    if not message.strip() or message[0].isspace() or message.startswith("Traceback"):
+        return None  # a traceback's frames
+    if prefix:
+        return message if prefix[1] in ("ERROR", "CRITICAL") else None
+    return message if _RAISED.search(message) or _DIED.search(message) else None
 
 
 def _rows(input_ids: torch.Tensor) -> list[list[int]]:

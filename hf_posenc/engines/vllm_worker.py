@@ -2,9 +2,10 @@
 has vLLM: it imports nothing of hf_posenc, so that interpreter may be another environment with its own
 transformers (vLLM pins its own).
 
-``python vllm_worker.py SPEC_JSON``: starts one ``vllm.LLM`` on a checkpoint folder (token ids in and out, no
-tokenizer), then answers requests, one JSON object per line on standard input, with one JSON line each on the
-standard output it was started with; vLLM's own output goes to standard error. The first line it writes says
+``python vllm_worker.py``: reads the spec, one JSON line on standard input (never argv, which every user of the
+machine can read: it may hold ``engine_args.hf_token``), starts one ``vllm.LLM`` on a checkpoint folder (token ids
+in and out, no tokenizer), then answers requests, one JSON object per line on standard input, with one JSON line
+each on the standard output it was started with; vLLM's own output goes to standard error. The first line it writes says
 whether the engine started (``{"ready": true, "max_model_len": N, "version": V}``) or why not
 (``{"error": "start", "message": ...}``). Requests:
 
@@ -87,7 +88,10 @@ def main():
 
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # vllm is vLLM, not a file beside this one
-    spec = json.loads(sys.argv[1])
+    spec = json.loads(sys.stdin.readline() or "{}")
+    if "model" not in spec:
+        send({"error": "start", "message": "no spec on standard input (a JSON line naming the model folder)"})
+        return 2
     try:
         import vllm
         from vllm import LLM, SamplingParams
