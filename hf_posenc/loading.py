@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -56,7 +57,7 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
         raise ValueError(
             f"{path_or_id} holds weights changed by {stored.method!r} (its original position table is not saved), so "
             f"{requested.method!r} cannot be applied from the original; load the base model for that.")
-    model = auto_class.from_pretrained(source.path, config=hf_config, **kwargs)
+    model = _load_weights(auto_class, source.path, hf_config, kwargs)
     drop_gguf_quantizer(model)
     if adapter is not None and not adapter.matches(model):
         raise ValueError(f"{path_or_id}: its config.json's hf_posenc block names the family {adapter.name!r}, which "
@@ -74,6 +75,46 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
                 for name, tensor in saved.items():
                     state[name].copy_(tensor.to(state[name].dtype))
     return model
+
+
+def _load_weights(auto_class, path: str, hf_config, kwargs: dict):
+    """``auto_class.from_pretrained``; a weight file that cannot be read (truncated, not a weight file) is an error
+    naming it."""
+    import pickle
+
+    from safetensors import SafetensorError
+
+    try:
+        return auto_class.from_pretrained(path, config=hf_config, **kwargs)
+    except (SafetensorError, pickle.UnpicklingError) as err:
+        raise _corrupt_weights(path, err) from None
+    except RuntimeError as err:
+        if "PytorchStreamReader" not in str(err):  # torch's reader of a .bin that is not a whole zip archive
+            raise
+        raise _corrupt_weights(path, err) from None
+
+
+def _unreadable(path: str) -> bool:
+    import zipfile
+
+    from safetensors import safe_open
+
+    if path.endswith(".bin"):
+        return not zipfile.is_zipfile(path)
+    try:
+        with safe_open(path, framework="pt"):
+            return False
+    except Exception:  # noqa: BLE001 -- whatever the reader says, the file is not readable
+        return True
+
+
+def _corrupt_weights(path: str, err: Exception) -> ValueError:
+    """The weight files (.safetensors, .bin) of the folder ``path`` that cannot be read, named in one error."""
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    files = [os.path.join(path, n) for n in names if n.endswith((".safetensors", ".bin"))]
+    bad = ", ".join(f for f in files if _unreadable(f)) or f"a weight file of {path}"
+    return ValueError(f"{bad} is truncated or corrupt ({' '.join(str(err).split())[:200]}); copy, save or "
+                      "download it again")
 
 
 def shipped_dca(hf_config: Any, name: str) -> PosEncConfig | None:

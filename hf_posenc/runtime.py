@@ -70,6 +70,32 @@ def _unloadable(model: str, err: Exception) -> ValueError:
                       f"did not give it ({reason}).{hint}")
 
 
+def _holds(folder: str) -> str:
+    """What ``folder`` holds, in words: ``it holds a, b, c`` (at most 8 names) or ``it is empty``."""
+    names = sorted(os.listdir(folder))
+    more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+    return f"it holds {', '.join(names[:8])}{more}" if names else "it is empty"
+
+
+def check_model_folder(path: str, model: str) -> None:
+    """A local model folder has a config.json that is a JSON object; else an error naming what is wrong."""
+    import json
+
+    if not os.path.isdir(path):
+        return
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        raise ValueError(f"model folder {model!r} has no config.json ({_holds(path)}); a model folder is one "
+                         "written by save_pretrained, or a Hub id, .gguf file or alias")
+    try:
+        with open(config, encoding="utf-8") as f:
+            data = json.load(f)
+    except ValueError as err:  # JSON and UTF-8 errors alike
+        raise ValueError(f"{config} is not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{config} is not a JSON object (it holds a {type(data).__name__})")
+
+
 def load_tokenizer(model: str, tokenizer: str | None = None, required: bool = True):
     """The tokenizer of ``model`` (or of ``tokenizer``, a Hub id, folder or alias); None when the checkpoint has
     none and ``required`` is False."""
@@ -85,7 +111,8 @@ def load_tokenizer(model: str, tokenizer: str | None = None, required: bool = Tr
             if not required:
                 return None
         where = f"--tokenizer {tokenizer!r}" if tokenizer else f"the model folder {model!r}"
-        raise ValueError(f"no tokenizer could be loaded from {where} ({_reason(err)}); "
+        holds = f"; {_holds(src.path)}" if os.path.isdir(src.path) else ""
+        raise ValueError(f"no tokenizer could be loaded from {where} ({_reason(err)}{holds}); "
                          "pass one with --tokenizer (a Hub id, folder or alias)") from None
 
 
@@ -111,6 +138,8 @@ def load_model_and_tokenizer(model: str, dtype: str = "float32", device: str = "
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     src = resolve_source(model)
+    if not src.kwargs:  # a folder as given (a .gguf file's folder has no config.json)
+        check_model_folder(src.path, model)
     tok = load_tokenizer(model, tokenizer, required=need_tokenizer)
     try:
         lm = from_pretrained(model, **kwargs)
