@@ -107,6 +107,14 @@ def test_no_unrecognised_value_is_echoed_whatever_its_flag(capsys):
     assert SECRET not in err
 
 
+@pytest.mark.parametrize("value", [f"hf_token:{SECRET}", f"hf_token {SECRET}", f"api_key:{SECRET}"])
+def test_a_mistyped_engine_arg_holding_a_token_is_not_quoted_back(value, capsys):
+    err = refused(["eval", "ppl", "--engine-arg", value], capsys)
+    assert "argument --engine-arg: expected KEY=VALUE" in err and SECRET not in err
+    err = refused(["eval", "ppl", "--engine-arg", "gpu_memory_utilization:0.5"], capsys)
+    assert "got 'gpu_memory_utilization:0.5'" in err  # a plain mistake is still shown as typed
+
+
 def test_an_error_about_the_tokenizer_still_shows_its_value(capsys):
     err = refused(["eval", "ppl", "--lengths", "zero", "--tokenizer", "my/tokenizer"], capsys)
     assert "'zero'" in err  # a recognised flag's bad value is named, as ever

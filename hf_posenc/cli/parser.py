@@ -6,6 +6,7 @@ arguments: --hub-token ***``), and a word that followed an unknown or secret-nam
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import NoReturn
 
@@ -47,10 +48,21 @@ class Parser(argparse.ArgumentParser):
                 hidden.append(value)
             elif before.startswith("-") and "=" not in before and self._suspect(before):
                 hidden.append(word)
+            elif _keyword_secret(word):  # --engine-arg 'hf_token:SECRET', a mistyped KEY=VALUE
+                hidden.append(word)
         return sorted(set(hidden) - {""}, key=len, reverse=True)
 
     def _suspect(self, flag: str) -> bool:
         return flag not in self._option_string_actions or secret_name(flag)
+
+
+_KEYWORD = re.compile(r"\s*([A-Za-z_][\w.-]*)\s*[:=\s]")
+
+
+def _keyword_secret(word: str) -> bool:
+    """Whether ``word`` opens with a keyword whose name says secret (``hf_token=``, ``api_key:``)."""
+    lead = _KEYWORD.match(word)
+    return bool(lead) and secret_name(lead[1], flag=False)
 
 
 def hide_values(words: list[str]) -> list[str]:

@@ -166,7 +166,8 @@ class VllmEngine:
 
 def secret_values(engine_args: dict[str, Any] | None) -> list[str]:
     """The values of the engine arguments whose names say secret (``hf_token``), to take out of messages."""
-    return [str(v) for k, v in (engine_args or {}).items() if secret_name(k, flag=False) and isinstance(v, str)]
+    return [str(v) for k, v in (engine_args or {}).items() if secret_name(k, flag=False) and isinstance(v, (str, int))
+            and not isinstance(v, bool)]
 
 
 _PREFIX = re.compile(r"^(?:\(\S+ pid=\d+\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s?")
