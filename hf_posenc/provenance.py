@@ -1,6 +1,6 @@
 """What every saved result records about how it was made -- the command and the versions -- with every secret
 taken out: the ``token`` argument, ``HF_TOKEN`` / ``HUGGING_FACE_HUB_TOKEN``, the tokens stored by
-``hf auth login``, anything shaped like a Hub token, and the value after any flag, ``NAME=`` or mapping key whose
+``hf auth login``, anything shaped like a Hub token, a URL's password, and the value after any flag, ``NAME=`` or mapping key whose
 name says it holds a secret (:func:`secret_name`)."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ _FLAG = re.compile(rf"(?<![\w-])(--?[A-Za-z][\w.-]*)(=|\s+)(?!-)({_VALUE})")
 _ASSIGNED = re.compile(r"""(?<![\w.-])([A-Za-z_][\w.-]*)=((?:'[^']*'|"[^"]*"|[^\s,;)}\]])+)""")
 _MAPPED = re.compile(r"""(["'])([A-Za-z_][\w.-]*)\1(\s*:\s*)('[^']*'|"[^"]*"|[^\s,}\]]+)""")
 _BEARER = re.compile(r"\b(Bearer)(\s+)([A-Za-z0-9._~+/=-]{8,})")
+_URL_PASSWORD = re.compile(r"(\b[a-z][\w+.-]*://[^/\s:@]*:)([^/\s@]+)@", re.IGNORECASE)
 _SECRET_WORDS = ("secret", "passw", "passphrase", "credential")
 
 
@@ -72,6 +73,7 @@ def _scrub_known(text: str, secrets: list[str]) -> str:
     text = _MAPPED.sub(lambda m: f"{m[1]}{m[2]}{m[1]}{m[3]}{_quoted_mask(m[4])}" if secret_name(m[2], False)
                        else m[0], text)
     text = _BEARER.sub(lambda m: f"{m[1]}{m[2]}{MASK}", text)
+    text = _URL_PASSWORD.sub(lambda m: f"{m[1]}{MASK}@", text)
     return _TOKEN_SHAPE.sub(MASK, text)
 
 

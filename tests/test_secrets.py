@@ -80,6 +80,11 @@ def test_scrub_masks_secret_keywords_in_text_and_in_data():
     assert clean["results"] == data["results"]  # a passkey and its key are data, not secrets
 
 
+def test_scrub_masks_the_password_of_a_url():
+    clean = scrub(f"ProxyError: cannot connect to http://me:{SECRET}@proxy.example:3128 for https://huggingface.co/x")
+    assert SECRET not in clean and "http://me:***@proxy.example:3128" in clean and "https://huggingface.co/x" in clean
+
+
 # -- argparse never echoes a secret ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flag", ["--token", "--use-auth-token", "--hub-token", "--hub_token", "--auth-token",
