@@ -60,7 +60,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     from .replaced_folder import ReplacedOutput, check_replaced_output
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
-    from .eval.data import tokenize_documents
+    from .eval.data import check_heldout, tokenize_documents
     from .hub import EVAL_FOLDER, save_pretrained
     from .patching import patch
 
@@ -69,6 +69,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                          f"batch_size={batch_size}, grad_accum={grad_accum}, learning_rate={learning_rate}")
     if not eval_docs:
         raise ValueError("held-out evaluation needs at least one document that is not trained on")
+    check_heldout(train_docs, eval_docs, seq_len * eval_windows)  # by content, before any compute
     check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
     with ReplacedOutput(output, "finetune") as out:  # one run per --output, from here to the save
         seed_everything(seed)

@@ -52,9 +52,6 @@ def run(args, command: str) -> int:
     train = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
                              encoding=args.encoding)
     held = [read_text_file(p, args.encoding) for p in args.eval_text_file]
-    overlap = {d.name for d in train} & {d.name for d in held}
-    if overlap:
-        raise ValueError(f"held-out documents {sorted(overlap)} are also in the training data")
     report = finetune(model=args.model, config=config, train_docs=train, eval_docs=held, output=args.output,
                       seq_len=args.seq_len, steps=args.steps, learning_rate=args.learning_rate,
                       batch_size=args.batch_size, grad_accum=args.grad_accum, warmup_steps=args.warmup_steps,

@@ -191,11 +191,84 @@ def gather_documents(text_file=None, text_dir=None, dataset=None, dataset_config
     return docs[:limit] if limit else docs
 
 
+# -- held-out text that is training text, compared by content ----------------------------------------------------
+PASSAGE_WORDS = 32  # a run of this many words (case and spacing aside) found in both is shared text, not chance
+OVERLAP_SHARE, OVERLAP_WORDS = 0.02, 500  # a held-out document sharing more of its words than either is refused
+
+
+def _passages(text: str):
+    """A uint64 hash of every run of PASSAGE_WORDS words of ``text`` (casefolded, split on whitespace), by the
+    position of its first word; a shorter text is one hash of all its words."""
+    import numpy as np
+
+    words = text.casefold().split()
+    codes = np.array([hash(w) for w in words], dtype=np.int64).view(np.uint64)
+    if len(words) < PASSAGE_WORDS:
+        return np.array([hash(tuple(words))] if words else [], dtype=np.int64).view(np.uint64), len(words)
+    out = np.zeros(len(words) - PASSAGE_WORDS + 1, dtype=np.uint64)
+    for j in range(PASSAGE_WORDS):  # a polynomial hash of each run, modulo 2**64
+        out = out * np.uint64(1_000_003) + codes[j : j + len(out)]
+    return out, len(words)
+
+
+def _covered(matched, words: int) -> int:
+    """How many of ``words`` words lie in a matched passage (``matched``: one flag per passage start)."""
+    import numpy as np
+
+    if words < PASSAGE_WORDS:
+        return words if matched.any() else 0
+    return int((np.convolve(matched.astype(np.int64), np.ones(PASSAGE_WORDS, dtype=np.int64))[:words] > 0).sum())
+
+
+def check_heldout(train: list[Document], held: list[Document], max_tokens: int | None = None) -> None:
+    """Refuse held-out documents whose text is in the training documents: compared by content (never by name),
+    casefolded with whitespace collapsed, as passages of PASSAGE_WORDS words, over the part of each held-out
+    document that its first ``max_tokens`` tokens are read from (all of it when None); a held-out document with
+    more than OVERLAP_SHARE of those words, or more than OVERLAP_WORDS words, in passages found in training is
+    refused, naming it, the training document it shares most with, and the share. A whole copy (another name,
+    case or spacing) is a share of 100%; a quotation of a sentence or two is below both bounds."""
+    import numpy as np
+
+    passages = [_passages(scored_text(d.text, max_tokens)) for d in held]
+    pool = np.unique(np.concatenate([p for p, _ in passages] or [np.zeros(0, np.uint64)]))
+    matched = [np.zeros(len(p), dtype=bool) for p, _ in passages]
+    shared: list[dict[str, int]] = [{} for _ in held]
+    for doc in train:
+        found = pool[np.isin(pool, _passages(doc.text)[0])]
+        for k, (p, _) in enumerate(passages):
+            hit = np.isin(p, found) if len(found) else np.zeros(len(p), dtype=bool)
+            if hit.any():
+                matched[k] |= hit
+                shared[k][doc.name] = shared[k].get(doc.name, 0) + int(hit.sum())
+    for k, doc in enumerate(held):
+        words, covered = passages[k][1], _covered(matched[k], passages[k][1])
+        if covered and (covered > OVERLAP_WORDS or covered > OVERLAP_SHARE * words):
+            part = "" if max_tokens is None else f" in its first {max_tokens * CHARS_PER_TOKEN} characters (scored)"
+            raise ValueError(_overlap_message(doc.name, covered, words, shared[k], part))
+
+
+def _overlap_message(name: str, covered: int, words: int, shared: dict[str, int], part: str) -> str:
+    ranked = sorted(shared, key=lambda n: -shared[n])
+    others = f" (and {len(ranked) - 1} other training documents)" if len(ranked) > 1 else ""
+    return (f"held-out document {name!r} is also in the training data: {covered / words:.0%} of the words "
+            f"({covered} of {words}){part} lie in passages of {PASSAGE_WORDS}+ words found in training document "
+            f"{ranked[0]!r}{others}, compared by content (case and spacing aside); its held-out perplexity would "
+            "be measured on trained text. Pass held-out text that is not in the training data.")
+
+
 def _paths(given) -> list:
     """One path (a string or os.PathLike) or an iterable of them, as a list; None as none."""
     if given is None:
         return []
     return [given] if isinstance(given, (str, os.PathLike)) else list(given)
+
+
+CHARS_PER_TOKEN = 12  # bounds a token's characters from above, for cutting a text before tokenizing it
+
+
+def scored_text(text: str, max_tokens: int | None) -> str:
+    """The part of ``text`` whose first ``max_tokens`` tokens are read (all of it when None)."""
+    return text if max_tokens is None else text[: max_tokens * CHARS_PER_TOKEN]
 
 
 def tokenize_documents(tok, docs: list[Document], max_tokens: int | None = None) -> list:
@@ -204,7 +277,7 @@ def tokenize_documents(tok, docs: list[Document], max_tokens: int | None = None)
 
     out = []
     for d in docs:
-        text = d.text if max_tokens is None else d.text[: max_tokens * 12]  # ~12 chars bound a token from above
+        text = scored_text(d.text, max_tokens)
         ids = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
         out.append(torch.tensor(ids[:max_tokens] if max_tokens else ids, dtype=torch.long))
     return out
