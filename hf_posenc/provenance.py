@@ -1,7 +1,7 @@
 """What every saved result records about how it was made -- the command and the versions -- with every secret
 taken out: the ``token`` argument, ``HF_TOKEN`` / ``HUGGING_FACE_HUB_TOKEN``, the tokens stored by
-``hf auth login``, anything shaped like a Hub token, a URL's password, and the value after any flag, ``NAME=`` or mapping key whose
-name says it holds a secret (:func:`secret_name`)."""
+``hf auth login``, anything shaped like a Hub token, a URL's password, and the value after any flag, ``NAME=``
+or mapping key whose name says it holds a secret (:func:`secret_name`)."""
 
 from __future__ import annotations
 
