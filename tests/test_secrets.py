@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -232,10 +233,12 @@ def test_the_workers_command_line_holds_no_engine_argument(tmp_path, monkeypatch
 
     monkeypatch.setattr(vllm_engine.subprocess, "Popen", Spy)
     monkeypatch.setenv("PYTHONPATH", "/nowhere")  # the worker finds no vllm here: it says so, after reading its spec
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the engine's log goes
     with pytest.raises(EngineError) as err:
         VllmEngine(str(tmp_path), python=sys.executable, engine_args={"hf_token": SECRET})
     assert seen and SECRET not in " ".join(seen[0]) and SECRET not in str(err.value)
     assert "vllm" in str(err.value).lower()
+    assert not list(tmp_path.glob("hf_posenc_vllm_*"))  # an empty log is not kept (nor named)
 
 
 @needs_vllm

@@ -106,11 +106,14 @@ class VllmEngine:
         # the spec goes on standard input, not argv: every user can read a process's argv (ps)
         self.proc = subprocess.Popen([engine_python(python), WORKER], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
-        self._send(spec)
-        first = self._read()
-        if not first.get("ready"):
+        try:
+            self._send(spec)
+            first = self._read()
+            if not first.get("ready"):
+                raise self._fail(f"vLLM did not start on {folder}: {first.get('message')}")
+        except EngineError:
             self.close()
-            raise self._fail(f"vLLM did not start on {folder}: {first.get('message')}")
+            raise
         self.max_model_len, self.version = int(first["max_model_len"]), first["version"]
 
     def __enter__(self) -> "VllmEngine":
@@ -151,7 +154,7 @@ class VllmEngine:
         return answer["results"]
 
     def close(self) -> None:
-        """End the process; its log is removed when it served without a failure and ended cleanly."""
+        """End the process; its log is removed when it served without a failure and ended cleanly, or is empty."""
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.close()
@@ -160,7 +163,8 @@ class VllmEngine:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
-        if self.own_log and not self.failed and self.proc.returncode == 0 and os.path.exists(self.log):
+        served = not self.failed and self.proc.returncode == 0
+        if self.own_log and os.path.exists(self.log) and (served or os.path.getsize(self.log) == 0):
             os.remove(self.log)
 
 
@@ -185,7 +189,7 @@ def log_excerpt(path: str, errors: int = 5, last: int = 6) -> str:
     except OSError:
         return ""
     if not rows:
-        return f"\n(the engine's log, {path}, is empty)"
+        return ""  # nothing to show, and the log is not kept
     causes = list(dict.fromkeys(c for c in map(_cause, rows) if c))[-errors:]
     shown = [f"(the engine's log: {path}; its errors:)", *causes] if causes else [f"(the engine's log: {path})"]
     return "\n" + "\n".join(shown + ["(its last lines:)", *rows[-last:]])
