@@ -10,23 +10,41 @@ from __future__ import annotations
 
 import torch
 
-from .cache_argument import CACHE_NAMES, passed_cache
+from .cache_argument import CACHE_NAMES, check_cache, passed_cache
 
 _registered: set[str] = set()  # names added to transformers' registries
+SERVED = ("eager", "sdpa")  # the implementations a method's own attention function stands in for
 
 
 class CacheOffset:
     """The number of tokens already cached when the current forward call started (``past``), read by a
-    pre-hook on the model body: query ``t`` of the call is at cache index ``past + t``."""
+    pre-hook on the model body: query ``t`` of the call is at cache index ``past + t``. The hook first checks
+    what the call would compute with: the attention implementation the patch installed (``serves``: the
+    implementations under which the method runs; None: any) and a KV cache whose indices are positions."""
+
+    method = "this method"  # the method's name, for messages
+    serves: tuple[str, ...] | None = None
+    sliding_ok = False  # whether a sliding-window cache (keys indexed from its window's start) keeps it exact
 
     def __init__(self) -> None:
         self.past = 0
         self.cache_seen: bool | None = None  # whether the body's current call passed a KV cache (None: no call seen)
 
     def body_hook(self, module, args, kwargs) -> None:
+        self.check_implementation(getattr(module, "config", None))
         cache = passed_cache(module, args, kwargs)
-        self.past = cache.get_seq_length() if cache is not None else 0
+        check_cache(cache, self.method, self.sliding_ok)
+        self.past = int(cache.get_seq_length()) if cache is not None else 0  # a static cache's is a tensor
         self.cache_seen = cache is not None
+
+    def check_implementation(self, config) -> None:
+        impl = getattr(config, "_attn_implementation", None)
+        if self.serves is not None and impl not in self.serves:
+            raise RuntimeError(f"{self.method} (hf_posenc) runs through the attention implementation(s) "
+                               f"{' or '.join(map(repr, self.serves))}, but this model's attention implementation is now "
+                               f"{impl!r} (assigned to its config directly): computing would silently drop {self.method}. "
+                               "Use model.set_attn_implementation('eager' or 'sdpa'), which keeps the method, or "
+                               "hf_posenc.unpatch(model) first.")
 
     def query_start(self, q: int, k_total: int) -> int:
         """The cache index of the first of ``q`` queries over ``k_total`` keys. More keys than queries in a call
@@ -36,6 +54,11 @@ class CacheOffset:
                                f"KV cache that hf_posenc recognises (keyword {' or '.join(CACHE_NAMES)}); the positions "
                                "of the queries would be wrong. Pass the cache to the model under one of those names.")
         return self.past if self.past + q <= k_total else k_total - q
+
+    def keys_held(self, q: int, k_len: int) -> int:
+        """How many of the ``k_len`` keys attention got are real: a static cache hands its whole buffer, whose
+        slots from ``past + q`` on are empty."""
+        return min(k_len, self.past + q) if getattr(self, "cache_seen", None) else k_len
 
 
 def repeat_heads(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -80,7 +103,40 @@ def register_attention(name: str, fn) -> str:
 
 def select(model, record, state: CacheOffset, attention_modules, name: str, state_attr: str) -> None:
     """This instance's (isolated) config selects the registered attention function ``name``; each attention
-    module gets ``state`` as ``state_attr``. Both recorded, so that ``unpatch`` restores them."""
+    module gets ``state`` as ``state_attr``. All recorded, so that ``unpatch`` restores them. A later
+    ``set_attn_implementation`` keeps the method (:class:`KeepMethod`)."""
     record.assign(model.config, "_attn_implementation", name)
     for m in attention_modules:
         record.set_attr(m, state_attr, state)
+    state.method, state.serves = record.config.method, (name,)
+    keep_method(model, record, follow=False)
+
+
+def keep_method(model, record, follow: bool) -> None:
+    """:class:`KeepMethod` as ``set_attn_implementation`` of the model and of every model inside it that shares
+    its config (the body), recorded; ``follow``: the method's hooks serve eager and sdpa, the switch happens."""
+    for m in model.modules():
+        if getattr(m, "config", None) is model.config and callable(getattr(m, "set_attn_implementation", None)):
+            record.set_attr(m, "set_attn_implementation", KeepMethod(m, record.config.method, follow))
+
+
+class KeepMethod:
+    """``set_attn_implementation`` of a model patched with a method that brings its own attention: 'eager' and
+    'sdpa' keep the method (its function stands in for both; with ``follow`` the switch is made, and the
+    method's hooks serve the new one); any other implementation (flash, flex, paged) would drop the method and
+    is refused before anything changes. ``unpatch`` gives back the model (and config) as before the patch."""
+
+    def __init__(self, owner, method: str, follow: bool):
+        self.owner, self.method, self.follow = owner, method, follow
+
+    def __call__(self, attn_implementation, allow_all_kernels: bool = False):
+        asked = attn_implementation.get("", None) if isinstance(attn_implementation, dict) else attn_implementation
+        method = self.method
+        if asked is not None and asked not in SERVED:
+            raise ValueError(f"{method} (hf_posenc) brings its own attention, which stands in for 'eager' or 'sdpa'; "
+                             f"set_attn_implementation({asked!r}) would silently drop it. Choose 'eager' or 'sdpa', "
+                             "or hf_posenc.unpatch(model) first.")
+        if self.follow:
+            return type(self.owner).set_attn_implementation(self.owner, attn_implementation, allow_all_kernels)
+        return None  # the method's function keeps serving
+

@@ -37,6 +37,23 @@ def passed_cache(module: nn.Module, args: tuple, kwargs: dict) -> Any:
     return None
 
 
+def check_cache(cache: Any, method: str, sliding_ok: bool = False) -> None:
+    """Refuse, before compute, a KV cache whose indices are not the keys' positions for ``method`` (which reads
+    positions from them): one with sliding-window layers (keys indexed from the window's start; ``sliding_ok``
+    where only ``i - j`` matters) or layers of a kind transformers' full-attention caches do not use."""
+    from transformers.cache_utils import DynamicLayer, StaticLayer
+
+    for layer in getattr(cache, "layers", None) or ():
+        if getattr(layer, "is_sliding", False) and sliding_ok:
+            continue
+        if getattr(layer, "is_sliding", False) or not isinstance(layer, (DynamicLayer, StaticLayer)):
+            raise ValueError(f"{method} reads each key's position from its index in the KV cache; this "
+                             f"{type(cache).__name__} holds {type(layer).__name__} layers, whose indices are not "
+                             "positions. Supported: DynamicCache, StaticCache (offloaded or not) and QuantizedCache "
+                             "with full-attention layers (generate's cache_implementation 'dynamic', 'static', "
+                             "'offloaded', 'offloaded_static', 'quantized').")
+
+
 def cache_name(model: nn.Module) -> str:
     """The keyword under which ``model``'s forward takes its KV cache."""
     names = forward_names(model)

@@ -33,7 +33,7 @@ from ..config import PosEncConfig
 from ..encodings import absolute as A
 from ..encodings.alibi import alibi_slopes
 from .alibi_attention import STATE_ATTR as ALIBI_STATE, AlibiState, register
-from .attention import check_attention, select
+from .attention import SERVED, check_attention, keep_method, select
 from .base import PatchRecord
 from .cache_argument import passed_cache
 from .layout import Layout, attention_modules, body, decoder_layers
@@ -102,9 +102,11 @@ def _install_alibi(model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> 
     record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
     if check_attention(model, "alibi") == "sdpa":
         select(model, record, state, attention_modules(model), register(), ALIBI_STATE)
-    else:  # eager: the same shared mask, handed to each layer as its attention mask
+    else:  # eager: the same shared mask, handed to each layer as its attention mask (which sdpa takes too)
         for layer in decoder_layers(model):
             record.add_hook(layer.register_forward_pre_hook(state.eager_layer_hook, with_kwargs=True))
+        state.method, state.serves = cfg.method, SERVED
+        keep_method(model, record, follow=True)
 
 
 def _check_alibi(model: nn.Module) -> None:

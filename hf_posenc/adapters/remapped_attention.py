@@ -72,10 +72,12 @@ class RemapState(CacheOffset):
     def rotated_keys(self, module, key: torch.Tensor) -> dict | None:
         """The rotated keys this layer kept in the call's KV cache from earlier decoding steps (see
         :class:`KeyViews`), or None where keeping them would not be safe: no cache, a batch of several rows (beam
-        search reorders them in place), autograd, a layer without an index."""
+        search reorders them in place), autograd, a layer without an index, a quantized cache."""
         cache, layer = self._cache, getattr(module, "layer_idx", None)
         if cache is None or key.shape[0] != 1 or not isinstance(layer, int) or torch.is_grad_enabled():
             return None
+        if any(hasattr(held, "_quantize") for held in getattr(cache, "layers", None) or ()):
+            return None  # a quantized cache hands keys back rounded after the call that gave them: not kept
         held = cache.__dict__.setdefault(KEPT_ATTR, {})
         return held.setdefault((layer, self.view_key()), {})
 
@@ -123,7 +125,8 @@ def remapped_attention(module, query, key, value, attention_mask, dropout: float
     """An attention function with transformers' signature: returns ``([batch, q, heads, dim], None)``."""
     state: RemapState = module.__dict__[STATE_ATTR]
     b, h, q, d = query.shape
-    k_total = key.shape[2]
+    k_total = state.keys_held(q, key.shape[2])
+    key, value = key[:, :, :k_total], value[:, :, :k_total]  # a static cache's empty slots never take part
     past = state.query_start(q, k_total)
     scale = (scaling if scaling is not None else d**-0.5) * state.scheme.score_scale
     dropout = dropout if module.training else 0.0
