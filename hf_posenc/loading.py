@@ -89,6 +89,9 @@ def _load_weights(auto_class, path: str, hf_config, kwargs: dict):
     except (SafetensorError, pickle.UnpicklingError) as err:
         raise _corrupt_weights(path, err) from None
     except RuntimeError as err:
+        if "ignore_mismatched_sizes" in str(err):  # transformers' report of the shapes is logged above
+            raise ValueError(f"the weights of {path} do not have the shapes its config.json gives (transformers "
+                             "listed them above); the config.json was edited or belongs to another model") from None
         if "PytorchStreamReader" not in str(err):  # torch's reader of a .bin that is not a whole zip archive
             raise
         raise _corrupt_weights(path, err) from None

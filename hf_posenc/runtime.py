@@ -64,6 +64,9 @@ def _unloadable(model: str, err: Exception) -> ValueError:
     reason = _reason(err)
     if os.path.isdir(model):
         return ValueError(f"cannot load the model folder {model!r}: {reason}")
+    if os.path.isfile(model):
+        return ValueError(f"model {model!r} is a file; --model takes the folder that holds config.json and the "
+                          f"weights, a .gguf file, a Hub id or an alias ({', '.join(sorted(ALIASES))})")
     guess = difflib.get_close_matches(model.lower(), list(ALIASES), n=1, cutoff=0.6)
     hint = f" Did you mean the alias {guess[0]!r}?" if guess else f" Aliases: {', '.join(sorted(ALIASES))}."
     return ValueError(f"cannot load model {model!r}: it is not a local folder, a .gguf file or an alias, and the Hub "
@@ -94,6 +97,12 @@ def check_model_folder(path: str, model: str) -> None:
         raise ValueError(f"{config} is not valid JSON ({err})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{config} is not a JSON object (it holds a {type(data).__name__})")
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(path)
+    except Exception as err:  # noqa: BLE001 -- transformers' and huggingface_hub's validation errors alike
+        raise ValueError(f"{config} is not a configuration transformers can read: {_reason(err)}") from None
 
 
 def load_tokenizer(model: str, tokenizer: str | None = None, required: bool = True):

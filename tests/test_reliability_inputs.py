@@ -320,3 +320,23 @@ def test_a_folder_without_tokenizer_files_says_what_it_holds(broken_folder, tmp_
         f.unlink()
     err = refused(_eval(broken_folder, tmp_path / "o", "--corpus", "python-docs"), capsys)
     assert "no tokenizer could be loaded" in err and "holds config.json, generation_config.json, model.safetensors" in err
+
+
+def test_a_config_value_transformers_refuses_is_named(broken_folder, tmp_path, capsys):
+    config = broken_folder / "config.json"
+    config.write_text(config.read_text().replace('"hidden_size": 64', '"hidden_size": "big"'))
+    err = refused(_eval(broken_folder, tmp_path / "o", "--corpus", "python-docs"), capsys)
+    assert f"{config} is not a configuration transformers can read" in err and "hidden_size" in err
+
+
+def test_weights_of_other_shapes_than_the_config_gives_are_refused(broken_folder, tmp_path, capsys):
+    config = broken_folder / "config.json"
+    config.write_text(config.read_text().replace('"hidden_size": 64', '"hidden_size": 128'))
+    err = refused(_eval(broken_folder, tmp_path / "o", "--corpus", "python-docs"), capsys)
+    assert f"the weights of {broken_folder} do not have the shapes its config.json gives" in err
+
+
+def test_a_weight_file_given_as_the_model_is_named(broken_folder, tmp_path, capsys):
+    weights = broken_folder / "model.safetensors"
+    err = refused(_eval(weights, tmp_path / "o", "--corpus", "python-docs"), capsys)
+    assert f"model '{weights}' is a file; --model takes the folder" in err
