@@ -319,7 +319,8 @@ def test_a_folder_without_tokenizer_files_says_what_it_holds(broken_folder, tmp_
     for f in broken_folder.glob("tokenizer*"):
         f.unlink()
     err = refused(_eval(broken_folder, tmp_path / "o", "--corpus", "python-docs"), capsys)
-    assert "no tokenizer could be loaded" in err and "holds config.json, generation_config.json, model.safetensors" in err
+    assert "no tokenizer could be loaded" in err
+    assert "holds config.json, generation_config.json, model.safetensors" in err
 
 
 def test_a_config_value_transformers_refuses_is_named(broken_folder, tmp_path, capsys):
