@@ -9,7 +9,6 @@ attention function) and left to transformers where the method leaves attention a
 
 import pytest
 import torch
-from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
 import hf_posenc
