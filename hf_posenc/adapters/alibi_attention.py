@@ -36,6 +36,8 @@ STATE_ATTR = "_hf_posenc_alibi"  # per attention module: the AlibiState of its m
 class AlibiState(CacheOffset):
     """Slopes, and the cache offset of the current forward call."""
 
+    sliding_ok = True  # the bias reads only i - j: a cache sliding over the model's own window keeps it exact
+
     def __setstate__(self, state: dict) -> None:  # unpickled in a fresh process: the attention function is registered
         self.__dict__.update(state)
         register()

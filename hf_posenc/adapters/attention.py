@@ -24,7 +24,8 @@ class CacheOffset:
 
     method = "this method"  # the method's name, for messages
     serves: tuple[str, ...] | None = None
-    sliding_ok = False  # whether a sliding-window cache (keys indexed from its window's start) keeps it exact
+    sliding_ok = False  # whether a sliding-window cache of the model's own window keeps it exact (only i - j
+    # matters, and the cache drops only keys the model's attention masks anyway)
 
     def __init__(self) -> None:
         self.past = 0
@@ -33,7 +34,8 @@ class CacheOffset:
     def body_hook(self, module, args, kwargs) -> None:
         self.check_implementation(getattr(module, "config", None))
         cache = passed_cache(module, args, kwargs)
-        check_cache(cache, self.method, self.sliding_ok)
+        window = getattr(getattr(module, "config", None), "sliding_window", None) if self.sliding_ok else None
+        check_cache(cache, self.method, window)
         self.past = int(cache.get_seq_length()) if cache is not None else 0  # a static cache's is a tensor
         self.cache_seen = cache is not None
 

@@ -37,16 +37,27 @@ def passed_cache(module: nn.Module, args: tuple, kwargs: dict) -> Any:
     return None
 
 
-def check_cache(cache: Any, method: str, sliding_ok: bool = False) -> None:
+def _slides_over(layer: Any, window: int) -> bool:
+    """Whether a sliding-window cache layer keeps the keys of a ``window``-token sliding window (a dynamic layer
+    names its window; a static one holds ``min(window, length of the cache)`` slots)."""
+    if getattr(layer, "sliding_window", None) is not None:
+        return layer.sliding_window == window
+    return getattr(layer, "max_cache_len", window + 1) <= window
+
+
+def check_cache(cache: Any, method: str, window: int | None = None) -> None:
     """Refuse, before compute, a KV cache whose indices are not the keys' positions for ``method`` (which reads
-    positions from them): one with sliding-window layers (keys indexed from the window's start; ``sliding_ok``
-    where only ``i - j`` matters) or layers of a kind transformers' full-attention caches do not use."""
+    positions from them): one with sliding-window layers (keys indexed from the window's start), unless their
+    window is ``window``, the model's own sliding window, for a method where only ``i - j`` matters (the cache
+    then drops only keys the model's attention masks anyway), or layers of a kind transformers' full-attention
+    caches do not use."""
     from transformers.cache_utils import DynamicLayer, StaticLayer
 
     for layer in getattr(cache, "layers", None) or ():
-        if getattr(layer, "is_sliding", False) and sliding_ok:
+        sliding = getattr(layer, "is_sliding", False)
+        if sliding and window is not None and _slides_over(layer, window):
             continue
-        if getattr(layer, "is_sliding", False) or not isinstance(layer, (DynamicLayer, StaticLayer)):
+        if sliding or not isinstance(layer, (DynamicLayer, StaticLayer)):
             raise ValueError(f"{method} reads each key's position from its index in the KV cache; this "
                              f"{type(cache).__name__} holds {type(layer).__name__} layers, whose indices are not "
                              "positions. Supported: DynamicCache, StaticCache (offloaded or not) and QuantizedCache "
