@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any
 
 import torch
@@ -57,7 +58,8 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
         raise ValueError(
             f"{path_or_id} holds weights changed by {stored.method!r} (its original position table is not saved), so "
             f"{requested.method!r} cannot be applied from the original; load the base model for that.")
-    model = _load_weights(auto_class, source.path, hf_config, kwargs)
+    with _ReportOwnKeysQuietly(block is not None and requested is None):
+        model = _load_weights(auto_class, source.path, hf_config, kwargs)
     drop_gguf_quantizer(model)
     if adapter is not None and not adapter.matches(model):
         raise ValueError(f"{path_or_id}: its config.json's hf_posenc block names the family {adapter.name!r}, which "
@@ -75,6 +77,38 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
                 for name, tensor in saved.items():
                     state[name].copy_(tensor.to(state[name].dtype))
     return model
+
+
+OWN_WEIGHTS = "hf_posenc_"  # the prefix of the weights a patch adds (the learned table: ``hf_posenc_positions``)
+
+
+class _ReportOwnKeysQuietly(logging.Filter):
+    """While loading a checkpoint whose weights include those a patch added (loaded into the re-patched model
+    below), transformers' load report would call them UNEXPECTED ("not ok if you expect identical arch"): that
+    report is dropped when they are all it lists; any other key keeps it whole. Scoped to the call, on the
+    logger's instance (no class is changed)."""
+
+    _row = re.compile(r"^(\S+)\s+\|\s+([A-Z_]+)\s+\|", re.M)
+
+    def __init__(self, active: bool):
+        super().__init__()
+        self.active = active
+        self.logger = logging.getLogger("transformers.modeling_utils")
+
+    def __enter__(self):
+        if self.active:
+            self.logger.addFilter(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "LOAD REPORT" not in message:
+            return True
+        rows = [(key, status) for key, status in self._row.findall(message) if key != "Key"]
+        return not rows or not all(OWN_WEIGHTS in key and status == "UNEXPECTED" for key, status in rows)
 
 
 def _load_weights(auto_class, path: str, hf_config, kwargs: dict):
