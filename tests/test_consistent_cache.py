@@ -115,12 +115,13 @@ def test_consistent_cache_survives_save_load_copy_and_unpatch(tmp_path):
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
 
 
-def test_a_static_cache_is_refused_by_name():
-    from transformers import StaticCache
+def test_a_quantized_cache_is_refused_by_name():
+    """Quantized keys cannot be re-rotated in place (static caches can: tests/test_dynamic_matrix.py)."""
+    from transformers import QuantizedCache
 
     model = hf_posenc.patch(tiny_model("llama"), "dynamic_ntk", factor=2.0, cache="consistent")
-    cache = StaticCache(config=model.config, max_cache_len=96)
-    with pytest.raises(ValueError, match="StaticLayer.*cache='stale'"):
+    cache = QuantizedCache(backend="fp8", config=model.config)
+    with pytest.raises(ValueError, match="QuantizedCache has a Fp8QuantizedLayer layer.*cache='stale'"):
         with torch.no_grad():
             model.generate(ids(60), max_new_tokens=8, do_sample=False, **with_cache(model, cache), pad_token_id=0)
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import hf_posenc
+from hf_posenc.encodings import rope as R
 from conftest import ORIGINAL, THETA, clone_with_config, ids, logits, tiny_model
 
 FACTOR = 2.0
@@ -43,6 +44,8 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("length", LENGTHS)
 def test_native_parity(family, case, length):
+    """A single unpadded call of a fresh model: where transformers' dynamic type and hf_posenc's per-row,
+    history-free dynamic NTK agree (a padded batch or a call after a longer one: tests/test_dynamic_matrix.py)."""
     kwargs, native, max_pos = CASES[case]
     method = case.split("_knobs")[0]
     model = tiny_model(family)
@@ -109,10 +112,12 @@ def test_dynamic_yarn_follows_the_paper(family, length):
     hf_posenc.patch(model, "dynamic_yarn", factor=4.0)
     x = ids(length)
     out = logits(model, x)
-    rotary = model.model.rotary_emb
     inv_freq, mscale = reference_dynamic_yarn(THETA, 16, ORIGINAL, length)
-    assert torch.allclose(rotary.inv_freq.double(), inv_freq, rtol=1e-6, atol=0)
-    assert rotary.attention_scaling == pytest.approx(mscale, rel=1e-12)
+    # the frequencies of a call live only during it (issue 40: no history): the schedule is checked directly
+    ours, scaling = R.rope_dynamic_yarn(R.RopeGeometry(THETA, 16, ORIGINAL), 4.0, hf_posenc.get_config(model).params,
+                                        seq_len=length)
+    assert torch.allclose(ours.double(), inv_freq, rtol=1e-6, atol=0)
+    assert scaling == pytest.approx(mscale, rel=1e-12)
     # the same frequencies set by hand on an unpatched copy give the same logits
     ref.model.rotary_emb.inv_freq = inv_freq.float()
     ref.model.rotary_emb.attention_scaling = mscale

@@ -8,25 +8,28 @@ they change (:func:`hf_posenc.encodings.rope.rerotate_keys`), so each step equal
 
 To reach the cache, a :class:`CacheWatcher` on the module that owns the rotary module (the decoder body)
 holds the KV cache (``cache``, formerly ``past_key_values``) of the call in progress. The cached keys of a
-row are taken to be the tokens just before the call's first position (how ``generate`` fills a cache, left
-padding included: padded slots are masked, whatever their rotation). Supported: transformers' dynamic cache (``DynamicCache``, the default
-of ``generate``), sliding-window layers included; another cache type is refused by name.
+row are taken to be the tokens just before the call's first position, rotated with the frequencies of that
+many tokens (how ``generate`` and a cached loop fill a cache, left padding included: padded slots are masked,
+whatever their rotation); each row is re-rotated from its own old to its own new frequencies, so nothing is
+kept between calls. Supported: transformers' DynamicCache and StaticCache, their sliding-window layers and
+offloaded form; a cache with other layers (quantized) is refused by the layer's class name.
 
 What re-rotation reaches: every cached key is rotated as a forward over the whole sequence would rotate it,
 so the first layer's cache is exactly the recomputed one. The keys and values of deeper layers were computed
 from hidden states of earlier steps, when the frequencies were those of a shorter length; for the small
-per-step changes of dynamic NTK and dynamic YaRN this stays within 1e-4 of recomputing (tested). This is
-not exact (the cached keys and values of deeper layers stay those of the shorter lengths), so
-``cache="exact"`` does what exactness takes: ``generate`` drops the cache at each step whose frequencies
-change and encodes the whole sequence again (:class:`RecomputeOnChange`), so every step equals recomputing
-the sequence, at the cost of a forward over it per step past the original context. LongRoPE switches once,
-from its short to its long factors, a change too large for re-rotation: with ``"consistent"`` or ``"exact"``,
-``generate`` encodes the sequence again at the switch (one prefill, as transformers' Phi-3 does), after which
-nothing changes any more. Without ``generate`` (a cache passed by hand), the keys are re-rotated.
+per-step changes of dynamic NTK and dynamic YaRN this stays within 2e-4 of recomputing (tested). This is
+not exact, so ``cache="exact"`` does what exactness takes: ``generate`` drops the cache at each step whose
+frequencies change for any row and encodes the whole sequence again (:class:`RecomputeOnChange`), so every
+step equals recomputing the sequence, at the cost of a forward over it per step past the original context.
+LongRoPE switches once, from its short to its long factors, a change too large for re-rotation: with
+``"consistent"`` or ``"exact"``, ``generate`` encodes the sequence again at the switch (one prefill, as
+transformers' Phi-3 does). A cached loop written by hand (``model(ids, cache=...)``) cannot be re-encoded: there
+the keys are re-rotated and, where ``generate`` would have re-encoded, a warning says so once per patched model.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -41,6 +44,13 @@ class CacheWatcher:
 
     def __init__(self) -> None:
         self.cache: Any = None
+        self.warned = False
+
+    def warn_once(self, message: str) -> None:
+        """``message`` as a ``UserWarning``, the first time only (one watcher per patched model)."""
+        if not self.warned:
+            self.warned = True
+            warnings.warn(message, UserWarning, stacklevel=2)
 
     def before(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self.cache = passed_cache(module, args, kwargs)
@@ -78,43 +88,45 @@ def layers_of_type(text_config: Any, layer_type: str | None) -> list[int] | None
     return [i for i, t in enumerate(text_config.layer_types) if t == layer_type]
 
 
-def _check_layer(layer: Any) -> None:
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+def _check_layer(cache: Any, layer: Any) -> None:
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
-    if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
-        raise ValueError(f"cache='consistent' re-rotates the keys of transformers' DynamicCache (generate's default); "
-                         f"this cache has a {type(layer).__name__} layer. Generate with the default cache, or patch "
-                         "with cache='stale'.")
+    if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer):
+        raise ValueError(f"hf_posenc re-rotates the cached keys when the frequencies change, and this "
+                         f"{type(cache).__name__} has a {type(layer).__name__} layer, whose keys cannot be re-rotated "
+                         "in place. Use transformers' DynamicCache or StaticCache (offloaded and sliding-window forms "
+                         "included), or patch with cache='stale'.")
 
 
 def rerotate_cache(cache: Any, layers: list[int] | None, position_ids: torch.Tensor,
-                   old: tuple[torch.Tensor, float], new: tuple[torch.Tensor, float]) -> None:
-    """Re-rotate the cached keys of ``layers`` (None: all) from ``old`` to ``new`` (inv_freq, attention_scaling);
-    the call's first positions ``position_ids[:, 0]`` follow the cached keys of each row."""
+                   old: tuple[torch.Tensor, Any], new: tuple[torch.Tensor, Any]) -> None:
+    """Re-rotate the cached keys of ``layers`` (None: all) from ``old`` to ``new`` (inv_freq ``[rot / 2]`` or
+    ``[b, rot / 2]``, attention_scaling a number or ``[b]``); the call's first positions ``position_ids[:, 0]``
+    follow the cached keys of each row. A layer holds its ``m`` cached tokens in order in its first ``m`` slots
+    (a static layer's later slots are empty; a sliding-window layer holds the last ``m`` tokens)."""
     cache_layers = getattr(cache, "layers", None)
     if cache_layers is None:
-        raise ValueError(f"cache='consistent' needs a transformers Cache with .layers, got {type(cache).__name__}")
+        raise ValueError(f"hf_posenc re-rotates the keys of a transformers Cache with .layers, got {type(cache).__name__}")
     turns: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # one (cos, sin) per cache length, batch and device
     for i in range(len(cache_layers)) if layers is None else layers:
         layer = cache_layers[i]
-        keys = getattr(layer, "keys", None)
-        if not isinstance(keys, torch.Tensor) or keys.numel() == 0:
+        if not int(layer.get_seq_length()):
             continue
-        _check_layer(layer)
-        (b, _, m, _), device = keys.shape, keys.device
+        _check_layer(cache, layer)  # before reading .keys: a quantized layer keeps its keys elsewhere
+        keys = layer.keys
+        b, m, device = keys.shape[0], min(int(layer.get_seq_length()), keys.shape[-2]), keys.device
         if (m, b, device) not in turns:
             first = position_ids[:, :1].to(device)
             positions = (first - m + torch.arange(m, device=device)).clamp(min=0).expand(b, m)
             turns[m, b, device] = R.rerotation(positions, old, new, device)
-        R.rerotate_keys(keys, *turns[m, b, device])
+        R.rerotate_keys(keys[:, :, :m], *turns[m, b, device])
 
 
-def generated_length(input_ids: torch.Tensor, attention_mask: Any) -> int:
-    """The ``max(position_ids) + 1`` that ``generate``'s next forward will have: the longest row without its
-    padding."""
+def row_lengths(input_ids: torch.Tensor, attention_mask: Any) -> list[int]:
+    """Each row's ``max(position_ids) + 1`` in ``generate``'s next forward: its length without its padding."""
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
-        return int(attention_mask.sum(-1).max())
-    return input_ids.shape[1]
+        return attention_mask.sum(-1).tolist()
+    return [input_ids.shape[1]] * input_ids.shape[0]
 
 
 class RecomputeOnChange:
@@ -129,9 +141,11 @@ class RecomputeOnChange:
 
     def __call__(self, input_ids: torch.Tensor, **kwargs: Any) -> dict:
         name = cache_keyword(kwargs)  # generate passes it as ``cache`` (transformers >= 5.24) or ``past_key_values``
-        if name is not None and kwargs[name].get_seq_length() > 0:
-            n = generated_length(input_ids, kwargs.get("attention_mask"))
-            if any(h.would_change(n) for h in self.hooks):
+        cached = int(kwargs[name].get_seq_length()) if name is not None else 0
+        if cached > 0:
+            after = row_lengths(input_ids, kwargs.get("attention_mask"))
+            before = [n - (input_ids.shape[1] - cached) for n in after]
+            if any(h.changes(before, after) for h in self.hooks):
                 kwargs[name] = None
                 kwargs["next_sequence_length"] = None
         return type(self.model).prepare_inputs_for_generation(self.model, input_ids, **kwargs)

@@ -6,15 +6,18 @@ How a patch works: the rotary module of *this instance* gets the new ``inv_freq`
 frequencies depend on the sequence length (dynamic NTK, dynamic YaRN, LongRoPE) get a forward
 pre-hook on that module instance which recomputes them from the current positions.
 
-Length-dependent methods and the KV cache: the frequencies are chosen from the largest position in
-the current forward call (``max(position_ids) + 1``), exactly as transformers does for its dynamic
-types. During ``generate`` the prompt is encoded with the frequencies for the prompt length; each
-new token past the original context recomputes them for the grown length. With ``cache="stale"``
-the keys already in the cache keep the rotation they were stored with (transformers' behaviour);
-with ``cache="consistent"`` (the default) they are re-rotated (``consistent_cache``); with ``cache="exact"``
-``generate`` encodes the sequence again whenever they change. Recomputation
-only ever happens when the length grows past what was seen, and the original frequencies return
-once a call is shorter than the original context again.
+Length-dependent methods, per row and without history: each row of a forward call gets the frequencies of its
+own length, ``max(position_ids[row]) + 1`` (a left-padded row: its real tokens), and nothing carries over from
+one call to the next, so a row gives the same logits alone or in any batch, before or after any other input.
+This departs from transformers' native ``"dynamic"`` type (which ``dynamic_ntk`` saves as), where the longest
+row of the padded batch sets the frequencies of every row and grown frequencies stay until a call shorter than
+the original context; both agree on a single unpadded call of a fresh model (tests/test_rope_parity.py), and a
+saved ``dynamic_ntk`` checkpoint loads in plain transformers, which computes its own way. During ``generate``
+each new token past the original context recomputes the frequencies for the grown length. With
+``cache="stale"`` the keys already in the cache keep the rotation they were stored with (as transformers); with
+``cache="consistent"`` (the default) they are re-rotated (``consistent_cache``); with ``cache="exact"``
+``generate`` encodes the sequence again whenever they change (a cached loop written by hand cannot: warned once,
+re-rotated).
 
 The model config is updated so that ``save_pretrained`` writes native ``rope_parameters`` wherever
 transformers implements the method (``ntk`` is written as a rewritten ``rope_theta``):
@@ -24,6 +27,7 @@ transformers reads the original length from ``max_position_embeddings``, so it s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -42,54 +46,126 @@ logger = logging.getLogger(__name__)
 
 
 class LengthAwareRope:
-    """Forward pre-hook of one rotary module: recomputes the frequencies from the current length.
+    """Forward hook of one rotary module (one slot): each row of a call gets the frequencies of its own length,
+    ``max(position_ids[row]) + 1`` (a left-padded row those of its real tokens), and nothing is kept from one
+    call to the next: the module keeps the frequencies set at patch time (those of the original context), and
+    rows past it get their cos and sin computed again by the module with their own frequencies swapped in.
 
-    ``scaling.dynamic == "grow"`` follows transformers' dynamic update: recompute when the length grows
-    past the largest seen, return to the original frequencies when a call is shorter than the original
-    context after having grown past it. ``"switch"`` (LongRoPE): the short or long set is picked per call.
-    With a ``watcher`` (``cache="consistent"``), each change re-rotates the keys of the KV cache of the call
-    in progress (those of ``layers``, None: all) to the new frequencies."""
+    With a ``watcher`` (``cache="consistent"`` or ``"exact"``), a call with a KV cache first re-rotates each row's
+    cached keys (of ``layers``, None: all) from the frequencies of the row's cached length (``position_ids[row,
+    0]``: a cache grown one call after another, as ``generate`` and a cached loop grow it) to those of its new
+    length. ``regenerates``: ``generate`` re-encodes the sequence at each change instead (``RecomputeOnChange``),
+    so a cached call that changes them is a hand-written loop: warned once, then re-rotated."""
 
     def __init__(self, scaling: RopeScaling, geom: R.RopeGeometry, cfg: PosEncConfig, slot: RotarySlot,
-                 watcher: CacheWatcher | None = None, layers: list[int] | None = None):
-        self.fn, self.grow_only = scaling.frequencies, scaling.dynamic == "grow"
+                 watcher: CacheWatcher | None = None, layers: list[int] | None = None, regenerates: bool = False):
+        self.fn, self.grow = scaling.frequencies, scaling.dynamic == "grow"
         self.geom, self.cfg, self.slot, self.watcher, self.layers = geom, cfg, slot, watcher, layers
-        self.cached = geom.original_max_position_embeddings
-        self.current: int | None = None  # seq_len the module's frequencies were computed for
+        self.regenerates = regenerates
 
-    def _set(self, module: nn.Module, seq_len: int | None, device, position_ids: torch.Tensor) -> None:
-        old = (self.slot.get("inv_freq"), self.slot.get("attention_scaling"))
-        inv_freq, attention = self.fn(self.geom, self.cfg.factor, self.cfg.params, seq_len=seq_len, device=device)
-        name = self.slot.attr("inv_freq")
-        setattr(module, name, inv_freq.to(device=device, dtype=getattr(module, name).dtype))
-        setattr(module, self.slot.attr("attention_scaling"), attention)
-        self.current = seq_len
+    def key(self, n: int) -> int | None:
+        """What the frequencies of a row of ``n`` tokens depend on: None within the original context."""
+        L = self.geom.original_max_position_embeddings
+        if n <= L:
+            return None
+        return n if self.grow else L + 1
+
+    def frequencies(self, key: int | None) -> tuple[torch.Tensor, float]:
+        """(inv_freq, attention_scaling) for a row of ``key`` (:meth:`key`), in the module's dtype and device."""
+        here = self.slot.get("inv_freq")
+        if key is None:
+            return here, float(self.slot.get("attention_scaling"))
+        inv_freq, attention = self.fn(self.geom, self.cfg.factor, self.cfg.params, seq_len=key, device=here.device)
+        return inv_freq.to(device=here.device, dtype=here.dtype), float(attention)
+
+    def changes(self, before: list[int], after: list[int]) -> bool:
+        """Whether rows growing from ``before`` to ``after`` tokens get other frequencies (any row)."""
+        for b, a in zip(before, after):
+            kb, ka = self.key(b), self.key(a)
+            if kb != ka:
+                (inv_b, s_b), (inv_a, s_a) = self.frequencies(kb), self.frequencies(ka)
+                if s_b != s_a or not torch.equal(inv_b, inv_a):
+                    return True
+        return False
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        if self.slot.layer_type is not None and _argument(args, kwargs, 2, "layer_type") != self.slot.layer_type:
+            return None
+        position_ids = _argument(args, kwargs, 1, "position_ids")
+        rows = position_ids.reshape(-1, position_ids.shape[-1]) if position_ids.dim() != 2 else position_ids
+        lengths = (rows.amax(-1) + 1).tolist() if position_ids.dim() == 2 else [int(rows.max()) + 1]
         if self.watcher is not None and self.watcher.cache is not None:
-            rerotate_cache(self.watcher.cache, self.layers, position_ids, old, (self.slot.get("inv_freq"), attention))
+            self._follow_cache(self.watcher.cache, position_ids, lengths)
+        keys = [self.key(n) for n in lengths]
+        if all(k is None for k in keys):
+            return None
+        return self._per_row(module, args, kwargs, output, keys)
 
-    def would_change(self, seq_len: int) -> bool:
-        """Whether a forward call whose longest row is ``seq_len`` long changes the frequencies."""
-        L = self.geom.original_max_position_embeddings
-        if self.grow_only:
-            return seq_len > self.cached or (seq_len < L and self.cached > L)
-        return (seq_len > L) != (self.current is not None)
+    def _per_row(self, module: nn.Module, args: tuple, kwargs: dict, output: Any, keys: list) -> tuple:
+        """The module's (cos, sin) with the rows past the original context computed again, grouped by length."""
+        x, position_ids = _argument(args, kwargs, 0, "x"), _argument(args, kwargs, 1, "position_ids")
+        rest = {k: v for k, v in kwargs.items() if k not in ("x", "position_ids")}
+        cos, sin = (t.clone() for t in output)
+        groups: dict[Any, list[int]] = {}
+        for r, k in enumerate(keys):
+            if k is not None:
+                groups.setdefault(k, []).append(r)
+        for k, rows in groups.items():
+            whole = len(keys) == 1 or position_ids.dim() != 2
+            idx = torch.tensor(rows, device=position_ids.device)
+            sub_x = x if whole or x.shape[0] != position_ids.shape[0] else x[idx.to(x.device)]
+            sub_pos = position_ids if whole else position_ids[idx]
+            with self._swapped(module, *self.frequencies(k)):
+                c, s = module.forward(sub_x, sub_pos, *args[2:], **rest)
+            if whole:
+                return c, s
+            cos[idx.to(cos.device)], sin[idx.to(sin.device)] = c, s
+        return cos, sin
 
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        position_ids = kwargs["position_ids"] if "position_ids" in kwargs else args[1]
-        device = self.slot.get("inv_freq").device
-        seq_len = int(position_ids.max()) + 1
-        L = self.geom.original_max_position_embeddings
-        if self.grow_only:
-            if seq_len > self.cached:
-                self._set(module, seq_len, device, position_ids)
-                self.cached = seq_len
-            if seq_len < L and self.cached > L:
-                self._set(module, None, device, position_ids)
-                self.cached = L
-        else:
-            want = seq_len if seq_len > L else None
-            if (want is None) != (self.current is None):
-                self._set(module, want, device, position_ids)
+    @contextlib.contextmanager
+    def _swapped(self, module: nn.Module, inv_freq: torch.Tensor, attention: float):
+        names = self.slot.attr("inv_freq"), self.slot.attr("attention_scaling")
+        kept = tuple(getattr(module, n) for n in names)
+        try:
+            setattr(module, names[0], inv_freq)
+            setattr(module, names[1], attention)
+            yield
+        finally:
+            setattr(module, names[0], kept[0])
+            setattr(module, names[1], kept[1])
+
+    def _follow_cache(self, cache: Any, position_ids: torch.Tensor, lengths: list[int]) -> None:
+        """Re-rotate the cached keys of each row whose frequencies change in this call (warned once where
+        ``generate`` would have re-encoded the sequence instead)."""
+        if int(cache.get_seq_length()) == 0 or position_ids.dim() != 2:
+            return
+        cached = position_ids[:, 0].tolist()
+        if not self.changes(cached, lengths):
+            return
+        if self.regenerates:
+            self.watcher.warn_once(_hand_loop_warning(self.cfg))
+        old = _stacked([self.frequencies(self.key(n)) for n in cached])
+        new = _stacked([self.frequencies(self.key(n)) for n in lengths])
+        rerotate_cache(cache, self.layers, position_ids, old, new)
+
+
+def _argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+    return kwargs[name] if name in kwargs else (args[index] if len(args) > index else None)
+
+
+def _stacked(freqs: list[tuple[torch.Tensor, float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (inv_freq ``[b, rot / 2]``, attention_scaling ``[b]``) from one (inv_freq, scaling) per row."""
+    return torch.stack([f for f, _ in freqs]), torch.tensor([s for _, s in freqs], dtype=torch.float64)
+
+
+def _hand_loop_warning(cfg: PosEncConfig) -> str:
+    what = "its frequencies change" if cfg.method != "longrope" else "it switches from the short to the long factors"
+    return (f"hf_posenc {cfg.method} with cache={cfg.params.get('cache')!r}: a forward call with a KV cache passed "
+            f"by hand went past the original context ({cfg.original_max_position_embeddings} tokens), where {what}. "
+            "Only generate() re-encodes the sequence there; here the cached keys are re-rotated instead (the "
+            "accuracy of cache='consistent', about 1e-4 from recomputing for dynamic NTK and YaRN, far less for "
+            "LongRoPE's switch). For exact logits, call model.generate(), or at each step past the original context "
+            "call the model on the whole sequence without the cache. (Warned once per patched model.)")
 
 
 class Scaled:
@@ -162,14 +238,15 @@ class Scaled:
         mode = cfg.params.get("cache")
         watcher = watch(model, s.module, record, watchers) if mode in ("consistent", "exact") else None
         layers = layers_of_type(lay.config, s.layer_type)
-        hook = LengthAwareRope(scaling, geom, cfg, s, watcher, layers)
-        if mode == "exact" or (mode == "consistent" and scaling.dynamic == "switch"):
+        regenerates = mode == "exact" or (mode == "consistent" and scaling.dynamic == "switch")
+        hook = LengthAwareRope(scaling, geom, cfg, s, watcher, layers, regenerates)
+        if regenerates:
             recompute = model.__dict__.get("prepare_inputs_for_generation")
             if not isinstance(recompute, RecomputeOnChange):
                 recompute = RecomputeOnChange(model, [])
                 record.set_attr(model, "prepare_inputs_for_generation", recompute)
             recompute.hooks.append(hook)
-        record.add_hook(s.module.register_forward_pre_hook(hook, with_kwargs=True))
+        record.add_hook(s.module.register_forward_hook(hook, with_kwargs=True))
 
     @staticmethod
     def _save_native(model: nn.Module, cfg: PosEncConfig, lay: Layout, natives: dict, ours: dict, length: int,

@@ -207,11 +207,12 @@ def rope_longrope(geom: RopeGeometry, factor: float, params: dict[str, Any], seq
     return 1.0 / (ext * geom.base**shape), attention_factor
 
 
-def rerotation(positions: torch.Tensor, old: tuple[torch.Tensor, float], new: tuple[torch.Tensor, float],
+def rerotation(positions: torch.Tensor, old: tuple[torch.Tensor, Any], new: tuple[torch.Tensor, Any],
                device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The (cos, sin) ``[b, 1, m, rot / 2]`` that turn keys at ``positions`` ``[b, m]`` stored rotated by ``old``
     = (inv_freq, attention_scaling) into the keys ``new`` gives (:func:`rerotate_keys`); the ratio of the two
-    attention scalings is folded into both.
+    attention scalings is folded into both. Each inv_freq is ``[rot / 2]`` (every row) or ``[b, rot / 2]`` (one
+    per row), each scaling a number or a ``[b]`` tensor.
 
     Rotations by a and b compose to a + b (RoFormer, eq. 34), so ``s_new R(p theta_new) k = (s_new / s_old)
     R(p theta_new - p theta_old) (s_old R(p theta_old) k)``. Each angle is the float32 product transformers'
@@ -221,8 +222,14 @@ def rerotation(positions: torch.Tensor, old: tuple[torch.Tensor, float], new: tu
     device = device or positions.device
     wide = torch.float32 if torch.device(device).type == "mps" else torch.float64
     p = positions.to(device=device, dtype=torch.float32)[..., None]
-    delta = ((p * inv_new.to(device).float()).to(wide) - (p * inv_old.to(device).float()).to(wide))[:, None]
-    ratio = float(s_new) / float(s_old)
+
+    def angles(inv: torch.Tensor) -> torch.Tensor:
+        inv = inv.to(device).float()
+        return (p * (inv[:, None, :] if inv.dim() == 2 else inv)).to(wide)
+
+    delta = (angles(inv_new) - angles(inv_old))[:, None]
+    ratio = torch.as_tensor(s_new, dtype=wide, device=device) / torch.as_tensor(s_old, dtype=wide, device=device)
+    ratio = ratio.reshape(-1, 1, 1, 1) if ratio.dim() else ratio
     return (delta.cos() * ratio).float(), (delta.sin() * ratio).float()
 
 

@@ -65,10 +65,11 @@ def _check_longrope(factor: float, p: dict[str, Any]) -> None:
 
 # Length-dependent scalings recompute their frequencies in the forward pass and take the knob ``cache``:
 # "stale" (transformers' behaviour: cached keys keep the rotation they were stored with), "consistent" (cached
-# keys are re-rotated when the frequencies change; within ~1e-4 of recomputing, since deeper layers' cached
+# keys are re-rotated when the frequencies change; within ~2e-4 of recomputing, since deeper layers' cached
 # keys and values stay those of shorter lengths) or "exact" (generate encodes the sequence again whenever the
-# frequencies change: equal to recomputing, a forward over the sequence per step past the original context);
-# hf_posenc.adapters.consistent_cache.
+# frequencies change: equal to recomputing, a forward over the sequence per step past the original context;
+# a hand-written cached loop is re-rotated and warned once); hf_posenc.adapters.consistent_cache. In every mode
+# each row's frequencies follow its own length, never the batch's padded length nor an earlier call.
 CACHE_MODES = ("stale", "consistent", "exact")
 DEFAULT_CACHE = "consistent"  # measured within 1.3x of "stale" per decoded token (BENCHMARKS.md)
 
@@ -78,8 +79,9 @@ class RopeScaling:
     """What the RoPE adapter needs of one scaling.
 
     ``frequencies(geom, factor, params, seq_len, device) -> (inv_freq, attention_scaling)`` (``encodings.rope``);
-    ``dynamic``: None (fixed), ``"grow"`` (recomputed when the length grows past the longest seen, as
-    transformers' dynamic types) or ``"switch"`` (a short and a long set, picked per call: LongRoPE);
+    ``dynamic``: None (fixed), ``"grow"`` (each row's frequencies follow its own length past the
+    original context, as transformers' dynamic types follow the batch's) or ``"switch"`` (a short and a long set,
+    picked per row: LongRoPE);
     ``native(factor, original, params, geom) -> dict`` the transformers ``rope_parameters`` it equals (without
     ``rope_theta`` unless it rewrites it), None when transformers has no such type; ``defaults(params, half,
     factor) -> params`` fills knobs whose defaults depend on the model (``half`` = rotary dim / 2);
