@@ -273,3 +273,21 @@ def _tree(pid: int) -> list[int]:
 def _cmdline(pid: int) -> str:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+
+
+def test_an_unforeseen_failure_prints_its_traceback_scrubbed(monkeypatch, capsys):
+    from hf_posenc import cli
+
+    secret = "hf_" + "Q" * 30
+
+    def broken(args, command):
+        raise RuntimeError(f"deep failure near {secret}")
+
+    monkeypatch.setattr(cli.methods_cmd, "run", broken)
+    with pytest.raises(RuntimeError):  # a program calling main(argv) gets the exception itself
+        cli.main(["methods"])
+    monkeypatch.setattr(sys, "argv", ["hf-posenc", "methods"])
+    assert cli.main() == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: deep failure near ***" in err and secret not in err
+    assert "unexpected error" in err

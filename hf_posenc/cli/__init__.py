@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from_command_line = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # a command that relaunches itself (eval --data-parallel-size) needs its own words
@@ -50,3 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hf-posenc: interrupted", file=sys.stderr)
         return 130
+    except Exception:  # a failure nobody foresaw, on the command line (a caller of main(argv) gets the exception):
+        if not from_command_line:  # its traceback, for a bug report, scrubbed of every secret
+            raise
+        import traceback
+
+        print(scrub(traceback.format_exc()), file=sys.stderr, end="")
+        print("hf-posenc: unexpected error (traceback above); please report it", file=sys.stderr)
+        return 1
