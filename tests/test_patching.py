@@ -121,20 +121,33 @@ def test_generate_with_cache_crossing_the_original_context(method):
 
 def test_dynamic_methods_recompute_as_the_cache_grows():
     """Documented behaviour: the prompt is encoded with the frequencies for its own length; each decoded
-    token past the original context recomputes them for the grown length (the cached keys keep theirs)."""
+    token past the original context is rotated with the frequencies of the grown length (the cached keys are
+    re-rotated to them); the module keeps its patch-time frequencies between calls."""
     from hf_posenc.encodings.rope import RopeGeometry, rope_dynamic_ntk
 
     model = hf_posenc.patch(tiny_model("llama"), "dynamic_ntk", factor=2.0)
     rotary = model.model.rotary_emb
     original = rotary.inv_freq.clone()
-    greedy(model, ids(50), n=5)  # stays inside the original context: frequencies unchanged
-    assert torch.equal(rotary.inv_freq, original)
+    seen = []
+
+    def record(module, args, kwargs, out):
+        positions = args[1] if len(args) > 1 else kwargs["position_ids"]
+        seen.append((positions.clone(), out[0].clone()))
+
+    rotary.register_forward_hook(record, with_kwargs=True)
     greedy(model, ids(60), n=20)  # the last forward feeds position 78 (the 20th new token is only sampled)
+    assert torch.equal(rotary.inv_freq, original)  # nothing kept from the call
+    positions, cos = seen[-1]
+    assert positions.flatten().tolist() == [78]
     expected, _ = rope_dynamic_ntk(RopeGeometry(THETA, 16, ORIGINAL), 2.0, {}, seq_len=79)
-    assert torch.allclose(rotary.inv_freq, expected, rtol=1e-6)
-    assert not torch.allclose(rotary.inv_freq, original)
-    logits(model, ids(30))  # a short call afterwards goes back to the original frequencies
-    assert torch.equal(rotary.inv_freq, original)
+    angles = 78 * expected.double()
+    assert torch.allclose(cos[0, 0].double(), torch.cat([angles, angles]).cos(), atol=1e-6)
+    assert not torch.allclose(expected, original)
+    short = ids(30)
+    seen.clear()
+    logits(model, short)  # a short call afterwards: the original frequencies
+    angles = torch.arange(30).double()[:, None] * original.double()[None]
+    assert torch.allclose(seen[-1][1][0].double(), torch.cat([angles, angles], -1).cos(), atol=1e-6)
 
 
 # -- bad input ---------------------------------------------------------------------------------
