@@ -13,12 +13,42 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 from .provenance import recorded_command
 from .config import PosEncConfig
+from .encodings.pose import check_pose, pose_batch
+
+POSE_KINDS = ("rope", "none")  # methods whose positions come from the position ids (the RoPE scalings, plain RoPE)
+
+
+@dataclass(frozen=True)
+class PoseSettings:
+    """PoSE training (:mod:`hf_posenc.encodings.pose`): windows of ``window`` tokens whose position ids cover
+    ``[0, target)`` in ``chunks`` chunks, drawn per training window from the run's seed."""
+
+    window: int
+    target: int
+    chunks: int = 2
+
+    def __post_init__(self) -> None:
+        check_pose(self.window, self.target, self.chunks)
+
+
+def check_pose_method(config: PosEncConfig) -> None:
+    """PoSE moves the position ids; a method that computes positions from key indices (the attention-level
+    methods) or has none to move (the swaps) would train at positions it never uses: refused by name."""
+    from .methods import resolve_method
+
+    kind = resolve_method(config.method).kind
+    if kind not in POSE_KINDS:
+        raise ValueError(f"--pose-window trains on position ids that skip, which {config.method!r} ({kind} method) "
+                         "does not read: it computes positions from the keys' indices or has none. PoSE applies to the "
+                         "RoPE scalings (pi, ntk, yarn, dynamic_ntk, dynamic_yarn, llama3, longrope) and to 'none'; "
+                         f"train {config.method!r} at full length with --seq-len instead.")
 
 
 def pack(token_docs: list[torch.Tensor], seq_len: int, eos: int | None) -> torch.Tensor:
@@ -54,9 +84,10 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
              steps: int = 40, learning_rate: float = 1e-4, batch_size: int = 1, grad_accum: int = 1,
              warmup_steps: int = 0, weight_decay: float = 0.0, gradient_checkpointing: bool = True,
              eval_windows: int = 4, seed: int = 0, dtype: str = "float32", device: str | None = None,
-             command: str | None = None, progress: bool = True) -> dict[str, Any]:
+             command: str | None = None, progress: bool = True, pose: PoseSettings | None = None) -> dict[str, Any]:
     """Patch ``model`` with ``config``, train it ``steps`` optimizer steps on packed ``train_docs``, measure
-    held-out perplexity on ``eval_docs`` before and after, save to ``output``; returns the report."""
+    held-out perplexity on ``eval_docs`` before and after, save to ``output``; returns the report. ``pose``:
+    train on PoSE windows (their position ids skip to cover ``pose.target``) instead of ``seq_len`` blocks."""
     from .replaced_folder import ReplacedOutput, check_replaced_output
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
@@ -69,6 +100,8 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                          f"batch_size={batch_size}, grad_accum={grad_accum}, learning_rate={learning_rate}")
     if not eval_docs:
         raise ValueError("held-out evaluation needs at least one document that is not trained on")
+    if pose is not None:
+        check_pose_method(config)
     check_heldout(train_docs, eval_docs, seq_len * eval_windows)  # by content, before any compute
     check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
     with ReplacedOutput(output, "finetune") as out:  # one run per --output, from here to the save
@@ -76,7 +109,10 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         lm, tok, _ = load_model_and_tokenizer(model, dtype, device)
         patch(lm, config)
-        blocks = pack(tokenize_documents(tok, train_docs), seq_len, tok.eos_token_id)
+        if pose is not None:
+            _check_pose_target(lm, pose)
+        blocks = pack(tokenize_documents(tok, train_docs), pose.window if pose else seq_len, tok.eos_token_id)
+        positions = pose_batch(blocks.shape[0], pose.window, pose.target, pose.chunks, seed) if pose else None
         need = steps * batch_size * grad_accum
         heldout = tokenize_documents(tok, eval_docs, seq_len * eval_windows)
         if max(len(t) for t in heldout) < seq_len:
@@ -84,7 +120,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                              f"{max(len(t) for t in heldout)} tokens")
         before = heldout_perplexity(lm, heldout, seq_len, eval_windows)
 
-        losses, seconds = _train(lm, blocks, steps=steps, batch_size=batch_size, grad_accum=grad_accum,
+        losses, seconds = _train(lm, blocks, positions, steps=steps, batch_size=batch_size, grad_accum=grad_accum,
                                  learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
                                  gradient_checkpointing=gradient_checkpointing, seed=seed, device=device,
                                  progress=progress)
@@ -99,7 +135,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                       "blocks_seen": need, "train_documents": [d.name for d in train_docs],
                       "eval_documents": [d.name for d in eval_docs], "eval_windows": eval_windows, "seed": seed,
                       "device": device, "dtype": dtype, "command": recorded_command(command),
-                      "seconds": round(seconds, 1)},
+                      "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None},
             "losses": losses,
             "heldout_before": before,
             "heldout_after": after,
@@ -114,15 +150,28 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     return report
 
 
-def _train(lm, blocks: torch.Tensor, *, steps: int, batch_size: int, grad_accum: int, learning_rate: float,
-           warmup_steps: int, weight_decay: float, gradient_checkpointing: bool, seed: int, device: str,
+def _check_pose_target(lm, pose: PoseSettings) -> None:
+    from .context import original_context
+
+    original = original_context(lm)
+    if original is not None and pose.target <= original:
+        raise ValueError(f"--target-length {pose.target} is within the model's original context ({original}): PoSE "
+                         "covers a context longer than the trained one; give a target beyond it")
+
+
+def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, *, steps: int, batch_size: int,
+           grad_accum: int, learning_rate: float, warmup_steps: int, weight_decay: float,
+           gradient_checkpointing: bool, seed: int, device: str,
            progress: bool) -> tuple[list[dict[str, float]], float]:
     """Trains ``lm`` in place on the packed ``blocks`` (transformers' Trainer, cosine schedule); returns the
     logged losses by step and the seconds it took."""
     from datasets import Dataset
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    data = Dataset.from_dict({"input_ids": blocks.tolist()}).with_format("torch")
+    columns = {"input_ids": blocks.tolist()}
+    if positions is not None:  # PoSE: each window's own position ids
+        columns["position_ids"] = positions.tolist()
+    data = Dataset.from_dict(columns).with_format("torch")
     losses: list[dict[str, float]] = []
 
     class Record(TrainerCallback):
@@ -143,7 +192,10 @@ def _train(lm, blocks: torch.Tensor, *, steps: int, batch_size: int, grad_accum:
 
     def collate(rows):
         ids = torch.stack([r["input_ids"] for r in rows])
-        return {"input_ids": ids, "labels": ids.clone()}
+        batch = {"input_ids": ids, "labels": ids.clone()}
+        if positions is not None:
+            batch["position_ids"] = torch.stack([r["position_ids"] for r in rows])
+        return batch
 
     lm.train()
     started = time.time()
@@ -169,10 +221,12 @@ def finetune_table(report: dict[str, Any]) -> str:
     s, losses = report["setup"], report["losses"]
     first = sum(x["loss"] for x in losses[:5]) / max(1, len(losses[:5]))
     last = sum(x["loss"] for x in losses[-5:]) / max(1, len(losses[-5:]))
-    rows = [[s["method"]["method"], s["steps"], s["seq_len"], round(first, 3), round(last, 3),
+    pose = s.get("pose")
+    trained = f"{pose['window']} (PoSE to {pose['target']})" if pose else s["seq_len"]
+    rows = [[s["method"]["method"], s["steps"], trained, round(first, 3), round(last, 3),
              round(report["heldout_before"]["ppl"], 2), round(report["heldout_after"]["ppl"], 2)]]
     return markdown_table(["method", "steps", "seq_len", "train loss (first 5)", "train loss (last 5)",
-                           "held-out ppl before", "held-out ppl after"], rows)
+                           f"held-out ppl before (at {s['seq_len']})", "held-out ppl after"], rows)
 
 
 def plot_losses(report: dict[str, Any], path: str) -> str:

@@ -31,6 +31,13 @@ def add_parser(sub) -> None:
     t.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps.")
     t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay.")
     t.add_argument("--no-gradient-checkpointing", action="store_true", help="keep activations (faster, more memory).")
+    p = ft.add_argument_group("PoSE (positional skip-wise training, arXiv:2309.10400)")
+    p.add_argument("--pose-window", type=positive, default=None,
+                   help="train on windows of this many tokens whose position ids skip to cover --target-length "
+                        "(RoPE scalings and none only).")
+    p.add_argument("--target-length", type=positive, default=None,
+                   help="the context the PoSE windows' position ids cover (with --pose-window).")
+    p.add_argument("--pose-chunks", type=positive, default=2, help="chunks each PoSE window is cut into.")
     t.add_argument("--eval-windows", type=positive, default=4, help="held-out windows of --seq-len tokens per document.")
     t.add_argument("--dtype", default="float32", help="float32 or bfloat16 (training precision).")
     t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu).")
@@ -45,6 +52,7 @@ def run(args, command: str) -> int:
     from ..finetune import finetune
 
     config = method_config(args)  # validated before the slow load
+    pose = _pose(args)
     reads = [*(args.text_file or []), args.text_dir, args.dataset, *args.eval_text_file]
     check_replaced_output(args.output, "finetune", reads=reads)  # before reading any of them
     if not (args.text_file or args.text_dir or args.dataset):
@@ -57,8 +65,21 @@ def run(args, command: str) -> int:
                       batch_size=args.batch_size, grad_accum=args.grad_accum, warmup_steps=args.warmup_steps,
                       weight_decay=args.weight_decay, gradient_checkpointing=not args.no_gradient_checkpointing,
                       eval_windows=args.eval_windows, seed=args.seed, dtype=args.dtype, device=args.device,
-                      command=command, progress=not args.no_progress)
+                      command=command, progress=not args.no_progress, pose=pose)
     print(report["table"])
     print(f"\nsaved: {args.output} (load with hf_posenc.from_pretrained); training report in "
           f"{args.output}/hf_posenc_eval/")
     return 0
+
+
+def _pose(args):
+    from ..finetune import PoseSettings, check_pose_method
+
+    if args.pose_window is None and args.target_length is None:
+        return None
+    if args.pose_window is None or args.target_length is None:
+        raise ValueError("--pose-window and --target-length go together: PoSE trains on windows of --pose-window "
+                         "tokens whose position ids cover --target-length")
+    settings = PoseSettings(args.pose_window, args.target_length, args.pose_chunks)
+    check_pose_method(method_config(args))
+    return settings
