@@ -1,0 +1,263 @@
+"""LoRA fine-tuning of a patched model through ``peft`` (the ``lora`` extra: ``pip install 'hf_posenc[lora]'``).
+
+    settings = LoraSettings(r=8)                   # alpha 2r, the attention projections, LongLoRA's extras
+    lora = apply_lora(hf_posenc.patch(model, "yarn", factor=4), settings)
+    ...train lora...
+    save_lora(lora, "out", merged=True)            # one checkpoint: hf_posenc.from_pretrained("out")
+    save_lora(lora, "out", merged=False)           # the adapter, the patched base in out/base: load_lora("out")
+
+The patch stays on the model that peft wraps: its hooks sit on the rotary embedding, the decoder body and the
+attention modules (none of which peft replaces), and its record stays on the wrapped model
+(``lora.get_base_model()``), so ``hf_posenc.get_config`` of that model still names it.
+
+LongLoRA (Chen et al. 2023, arXiv 2309.12307) trains the input embedding and the normalisation layers beside the
+LoRA weights when extending the context; ``train_embeddings_and_norms`` does so through peft's
+``modules_to_save``: the input embedding (``model.get_input_embeddings()``) and every normalisation layer with
+weights (a module whose class name ends in ``RMSNorm``/``LayerNorm``, or a torch ``LayerNorm``/``RMSNorm``/
+``GroupNorm``) are wrapped in a trainable copy that peft saves with the adapter and loads back with it. A tied
+output head (``tie_word_embeddings``) stays tied to the trained embedding (peft's ``ensure_weight_tying``).
+
+Saved layout of ``save_lora(..., merged=False)``::
+
+    folder/adapter_config.json, adapter_model.safetensors, README.md   peft's adapter (LoRA weights and the
+                                                                       trained embedding and norms)
+    folder/base/                                                       the patched base model, untrained, as
+                                                                       hf_posenc.save_pretrained saves it
+
+:func:`load_lora` loads it back (``hf_posenc.from_pretrained(folder/base)``, then ``PeftModel.from_pretrained``).
+The adapter's ``base_model_name_or_path`` names the model the base came from (provenance): loading the folder
+with plain transformers would fetch that model, without the patch; use :func:`load_lora`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+BASE_FOLDER = "base"  # where save_lora(merged=False) puts the patched base model, inside its folder
+NORM_SUFFIXES = ("RMSNorm", "LayerNorm")
+
+
+def _peft():
+    try:
+        import peft
+    except ImportError:
+        raise ImportError("LoRA needs peft: pip install 'hf_posenc[lora]' (or pip install 'peft>=0.13')") from None
+    return peft
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """The LoRA adapter to train.
+
+    r: the rank (>= 1). alpha: the scale numerator (LoRA's update is ``alpha / r * B A``); default ``2 * r``.
+    targets: the names of the linear layers that get an adapter (a module matches when its name is the target
+        or ends in ``.target``); default: the attention projections q_proj, k_proj, v_proj, o_proj.
+    dropout: dropout on the adapter's input, in [0, 1).
+    train_embeddings_and_norms: LongLoRA's extras -- the input embedding and every normalisation layer trained
+        in full beside the adapter (peft's ``modules_to_save``).
+    """
+
+    r: int
+    alpha: float | None = None
+    targets: tuple[str, ...] = ATTENTION_PROJECTIONS
+    dropout: float = 0.0
+    train_embeddings_and_norms: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
+            raise ValueError(f"LoRA rank r must be an integer >= 1, got r={self.r!r}")
+        alpha = 2 * self.r if self.alpha is None else self.alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+            raise ValueError(f"LoRA alpha must be a number > 0 (default 2 * r), got alpha={self.alpha!r}")
+        object.__setattr__(self, "alpha", float(alpha))
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"LoRA dropout must be a number in [0, 1), got dropout={self.dropout!r}")
+        targets = (self.targets,) if isinstance(self.targets, str) else self.targets
+        try:
+            targets = tuple(targets)
+        except TypeError:
+            raise ValueError(f"LoRA targets must be module names (e.g. {ATTENTION_PROJECTIONS}), got "
+                             f"targets={self.targets!r}") from None
+        if not targets or not all(isinstance(t, str) and t.strip(".") for t in targets):
+            raise ValueError(f"LoRA targets must be a non-empty list of module names (e.g. {ATTENTION_PROJECTIONS}), "
+                             f"got targets={self.targets!r}")
+        object.__setattr__(self, "targets", targets)
+        if not isinstance(self.train_embeddings_and_norms, bool):
+            raise ValueError(f"train_embeddings_and_norms must be True or False, got {self.train_embeddings_and_norms!r}")
+
+
+def _matches(name: str, target: str) -> bool:
+    return name == target or name.endswith("." + target)
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """The distinct last names of the model's ``nn.Linear`` layers (what ``targets`` can name)."""
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear) and name})
+
+
+def trained_in_full(model: nn.Module) -> list[str]:
+    """The module names that ``train_embeddings_and_norms`` trains in full: the input embedding and every
+    normalisation layer with weights, found structurally."""
+    embedding = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    norm_types = tuple(t for t in (nn.LayerNorm, getattr(nn, "RMSNorm", None), nn.GroupNorm) if t is not None)
+    names = []
+    for name, m in model.named_modules():
+        if not name:
+            continue
+        is_norm = isinstance(m, norm_types) or type(m).__name__.endswith(NORM_SUFFIXES)
+        if (m is embedding or is_norm) and any(True for _ in m.parameters(recurse=False)):
+            names.append(name)
+    if embedding is not None and not any(m is embedding for n, m in model.named_modules() if n in names):
+        raise ValueError(f"{type(model).__name__}'s input embedding is not one of its named modules; pass "
+                         "train_embeddings_and_norms=False")
+    return names
+
+
+def _patch_holds(model: nn.Module) -> dict[int, str]:
+    """The modules that the model's hf_posenc patch hooks, changed an attribute of, or keeps a reference to (in a
+    hook's state): ``id(module) -> what``. peft must not replace these (a LoRA layer wraps the module, a
+    ``modules_to_save`` copy stands in for it): the patch would act on the frozen original."""
+    from .patching import _record
+
+    record = _record(model)
+    if record is None:
+        return {}
+    method = record.config.method
+    owners = {}
+    for m in model.modules():
+        for hooks in (m._forward_hooks, m._forward_pre_hooks):
+            owners[id(hooks)] = m
+    held: dict[int, str] = {}
+    for kind, *step in record._undo:
+        if kind == "hook":
+            handle = step[0]
+            hooks = handle.hooks_dict_ref()
+            if hooks is None or handle.id not in hooks:
+                continue
+            owner = owners.get(id(hooks))
+            if owner is not None:
+                held[id(owner)] = f"{method} hooks it"
+            hook = hooks[handle.id]
+            state = getattr(hook, "__self__", hook)
+            for value in getattr(state, "__dict__", {}).values():
+                for v in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(v, nn.Module):
+                        held[id(v)] = f"{method} calls it from a hook"
+        elif kind in ("set", "assign"):
+            obj, name, _ = step
+            if isinstance(obj, nn.Module):
+                held.setdefault(id(obj), f"{method} changed its {name!r}")
+            value = getattr(obj, name, None)
+            if isinstance(value, nn.Module):
+                held.setdefault(id(value), f"{method} installed it")
+    return held
+
+
+def lora_config(model: nn.Module, settings: LoraSettings):
+    """The ``peft.LoraConfig`` for ``settings`` on ``model``, after checking, before anything changes, that each
+    target names a module and that peft replaces no module the hf_posenc patch holds."""
+    peft = _peft()
+    if not isinstance(settings, LoraSettings):
+        raise ValueError(f"settings must be a LoraSettings, got {type(settings).__name__}")
+    if isinstance(model, peft.PeftModel):
+        raise ValueError("the model is already a peft model; apply_lora takes the (patched) transformers model")
+    named = dict(model.named_modules())
+    missing = [t for t in settings.targets if not any(_matches(n, t) for n in named if n)]
+    if missing:
+        raise ValueError(f"LoRA targets {missing} match no module of {type(model).__name__}; its linear layers are "
+                         f"named {linear_names(model)}")
+    replaced = {n for n in named if n and any(_matches(n, t) for t in settings.targets)}
+    full = trained_in_full(model) if settings.train_embeddings_and_norms else []
+    held = _patch_holds(model)
+    for name in sorted(replaced | set(full)):
+        if id(named[name]) in held:
+            why = "LoRA target" if name in replaced else "embedding or norm that train_embeddings_and_norms trains"
+            raise ValueError(f"{name} ({why}) is held by the hf_posenc patch ({held[id(named[name])]}); peft would "
+                             "replace it and the patch would go on using the frozen original. "
+                             + ("Pass train_embeddings_and_norms=False." if name in full and name not in replaced
+                                else "Choose other targets."))
+    tied = bool(full) and bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    causal = type(model).__name__.endswith("ForCausalLM")
+    return peft.LoraConfig(
+        r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=list(settings.targets),
+        modules_to_save=full or None, ensure_weight_tying=tied, init_lora_weights=True, bias="none",
+        task_type="CAUSAL_LM" if causal else None)
+
+
+def apply_lora(model: nn.Module, settings: LoraSettings):
+    """Wrap the (patched) ``model`` in a peft LoRA model per ``settings`` and return it; only the adapter (and, with
+    ``train_embeddings_and_norms``, the embedding and norms) is trainable. LoRA's B starts at zero, so the wrapped
+    model computes what ``model`` did. Refused before any change: a target that matches no module (the message
+    lists the linear layers), a module peft would replace that the hf_posenc patch holds."""
+    peft = _peft()
+    config = lora_config(model, settings)
+    wrapped = peft.get_peft_model(model, config)
+    if config.modules_to_save:  # peft matches by name suffix: exactly the modules asked, each wrapped
+        got = {n.removeprefix("base_model.model.") for n, m in wrapped.named_modules()
+               if isinstance(m, peft.utils.other.ModulesToSaveWrapper)}
+        if not set(config.modules_to_save) <= got:
+            raise RuntimeError(f"peft wrapped {sorted(got)} to train in full, not all of {config.modules_to_save}")
+    return wrapped
+
+
+def _base_state_dict(peft_model) -> dict[str, Any]:
+    """The wrapped model's weights as the base model had them, under the base model's own names: the LoRA weights
+    and the trained copies of ``modules_to_save`` left out, ``base_layer``/``original_module`` unwrapped."""
+    out = {}
+    for key, tensor in peft_model.get_base_model().state_dict().items():
+        parts = key.split(".")
+        if "modules_to_save" in parts or any(p.startswith("lora_") for p in parts):
+            continue
+        clean = ".".join(p for p in parts if p not in ("base_layer", "original_module"))
+        if clean in out:
+            raise RuntimeError(f"two weights of the peft model map to {clean!r} in the base model")
+        out[clean] = tensor
+    return out
+
+
+def save_lora(peft_model, folder: str, merged: bool, tokenizer=None, **card_kwargs: Any) -> str:
+    """Save a (trained) LoRA model from :func:`apply_lora` (or ``peft.get_peft_model``) of a patched model.
+
+    merged=True: the adapter merged into the weights (``merge_and_unload``, in place: ``peft_model`` then computes
+    with the merged weights and has no adapter left), saved by ``hf_posenc.save_pretrained`` with the patch block:
+    ``hf_posenc.from_pretrained(folder)`` loads it, and plain transformers too when the method is native.
+    merged=False: the adapter (peft's files) in ``folder``, the untrained patched base in ``folder/base``
+    (``hf_posenc.save_pretrained``); :func:`load_lora` loads it. ``peft_model`` is left as it was.
+    tokenizer, card_kwargs: for ``hf_posenc.save_pretrained`` (eval_results, base_model, command, trained, ...).
+    Returns ``folder``."""
+    peft = _peft()
+    from .hub import save_pretrained
+
+    if not isinstance(peft_model, peft.PeftModel):
+        raise ValueError(f"save_lora needs a peft model (apply_lora's result), got {type(peft_model).__name__}; "
+                         "save a plain model with hf_posenc.save_pretrained")
+    if merged:
+        model = peft_model.merge_and_unload()
+        return save_pretrained(model, folder, tokenizer, **card_kwargs)
+    if len(peft_model.peft_config) != 1:
+        raise ValueError(f"save_lora(merged=False) saves one adapter; this model has {sorted(peft_model.peft_config)}")
+    save_pretrained(peft_model.get_base_model(), os.path.join(folder, BASE_FOLDER), tokenizer,
+                    state_dict=_base_state_dict(peft_model), **card_kwargs)
+    peft_model.save_pretrained(folder, save_embedding_layers=False)  # the base is saved beside: no Hub look-up
+    return folder
+
+
+def load_lora(folder: str, *, is_trainable: bool = False, **hf_kwargs: Any):
+    """Load what ``save_lora(..., merged=False)`` saved: the patched base (``hf_posenc.from_pretrained`` of
+    ``folder/base``, with ``hf_kwargs``: dtype, device_map, ...), then the adapter with its trained embedding and
+    norms (``peft.PeftModel.from_pretrained``). Returns the peft model (in eval mode unless ``is_trainable``)."""
+    peft = _peft()
+    from .loading import from_pretrained
+
+    base_folder = os.path.join(folder, BASE_FOLDER)
+    if not os.path.isfile(os.path.join(folder, "adapter_config.json")) or not os.path.isdir(base_folder):
+        raise ValueError(f"{folder} is not a LoRA folder saved by save_lora(merged=False): it needs "
+                         f"adapter_config.json and the base model in {base_folder}")
+    base = from_pretrained(base_folder, **hf_kwargs)
+    return peft.PeftModel.from_pretrained(base, folder, is_trainable=is_trainable)

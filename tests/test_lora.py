@@ -1,0 +1,213 @@
+"""LoRA through peft on a patched model (hf_posenc.lora): the patch kept under the wrapper, LongLoRA's trainable
+embedding and norms, merged and adapter saves that load back to the trained model's logits, peft and TRL used
+directly, and the refusals."""
+
+import json
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("peft")
+
+import hf_posenc  # noqa: E402
+from conftest import ORIGINAL, ids, logits, tiny_model  # noqa: E402
+from hf_posenc.lora import LoraSettings, apply_lora, load_lora, save_lora, trained_in_full  # noqa: E402
+from peft import LoraConfig, get_peft_model  # noqa: E402
+from peft.utils.other import ModulesToSaveWrapper  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+N = 100  # > ORIGINAL = 64: the patch acts
+METHODS = {"yarn": {"factor": 2.0}, "self_extend": {"group_size": 4}}  # a native RoPE method, an attention-level one
+
+
+def patched(method: str, **overrides):
+    model = tiny_model("llama", **overrides)
+    return hf_posenc.patch(model, method, **METHODS[method])
+
+
+def train(model, steps: int = 4, seed: int = 0) -> list[float]:
+    """A few real AdamW steps on a random batch of N tokens; the model is left in eval mode."""
+    x = ids(N, seed=seed + 10, batch=2)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def gap(a, b) -> float:
+    return (a - b).abs().max().item()
+
+
+def test_settings_defaults_and_bad_values():
+    s = LoraSettings(r=4)
+    assert (s.alpha, s.targets, s.dropout, s.train_embeddings_and_norms) == (8.0, ("q_proj", "k_proj", "v_proj", "o_proj"), 0.0, True)
+    assert LoraSettings(r=2, alpha=3, targets=["q_proj"]).targets == ("q_proj",)
+    for bad, match in [({"r": 0}, "r=0"), ({"r": True}, "r=True"), ({"r": 2.0}, "r=2.0"), ({"r": 2, "alpha": 0}, "alpha=0"),
+                       ({"r": 2, "alpha": -1.5}, "alpha=-1.5"), ({"r": 2, "dropout": 1.0}, r"dropout=1\.0"),
+                       ({"r": 2, "dropout": -0.1}, r"dropout=-0\.1"), ({"r": 2, "targets": ()}, r"targets=\(\)"),
+                       ({"r": 2, "targets": ("q_proj", "")}, "targets=")]:
+        with pytest.raises(ValueError, match=match):
+            LoraSettings(**bad)
+
+
+def test_targets_matching_nothing_are_refused_before_wrapping():
+    model = patched("yarn")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"\['qproj', 'attn'\] match no module of LlamaForCausalLM; its linear layers are "
+                                         r"named \['down_proj', 'gate_proj', 'k_proj', 'lm_head', 'o_proj', 'q_proj'"):
+        apply_lora(model, LoraSettings(r=2, targets=("q_proj", "qproj", "attn")))
+    assert model.state_dict().keys() == before.keys()  # nothing wrapped
+    assert not any(type(m).__module__.startswith("peft") for m in model.modules())
+    assert hf_posenc.get_config(model).method == "yarn"
+
+
+def test_a_module_the_patch_holds_is_not_replaced():
+    """sinusoidal's hook calls the input embedding itself: a modules_to_save copy would never be used (trained for
+    nothing), so training the embedding is refused; without it, LoRA applies."""
+    model = tiny_model("llama")
+    hf_posenc.patch(model, "sinusoidal", factor=2.0)
+    with pytest.raises(ValueError, match=r"model\.embed_tokens .*held by the hf_posenc patch \(sinusoidal calls it from "
+                                         r"a hook\).*train_embeddings_and_norms=False"):
+        apply_lora(model, LoraSettings(r=2))
+    lora = apply_lora(model, LoraSettings(r=2, train_embeddings_and_norms=False))
+    assert not any(isinstance(m, ModulesToSaveWrapper) for m in lora.modules())
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_wrapping_keeps_the_patch_and_trains_lora_embeddings_and_norms(method):
+    x = ids(N)
+    plain = logits(tiny_model("llama"), x)
+    model = patched(method)
+    ref = logits(model, x)
+    assert gap(ref, plain) > 1e-3  # the patch acts on these N tokens
+    full = trained_in_full(model)
+    lora = apply_lora(model, LoraSettings(r=4))
+    assert gap(logits(lora, x), ref) <= 1e-6  # LoRA B starts at zero; the embedding and norm copies equal the originals
+    assert lora.get_base_model() is model and hf_posenc.get_config(model).method == method
+    assert full == ["model.embed_tokens", "model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
+                    "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm"]
+    wrapped = sorted(n.removeprefix("base_model.model.") for n, m in lora.named_modules() if isinstance(m, ModulesToSaveWrapper))
+    assert wrapped == sorted(full)
+    trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n or ".modules_to_save." in n for n in trainable)
+    assert {n.split(".")[-4] for n in trainable if ".lora_" in n} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert not any(p.requires_grad for n, p in lora.named_parameters() if ".base_layer." in n or ".original_module." in n)
+    assert lora.peft_config["default"].lora_alpha == 8.0 and lora.peft_config["default"].r == 4
+
+
+@pytest.mark.parametrize("method,tied", [("yarn", False), ("self_extend", False), ("yarn", True)])
+def test_trained_lora_saved_merged_and_as_adapter_loads_back(method, tied, tmp_path):
+    x = ids(N)
+    model = patched(method, tie_word_embeddings=tied)
+    untrained = logits(model, x)
+    lora = apply_lora(model, LoraSettings(r=4, alpha=4.0))
+    norm_before = model.model.norm.original_module.weight.clone()
+    losses = train(lora)
+    assert losses[-1] < losses[0]
+    trained = logits(lora, x)
+    assert gap(trained, untrained) > 1e-2
+    # the LoRA weights, the embedding and the norms all changed; the originals did not
+    q = model.model.layers[0].self_attn.q_proj
+    assert q.lora_B["default"].weight.abs().max() > 0
+    assert gap(model.model.norm.modules_to_save["default"].weight, norm_before) > 1e-3
+    assert gap(model.model.norm.original_module.weight, norm_before) == 0
+    emb = model.model.embed_tokens
+    assert gap(emb.modules_to_save["default"].weight, emb.original_module.weight) > 1e-3
+    if tied:  # the output head follows the trained embedding
+        assert model.lm_head.modules_to_save["default"].weight is emb.modules_to_save["default"].weight
+
+    adapter = tmp_path / "adapter"
+    save_lora(lora, str(adapter), merged=False)
+    assert {"adapter_config.json", "adapter_model.safetensors", "base"} <= set(os.listdir(adapter))
+    saved = json.loads((adapter / "base" / "config.json").read_text())
+    assert saved["hf_posenc"]["method"] == method
+    base = hf_posenc.from_pretrained(str(adapter / "base"), attn_implementation="eager")
+    assert gap(logits(base, x), untrained) <= 1e-5  # the base saved untrained, patched
+    loaded = load_lora(str(adapter), attn_implementation="eager")
+    assert hf_posenc.get_config(loaded.get_base_model()).method == method
+    assert gap(logits(loaded, x), trained) <= 1e-5
+    assert gap(logits(lora, x), trained) == 0  # the adapter save left the trained model as it was
+
+    merged = tmp_path / "merged"
+    save_lora(lora, str(merged), merged=True)
+    back = hf_posenc.from_pretrained(str(merged), attn_implementation="eager")
+    assert hf_posenc.get_config(back).method == method
+    assert not any(type(m).__module__.startswith("peft") for m in back.modules())
+    assert gap(logits(back, x), trained) <= 1e-5
+    if tied:
+        assert back.lm_head.weight is back.model.embed_tokens.weight
+    block = json.loads((merged / "config.json").read_text())["hf_posenc"]
+    plain = AutoModelForCausalLM.from_pretrained(str(merged), attn_implementation="eager").eval()
+    if method == "yarn":  # native: plain transformers computes the patched, trained model
+        assert block["native"] is True
+        assert gap(logits(plain, x), trained) <= 1e-5
+    else:  # not native: plain transformers gets the original context and plain RoPE, never an extended one
+        assert block["native"] is False and plain.config.max_position_embeddings == ORIGINAL
+        assert gap(logits(plain, x), trained) > 1e-3
+
+
+def test_peft_used_directly_then_hf_posenc_save_keeps_the_patch(tmp_path):
+    x = ids(N)
+    model = patched("self_extend")
+    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                            modules_to_save=["norm"], task_type="CAUSAL_LM"))
+    train(lora, steps=3)
+    trained = logits(lora, x)
+    merged = lora.merge_and_unload()
+    assert merged is model and hf_posenc.get_config(merged).method == "self_extend"
+    hf_posenc.save_pretrained(merged, str(tmp_path))
+    back = hf_posenc.from_pretrained(str(tmp_path), attn_implementation="eager")
+    assert hf_posenc.get_config(back).method == "self_extend"
+    assert gap(logits(back, x), trained) <= 1e-5
+    hf_posenc.unpatch(back)  # the saved patch is what makes the difference
+    assert gap(logits(back, x), trained) > 1e-3
+
+
+def test_trl_sft_trainer_keeps_the_patch_through_save_and_load(tmp_path, bert_tokenizer):
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    x = ids(N)
+    model = tiny_model("llama", vocab_size=bert_tokenizer.vocab_size)
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    lora = apply_lora(model, LoraSettings(r=4))
+    untrained = logits(lora, x)
+    data = Dataset.from_dict({"input_ids": [ids(N, seed=s)[0].tolist() for s in range(4)]})
+    # bf16=False: TRL's default autocasts the model's forward to bfloat16 on CPU too (and leaves it wrapped)
+    args = SFTConfig(output_dir=str(tmp_path / "trl"), max_steps=2, per_device_train_batch_size=2, learning_rate=1e-2,
+                     report_to=[], save_strategy="no", use_cpu=True, bf16=False, max_length=128, packing=False,
+                     disable_tqdm=True)
+    trainer = SFTTrainer(model=lora, args=args, train_dataset=data, processing_class=bert_tokenizer)
+    trainer.train()
+    lora = trainer.model
+    lora.eval()
+    trained = logits(lora, x)
+    assert gap(trained, untrained) > 1e-3
+    assert hf_posenc.get_config(lora.get_base_model()).method == "yarn"
+    save_lora(lora, str(tmp_path / "adapter"), merged=False, tokenizer=bert_tokenizer)
+    assert gap(logits(load_lora(str(tmp_path / "adapter"), attn_implementation="eager"), x), trained) <= 1e-5
+    save_lora(lora, str(tmp_path / "merged"), merged=True, tokenizer=bert_tokenizer)
+    back = hf_posenc.from_pretrained(str(tmp_path / "merged"), attn_implementation="eager")
+    assert hf_posenc.get_config(back).method == "yarn"
+    assert gap(logits(back, x), trained) <= 1e-5
+
+
+def test_save_and_load_refuse_what_is_not_theirs(tmp_path):
+    model = patched("yarn")
+    with pytest.raises(ValueError, match="save_lora needs a peft model .*got LlamaForCausalLM"):
+        save_lora(model, str(tmp_path / "x"), merged=True)
+    hf_posenc.save_pretrained(model, str(tmp_path / "plain"))
+    with pytest.raises(ValueError, match="is not a LoRA folder saved by save_lora"):
+        load_lora(str(tmp_path / "plain"))
+    lora = apply_lora(model, LoraSettings(r=2))
+    with pytest.raises(ValueError, match="already a peft model"):
+        apply_lora(lora, LoraSettings(r=2))
