@@ -14,13 +14,16 @@ import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .provenance import recorded_command
 from .config import PosEncConfig
 from .encodings.pose import check_pose, pose_batch
+
+if TYPE_CHECKING:
+    from .lora import LoraSettings
 
 POSE_KINDS = ("rope", "none")  # methods whose positions come from the position ids (the RoPE scalings, plain RoPE)
 
@@ -84,10 +87,13 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
              steps: int = 40, learning_rate: float = 1e-4, batch_size: int = 1, grad_accum: int = 1,
              warmup_steps: int = 0, weight_decay: float = 0.0, gradient_checkpointing: bool = True,
              eval_windows: int = 4, seed: int = 0, dtype: str = "float32", device: str | None = None,
-             command: str | None = None, progress: bool = True, pose: PoseSettings | None = None) -> dict[str, Any]:
+             command: str | None = None, progress: bool = True, pose: PoseSettings | None = None,
+             lora: "LoraSettings | None" = None, merge_lora: bool = False) -> dict[str, Any]:
     """Patch ``model`` with ``config``, train it ``steps`` optimizer steps on packed ``train_docs``, measure
     held-out perplexity on ``eval_docs`` before and after, save to ``output``; returns the report. ``pose``:
-    train on PoSE windows (their position ids skip to cover ``pose.target``) instead of ``seq_len`` blocks."""
+    train on PoSE windows (their position ids skip to cover ``pose.target``) instead of ``seq_len`` blocks.
+    ``lora``: train LoRA adapters (:mod:`hf_posenc.lora`, peft) instead of every weight; saved as the adapter beside
+    the patched base (``hf_posenc.lora.load_lora``), or merged into the weights with ``merge_lora``."""
     from .replaced_folder import ReplacedOutput, check_replaced_output
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
@@ -111,6 +117,12 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         patch(lm, config)
         if pose is not None:
             _check_pose_target(lm, pose)
+        if lora is not None:
+            from .lora import apply_lora
+
+            lm = apply_lora(lm, lora)
+            if gradient_checkpointing and not lora.train_embeddings_and_norms:  # the frozen embedding's output
+                lm.enable_input_require_grads()  # must carry a gradient through the checkpointed layers
         blocks = pack(tokenize_documents(tok, train_docs), pose.window if pose else seq_len, tok.eos_token_id)
         positions = pose_batch(blocks.shape[0], pose.window, pose.target, pose.chunks, seed) if pose else None
         need = steps * batch_size * grad_accum
@@ -135,7 +147,8 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                       "blocks_seen": need, "train_documents": [d.name for d in train_docs],
                       "eval_documents": [d.name for d in eval_docs], "eval_windows": eval_windows, "seed": seed,
                       "device": device, "dtype": dtype, "command": recorded_command(command),
-                      "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None},
+                      "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None,
+                      "lora": dict(asdict(lora), merged=merge_lora) if lora else None},
             "losses": losses,
             "heldout_before": before,
             "heldout_after": after,
@@ -144,7 +157,16 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         # the checkpoint, its card (with the training table) and the report (JSON, Markdown) in hf_posenc_eval/;
         # written into a staged folder that replaces --output only when all of it is written
         with out.staged() as staged:
-            save_pretrained(lm, staged, tok, eval_results=[report], base_model=model, command=command, trained=True)
+            card = dict(eval_results=[report], base_model=model, command=command, trained=True)
+            if lora is not None:
+                from .eval.report import save_report
+                from .lora import save_lora
+
+                save_lora(lm, staged, merge_lora, tok, **card)
+                if not merge_lora:  # the report beside the adapter too, where the merged layout has it
+                    save_report(report, os.path.join(staged, EVAL_FOLDER), "finetune")
+            else:
+                save_pretrained(lm, staged, tok, **card)
             plotted = plot_losses(report, os.path.join(staged, EVAL_FOLDER, "finetune_loss.png"))
         report["plot"] = os.path.join(output, os.path.relpath(plotted, staged)) if plotted else ""
     return report

@@ -43,11 +43,11 @@ BASE_FOLDER = "base"  # where save_lora(merged=False) puts the patched base mode
 NORM_SUFFIXES = ("RMSNorm", "LayerNorm")
 
 
-def _peft():
+def require_peft():
     try:
         import peft
     except ImportError:
-        raise ImportError("LoRA needs peft: pip install 'hf_posenc[lora]' (or pip install 'peft>=0.13')") from None
+        raise ImportError("LoRA needs peft: pip install 'hf_posenc[lora]' (or pip install 'peft>=0.18')") from None
     return peft
 
 
@@ -162,7 +162,7 @@ def _patch_holds(model: nn.Module) -> dict[int, str]:
 def lora_config(model: nn.Module, settings: LoraSettings):
     """The ``peft.LoraConfig`` for ``settings`` on ``model``, after checking, before anything changes, that each
     target names a module and that peft replaces no module the hf_posenc patch holds."""
-    peft = _peft()
+    peft = require_peft()
     if not isinstance(settings, LoraSettings):
         raise ValueError(f"settings must be a LoraSettings, got {type(settings).__name__}")
     if isinstance(model, peft.PeftModel):
@@ -195,7 +195,7 @@ def apply_lora(model: nn.Module, settings: LoraSettings):
     ``train_embeddings_and_norms``, the embedding and norms) is trainable. LoRA's B starts at zero, so the wrapped
     model computes what ``model`` did. Refused before any change: a target that matches no module (the message
     lists the linear layers), a module peft would replace that the hf_posenc patch holds."""
-    peft = _peft()
+    peft = require_peft()
     config = lora_config(model, settings)
     wrapped = peft.get_peft_model(model, config)
     if config.modules_to_save:  # peft matches by name suffix: exactly the modules asked, each wrapped
@@ -231,7 +231,7 @@ def save_lora(peft_model, folder: str, merged: bool, tokenizer=None, **card_kwar
     (``hf_posenc.save_pretrained``); :func:`load_lora` loads it. ``peft_model`` is left as it was.
     tokenizer, card_kwargs: for ``hf_posenc.save_pretrained`` (eval_results, base_model, command, trained, ...).
     Returns ``folder``."""
-    peft = _peft()
+    peft = require_peft()
     from .hub import save_pretrained
 
     if not isinstance(peft_model, peft.PeftModel):
@@ -252,7 +252,7 @@ def load_lora(folder: str, *, is_trainable: bool = False, **hf_kwargs: Any):
     """Load what ``save_lora(..., merged=False)`` saved: the patched base (``hf_posenc.from_pretrained`` of
     ``folder/base``, with ``hf_kwargs``: dtype, device_map, ...), then the adapter with its trained embedding and
     norms (``peft.PeftModel.from_pretrained``). Returns the peft model (in eval mode unless ``is_trainable``)."""
-    peft = _peft()
+    peft = require_peft()
     from .loading import from_pretrained
 
     base_folder = os.path.join(folder, BASE_FOLDER)

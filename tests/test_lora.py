@@ -211,3 +211,58 @@ def test_save_and_load_refuse_what_is_not_theirs(tmp_path):
     lora = apply_lora(model, LoraSettings(r=2))
     with pytest.raises(ValueError, match="already a peft model"):
         apply_lora(lora, LoraSettings(r=2))
+
+
+# -- hf-posenc finetune --lora-r ---------------------------------------------------------------------------------
+def _finetune_argv(checkpoint, out, *extra):
+    from conftest import book_path
+
+    return ["finetune", "--model", checkpoint, "--method", "yarn", "--factor", "2", "--text-file",
+            book_path("pg1513.txt"), "--eval-text-file", book_path("pg84.txt"), "--seq-len", "64", "--steps", "3",
+            "--learning-rate", "3e-3", "--eval-windows", "2", "--output", str(out), "--no-progress", *extra]
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_checkpoint, tmp_path, capsys):
+    from hf_posenc.cli import main
+    from hf_posenc.eval.data import read_text_file, tokenize_documents
+    from hf_posenc.finetune import heldout_perplexity
+    from conftest import book_path
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "ft"
+    argv = _finetune_argv(tiny_checkpoint, out, "--lora-r", "4", "--pose-window", "32", "--target-length", "128")
+    assert main(argv + (["--lora-merge"] if merge else [])) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "hf_posenc_eval" / "finetune.json").read_text())
+    assert report["setup"]["lora"]["r"] == 4 and report["setup"]["lora"]["merged"] is merge
+    assert report["setup"]["pose"]["target"] == 128
+    if merge:
+        assert "load with hf_posenc.from_pretrained" in printed
+        model = hf_posenc.from_pretrained(str(out)).eval()
+        assert hf_posenc.get_config(model).method == "yarn"
+        plain = AutoModelForCausalLM.from_pretrained(str(out)).eval()  # yarn is native: plain transformers too
+        x = ids(100)
+        assert (logits(plain, x) - logits(model, x)).abs().max().item() <= 1e-5
+    else:
+        assert "load with hf_posenc.lora.load_lora" in printed and (out / "adapter_config.json").exists()
+        model = load_lora(str(out)).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    held = tokenize_documents(tok, [read_text_file(book_path("pg84.txt"))], 64 * 2)
+    assert heldout_perplexity(model, held, 64, 2)["ppl"] == pytest.approx(report["heldout_after"]["ppl"], rel=1e-5)
+    assert report["heldout_after"]["ppl"] != report["heldout_before"]["ppl"]  # the adapters trained
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--lora-alpha", "8"], "--lora-alpha apply to LoRA training: add --lora-r RANK"),
+    (["--lora-r", "4", "--lora-targets", "qproj"], "LoRA targets \\['qproj'\\] match no module"),
+    (["--lora-r", "4", "--lora-dropout", "1.5"], "dropout"),
+])
+def test_cli_lora_input_that_means_nothing_is_refused(extra, message, tiny_checkpoint, tmp_path, capsys):
+    import re
+
+    from conftest import refused
+
+    err = refused(_finetune_argv(tiny_checkpoint, tmp_path / "ft", *extra), capsys)
+    assert re.search(message, err), err
+    assert not (tmp_path / "ft").exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..models import DEFAULT_MODEL
-from ..flags import data_flags, method_config, positive
+from ..flags import data_flags, method_config, names, positive
 from ..replaced_folder import check_replaced_output
 
 
@@ -31,6 +31,17 @@ def add_parser(sub) -> None:
     t.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps.")
     t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay.")
     t.add_argument("--no-gradient-checkpointing", action="store_true", help="keep activations (faster, more memory).")
+    lo = ft.add_argument_group("LoRA (peft; LongLoRA's trainable embeddings and norms, arXiv:2309.12307)")
+    lo.add_argument("--lora-r", type=positive, default=None,
+                    help="train LoRA adapters of this rank instead of every weight (needs peft: pip install .[lora]).")
+    lo.add_argument("--lora-alpha", type=float, default=None, help="LoRA's scaling numerator (default: 2 x --lora-r).")
+    lo.add_argument("--lora-targets", type=names, default=None,
+                    help="comma-separated names of the linear layers to adapt (default: q_proj,k_proj,v_proj,o_proj).")
+    lo.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the LoRA path.")
+    lo.add_argument("--lora-frozen-embeddings-and-norms", action="store_true",
+                    help="train only the adapters (LongLoRA also trains the input embedding and every norm layer).")
+    lo.add_argument("--lora-merge", action="store_true",
+                    help="save the adapters merged into the weights (default: the adapter beside the patched base).")
     p = ft.add_argument_group("PoSE (positional skip-wise training, arXiv:2309.10400)")
     p.add_argument("--pose-window", type=positive, default=None,
                    help="train on windows of this many tokens whose position ids skip to cover --target-length "
@@ -52,7 +63,7 @@ def run(args, command: str) -> int:
     from ..finetune import finetune
 
     config = method_config(args)  # validated before the slow load
-    pose = _pose(args)
+    pose, lora = _pose(args), _lora(args)
     reads = [*(args.text_file or []), args.text_dir, args.dataset, *args.eval_text_file]
     check_replaced_output(args.output, "finetune", reads=reads)  # before reading any of them
     if not (args.text_file or args.text_dir or args.dataset):
@@ -65,10 +76,11 @@ def run(args, command: str) -> int:
                       batch_size=args.batch_size, grad_accum=args.grad_accum, warmup_steps=args.warmup_steps,
                       weight_decay=args.weight_decay, gradient_checkpointing=not args.no_gradient_checkpointing,
                       eval_windows=args.eval_windows, seed=args.seed, dtype=args.dtype, device=args.device,
-                      command=command, progress=not args.no_progress, pose=pose)
+                      command=command, progress=not args.no_progress, pose=pose, lora=lora,
+                      merge_lora=args.lora_merge)
     print(report["table"])
-    print(f"\nsaved: {args.output} (load with hf_posenc.from_pretrained); training report in "
-          f"{args.output}/hf_posenc_eval/")
+    loader = "hf_posenc.lora.load_lora" if lora is not None and not args.lora_merge else "hf_posenc.from_pretrained"
+    print(f"\nsaved: {args.output} (load with {loader}); training report in {args.output}/hf_posenc_eval/")
     return 0
 
 
@@ -83,3 +95,23 @@ def _pose(args):
     settings = PoseSettings(args.pose_window, args.target_length, args.pose_chunks)
     check_pose_method(method_config(args))
     return settings
+
+
+def _lora(args):
+    lora_only = {"--lora-alpha": args.lora_alpha is not None, "--lora-targets": args.lora_targets is not None,
+                 "--lora-dropout": args.lora_dropout != 0.0, "--lora-merge": args.lora_merge,
+                 "--lora-frozen-embeddings-and-norms": args.lora_frozen_embeddings_and_norms}
+    if args.lora_r is None:
+        given = [flag for flag, on in lora_only.items() if on]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to LoRA training: add --lora-r RANK, or drop them")
+        return None
+    from ..lora import LoraSettings, require_peft
+
+    try:
+        require_peft()  # said before the slow load
+    except ImportError as err:
+        raise ValueError(str(err)) from None
+    extra = {"targets": tuple(args.lora_targets)} if args.lora_targets else {}
+    return LoraSettings(r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
+                        train_embeddings_and_norms=not args.lora_frozen_embeddings_and_norms, **extra)

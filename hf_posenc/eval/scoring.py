@@ -65,8 +65,8 @@ def input_device(model) -> torch.device:
 @torch.no_grad()
 def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
     """Final hidden states [batch, T, hidden] of the model body (after its last norm)."""
-    body = model.base_model
-    out = body(input_ids=input_ids, use_cache=False)
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model: the model it adapts
+    out = inner.base_model(input_ids=input_ids, use_cache=False)  # (its adapted layers sit inside, in place)
     return out.last_hidden_state
 
 
