@@ -106,6 +106,16 @@ def tiny_checkpoint(tmp_path_factory, bert_tokenizer):
     return str(out)
 
 
+@pytest.fixture
+def own_checkpoint(tmp_path, bert_tokenizer, monkeypatch):
+    """A tiny random LLaMA saved in this test's own folder (free to change), with its own digest cache."""
+    monkeypatch.setenv("HF_POSENC_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    tiny_model("llama", vocab_size=bert_tokenizer.vocab_size).save_pretrained(folder)
+    bert_tokenizer.save_pretrained(folder)
+    return folder
+
+
 def load_real(alias: str, **kwargs):
     """A real installed model (``hf_posenc.models`` alias) in fp32, eval mode, with its own tokenizer."""
     import hf_posenc
@@ -201,3 +211,20 @@ def all_text(folder) -> str:
                 out.append(fh.read().decode("utf-8", "replace"))
     return "\n".join(out)
 
+
+
+SMALL_WINDOW_KNOBS = {  # windows small enough that 59-90 tokens cross every boundary of the tiny models
+    "self_extend": {"group_size": 4, "window": 16},
+    "dca": {"chunk_size": 48, "local_window": 4},
+    "string": {"shifted_offset": 21, "local_window": 5},
+    "rerope": {"window": 24},
+    "leaky_rerope": {"window": 16, "leak": 3.0},
+    "alibi": {},
+    "nope": {},
+    "learned": {"factor": 2.0},
+    "sinusoidal": {"factor": 2.0},
+    "yarn": {"factor": 2.0},
+    "longrope": {"factor": 2.0},
+    "llama3": {"factor": 2.0},
+    "pi": {"factor": 2.0},
+}

@@ -13,20 +13,10 @@ from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLa
 
 import hf_posenc
 from hf_posenc.adapters.cache_argument import with_cache
-from conftest import ids, logits, tiny_model
+from conftest import SMALL_WINDOW_KNOBS, ids, logits, tiny_model
 
-KNOBS = {  # small windows: 90 tokens cross every boundary
-    "self_extend": {"group_size": 4, "window": 16},
-    "dca": {"chunk_size": 48, "local_window": 4},
-    "string": {"shifted_offset": 21, "local_window": 5},
-    "rerope": {"window": 24},
-    "leaky_rerope": {"window": 16, "leak": 3.0},
-    "alibi": {},
-    "nope": {},
-    "learned": {"factor": 2.0},
-    "longrope": {"factor": 2.0},
-    "llama3": {"factor": 2.0},
-}
+KNOBS = {m: SMALL_WINDOW_KNOBS[m] for m in ("self_extend", "dca", "string", "rerope", "leaky_rerope", "alibi", "nope",
+                                        "learned", "longrope", "llama3")}  # 90 tokens cross every boundary
 ATTENTION = ("self_extend", "dca", "string", "rerope", "leaky_rerope", "alibi")  # bring their own attention
 CACHES = ("dynamic", "static", "offloaded", "offloaded_static", "sliding_window", "quantized")
 PROMPT, NEW = 90, 5

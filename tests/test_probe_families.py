@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import hf_posenc
-from conftest import ORIGINAL, ids, logits, tiny_model, written_out_decoder
+from conftest import SMALL_WINDOW_KNOBS, ORIGINAL, ids, logits, tiny_model, written_out_decoder
 from hf_posenc.encodings.alibi import alibi_slopes
 from test_layered_rope import gemma
 
@@ -27,20 +27,7 @@ EXACT = 1e-5
 WINDOW = 24  # Mistral's and Gemma 3's sliding window here
 PROMPT, PAD, NEW = 70, 11, 6  # row 1 is 59 real tokens: past every window below, within the original 64
 
-KNOBS = {  # small windows so 59-76 tokens cross every boundary
-    "self_extend": {"group_size": 4, "window": 16},
-    "dca": {"chunk_size": 48, "local_window": 4},
-    "string": {"shifted_offset": 21, "local_window": 5},
-    "rerope": {"window": 24},
-    "leaky_rerope": {"window": 16, "leak": 3.0},
-    "alibi": {},
-    "nope": {},
-    "learned": {"factor": 2.0},
-    "sinusoidal": {"factor": 2.0},
-    "yarn": {"factor": 2.0},
-    "llama3": {"factor": 2.0},
-    "pi": {"factor": 2.0},
-}
+KNOBS = SMALL_WINDOW_KNOBS
 ATTENTION_LEVEL = ("self_extend", "dca", "string", "rerope", "leaky_rerope")
 
 # (family, method) pairs each family accepts; LongRoPE (and the dynamic scalings) under left padding and caches

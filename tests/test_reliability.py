@@ -54,13 +54,6 @@ def test_random_left_padding_call_after_call_matches_each_row_alone():
 
 
 # -- 2. resume only with the same weights, every byte ------------------------------------------------------------
-@pytest.fixture
-def own_checkpoint(tmp_path, bert_tokenizer, monkeypatch):
-    monkeypatch.setenv("HF_POSENC_CACHE", str(tmp_path / "cache"))
-    folder = tmp_path / "model"
-    tiny_model("llama", vocab_size=bert_tokenizer.vocab_size).save_pretrained(folder)
-    bert_tokenizer.save_pretrained(folder)
-    return folder
 
 
 def _ppl(model, out, *extra):

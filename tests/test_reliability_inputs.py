@@ -150,14 +150,10 @@ def test_a_file_changed_within_a_clock_tick_of_its_hashing_is_hashed_again(diges
 
 # -- 11. truncated weights --------------------------------------------------------------------------------------
 @pytest.fixture
-def truncated(tmp_path, bert_tokenizer, monkeypatch):
-    monkeypatch.setenv("HF_POSENC_CACHE", str(tmp_path / "cache"))
-    folder = tmp_path / "model"
-    tiny_model("llama", vocab_size=bert_tokenizer.vocab_size).save_pretrained(folder)
-    bert_tokenizer.save_pretrained(folder)
-    weights = folder / "model.safetensors"
+def truncated(own_checkpoint):
+    weights = own_checkpoint / "model.safetensors"
     os.truncate(weights, weights.stat().st_size // 2)
-    return folder
+    return own_checkpoint
 
 
 def test_a_truncated_weight_file_is_named_by_the_cli(truncated, tmp_path, capsys):
