@@ -232,6 +232,7 @@ def save_lora(peft_model, folder: str, merged: bool, tokenizer=None, **card_kwar
     tokenizer, card_kwargs: for ``hf_posenc.save_pretrained`` (eval_results, base_model, command, trained, ...).
     Returns ``folder``."""
     peft = require_peft()
+    from .files import follow_umask
     from .hub import save_pretrained
 
     if not isinstance(peft_model, peft.PeftModel):
@@ -245,6 +246,7 @@ def save_lora(peft_model, folder: str, merged: bool, tokenizer=None, **card_kwar
     save_pretrained(peft_model.get_base_model(), os.path.join(folder, BASE_FOLDER), tokenizer,
                     state_dict=_base_state_dict(peft_model), **card_kwargs)
     peft_model.save_pretrained(folder, save_embedding_layers=False)  # the base is saved beside: no Hub look-up
+    follow_umask(folder)  # peft writes its weights as private temporary files (0600)
     return folder
 
 

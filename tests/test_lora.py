@@ -246,6 +246,9 @@ def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_check
         assert (logits(plain, x) - logits(model, x)).abs().max().item() <= 1e-5
     else:
         assert "load with hf_posenc.lora.load_lora" in printed and (out / "adapter_config.json").exists()
+        mask = os.umask(0o022)
+        os.umask(mask)
+        assert (out / "adapter_model.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask  # not peft's 0600
         model = load_lora(str(out)).eval()
     tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
     held = tokenize_documents(tok, [read_text_file(book_path("pg84.txt"))], 64 * 2)
