@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -98,7 +99,6 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
     from .eval.data import check_heldout, tokenize_documents
-    from .hub import EVAL_FOLDER, save_pretrained
     from .patching import patch
 
     if steps < 1 or batch_size < 1 or grad_accum < 1 or not learning_rate > 0:
@@ -110,7 +110,10 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         check_pose_method(config)
     check_heldout(train_docs, eval_docs, seq_len * eval_windows)  # by content, before any compute
     check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
-    with ReplacedOutput(output, "finetune") as out:  # one run per --output, from here to the save
+    processes = int(os.environ.get("WORLD_SIZE", "1"))  # several: started by torchrun or accelerate launch
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    # one run per --output, from here to the save (held by the process that saves)
+    with ReplacedOutput(output, "finetune") if main_process else nullcontext() as out:
         seed_everything(seed)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         lm, tok, _ = load_model_and_tokenizer(model, dtype, device)
@@ -146,7 +149,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                       "gradient_checkpointing": gradient_checkpointing, "train_blocks": int(blocks.shape[0]),
                       "blocks_seen": need, "train_documents": [d.name for d in train_docs],
                       "eval_documents": [d.name for d in eval_docs], "eval_windows": eval_windows, "seed": seed,
-                      "device": device, "dtype": dtype, "command": recorded_command(command),
+                      "device": device, "processes": processes, "dtype": dtype, "command": recorded_command(command),
                       "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None,
                       "lora": dict(asdict(lora), merged=merge_lora) if lora else None},
             "losses": losses,
@@ -154,22 +157,30 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
             "heldout_after": after,
         }
         report["table"] = finetune_table(report)
-        # the checkpoint, its card (with the training table) and the report (JSON, Markdown) in hf_posenc_eval/;
-        # written into a staged folder that replaces --output only when all of it is written
-        with out.staged() as staged:
-            card = dict(eval_results=[report], base_model=model, command=command, trained=True)
-            if lora is not None:
-                from .eval.report import save_report
-                from .lora import save_lora
-
-                save_lora(lm, staged, merge_lora, tok, **card)
-                if not merge_lora:  # the report beside the adapter too, where the merged layout has it
-                    save_report(report, os.path.join(staged, EVAL_FOLDER), "finetune")
-            else:
-                save_pretrained(lm, staged, tok, **card)
-            plotted = plot_losses(report, os.path.join(staged, EVAL_FOLDER, "finetune_loss.png"))
-        report["plot"] = os.path.join(output, os.path.relpath(plotted, staged)) if plotted else ""
+        if main_process:  # one process saves (under torchrun / accelerate every process trained the same weights)
+            report["plot"] = _save(lm, tok, report, out, output, model, command, lora, merge_lora)
     return report
+
+
+def _save(lm, tok, report: dict[str, Any], out, output: str, model: str, command: str | None, lora, merge_lora: bool
+          ) -> str:
+    """The checkpoint, its card (with the training table) and the report (JSON, Markdown) in hf_posenc_eval/,
+    written into a staged folder that replaces --output only when all of it is written; returns the plot's path."""
+    from .hub import EVAL_FOLDER, save_pretrained
+
+    with out.staged() as staged:
+        card = dict(eval_results=[report], base_model=model, command=command, trained=True)
+        if lora is not None:
+            from .eval.report import save_report
+            from .lora import save_lora
+
+            save_lora(lm, staged, merge_lora, tok, **card)
+            if not merge_lora:  # the report beside the adapter too, where the merged layout has it
+                save_report(report, os.path.join(staged, EVAL_FOLDER), "finetune")
+        else:
+            save_pretrained(lm, staged, tok, **card)
+        plotted = plot_losses(report, os.path.join(staged, EVAL_FOLDER, "finetune_loss.png"))
+    return os.path.join(output, os.path.relpath(plotted, staged)) if plotted else ""
 
 
 def _check_pose_target(lm, pose: PoseSettings) -> None:
