@@ -21,6 +21,7 @@ import torch
 
 from .provenance import recorded_command
 from .config import PosEncConfig
+from .adapters.s2_attention import S2Training, check_group, check_s2_method
 from .encodings.pose import check_pose, pose_batch
 
 if TYPE_CHECKING:
@@ -89,12 +90,15 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
              warmup_steps: int = 0, weight_decay: float = 0.0, gradient_checkpointing: bool = True,
              eval_windows: int = 4, seed: int = 0, dtype: str = "float32", device: str | None = None,
              command: str | None = None, progress: bool = True, pose: PoseSettings | None = None,
-             lora: "LoraSettings | None" = None, merge_lora: bool = False) -> dict[str, Any]:
+             lora: "LoraSettings | None" = None, merge_lora: bool = False,
+             s2_attn_group: int | None = None) -> dict[str, Any]:
     """Patch ``model`` with ``config``, train it ``steps`` optimizer steps on packed ``train_docs``, measure
     held-out perplexity on ``eval_docs`` before and after, save to ``output``; returns the report. ``pose``:
     train on PoSE windows (their position ids skip to cover ``pose.target``) instead of ``seq_len`` blocks.
     ``lora``: train LoRA adapters (:mod:`hf_posenc.lora`, peft) instead of every weight; saved as the adapter beside
-    the patched base (``hf_posenc.lora.load_lora``), or merged into the weights with ``merge_lora``."""
+    the patched base (``hf_posenc.lora.load_lora``), or merged into the weights with ``merge_lora``.
+    ``s2_attn_group``: train with LongLoRA's shifted sparse attention in groups of that many tokens
+    (:mod:`hf_posenc.adapters.s2_attention`); evaluation and the saved model attend in full."""
     from .replaced_folder import ReplacedOutput, check_replaced_output
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
@@ -108,6 +112,11 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         raise ValueError("held-out evaluation needs at least one document that is not trained on")
     if pose is not None:
         check_pose_method(config)
+    if s2_attn_group is not None:
+        from .methods import resolve_method
+
+        check_s2_method(config.method, resolve_method(config.method).kind, None)
+        check_group(s2_attn_group, pose.window if pose else seq_len)
     check_heldout(train_docs, eval_docs, seq_len * eval_windows)  # by content, before any compute
     check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # several: started by torchrun or accelerate launch
@@ -135,10 +144,13 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                              f"{max(len(t) for t in heldout)} tokens")
         before = heldout_perplexity(lm, heldout, seq_len, eval_windows)
 
-        losses, seconds = _train(lm, blocks, positions, steps=steps, batch_size=batch_size, grad_accum=grad_accum,
-                                 learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
-                                 gradient_checkpointing=gradient_checkpointing, seed=seed, device=device,
-                                 progress=progress)
+        if s2_attn_group is not None:
+            check_s2_method(config.method, "", getattr(lm.config, "_attn_implementation", None))
+        with S2Training(lm, s2_attn_group):
+            losses, seconds = _train(lm, blocks, positions, steps=steps, batch_size=batch_size, grad_accum=grad_accum,
+                                     learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
+                                     gradient_checkpointing=gradient_checkpointing, seed=seed, device=device,
+                                     progress=progress)
         lm.eval()
         after = heldout_perplexity(lm, heldout, seq_len, eval_windows)
         report = {
@@ -151,7 +163,8 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                       "eval_documents": [d.name for d in eval_docs], "eval_windows": eval_windows, "seed": seed,
                       "device": device, "processes": processes, "dtype": dtype, "command": recorded_command(command),
                       "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None,
-                      "lora": dict(asdict(lora), merged=merge_lora) if lora else None},
+                      "lora": dict(asdict(lora), merged=merge_lora) if lora else None,
+                      "s2_attn_group": s2_attn_group},
             "losses": losses,
             "heldout_before": before,
             "heldout_after": after,

@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
                     help="train only the adapters (LongLoRA also trains the input embedding and every norm layer).")
     lo.add_argument("--lora-merge", action="store_true",
                     help="save the adapters merged into the weights (default: the adapter beside the patched base).")
+    lo.add_argument("--s2-attn-group", type=positive, default=None,
+                    help="train with LongLoRA's shifted sparse attention in groups of this many tokens (even; "
+                         "a divisor of the training length); evaluation and the saved model attend in full.")
     p = ft.add_argument_group("PoSE (positional skip-wise training, arXiv:2309.10400)")
     p.add_argument("--pose-window", type=positive, default=None,
                    help="train on windows of this many tokens whose position ids skip to cover --target-length "
@@ -77,7 +80,7 @@ def run(args, command: str) -> int:
                       weight_decay=args.weight_decay, gradient_checkpointing=not args.no_gradient_checkpointing,
                       eval_windows=args.eval_windows, seed=args.seed, dtype=args.dtype, device=args.device,
                       command=command, progress=not args.no_progress, pose=pose, lora=lora,
-                      merge_lora=args.lora_merge)
+                      merge_lora=args.lora_merge, s2_attn_group=args.s2_attn_group)
     print(report["table"])
     loader = "hf_posenc.lora.load_lora" if lora is not None and not args.lora_merge else "hf_posenc.from_pretrained"
     print(f"\nsaved: {args.output} (load with {loader}); training report in {args.output}/hf_posenc_eval/")
