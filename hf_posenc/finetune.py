@@ -91,14 +91,15 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
              eval_windows: int = 4, seed: int = 0, dtype: str = "float32", device: str | None = None,
              command: str | None = None, progress: bool = True, pose: PoseSettings | None = None,
              lora: "LoraSettings | None" = None, merge_lora: bool = False,
-             s2_attn_group: int | None = None) -> dict[str, Any]:
+             s2_attn_group: int | None = None, chunked_loss: bool = True) -> dict[str, Any]:
     """Patch ``model`` with ``config``, train it ``steps`` optimizer steps on packed ``train_docs``, measure
     held-out perplexity on ``eval_docs`` before and after, save to ``output``; returns the report. ``pose``:
     train on PoSE windows (their position ids skip to cover ``pose.target``) instead of ``seq_len`` blocks.
     ``lora``: train LoRA adapters (:mod:`hf_posenc.lora`, peft) instead of every weight; saved as the adapter beside
     the patched base (``hf_posenc.lora.load_lora``), or merged into the weights with ``merge_lora``.
     ``s2_attn_group``: train with LongLoRA's shifted sparse attention in groups of that many tokens
-    (:mod:`hf_posenc.adapters.s2_attention`); evaluation and the saved model attend in full."""
+    (:mod:`hf_posenc.adapters.s2_attention`); evaluation and the saved model attend in full. ``chunked_loss``:
+    the training loss over chunks of the LM head (never ``[tokens, vocab]`` logits), as evaluation computes it."""
     from .replaced_folder import ReplacedOutput, check_replaced_output
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
@@ -150,7 +151,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
             losses, seconds = _train(lm, blocks, positions, steps=steps, batch_size=batch_size, grad_accum=grad_accum,
                                      learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
                                      gradient_checkpointing=gradient_checkpointing, seed=seed, device=device,
-                                     progress=progress)
+                                     progress=progress, chunked_loss=chunked_loss)
         lm.eval()
         after = heldout_perplexity(lm, heldout, seq_len, eval_windows)
         report = {
@@ -164,7 +165,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                       "device": device, "processes": processes, "dtype": dtype, "command": recorded_command(command),
                       "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None,
                       "lora": dict(asdict(lora), merged=merge_lora) if lora else None,
-                      "s2_attn_group": s2_attn_group},
+                      "s2_attn_group": s2_attn_group, "chunked_loss": chunked_loss},
             "losses": losses,
             "heldout_before": before,
             "heldout_after": after,
@@ -207,8 +208,8 @@ def _check_pose_target(lm, pose: PoseSettings) -> None:
 
 def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, *, steps: int, batch_size: int,
            grad_accum: int, learning_rate: float, warmup_steps: int, weight_decay: float,
-           gradient_checkpointing: bool, seed: int, device: str,
-           progress: bool) -> tuple[list[dict[str, float]], float]:
+           gradient_checkpointing: bool, seed: int, device: str, progress: bool,
+           chunked_loss: bool = True) -> tuple[list[dict[str, float]], float]:
     """Trains ``lm`` in place on the packed ``blocks`` (transformers' Trainer, cosine schedule); returns the
     logged losses by step and the seconds it took."""
     from datasets import Dataset
@@ -245,13 +246,37 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, *, steps: i
 
     lm.train()
     started = time.time()
-    trainer = Trainer(model=lm, args=args, train_dataset=data, data_collator=collate, callbacks=[Record()])
+    trainer_class = _chunked_loss_trainer() if chunked_loss else Trainer
+    trainer = trainer_class(model=lm, args=args, train_dataset=data, data_collator=collate, callbacks=[Record()])
     with scratch:
         trainer.train()
     seconds = time.time() - started
     if gradient_checkpointing:
         (getattr(lm, "activation_checkpointing_disable", None) or lm.gradient_checkpointing_disable)()
     return losses, seconds
+
+
+def _chunked_loss_trainer():
+    from transformers import Trainer
+
+    class ChunkedLossTrainer(Trainer):
+        """transformers' Trainer whose loss never holds ``[tokens, vocab]`` logits
+        (:func:`hf_posenc.eval.scoring.chunked_lm_loss`), normalised as the Trainer normalises a model's own loss
+        (by the tokens of the whole accumulated batch, scaled across processes)."""
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            from .eval.scoring import chunked_lm_loss
+
+            total, count = chunked_lm_loss(model, inputs["input_ids"], inputs.get("position_ids"))
+            normalised = self.model_accepts_loss_kwargs and num_items_in_batch is not None
+            loss = total / (num_items_in_batch if normalised else count)
+            if normalised and self.args.average_tokens_across_devices:
+                loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+            if return_outputs:
+                raise ValueError("the chunked loss computes no logits to return")
+            return loss
+
+    return ChunkedLossTrainer
 
 
 def _checkpointing_arg(training_args_cls) -> str:

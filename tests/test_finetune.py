@@ -70,3 +70,30 @@ def test_cli_finetune_errors(tiny_checkpoint, tmp_path, capsys):
     assert main(["finetune", "--model", tiny_checkpoint, "--method", "alibi", "--eval-text-file", book,
                  "--output", str(tmp_path)]) == 2
     assert "needs training text" in capsys.readouterr().err
+
+
+def test_the_chunked_training_loss_equals_the_models_own_with_gradient_accumulation():
+    """Training never holds [tokens, vocab] logits (issue 44 item 1): the chunked loss and its gradients equal the
+    model's own loss, and a Trainer run with gradient accumulation logs the same losses and ends at the same weights."""
+    from hf_posenc.eval.scoring import chunked_lm_loss
+    from hf_posenc.finetune import _train
+
+    model = hf_posenc.patch(tiny_model("llama"), "yarn", factor=2.0).train()
+    x = torch.randint(0, 96, (2, 100), generator=torch.Generator().manual_seed(1))
+    model(x, labels=x).loss.backward()
+    own = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    total, count = chunked_lm_loss(model, x, chunk_size=16)
+    (total / count).backward()
+    assert count == 2 * 99 and (total / count).item() == pytest.approx(model(x, labels=x).loss.item(), abs=1e-5)
+    assert max((p.grad - own[n]).abs().max().item() for n, p in model.named_parameters()) < 1e-6
+    blocks = torch.randint(0, 96, (8, 32), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for chunked in (False, True):
+        m = hf_posenc.patch(tiny_model("llama"), "yarn", factor=2.0)
+        losses, _ = _train(m, blocks, None, steps=3, batch_size=2, grad_accum=2, learning_rate=1e-3, warmup_steps=0,
+                           weight_decay=0.0, gradient_checkpointing=False, seed=0, device="cpu", progress=False,
+                           chunked_loss=chunked)
+        runs.append(([x["loss"] for x in losses], dict(m.named_parameters())))
+    assert runs[0][0] == pytest.approx(runs[1][0], abs=1e-5)
+    assert max((runs[0][1][n] - p).abs().max().item() for n, p in runs[1][1].items()) < 1e-5

@@ -52,6 +52,10 @@ def add_parser(sub) -> None:
     p.add_argument("--target-length", type=positive, default=None,
                    help="the context the PoSE windows' position ids cover (with --pose-window).")
     p.add_argument("--pose-chunks", type=positive, default=2, help="chunks each PoSE window is cut into.")
+    t.add_argument("--full-logits-loss", action="store_true",
+                   help="compute the training loss from the model's whole [tokens x vocab] logits (the default runs the "
+                        "LM head and the loss over chunks, recomputed in the backward pass: far less memory at long "
+                        "lengths, the same loss).")
     t.add_argument("--eval-windows", type=positive, default=4, help="held-out windows of --seq-len tokens per document.")
     t.add_argument("--dtype", default="float32", help="float32 or bfloat16 (training precision).")
     t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu).")
@@ -80,7 +84,8 @@ def run(args, command: str) -> int:
                       weight_decay=args.weight_decay, gradient_checkpointing=not args.no_gradient_checkpointing,
                       eval_windows=args.eval_windows, seed=args.seed, dtype=args.dtype, device=args.device,
                       command=command, progress=not args.no_progress, pose=pose, lora=lora,
-                      merge_lora=args.lora_merge, s2_attn_group=args.s2_attn_group)
+                      merge_lora=args.lora_merge, s2_attn_group=args.s2_attn_group,
+                      chunked_loss=not args.full_logits_loss)
     print(report["table"])
     loader = "hf_posenc.lora.load_lora" if lora is not None and not args.lora_merge else "hf_posenc.from_pretrained"
     print(f"\nsaved: {args.output} (load with {loader}); training report in {args.output}/hf_posenc_eval/")

@@ -62,12 +62,42 @@ def input_device(model) -> torch.device:
     return model.input_device if isinstance(model, EngineLM) else next(model.parameters()).device
 
 
+def _body(model):
+    """The model body (before the LM head); of a peft model, the body of the model it adapts (its adapted layers
+    sit inside, in place)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner.base_model
+
+
 @torch.no_grad()
 def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
     """Final hidden states [batch, T, hidden] of the model body (after its last norm)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model: the model it adapts
-    out = inner.base_model(input_ids=input_ids, use_cache=False)  # (its adapted layers sit inside, in place)
-    return out.last_hidden_state
+    return _body(model)(input_ids=input_ids, use_cache=False).last_hidden_state
+
+
+def chunked_lm_loss(model, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                    chunk_size: int = 1024) -> tuple[torch.Tensor, int]:
+    """The summed next-token cross-entropy of ``input_ids`` and the number of predicted tokens (their quotient is
+    ``model(input_ids, labels=input_ids).loss``), for training, without ever holding ``[tokens, vocab]`` logits:
+    the head and the loss run over chunks of ``chunk_size`` positions under activation checkpointing, so each
+    chunk's logits are recomputed in the backward pass instead of kept."""
+    from torch.utils.checkpoint import checkpoint
+
+    inner = getattr(model, "module", model)  # under DistributedDataParallel: the model it wraps
+    head = _head(inner)
+    # through the (wrapped) model's own forward, so that data parallelism sees the call; one logit row only
+    out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, output_hidden_states=True,
+                logits_to_keep=1)
+    hidden = out.hidden_states[-1]  # the body's output, after its last norm
+    preds, labels = hidden[:, :-1], input_ids[:, 1:].to(hidden.device)
+
+    def chunk_loss(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = _finish_logits(inner, head(h).float())
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum")
+
+    total = sum(checkpoint(chunk_loss, preds[:, s : s + chunk_size], labels[:, s : s + chunk_size], use_reentrant=False)
+                for s in range(0, labels.shape[1], chunk_size))
+    return total, labels.numel()
 
 
 @torch.no_grad()
