@@ -118,7 +118,11 @@ class OutputLock:
     def _take(self, folder: str) -> int:
         import fcntl
 
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask applies
+        try:  # never through a link planted at the lock's path (it would truncate the file it points to)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)  # the umask applies
+        except OSError as err:
+            raise ValueError(f"the lock {self.path} cannot be taken ({err.strerror}); if it is a symbolic link, "
+                             "it is not hf-posenc's: remove it") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -9,13 +9,16 @@ import glob
 import json
 import os
 import shutil
+import signal
 import tempfile
 from typing import Any
 
-from .files import LOCK_FILE, OutputLock, atomic_write_text, check_output_folder, umask
+from .files import OutputLock, atomic_write_text, check_output_folder, umask
 
 MANIFEST = ".hf_posenc-output.json"
-OWN = {MANIFEST, LOCK_FILE}  # what hf_posenc keeps in a folder beside the files of the output
+OWN = {MANIFEST}  # what hf_posenc keeps in the folder beside the files of the output (an eval's lock there is not:
+# a folder an eval is writing into, or was killed in, is not replaced)
+_TEMP = "[a-z0-9_]" * 8  # the random part of a name tempfile.mkdtemp makes
 
 
 def check_replaced_output(output: str, command: str, source: str | None = None, reads: list[str] = ()) -> str:
@@ -24,6 +27,12 @@ def check_replaced_output(output: str, command: str, source: str | None = None, 
     in ``reads`` or the working directory, and a folder that is not empty unless it is ``command``'s own earlier
     output, unchanged."""
     path = check_output_folder(output, source)
+    if os.path.islink(path):
+        raise ValueError(f"--output {output!r} is a symbolic link (to {os.readlink(path)!r}); `hf-posenc {command}` "
+                         "replaces its --output whole, which would replace the link: give the folder itself")
+    if os.path.ismount(path):
+        raise ValueError(f"--output {output!r} is a mount point, which `hf-posenc {command}` cannot replace whole; "
+                         "give a folder inside it")
     read = [("the model being read", source)] + [("the input", r) for r in reads if r]
     for what, inside in read + [("the current working directory", os.getcwd())]:
         if inside and os.path.exists(inside) and _within(inside, path):
@@ -124,12 +133,12 @@ class ReplacedOutput:
 
     def _recover(self) -> None:
         """What a run killed while it held this lock left beside the output (only such a run writes these names)."""
-        for old in glob.glob(glob.escape(self._prefix) + "old-*"):
+        for old in glob.glob(glob.escape(self._prefix) + "old-" + _TEMP):
             previous = os.path.join(old, "previous")
-            if os.path.isdir(previous) and not os.path.exists(self.output):  # killed between the two renames
+            if os.path.isdir(previous) and not os.path.lexists(self.output):  # killed between the two renames
                 os.replace(previous, self.output)
             shutil.rmtree(old, ignore_errors=True)
-        for partial in glob.glob(glob.escape(self._prefix) + "partial-*"):
+        for partial in glob.glob(glob.escape(self._prefix) + "partial-" + _TEMP):
             shutil.rmtree(partial, ignore_errors=True)
 
     def _remove_made(self) -> None:
@@ -171,8 +180,22 @@ class _Staged:
         if os.path.exists(self.out.output):
             old = tempfile.mkdtemp(prefix=os.path.basename(self.out._prefix) + "old-",
                                    dir=os.path.dirname(self.out.output))
-            os.replace(self.out.output, os.path.join(old, "previous"))
-        os.replace(self.tmp, self.out.output)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # the two renames
+        try:  # happen together, or the old output is put back; a kill -9 between them is undone by the next run
+            if old is not None:
+                os.replace(self.out.output, os.path.join(old, "previous"))
+            try:
+                os.replace(self.tmp, self.out.output)
+            except OSError as err:
+                if old is not None:
+                    os.replace(os.path.join(old, "previous"), self.out.output)
+                kept = tempfile.mkdtemp(prefix=os.path.basename(self.out.output) + ".new-",
+                                        dir=os.path.dirname(self.out.output))
+                os.replace(self.tmp, kept)
+                raise ValueError(f"--output {self.out.output} could not be replaced ({err.strerror}); it is as it was, "
+                                 f"and the new output is kept in {kept}") from None
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return False

@@ -104,10 +104,10 @@ def test_a_second_patch_run_on_the_same_output_is_refused(tiny_checkpoint, tmp_p
 
 def test_an_output_moved_aside_by_a_killed_run_is_put_back(tmp_path):
     out = tmp_path / "patched"
-    moved = tmp_path / ".patched.old-abc" / "previous"  # killed between its two renames
+    moved = tmp_path / ".patched.old-abc_1234" / "previous"  # killed between its two renames (mkdtemp names)
     moved.mkdir(parents=True)
     (moved / "config.json").write_text("{}")
-    (tmp_path / ".patched.partial-xyz").mkdir()  # and a staged folder a killed run left
+    (tmp_path / ".patched.partial-xyz_5678").mkdir()  # and a staged folder a killed run left
     with ReplacedOutput(str(out), "patch"):
         assert (out / "config.json").read_text() == "{}"
     assert _leftovers(tmp_path) == []
@@ -187,3 +187,62 @@ def test_sigterm_releases_the_lock_and_removes_what_was_staged(command, tiny_che
     _, err = child.communicate(timeout=120)
     assert child.returncode == 143 and "terminated" in err and "Traceback" not in err, err
     assert not lock.exists() and _leftovers(tmp_path) == []
+
+
+def test_what_only_looks_like_a_killed_runs_leftovers_is_kept(tmp_path):
+    """Only the names a run makes (mkdtemp's) are cleaned: another output's staging folder, or a user's folder
+    that happens to start alike, stays."""
+    other = tmp_path / ".patched.partial-v2.partial-abcd1234"  # the staging folder of --output patched.partial-v2
+    mine = tmp_path / ".patched.old-mine"
+    for folder in (other, mine):
+        folder.mkdir()
+        (folder / "x").write_text("keep")
+    with ReplacedOutput(str(tmp_path / "patched"), "patch"):
+        pass
+    assert (other / "x").exists() and (mine / "x").exists()
+
+
+def test_a_lock_path_that_is_a_link_is_refused_and_its_target_untouched(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("important")
+    (tmp_path / ".out.hf_posenc.lock").symlink_to(victim)
+    with pytest.raises(ValueError, match="cannot be taken"):
+        ReplacedOutput(str(tmp_path / "out"), "patch")
+    assert victim.read_text() == "important"
+
+
+def test_patch_refuses_a_link_as_output_and_a_folder_an_eval_is_writing(tiny_checkpoint, tmp_path, capsys):
+    target = tmp_path / "big-disk"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    err = refused(_patch(tiny_checkpoint, tmp_path / "link"), capsys)
+    assert "is a symbolic link" in err and (tmp_path / "link").is_symlink()
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "deep")
+    assert "is a symbolic link" in refused(_patch(tiny_checkpoint, tmp_path / "dangling"), capsys)
+    from hf_posenc.files import OutputLock
+
+    held = OutputLock(str(tmp_path / "ev"))  # an eval running into that folder
+    try:
+        err = refused(_patch(tiny_checkpoint, tmp_path / "ev"), capsys)
+    finally:
+        held.release()
+    assert f"did not write ({LOCK_FILE})" in err
+
+
+def test_a_failed_final_rename_keeps_the_old_output_and_the_new_one(tmp_path, monkeypatch):
+    out = tmp_path / "patched"
+    with ReplacedOutput(str(out), "patch") as run, run.staged() as staged:
+        open(os.path.join(staged, "config.json"), "w").write("old")
+    real = os.replace
+
+    def failing(src, dst):
+        if str(dst) == str(out) and ".partial-" in str(src):
+            raise OSError(16, "Device or resource busy")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(ValueError, match="could not be replaced .*kept in") as err:
+        with ReplacedOutput(str(out), "patch") as run, run.staged() as staged:
+            open(os.path.join(staged, "config.json"), "w").write("new")
+    kept = str(err.value).rsplit("kept in ", 1)[1]
+    assert (out / "config.json").read_text() == "old" and open(os.path.join(kept, "config.json")).read() == "new"
