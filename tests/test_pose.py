@@ -32,6 +32,7 @@ def test_the_windows_cover_every_distance_of_the_target_and_reach_its_end():
 
 
 def test_the_windows_are_drawn_by_seed_and_row_alone():
+    assert pose_batch(2, 16, 64, 2, seed=2**50).shape == (2, 16)  # any seed the CLI takes
     a = pose_batch(6, 16, 64, 2, seed=3)
     assert torch.equal(a, pose_batch(6, 16, 64, 2, seed=3))
     assert torch.equal(a[:4], pose_batch(4, 16, 64, 2, seed=3))  # row i does not depend on how many are drawn
@@ -45,6 +46,8 @@ def test_the_windows_are_drawn_by_seed_and_row_alone():
     (8, 32, 0, r"--pose-chunks must be a positive whole number, got 0"),
     (4, 32, 5, r"--pose-chunks \(5\) cannot exceed --pose-window \(4\)"),
     (8, 32.5, 2, r"--target-length must be a positive whole number, got 32.5"),
+    (1, 32, 1, r"--pose-window must be at least 2 tokens"),
+    (32, 2**40, 2, r"--target-length 1099511627776 is past 16,777,216 positions"),
 ])
 def test_windows_that_make_no_pose_window_are_refused(window, target, chunks, message):
     with pytest.raises(ValueError, match=message):
@@ -91,6 +94,7 @@ def test_cli_finetune_with_pose_windows_records_them(tiny_checkpoint, tmp_path, 
     (["--method", "self_extend", "--pose-window", "32", "--target-length", "128"],
      "which 'self_extend' \\(attention method\\) does not read"),
     (["--method", "yarn", "--factor", "2", "--pose-window", "32"], "--pose-window and --target-length go together"),
+    (["--method", "yarn", "--factor", "2", "--pose-chunks", "7"], "--pose-chunks applies to PoSE training"),
     (["--method", "yarn", "--factor", "2", "--pose-window", "128", "--target-length", "128"],
      "--pose-window \\(128\\) must be shorter than --target-length \\(128\\)"),
     (["--method", "yarn", "--factor", "2", "--pose-window", "16", "--target-length", "48"],

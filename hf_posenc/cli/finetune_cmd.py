@@ -51,11 +51,12 @@ def add_parser(sub) -> None:
                         "(RoPE scalings and none only).")
     p.add_argument("--target-length", type=positive, default=None,
                    help="the context the PoSE windows' position ids cover (with --pose-window).")
-    p.add_argument("--pose-chunks", type=positive, default=2, help="chunks each PoSE window is cut into.")
+    p.add_argument("--pose-chunks", type=positive, default=None,
+                   help="chunks each PoSE window is cut into (default 2).")
     t.add_argument("--full-logits-loss", action="store_true",
-                   help="compute the training loss from the model's whole [tokens x vocab] logits (the default runs the "
-                        "LM head and the loss over chunks, recomputed in the backward pass: far less memory at long "
-                        "lengths, the same loss).")
+                   help="compute the training loss from the model's whole [tokens x vocab] logits (the default runs "
+                        "the LM head and the loss over chunks, recomputed in the backward pass: far less memory at "
+                        "long lengths, the same loss).")
     t.add_argument("--eval-windows", type=positive, default=4, help="held-out windows of --seq-len tokens per document.")
     t.add_argument("--dtype", default="float32", help="float32 or bfloat16 (training precision).")
     t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu).")
@@ -96,11 +97,14 @@ def _pose(args):
     from ..finetune import PoseSettings, check_pose_method
 
     if args.pose_window is None and args.target_length is None:
+        if args.pose_chunks is not None:
+            raise ValueError("--pose-chunks applies to PoSE training: add --pose-window and --target-length, or "
+                             "drop it")
         return None
     if args.pose_window is None or args.target_length is None:
         raise ValueError("--pose-window and --target-length go together: PoSE trains on windows of --pose-window "
                          "tokens whose position ids cover --target-length")
-    settings = PoseSettings(args.pose_window, args.target_length, args.pose_chunks)
+    settings = PoseSettings(args.pose_window, args.target_length, args.pose_chunks or 2)
     check_pose_method(method_config(args))
     return settings
 

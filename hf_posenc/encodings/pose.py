@@ -16,12 +16,19 @@ from __future__ import annotations
 
 import torch
 
+MAX_TARGET = 2**24  # float32 holds every whole number up to here: positions past it collapse
+
 
 def check_pose(window: int, target: int, chunks: int) -> None:
     """Refuse windows, targets and chunk counts that make no PoSE window, naming the value."""
     for name, value in (("--pose-window", window), ("--target-length", target), ("--pose-chunks", chunks)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive whole number, got {value!r}")
+    if window < 2:
+        raise ValueError(f"--pose-window must be at least 2 tokens (a token and the one it predicts), got {window}")
+    if target > MAX_TARGET:
+        raise ValueError(f"--target-length {target} is past {MAX_TARGET:,} positions, where float32 positions stop "
+                         "being exact (neighbouring positions would rotate alike)")
     if window >= target:
         raise ValueError(f"--pose-window ({window}) must be shorter than --target-length ({target}): PoSE trains on "
                          "windows shorter than the context they cover; for windows of the full length, drop "
@@ -60,6 +67,6 @@ def pose_batch(count: int, window: int, target: int, chunks: int, seed: int) -> 
     whatever the batch size, the order of the data or the number of processes."""
     rows = []
     for i in range(count):
-        g = torch.Generator().manual_seed(seed * 1_000_003 + i)
+        g = torch.Generator().manual_seed((seed * 1_000_003 + i) % 2**63)
         rows.append(pose_position_ids(window, target, chunks, g))
     return torch.stack(rows) if rows else torch.zeros(0, window, dtype=torch.long)
