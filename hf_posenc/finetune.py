@@ -184,13 +184,10 @@ def _save(lm, tok, report: dict[str, Any], out, output: str, model: str, command
 
     with out.staged() as staged:
         card = dict(eval_results=[report], base_model=model, command=command, trained=True)
-        if lora is not None:
-            from .eval.report import save_report
+        if lora is not None:  # (the adapter's folder gets the card and the reports, its base/ those of the base)
             from .lora import save_lora
 
             save_lora(lm, staged, merge_lora, tok, **card)
-            if not merge_lora:  # the report beside the adapter too, where the merged layout has it
-                save_report(report, os.path.join(staged, EVAL_FOLDER), "finetune")
         else:
             save_pretrained(lm, staged, tok, **card)
         plotted = plot_losses(report, os.path.join(staged, EVAL_FOLDER, "finetune_loss.png"))

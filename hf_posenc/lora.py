@@ -41,6 +41,18 @@ from torch import nn
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 BASE_FOLDER = "base"  # where save_lora(merged=False) puts the patched base model, inside its folder
 NORM_SUFFIXES = ("RMSNorm", "LayerNorm")
+OWN_WEIGHTS = "hf_posenc_"  # the prefix of weights a patch adds (the learned swap's table)
+LOADING_NOTE = """
+
+## Loading this LoRA adapter
+
+This folder holds a LoRA adapter (peft) with its trained embedding and norms; the patched base it adapts is in
+`base/`. Load both with `hf_posenc.lora.load_lora(folder)` (which applies the patch to the base, then the adapter).
+"""
+
+
+def _some(names, shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def require_peft():
@@ -173,16 +185,31 @@ def lora_config(model: nn.Module, settings: LoraSettings):
         raise ValueError(f"LoRA targets {missing} match no module of {type(model).__name__}; its linear layers are "
                          f"named {linear_names(model)}")
     replaced = {n for n in named if n and any(_matches(n, t) for t in settings.targets)}
+    not_linear = sorted(n for n in replaced if not isinstance(named[n], nn.Linear))
+    if not_linear:
+        raise ValueError(f"LoRA targets {list(settings.targets)} name modules that are not linear layers "
+                         f"({_some(not_linear)}); the linear layers of {type(model).__name__} are named "
+                         f"{linear_names(model)}")
+    added = sorted(n for n, p in model.named_parameters() if OWN_WEIGHTS in n)
+    if added:
+        raise ValueError(f"the hf_posenc patch added weights ({_some(added)}) that LoRA would leave frozen: train "
+                         "this method in full (without --lora-r)")
     full = trained_in_full(model) if settings.train_embeddings_and_norms else []
+    tied = bool(full) and bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    if tied and any(named[n] is head for n in replaced):
+        raise ValueError("the LM head is tied to the input embedding, which LongLoRA's recipe trains in full: it "
+                         "cannot also be a LoRA target. Drop it from the targets (--lora-targets), or train only the "
+                         "adapters (--lora-frozen-embeddings-and-norms; train_embeddings_and_norms=False)")
     held = _patch_holds(model)
     for name in sorted(replaced | set(full)):
         if id(named[name]) in held:
             why = "LoRA target" if name in replaced else "embedding or norm that train_embeddings_and_norms trains"
             raise ValueError(f"{name} ({why}) is held by the hf_posenc patch ({held[id(named[name])]}); peft would "
                              "replace it and the patch would go on using the frozen original. "
-                             + ("Pass train_embeddings_and_norms=False." if name in full and name not in replaced
+                             + ("Pass --lora-frozen-embeddings-and-norms (train_embeddings_and_norms=False)."
+                                if name in full and name not in replaced
                                 else "Choose other targets."))
-    tied = bool(full) and bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     causal = type(model).__name__.endswith("ForCausalLM")
     return peft.LoraConfig(
         r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=list(settings.targets),
@@ -232,8 +259,8 @@ def save_lora(peft_model, folder: str, merged: bool, tokenizer=None, **card_kwar
     tokenizer, card_kwargs: for ``hf_posenc.save_pretrained`` (eval_results, base_model, command, trained, ...).
     Returns ``folder``."""
     peft = require_peft()
-    from .files import follow_umask
-    from .hub import save_pretrained
+    from .files import atomic_write_text, follow_umask
+    from .hub import save_pretrained, write_model_card
 
     if not isinstance(peft_model, peft.PeftModel):
         raise ValueError(f"save_lora needs a peft model (apply_lora's result), got {type(peft_model).__name__}; "
@@ -243,9 +270,15 @@ def save_lora(peft_model, folder: str, merged: bool, tokenizer=None, **card_kwar
         return save_pretrained(model, folder, tokenizer, **card_kwargs)
     if len(peft_model.peft_config) != 1:
         raise ValueError(f"save_lora(merged=False) saves one adapter; this model has {sorted(peft_model.peft_config)}")
+    base = {k: v for k, v in card_kwargs.items() if k not in ("eval_results", "trained")}  # the untrained base
     save_pretrained(peft_model.get_base_model(), os.path.join(folder, BASE_FOLDER), tokenizer,
-                    state_dict=_base_state_dict(peft_model), **card_kwargs)
+                    state_dict=_base_state_dict(peft_model), **base)
     peft_model.save_pretrained(folder, save_embedding_layers=False)  # the base is saved beside: no Hub look-up
+    # the card of what was trained, in place of peft's blank template, with how to load it
+    write_model_card(peft_model.get_base_model(), folder, **card_kwargs)
+    with open(os.path.join(folder, "README.md"), encoding="utf-8") as f:
+        card = f.read()
+    atomic_write_text(os.path.join(folder, "README.md"), card.rstrip("\n") + LOADING_NOTE)
     follow_umask(folder)  # peft writes its weights as private temporary files (0600)
     return folder
 

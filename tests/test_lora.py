@@ -269,3 +269,25 @@ def test_cli_lora_input_that_means_nothing_is_refused(extra, message, tiny_check
     err = refused(_finetune_argv(tiny_checkpoint, tmp_path / "ft", *extra), capsys)
     assert re.search(message, err), err
     assert not (tmp_path / "ft").exists()
+
+
+def test_targets_and_patches_lora_would_train_wrongly_are_refused():
+    with pytest.raises(ValueError, match="not linear layers \\(model.layers.0.mlp"):
+        apply_lora(patched("yarn"), LoraSettings(r=2, targets=("mlp",)))
+    with pytest.raises(ValueError, match="LM head is tied to the input embedding"):
+        apply_lora(patched("yarn", tie_word_embeddings=True), LoraSettings(r=2, targets=("q_proj", "lm_head")))
+    assert apply_lora(patched("yarn", tie_word_embeddings=True),  # adapters only: the head may be a target
+                      LoraSettings(r=2, targets=("q_proj", "lm_head"), train_embeddings_and_norms=False))
+    with pytest.raises(ValueError, match="added weights \\(model.hf_posenc_positions.weight\\) that LoRA would leave"):
+        apply_lora(hf_posenc.patch(tiny_model("llama"), "learned", factor=2.0), LoraSettings(r=2))
+
+
+def test_the_adapter_folder_carries_the_card_of_what_was_trained_and_the_base_that_of_the_base(tmp_path):
+    lora = apply_lora(patched("yarn"), LoraSettings(r=2))
+    report = {"task": "finetune", "table": "| trained |", "setup": {}}
+    save_lora(lora, str(tmp_path), merged=False, eval_results=[report], trained=True)
+    top, base = (tmp_path / "README.md").read_text(), (tmp_path / "base" / "README.md").read_text()
+    assert "hf_posenc.lora.load_lora(folder)" in top and "Model Card for Model ID" not in top
+    assert "fine-tuned" in top and "fine-tuned" not in base
+    assert (tmp_path / "hf_posenc_eval" / "finetune.json").exists()
+    assert not (tmp_path / "base" / "hf_posenc_eval").exists()
