@@ -1,7 +1,8 @@
 """Short continued training of a patched model on long documents, as the PI and YaRN papers do after
 changing the positions (a few hundred steps there; a few dozen show the direction on a CPU).
 
-Documents are tokenized, joined with the EOS token and packed into sequences of ``seq_len`` tokens;
+Documents are tokenized and cut into blocks of ``seq_len`` tokens, each document its own (``packing``: or joined
+with the EOS token, optionally with position ids starting again after each);
 training runs through ``transformers.Trainer`` (which runs on accelerate), optionally with gradient
 checkpointing. Held-out perplexity (documents not trained on) is measured before and after with the
 same windows. The result is saved with ``hf_posenc.save_pretrained``: ``hf_posenc.from_pretrained``
@@ -56,10 +57,25 @@ def check_pose_method(config: PosEncConfig) -> None:
                          f"train {config.method!r} at full length with --seq-len instead.")
 
 
-def pack(token_docs: list[torch.Tensor], seq_len: int, eos: int | None) -> torch.Tensor:
-    """``[n_blocks, seq_len]``: documents joined (EOS between them) and cut into whole blocks."""
+PACKINGS = ("document", "stream", "stream-restart")
+
+
+def pack(token_docs: list[torch.Tensor], seq_len: int, eos: int | None, packing: str = "stream") -> torch.Tensor:
+    """``[n_blocks, seq_len]`` training blocks. ``document``: each document cut into whole blocks of its own (its
+    remainder dropped; no block straddles two documents); ``stream`` and ``stream-restart``: the documents joined
+    (EOS between them) and cut into whole blocks (see :func:`restarted_positions` for the second)."""
     if seq_len < 2:
         raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+    if packing not in PACKINGS:
+        raise ValueError(f"--packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
+    if packing == "document":
+        blocks = [t[: len(t) // seq_len * seq_len].view(-1, seq_len) for t in token_docs if len(t) >= seq_len]
+        if not blocks:
+            longest = max((len(t) for t in token_docs), default=0)
+            raise ValueError(f"too little training text: no document holds a block of seq_len={seq_len} tokens "
+                             f"(the longest has {longest}); pass longer documents, a smaller --seq-len, or "
+                             "--packing stream to join documents")
+        return torch.cat(blocks)
     parts = []
     for t in token_docs:
         parts.append(t)
@@ -71,6 +87,17 @@ def pack(token_docs: list[torch.Tensor], seq_len: int, eos: int | None) -> torch
         raise ValueError(f"too little training text: {stream.numel()} tokens make no block of seq_len={seq_len}; "
                          "pass more text or a smaller --seq-len.")
     return stream[: n * seq_len].view(n, seq_len)
+
+
+def restarted_positions(blocks: torch.Tensor, eos: int) -> torch.Tensor:
+    """Position ids of stream-packed ``blocks`` that start again at 0 at each block's start and after each EOS, so
+    that each document is at the positions it would have alone (attention still reaches the document before)."""
+    after_eos = torch.zeros_like(blocks, dtype=torch.bool)
+    after_eos[:, 1:] = blocks[:, :-1] == eos
+    after_eos[:, 0] = True
+    index = torch.arange(blocks.shape[1]).expand_as(blocks)
+    starts = torch.where(after_eos, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - starts
 
 
 def heldout_perplexity(model, token_docs: list[torch.Tensor], seq_len: int, windows: int) -> dict[str, Any]:
@@ -91,7 +118,8 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
              eval_windows: int = 4, seed: int = 0, dtype: str = "float32", device: str | None = None,
              command: str | None = None, progress: bool = True, pose: PoseSettings | None = None,
              lora: "LoraSettings | None" = None, merge_lora: bool = False,
-             s2_attn_group: int | None = None, chunked_loss: bool = True) -> dict[str, Any]:
+             s2_attn_group: int | None = None, chunked_loss: bool = True,
+             packing: str = "document") -> dict[str, Any]:
     """Patch ``model`` with ``config``, train it ``steps`` optimizer steps on packed ``train_docs``, measure
     held-out perplexity on ``eval_docs`` before and after, save to ``output``; returns the report. ``pose``:
     train on PoSE windows (their position ids skip to cover ``pose.target``) instead of ``seq_len`` blocks.
@@ -99,7 +127,8 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     the patched base (``hf_posenc.lora.load_lora``), or merged into the weights with ``merge_lora``.
     ``s2_attn_group``: train with LongLoRA's shifted sparse attention in groups of that many tokens
     (:mod:`hf_posenc.adapters.s2_attention`); evaluation and the saved model attend in full. ``chunked_loss``:
-    the training loss over chunks of the LM head (never ``[tokens, vocab]`` logits), as evaluation computes it."""
+    the training loss over chunks of the LM head (never ``[tokens, vocab]`` logits), as evaluation computes it.
+    ``packing``: how documents become blocks (:func:`pack`; ``document``: no block straddles two documents)."""
     from .replaced_folder import ReplacedOutput, check_replaced_output
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
@@ -111,6 +140,11 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                          f"batch_size={batch_size}, grad_accum={grad_accum}, learning_rate={learning_rate}")
     if not eval_docs:
         raise ValueError("held-out evaluation needs at least one document that is not trained on")
+    if packing not in PACKINGS:
+        raise ValueError(f"--packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
+    if pose is not None and packing == "stream-restart":
+        raise ValueError("--packing stream-restart gives each document its own position ids, and PoSE draws them for "
+                         "the whole window: use one or the other")
     if pose is not None:
         check_pose_method(config)
     if s2_attn_group is not None:
@@ -136,8 +170,14 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
             lm = apply_lora(lm, lora)
             if gradient_checkpointing and not lora.train_embeddings_and_norms:  # the frozen embedding's output
                 lm.enable_input_require_grads()  # must carry a gradient through the checkpointed layers
-        blocks = pack(tokenize_documents(tok, train_docs), pose.window if pose else seq_len, tok.eos_token_id)
+        blocks = pack(tokenize_documents(tok, train_docs), pose.window if pose else seq_len, tok.eos_token_id,
+                      packing)
         positions = pose_batch(blocks.shape[0], pose.window, pose.target, pose.chunks, seed) if pose else None
+        if packing == "stream-restart":
+            if tok.eos_token_id is None:
+                raise ValueError(f"--packing stream-restart starts positions again after each EOS token, and the "
+                                 f"tokenizer of {model} has none: use --packing document")
+            positions = restarted_positions(blocks, tok.eos_token_id)
         need = steps * batch_size * grad_accum
         heldout = tokenize_documents(tok, eval_docs, seq_len * eval_windows)
         if max(len(t) for t in heldout) < seq_len:
@@ -165,7 +205,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                       "device": device, "processes": processes, "dtype": dtype, "command": recorded_command(command),
                       "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None,
                       "lora": dict(asdict(lora), merged=merge_lora) if lora else None,
-                      "s2_attn_group": s2_attn_group, "chunked_loss": chunked_loss},
+                      "s2_attn_group": s2_attn_group, "chunked_loss": chunked_loss, "packing": packing},
             "losses": losses,
             "heldout_before": before,
             "heldout_after": after,

@@ -20,6 +20,22 @@ def test_pack_joins_documents_with_eos_into_whole_blocks():
         pack([torch.arange(3)], 8, eos=None)
 
 
+def test_document_packing_never_straddles_two_documents():
+    blocks = pack([torch.arange(5), torch.arange(10, 19), torch.arange(30, 33)], 4, eos=99, packing="document")
+    assert blocks.tolist() == [[0, 1, 2, 3], [10, 11, 12, 13], [14, 15, 16, 17]]  # remainders and short docs dropped
+    with pytest.raises(ValueError, match="no document holds a block of seq_len=8 tokens \(the longest has 5\)"):
+        pack([torch.arange(5)], 8, eos=99, packing="document")
+    with pytest.raises(ValueError, match="--packing must be one of document, stream, stream-restart, got 'docs'"):
+        pack([torch.arange(5)], 4, eos=99, packing="docs")
+
+
+def test_restarted_positions_start_again_after_each_eos_and_at_each_block():
+    from hf_posenc.finetune import restarted_positions
+
+    blocks = pack([torch.arange(5), torch.arange(10, 17)], 4, eos=99)  # [[0,1,2,3],[4,99,10,11],[12,13,14,15]]
+    assert restarted_positions(blocks, 99).tolist() == [[0, 1, 2, 3], [0, 1, 0, 1], [0, 1, 2, 3]]
+
+
 @pytest.mark.parametrize("method", ["alibi", "learned", "yarn"])
 def test_gradient_checkpointing_keeps_the_patch(method):
     kw = {"factor": 2.0}
@@ -97,3 +113,31 @@ def test_the_chunked_training_loss_equals_the_models_own_with_gradient_accumulat
         runs.append(([x["loss"] for x in losses], dict(m.named_parameters())))
     assert runs[0][0] == pytest.approx(runs[1][0], abs=1e-5)
     assert max((runs[0][1][n] - p).abs().max().item() for n, p in runs[1][1].items()) < 1e-5
+
+
+def test_cli_finetune_with_restarted_positions_feeds_them(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    import hf_posenc.finetune as ft
+    from conftest import refused
+
+    argv = ["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--text-file",
+            book_path("pg1513.txt"), "--eval-text-file", book_path("pg84.txt"), "--seq-len", "64", "--steps", "1",
+            "--eval-windows", "1", "--packing", "stream-restart", "--no-progress"]
+    err = refused([*argv, "--output", str(tmp_path / "no")], capsys)  # MiniLM's WordPiece tokenizer: no EOS
+    assert "the tokenizer of" in err and "has none" in err and not (tmp_path / "no").exists()
+    fed = []
+    real = ft._train
+
+    def spy(lm, blocks, positions, **kw):
+        fed.append((blocks, positions))
+        return real(lm, blocks, positions, **kw)
+
+    monkeypatch.setattr(ft, "_train", spy)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    monkeypatch.setattr(type(tok), "eos_token_id", property(lambda self: self.sep_token_id), raising=False)  # [SEP]
+    out = tmp_path / "ft"
+    assert main([*argv, "--output", str(out)]) == 0
+    blocks, positions = fed[0]
+    assert torch.equal(positions, ft.restarted_positions(blocks, tok.sep_token_id)) and int(positions.max()) < 64
+    assert json.loads((out / "hf_posenc_eval" / "finetune.json").read_text())["setup"]["packing"] == "stream-restart"

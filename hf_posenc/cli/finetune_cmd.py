@@ -53,6 +53,10 @@ def add_parser(sub) -> None:
                    help="the context the PoSE windows' position ids cover (with --pose-window).")
     p.add_argument("--pose-chunks", type=positive, default=None,
                    help="chunks each PoSE window is cut into (default 2).")
+    t.add_argument("--packing", choices=["document", "stream", "stream-restart"], default="document",
+                   help="document: each document cut into blocks of its own (no block straddles two; remainders "
+                        "dropped); stream: documents joined with EOS and cut into blocks; stream-restart: the same, "
+                        "position ids starting again after each EOS.")
     t.add_argument("--full-logits-loss", action="store_true",
                    help="compute the training loss from the model's whole [tokens x vocab] logits (the default runs "
                         "the LM head and the loss over chunks, recomputed in the backward pass: far less memory at "
@@ -86,7 +90,7 @@ def run(args, command: str) -> int:
                       eval_windows=args.eval_windows, seed=args.seed, dtype=args.dtype, device=args.device,
                       command=command, progress=not args.no_progress, pose=pose, lora=lora,
                       merge_lora=args.lora_merge, s2_attn_group=args.s2_attn_group,
-                      chunked_loss=not args.full_logits_loss)
+                      chunked_loss=not args.full_logits_loss, packing=args.packing)
     print(report["table"])
     loader = "hf_posenc.lora.load_lora" if lora is not None and not args.lora_merge else "hf_posenc.from_pretrained"
     print(f"\nsaved: {args.output} (load with {loader}); training report in {args.output}/hf_posenc_eval/")
