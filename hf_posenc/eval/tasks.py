@@ -149,7 +149,7 @@ def _try_flags(task: EvalTask) -> None:
     """``task.flags`` on a parser with the flags ``eval NAME`` gives every task, as the CLI builds it."""
     from ..cli.eval_cmd import common_flags
 
-    parser = argparse.ArgumentParser(prog=f"hf-posenc eval {task.name}", add_help=True)
+    parser = argparse.ArgumentParser(prog=f"hf-posenc eval {task.name}", add_help=True, allow_abbrev=False)
     common_flags(parser, task)
     try:
         task.flags(parser)
