@@ -38,6 +38,8 @@ from typing import Any
 
 from torch import nn
 
+from .wording import first_names
+
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 BASE_FOLDER = "base"  # where save_lora(merged=False) puts the patched base model, inside its folder
 NORM_SUFFIXES = ("RMSNorm", "LayerNorm")
@@ -50,9 +52,6 @@ This folder holds a LoRA adapter (peft) with its trained embedding and norms; th
 `base/`. Load both with `hf_posenc.lora.load_lora(folder)` (which applies the patch to the base, then the adapter).
 """
 
-
-def _some(names, shown: int = 5) -> str:
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def require_peft():
@@ -100,8 +99,9 @@ class LoraSettings:
             raise ValueError(f"LoRA targets must be a non-empty list of module names (e.g. {ATTENTION_PROJECTIONS}), "
                              f"got targets={self.targets!r}")
         object.__setattr__(self, "targets", targets)
-        if not isinstance(self.train_embeddings_and_norms, bool):
-            raise ValueError(f"train_embeddings_and_norms must be True or False, got {self.train_embeddings_and_norms!r}")
+        flag = self.train_embeddings_and_norms
+        if not isinstance(flag, bool):
+            raise ValueError(f"train_embeddings_and_norms must be True or False, got {flag!r}")
 
 
 def _matches(name: str, target: str) -> bool:
@@ -188,12 +188,12 @@ def lora_config(model: nn.Module, settings: LoraSettings):
     not_linear = sorted(n for n in replaced if not isinstance(named[n], nn.Linear))
     if not_linear:
         raise ValueError(f"LoRA targets {list(settings.targets)} name modules that are not linear layers "
-                         f"({_some(not_linear)}); the linear layers of {type(model).__name__} are named "
+                         f"({first_names(not_linear)}); the linear layers of {type(model).__name__} are named "
                          f"{linear_names(model)}")
     added = sorted(n for n, p in model.named_parameters() if OWN_WEIGHTS in n)
     if added:
-        raise ValueError(f"the hf_posenc patch added weights ({_some(added)}) that LoRA would leave frozen: train "
-                         "this method in full (without --lora-r)")
+        raise ValueError(f"the hf_posenc patch added weights ({first_names(added)}) that LoRA would leave frozen: "
+                         "train this method in full (without --lora-r)")
     full = trained_in_full(model) if settings.train_embeddings_and_norms else []
     tied = bool(full) and bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None

@@ -14,6 +14,7 @@ import tempfile
 from typing import Any
 
 from .files import OutputLock, atomic_write_text, check_output_folder, umask
+from .wording import first_names
 
 MANIFEST = ".hf_posenc-output.json"
 OWN = {MANIFEST}  # what hf_posenc keeps in the folder beside the files of the output (an eval's lock there is not:
@@ -60,7 +61,7 @@ def check_replaceable(output: str, command: str) -> None:
     manifest = _read_manifest(path)
     if manifest is None:
         raise ValueError(f"--output {output!r} already holds files that hf-posenc {command} did not write "
-                         f"({_some(present)}); {how}.")
+                         f"({first_names(sorted(present))}); {how}.")
     if manifest.get("command") != command:
         raise ValueError(f"--output {output!r} holds the output of `hf-posenc {manifest.get('command')}`, which "
                          f"`hf-posenc {command}` does not replace; give another folder, or remove it yourself.")
@@ -68,9 +69,9 @@ def check_replaceable(output: str, command: str) -> None:
     foreign = sorted(name for name in present if name not in written)
     changed = sorted(name for name, stamp in written.items() if present.get(name, stamp) != stamp)
     if foreign or changed:
-        what = (f"files it did not write ({_some(foreign)})" if foreign else "") + \
+        what = (f"files it did not write ({first_names(foreign)})" if foreign else "") + \
                (" and " if foreign and changed else "") + \
-               (f"files changed since it wrote them ({_some(changed)})" if changed else "")
+               (f"files changed since it wrote them ({first_names(changed)})" if changed else "")
         raise ValueError(f"--output {output!r} is an earlier output of `hf-posenc {command}`, but it now holds {what}; "
                          f"{how}.")
 
@@ -95,11 +96,6 @@ def _read_manifest(folder: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
-
-
-def _some(names, shown: int = 5) -> str:
-    names = sorted(names)
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 class ReplacedOutput:
@@ -169,11 +165,8 @@ class _Staged:
             return False
         try:
             check_replaceable(self.out.output, self.out.command)  # a file put there while the run computed
-        except ValueError as err:  # keep what was computed, under a name no later run removes
-            kept = tempfile.mkdtemp(prefix=os.path.basename(self.out.output) + ".new-",
-                                    dir=os.path.dirname(self.out.output))
-            os.replace(self.tmp, kept)
-            raise ValueError(f"{err} The new output is kept in {kept}.") from None
+        except ValueError as err:
+            raise ValueError(f"{err} The new output is kept in {self._keep_aside()}.") from None
         manifest = {"command": self.out.command, "files": _files(self.tmp)}
         atomic_write_text(os.path.join(self.tmp, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         old = None
@@ -189,16 +182,21 @@ class _Staged:
             except OSError as err:
                 if old is not None:
                     os.replace(os.path.join(old, "previous"), self.out.output)
-                kept = tempfile.mkdtemp(prefix=os.path.basename(self.out.output) + ".new-",
-                                        dir=os.path.dirname(self.out.output))
-                os.replace(self.tmp, kept)
                 raise ValueError(f"--output {self.out.output} could not be replaced ({err.strerror}); it is as it was, "
-                                 f"and the new output is kept in {kept}") from None
+                                 f"and the new output is kept in {self._keep_aside()}") from None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return False
+
+
+    def _keep_aside(self) -> str:
+        """The staged folder moved to ``<output>.new-*``, a name no later run removes; returns it."""
+        parent, name = os.path.split(self.out.output)
+        kept = tempfile.mkdtemp(prefix=name + ".new-", dir=parent)
+        os.replace(self.tmp, kept)
+        return kept
 
 
 def _missing_parents(folder: str) -> list[str]:

@@ -13,6 +13,7 @@ import torch
 
 from .models import ALIASES, resolve_source
 from .provenance import scrub
+from .wording import first_names
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -76,8 +77,7 @@ def _unloadable(model: str, err: Exception) -> ValueError:
 def _holds(folder: str) -> str:
     """What ``folder`` holds, in words: ``it holds a, b, c`` (at most 8 names) or ``it is empty``."""
     names = sorted(os.listdir(folder))
-    more = f" and {len(names) - 8} more" if len(names) > 8 else ""
-    return f"it holds {', '.join(names[:8])}{more}" if names else "it is empty"
+    return f"it holds {first_names(names, 8)}" if names else "it is empty"
 
 
 def check_model_folder(path: str, model: str) -> None:

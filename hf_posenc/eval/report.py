@@ -11,6 +11,7 @@ from typing import Any
 
 from ..files import atomic_write, atomic_write_text
 from ..provenance import scrub, scrub_data
+from ..wording import first_names
 
 
 def finite(data: Any, where: str = "", found: list[str] | None = None) -> Any:
@@ -33,7 +34,7 @@ def write_json(data: dict[str, Any], path: str) -> str:
     found: list[str] = []
     clean = finite(scrub_data(data), found=found)
     if found:
-        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        shown = first_names(found)
         print(f"hf-posenc: warning: {os.path.basename(path)}: {len(found)} value(s) are not finite numbers (NaN or "
               f"infinite: the computation overflowed) and are written as null: {shown}", file=sys.stderr)
     atomic_write_text(path, json.dumps(clean, indent=2, allow_nan=False))

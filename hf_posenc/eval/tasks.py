@@ -17,6 +17,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..wording import first_names
+
 BUILTIN = ("run_ppl", "run_passkey", "run_retrieval", "run_harness")
 ENTRY_POINTS = "hf_posenc.eval_tasks"
 
@@ -210,7 +212,7 @@ def documents_label(docs: list[str]) -> str:
     """The model-index's dataset name of a report that read ``docs``."""
     if not docs:
         return "text"
-    return ", ".join(docs[:3]) + (f" and {len(docs) - 3} more" if len(docs) > 3 else "")
+    return first_names(docs, 3)
 
 
 def per_length_entries(fields: dict[str, Any], name: str, value_of: Callable[[dict, str], float | None]):
