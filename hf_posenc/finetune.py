@@ -60,14 +60,18 @@ def check_pose_method(config: PosEncConfig) -> None:
 PACKINGS = ("document", "stream", "stream-restart")
 
 
+def check_packing(packing: str) -> None:
+    if packing not in PACKINGS:
+        raise ValueError(f"--packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
+
+
 def pack(token_docs: list[torch.Tensor], seq_len: int, eos: int | None, packing: str = "stream") -> torch.Tensor:
     """``[n_blocks, seq_len]`` training blocks. ``document``: each document cut into whole blocks of its own (its
     remainder dropped; no block straddles two documents); ``stream`` and ``stream-restart``: the documents joined
     (EOS between them) and cut into whole blocks (see :func:`restarted_positions` for the second)."""
     if seq_len < 2:
         raise ValueError(f"seq_len must be >= 2, got {seq_len}")
-    if packing not in PACKINGS:
-        raise ValueError(f"--packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
+    check_packing(packing)
     if packing == "document":
         blocks = [t[: len(t) // seq_len * seq_len].view(-1, seq_len) for t in token_docs if len(t) >= seq_len]
         if not blocks:
@@ -140,8 +144,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                          f"batch_size={batch_size}, grad_accum={grad_accum}, learning_rate={learning_rate}")
     if not eval_docs:
         raise ValueError("held-out evaluation needs at least one document that is not trained on")
-    if packing not in PACKINGS:
-        raise ValueError(f"--packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
+    check_packing(packing)
     if pose is not None and packing == "stream-restart":
         raise ValueError("--packing stream-restart gives each document its own position ids, and PoSE draws them for "
                          "the whole window: use one or the other")
