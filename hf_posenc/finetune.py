@@ -22,7 +22,7 @@ import torch
 
 from .provenance import recorded_command
 from .config import PosEncConfig
-from .adapters.s2_attention import S2Training, check_group, check_s2_method
+from .adapters.s2_attention import S2Training, check_group, check_s2_implementation, check_s2_method
 from .encodings.pose import check_pose, pose_batch
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     if s2_attn_group is not None:
         from .methods import resolve_method
 
-        check_s2_method(config.method, resolve_method(config.method).kind, None)
+        check_s2_method(config.method, resolve_method(config.method).kind)
         check_group(s2_attn_group, pose.window if pose else seq_len)
     check_heldout(train_docs, eval_docs, seq_len * eval_windows)  # by content, before any compute
     check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
@@ -189,7 +189,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         before = heldout_perplexity(lm, heldout, seq_len, eval_windows)
 
         if s2_attn_group is not None:
-            check_s2_method(config.method, "", getattr(lm.config, "_attn_implementation", None))
+            check_s2_implementation(getattr(lm.config, "_attn_implementation", None))
         with S2Training(lm, s2_attn_group):
             losses, seconds = _train(lm, blocks, positions, steps=steps, batch_size=batch_size, grad_accum=grad_accum,
                                      learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,

@@ -110,12 +110,16 @@ class S2Training:
             delattr(m, GROUP_ATTR)
 
 
-def check_s2_method(method: str, kind: str, impl: str | None) -> None:
+def check_s2_method(method: str, kind: str) -> None:
     """S²-Attn replaces the attention function while training: refused, by name, for a method that brings its
-    own (the attention-level methods, ALiBi) and for an implementation it does not stand in for."""
+    own (the attention-level methods, ALiBi)."""
     if kind == "attention" or method == "alibi":
         raise ValueError(f"--s2-attn-group replaces the attention function while training, and {method!r} brings its "
                          "own attention (it would train without it): use S²-Attn with a RoPE scaling, none, or a "
                          "swap that leaves attention alone (nope, learned, sinusoidal)")
-    if impl not in (None, "sdpa", "eager"):
+
+
+def check_s2_implementation(impl: str | None) -> None:
+    """S²-Attn stands in for the model's SDPA or eager attention only (a loaded model's implementation)."""
+    if impl not in ("sdpa", "eager"):
         raise ValueError(f"--s2-attn-group stands in for 'sdpa' or 'eager' attention; this model uses {impl!r}")
