@@ -52,6 +52,11 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
         delattr(hf_config, CONFIG_KEY)
         if requested is not None:
             logger.info("replacing the stored patch %s by %s", stored.method, requested.method)
+    written = None  # a GGUF written by ``patch --gguf``: the original values back in the config, its patch applied
+    if block is None and kwargs.get("gguf_file"):
+        from .gguf_file import stored_patch
+
+        written = stored_patch(os.path.join(source.path, kwargs["gguf_file"]), hf_config)
     # a checkpoint whose weights hold the patch (a resized table) is adopted, not re-derived
     adopted = stored is not None and not adapter.restores(block)
     if adopted and requested is not None and requested != stored:
@@ -66,7 +71,7 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
                          f"does not fit this model ({type(model).__name__}); the file was edited or corrupted.")
     if adopted:
         return adopt(model, stored, block, reapply=adapter.reapplies(block))
-    spec = requested or stored or shipped_dca(hf_config, path_or_id)
+    spec = requested or stored or written or shipped_dca(hf_config, path_or_id)
     if spec is not None:
         patch(model, spec)
         extra = adapter.extra_weights(model) if adapter is not None and requested is None else []

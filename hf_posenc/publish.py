@@ -40,7 +40,7 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
                    harness_limit: int | None = 50,
                    max_gen_tokens: int | None = None, tuned: dict[str, Any] | None = None,
                    serve_check: str | None = None, engine_python: str | None = None,
-                   serve_check_lengths: list[int] | None = None) -> dict[str, Any]:
+                   serve_check_lengths: list[int] | None = None, freeze_at: int | None = None) -> dict[str, Any]:
     """The whole ``hf-posenc patch`` job; returns what was done (folder, reports, commit URL). ``evals``: names of
     registered eval tasks (:mod:`eval.tasks`: ppl, passkey, retrieval, ``harness:TASK`` with an lm-eval task, e.g.
     ``harness:niah_single_1``; repeatable); ``eval_lengths``: lengths by a task's ``lengths_flag`` ("ppl",
@@ -48,7 +48,8 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     ``tuned``: the report of the ``hf-posenc tune`` run that chose ``config`` (its table goes into the card).
     ``serve_check``: an engine (``vllm``) that the saved folder is checked in (:mod:`hf_posenc.serve_check`, at
     ``serve_check_lengths``, with ``engine_python``) before it is moved into place; its verdicts go into the card's
-    Serving section and its report beside the others."""
+    Serving section and its report beside the others. ``freeze_at``: ``config`` (a length-dependent method) is
+    replaced by the static one equal to it at that many tokens (:mod:`hf_posenc.freezing`), evaluated and saved."""
     from . import runtime
     from .eval.data import gather_documents
     from .eval.tasks import PatchEval, parse_evals
@@ -67,6 +68,12 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
         docs = gather_documents(text_file=text_file, encoding=encoding) if reads_documents else []
         lm, tok, src = runtime.load_model_and_tokenizer(model, dtype, device, tokenizer=tokenizer,
                                                         need_tokenizer=bool(evals))
+        if freeze_at is not None:  # the static configuration, resolved against the model, is what follows
+            from .freezing import freeze
+            from .patching import get_config, unpatch
+
+            config = get_config(freeze(lm, config, freeze_at))
+            unpatch(lm)
         lengths = _lengths_of(lm, config, evals, eval_lengths or {})
         methods = ["none", config] if config.method != "none" else ["none"]
         common = dict(model=model, methods=methods, factor=config.factor, method_params={}, seed=seed, dtype=dtype,

@@ -29,7 +29,19 @@ def add_parser(sub) -> None:
                    "none (needed only with --eval; saved with the checkpoint).")
     g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (also the dtype saved).")
     g.add_argument("--device", default="cpu", help="torch device for the evaluation.")
-    g.add_argument("--output", required=True, help="folder to save the patched checkpoint, tokenizer and model card in.")
+    g.add_argument("--output", default=None, help="folder to save the patched checkpoint, tokenizer and model card in "
+                   "(or --gguf).")
+    g.add_argument("--gguf", default=None, metavar="OUT.gguf",
+                   help="instead of --output: write this GGUF file, --model's GGUF with the same tensors (quantized "
+                        "ones stay so, byte for byte) and the method's RoPE metadata as llama.cpp reads it (none, pi, "
+                        "ntk, yarn, llama3; other methods are refused by name, nothing written). The source file is "
+                        "never changed; an existing OUT.gguf is replaced only if hf-posenc wrote it.")
+    g.add_argument("--freeze-at", type=int, default=None, metavar="N",
+                   help="turn a length-dependent method (dynamic_ntk, dynamic_yarn, longrope) into the static one that "
+                        "equals it at N tokens (dynamic_ntk: ntk with a new rope_theta; dynamic_yarn: yarn with factor "
+                        "N/L; longrope: the list N picks), which vLLM and llama.cpp compute. Trade-off: every input "
+                        "gets the frequencies of N; a shorter one no longer gets its own (below L: not the unscaled "
+                        "ones), a longer one not the further scaled ones.")
     e = pa.add_argument_group("evaluation (results go into the model card and its model-index metadata)")
     tasks = patch_tasks()
     e.add_argument("--eval", type=names, default=[], help=f"comma-separated eval tasks: {eval_names(tasks)}; each "
@@ -70,6 +82,14 @@ def run(args, command: str) -> int:
     from ..eval.tasks import lengths_flags
 
     config = method_config(args)
+    if args.freeze_at is not None:
+        from ..freezing import check_freeze, original_before_load
+
+        check_freeze(config, args.freeze_at, original_before_load(args.model, config))  # before the load
+    if args.gguf is not None:
+        return _run_gguf(args, config)
+    if not args.output:
+        raise ValueError("give --output FOLDER (a patched checkpoint with its model card) or --gguf FILE.gguf")
     lengths = {flag: getattr(args, f"{flag}_lengths") for flag in lengths_flags() if getattr(args, f"{flag}_lengths")}
     done = patch_and_save(model=args.model, config=config, output=args.output, evals=args.eval,
                           eval_lengths=lengths, text_file=args.text_file,
@@ -80,7 +100,8 @@ def run(args, command: str) -> int:
                           progress=not args.no_progress, timeout=args.timeout,
                           harness_limit=args.harness_limit, max_gen_tokens=args.max_gen_tokens,
                           tuned=_tune_report(args.config), serve_check=args.serve_check,
-                          engine_python=args.engine_python, serve_check_lengths=args.serve_check_lengths)
+                          engine_python=args.engine_python, serve_check_lengths=args.serve_check_lengths,
+                          freeze_at=args.freeze_at)
     for report in done["reports"]:
         print(report["table"] + "\n")
     tokenizer = "tokenizer, " if done["tokenizer_saved"] else ""
@@ -89,6 +110,37 @@ def run(args, command: str) -> int:
         print("note: the model has no tokenizer, so none was saved; evaluations of this checkpoint need --tokenizer")
     if done["commit_url"]:
         print(f"uploaded: {done['commit_url']}")
+    return 0
+
+
+def _run_gguf(args, config) -> int:
+    """``--gguf``: the GGUF of ``--model`` with the method's RoPE metadata (:mod:`hf_posenc.gguf_file`)."""
+    import os
+
+    from ..gguf_file import patch_gguf
+    from ..models import resolve_source
+
+    extra = [flag for flag, value in (("--output", args.output), ("--eval", args.eval),
+                                      ("--serve-check", args.serve_check), ("--push-to-hub", args.push_to_hub),
+                                      ("--tokenizer", args.tokenizer)) if value]
+    if extra:
+        raise ValueError(f"--gguf writes one GGUF file, without loading the model: drop {', '.join(extra)} (or drop "
+                         "--gguf to save, evaluate and upload an HF checkpoint)")
+    source = resolve_source(args.model)
+    if "gguf_file" not in source.kwargs:
+        raise ValueError(f"--gguf patches a GGUF model, and --model {args.model!r} is not one; give a .gguf file (or "
+                         "save an HF checkpoint with --output)")
+    done = patch_gguf(os.path.join(source.path, source.kwargs["gguf_file"]), args.gguf, config,
+                      freeze_at=args.freeze_at)
+    cfg = done["config"]
+    frozen = f" (frozen at {args.freeze_at} tokens from {config.method})" if args.freeze_at is not None else ""
+    print(f"method: {cfg.method} x{cfg.factor:g}{frozen}, original context {cfg.original_max_position_embeddings}")
+    for key, value in done["metadata"].items():
+        print(f"  {key} = {value}")
+    if done["note"]:
+        print(f"note: {done['note']}")
+    added = f", and {', '.join(done['added'])} written" if done["added"] else ""
+    print(f"saved: {done['output']} ({done['tensors']} tensors of the source, byte for byte{added})")
     return 0
 
 

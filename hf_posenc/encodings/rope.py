@@ -95,8 +95,13 @@ def rope_dynamic_ntk(geom: RopeGeometry, factor: float, params: dict[str, Any], 
     base * (s * l / L - (s - 1))^(d/(d-2)); for l <= L the frequencies are the original ones."""
     L = geom.original_max_position_embeddings
     seq_len = L if seq_len is None else max(int(seq_len), L)
-    base = geom.base * ((factor * seq_len / L) - (factor - 1)) ** (geom.dim / (geom.dim - 2))
-    return default_inv_freq(base, geom.dim, device), 1.0
+    return default_inv_freq(ntk_base(geom.base, geom.dim, dynamic_ntk_alpha(factor, seq_len, L)), geom.dim, device), 1.0
+
+
+def dynamic_ntk_alpha(factor: float, seq_len: int, original: int) -> float:
+    """The NTK factor alpha that dynamic NTK applies at ``seq_len`` >= L tokens: s * l / L - (s - 1), so that its
+    base there is :func:`ntk_base` (base, d, alpha) -- static NTK with factor alpha (what ``--freeze-at`` saves)."""
+    return (factor * seq_len / original) - (factor - 1)
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:

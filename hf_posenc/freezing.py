@@ -1,0 +1,114 @@
+"""``--freeze-at N``: a length-dependent RoPE scaling turned into the static one that equals it at N tokens, for
+engines that cannot recompute frequencies per length (vLLM refuses a saved dynamic method past L; llama.cpp has
+no dynamic NTK and no dynamic YaRN).
+
+- ``dynamic_ntk`` at N > L is plain RoPE with base * alpha^(d/(d-2)), alpha = s N / L - (s - 1)
+  (``encodings.rope.dynamic_ntk_alpha``): static ``ntk`` with factor alpha, saved as a new ``rope_theta``.
+- ``dynamic_yarn`` at N is YaRN with scale max(1, N / L) (``finetuned``: never below its factor) and temperature
+  (0.1 ln scale + 1) * attn_factor (``encodings.rope.dynamic_yarn_scale``): static ``yarn``, saved as native yarn.
+- ``longrope`` at N picks its long list (N > L) or its short one (N <= L): ``longrope`` with both lists that one.
+
+The trade-off: the frozen model gives every input the frequencies of N. An input of exactly N tokens gets what
+the dynamic method gives it; a shorter one gets N's frequencies instead of its own (for dynamic NTK/YaRN below L,
+the unscaled ones), a longer one keeps N's where the dynamic method would scale further.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .config import PosEncConfig, as_config
+from .encodings import rope as R
+
+FREEZABLE = ("dynamic_ntk", "dynamic_yarn", "longrope")
+
+
+def check_freeze(cfg: PosEncConfig, at: Any, original: int | None = None) -> None:
+    """Refuse, before any load, a ``--freeze-at`` that means nothing: a method that does not follow the length, a
+    length that is not a whole number > 0, or (when the original context L is known: ``original`` or the config's)
+    a length at or below L where the dynamic method is the unchanged model."""
+    if cfg.method not in FREEZABLE:
+        raise ValueError(f"--freeze-at applies to the methods whose frequencies follow the length "
+                         f"({', '.join(FREEZABLE)}); {cfg.method!r} is static already: drop --freeze-at.")
+    if isinstance(at, bool) or not isinstance(at, int) or at <= 0:
+        raise ValueError(f"--freeze-at must be a whole number of tokens > 0, got {at!r}.")
+    L = cfg.original_max_position_embeddings or original
+    if L is None:
+        return
+    grows_from_one = cfg.method == "dynamic_ntk" or (cfg.method == "dynamic_yarn" and not cfg.params.get("finetuned"))
+    if grows_from_one and at <= L:
+        raise ValueError(f"--freeze-at {at}: {cfg.method} changes nothing up to the original context ({L} tokens), "
+                         f"so frozen there it is the unpatched model; give a length past {L} (the longest input to "
+                         "serve).")
+
+
+def freeze_config(cfg: Any, at: int, original: int | None = None) -> PosEncConfig:
+    """The static :class:`PosEncConfig` equal to the length-dependent ``cfg`` at ``at`` tokens (module doc).
+    ``original``: the context the model was trained for, when ``cfg`` does not give it; longrope needs its lists
+    resolved (``hf_posenc.get_config`` of a model patched with it, or given)."""
+    cfg = as_config(cfg)
+    check_freeze(cfg, at, original)
+    L = cfg.original_max_position_embeddings or original
+    if L is None:
+        raise ValueError("freezing needs the context the model was trained for: give original_max_position_embeddings "
+                         "(or freeze a model: hf_posenc.freezing.freeze).")
+    p = cfg.params
+    keep = {"layer_types": p["layer_types"]} if p.get("layer_types") is not None else {}
+    if cfg.method == "dynamic_ntk":
+        return PosEncConfig("ntk", R.dynamic_ntk_alpha(cfg.factor, at, L), L, keep)
+    if cfg.method == "dynamic_yarn":
+        scale = R.dynamic_yarn_scale(R.RopeGeometry(1.0, 2, L), cfg.factor, p, at)
+        attention = None if p["attn_factor"] == 1.0 else float(R.yarn_mscale(scale) * p["attn_factor"])
+        return PosEncConfig("yarn", scale, L, {**keep, "beta_fast": p["beta_fast"], "beta_slow": p["beta_slow"],
+                                               "attention_factor": attention, "truncate": True})
+    chosen = p["long_factor" if at > L else "short_factor"]
+    if chosen is None:
+        raise ValueError("freezing longrope needs its short_factor and long_factor lists; give them, or freeze a model "
+                         "(hf_posenc.freezing.freeze fills the default ones for it).")
+    return PosEncConfig("longrope", cfg.factor, L, {**keep, "cache": p["cache"], "short_factor": list(chosen),
+                                                     "long_factor": list(chosen),
+                                                     "attention_factor": p["attention_factor"]})
+
+
+def freeze(model, method: Any, at: int, **kwargs: Any):
+    """Patch ``model`` with the static configuration that equals ``method`` (a length-dependent scaling, given as
+    :func:`hf_posenc.patch` takes it) at ``at`` tokens; returns the model. ``hf_posenc.get_config(model)`` then
+    gives the frozen configuration, which ``save_pretrained`` writes natively where transformers has it."""
+    from .patching import get_config, patch, trying
+
+    cfg = as_config(method, **kwargs)
+    check_freeze(cfg, at)
+    with trying(model, [cfg]):  # resolved against the model: its original context, its default lists
+        resolved = get_config(model)
+    return patch(model, freeze_config(resolved, at))
+
+
+def original_before_load(model: str, cfg: PosEncConfig) -> int | None:
+    """The original context of ``model`` read from its config alone (a GGUF's metadata), for :func:`check_freeze`
+    before the weights load: ``cfg``'s when it gives one, a patched checkpoint's stored original, else the config's
+    ``max_position_embeddings``; None when it cannot be read (the check then runs after the load)."""
+    if cfg.original_max_position_embeddings:
+        return cfg.original_max_position_embeddings
+    try:
+        from transformers import AutoConfig
+
+        from .adapters.base import text_config
+        from .config import CONFIG_KEY
+        from .models import resolve_source
+
+        source = resolve_source(model)
+        hf_config = AutoConfig.from_pretrained(source.path, **source.kwargs)
+        block = getattr(hf_config, CONFIG_KEY, None)
+        if isinstance(block, dict) and block.get("original_max_position_embeddings"):
+            return int(block["original_max_position_embeddings"])
+        if "gguf_file" in source.kwargs:
+            from .gguf_file import stored_patch
+
+            stored = stored_patch(os.path.join(source.path, source.kwargs["gguf_file"]), hf_config)
+            if stored is not None:
+                return stored.original_max_position_embeddings
+        n = getattr(text_config(hf_config)[0], "max_position_embeddings", None)
+        return int(n) if n else None
+    except Exception:  # noqa: BLE001 -- only a pre-check: the load that follows reports what is wrong
+        return None

