@@ -131,7 +131,7 @@ def eval_results(reports: list[dict[str, Any]], method: str) -> list:
 
 # the card's titles of the reports that are not eval tasks' (eval tasks name theirs: eval.tasks.EvalTask.title)
 _OTHER_TITLES = {"tune": "How this configuration was chosen (hf-posenc tune)",
-                 "finetune": "Fine-tuning (held-out perplexity before and after)",
+                 "finetune": "Fine-tuning (held-out perplexity and long context, before and after)",
                  "serve_check": "Served by an engine (hf-posenc serve-check)"}
 
 

@@ -5,8 +5,10 @@ Documents are tokenized and cut into blocks of ``seq_len`` tokens, each document
 with the EOS token, optionally with position ids starting again after each);
 training runs through ``transformers.Trainer`` (which runs on accelerate), optionally with gradient
 checkpointing. Held-out perplexity (documents not trained on) is measured before and after with the
-same windows. The result is saved with ``hf_posenc.save_pretrained``: ``hf_posenc.from_pretrained``
-loads it with the patch applied to the trained weights.
+same windows; past the model's original context, the long-context evaluation (:mod:`hf_posenc.finetune_eval`)
+measures perplexity with its truncated baseline and needles in the held-out prose, before and after. The result is
+saved with ``hf_posenc.save_pretrained``: ``hf_posenc.from_pretrained`` loads it with the patch applied to the
+trained weights.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from .provenance import recorded_command
 from .config import PosEncConfig
 from .adapters.s2_attention import S2Training, check_group, check_s2_implementation, check_s2_method
 from .encodings.pose import check_pose, pose_batch
+
+from .finetune_eval import LongEvalSettings
 
 if TYPE_CHECKING:
     from .lora import LoraSettings
@@ -123,7 +127,8 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
              command: str | None = None, progress: bool = True, pose: PoseSettings | None = None,
              lora: "LoraSettings | None" = None, merge_lora: bool = False,
              s2_attn_group: int | None = None, chunked_loss: bool = True,
-             packing: str = "document") -> dict[str, Any]:
+             packing: str = "document", long_eval: LongEvalSettings | None = LongEvalSettings(),
+             context_parallel_size: int = 1) -> dict[str, Any]:
     """Patch ``model`` with ``config``, train it ``steps`` optimizer steps on packed ``train_docs``, measure
     held-out perplexity on ``eval_docs`` before and after, save to ``output``; returns the report. ``pose``:
     train on PoSE windows (their position ids skip to cover ``pose.target``) instead of ``seq_len`` blocks.
@@ -132,7 +137,11 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     ``s2_attn_group``: train with LongLoRA's shifted sparse attention in groups of that many tokens
     (:mod:`hf_posenc.adapters.s2_attention`); evaluation and the saved model attend in full. ``chunked_loss``:
     the training loss over chunks of the LM head (never ``[tokens, vocab]`` logits), as evaluation computes it.
-    ``packing``: how documents become blocks (:func:`pack`; ``document``: no block straddles two documents)."""
+    ``packing``: how documents become blocks (:func:`pack`; ``document``: no block straddles two documents).
+    ``long_eval``: the long-context evaluation before and after training (:mod:`hf_posenc.finetune_eval`: perplexity
+    past the original context L with the truncated baseline, needles in the held-out prose) at ``long_eval.length``,
+    by default PoSE's target length (none without PoSE); None: none. Under several processes every process computes
+    it (the same numbers; none waits for another) and the main process saves it with the report."""
     from .replaced_folder import ReplacedOutput, check_replaced_output
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
@@ -155,10 +164,19 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
 
         check_s2_method(config.method, resolve_method(config.method).kind)
         check_group(s2_attn_group, pose.window if pose else seq_len)
-    check_heldout(train_docs, eval_docs, seq_len * eval_windows)  # by content, before any compute
+    long_length = long_eval.length_for(pose.target if pose else None) if long_eval is not None else None
+    read = seq_len * eval_windows  # the held-out tokens scored (the needles' haystack: every document whole)
+    read = None if long_length and long_eval.needle_trials else max(read, long_length or 0)
+    check_heldout(train_docs, eval_docs, read)  # by content, before any compute
     check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # several: started by torchrun or accelerate launch
     main_process = int(os.environ.get("RANK", "0")) == 0
+    if context_parallel_size != 1:  # each sequence split across processes (hf_posenc.parallel), refused before compute
+        from .parallel import check_context_parallel
+
+        check_context_parallel(config.method, context_parallel_size, pose.window if pose else seq_len, processes,
+                               s2_attn_group, device)
+        chunked_loss = False  # the shards' targets: the Trainer's shift_labels, which the model's own loss reads
     # one run per --output, from here to the save (held by the process that saves)
     with ReplacedOutput(output, "finetune") if main_process else nullcontext() as out:
         seed_everything(seed)
@@ -167,6 +185,12 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         patch(lm, config)
         if pose is not None:
             _check_pose_target(lm, pose)
+        if long_length:
+            from .context import original_context
+            from .finetune_eval import check_length
+
+            original = original_context(lm)
+            check_length(long_length, original, lm)  # before training
         if lora is not None:
             from .lora import apply_lora
 
@@ -187,16 +211,26 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
             raise ValueError(f"too little held-out text for seq_len={seq_len}: the longest held-out document has "
                              f"{max(len(t) for t in heldout)} tokens")
         before = heldout_perplexity(lm, heldout, seq_len, eval_windows)
+        long_context = None
+        if long_length:
+            from .finetune_eval import LongEval
+
+            longer = LongEval(tok, eval_docs, long_eval, long_length, original, seed, progress and main_process)
+            long_context = {**longer.describe(), "before": longer.measure(lm, "before training")}
 
         if s2_attn_group is not None:
             check_s2_implementation(getattr(lm.config, "_attn_implementation", None))
+        engine: dict[str, str] = {}
         with S2Training(lm, s2_attn_group):
             losses, seconds = _train(lm, blocks, positions, steps=steps, batch_size=batch_size, grad_accum=grad_accum,
                                      learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
                                      gradient_checkpointing=gradient_checkpointing, seed=seed, device=device,
-                                     progress=progress, chunked_loss=chunked_loss)
+                                     progress=progress, chunked_loss=chunked_loss,
+                                     context_parallel_size=context_parallel_size, engine=engine)
         lm.eval()
         after = heldout_perplexity(lm, heldout, seq_len, eval_windows)
+        if long_context is not None:
+            long_context["after"] = longer.measure(lm, "after training")
         report = {
             "task": "finetune",
             "setup": {"model": model, "method": config.to_dict(), "seq_len": seq_len, "steps": steps,
@@ -208,19 +242,26 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                       "device": device, "processes": processes, "dtype": dtype, "command": recorded_command(command),
                       "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None,
                       "lora": dict(asdict(lora), merged=merge_lora) if lora else None,
-                      "s2_attn_group": s2_attn_group, "chunked_loss": chunked_loss, "packing": packing},
+                      "s2_attn_group": s2_attn_group, "chunked_loss": chunked_loss, "packing": packing,
+                      "engine": engine.get("name"), "context_parallel_size": context_parallel_size,
+                      "long_eval": dict(asdict(long_eval), length=long_length) if long_length else None},
             "losses": losses,
             "heldout_before": before,
             "heldout_after": after,
         }
+        if long_context is not None:
+            report["long_context"] = long_context
         report["table"] = finetune_table(report)
+        from .parallel import gathered_state_dict
+
+        state = gathered_state_dict(lm)  # ZeRO-3 / FSDP: every process gives its shards to the one that saves
         if main_process:  # one process saves (under torchrun / accelerate every process trained the same weights)
-            report["plot"] = _save(lm, tok, report, out, output, model, command, lora, merge_lora)
+            report["plot"] = _save(lm, tok, report, out, output, model, command, lora, merge_lora, state)
     return report
 
 
-def _save(lm, tok, report: dict[str, Any], out, output: str, model: str, command: str | None, lora, merge_lora: bool
-          ) -> str:
+def _save(lm, tok, report: dict[str, Any], out, output: str, model: str, command: str | None, lora, merge_lora: bool,
+          state_dict: dict[str, Any] | None = None) -> str:
     """The checkpoint, its card (with the training table) and the report (JSON, Markdown) in hf_posenc_eval/,
     written into a staged folder that replaces --output only when all of it is written; returns the plot's path."""
     from .hub import EVAL_FOLDER, save_pretrained
@@ -232,7 +273,7 @@ def _save(lm, tok, report: dict[str, Any], out, output: str, model: str, command
 
             save_lora(lm, staged, merge_lora, tok, **card)
         else:
-            save_pretrained(lm, staged, tok, **card)
+            save_pretrained(lm, staged, tok, **card, **({"state_dict": state_dict} if state_dict else {}))
         plotted = plot_losses(report, os.path.join(staged, EVAL_FOLDER, "finetune_loss.png"))
     return os.path.join(output, os.path.relpath(plotted, staged)) if plotted else ""
 
@@ -249,11 +290,14 @@ def _check_pose_target(lm, pose: PoseSettings) -> None:
 def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, *, steps: int, batch_size: int,
            grad_accum: int, learning_rate: float, warmup_steps: int, weight_decay: float,
            gradient_checkpointing: bool, seed: int, device: str, progress: bool,
-           chunked_loss: bool = True) -> tuple[list[dict[str, float]], float]:
+           chunked_loss: bool = True, context_parallel_size: int = 1,
+           engine: dict[str, str] | None = None) -> tuple[list[dict[str, float]], float]:
     """Trains ``lm`` in place on the packed ``blocks`` (transformers' Trainer, cosine schedule); returns the
     logged losses by step and the seconds it took."""
     from datasets import Dataset
     from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from .parallel import check_engine, parallelism_config
 
     columns = {"input_ids": blocks.tolist()}
     if positions is not None:  # PoSE: each window's own position ids
@@ -273,6 +317,7 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, *, steps: i
         weight_decay=weight_decay, lr_scheduler_type="cosine", logging_steps=1, save_strategy="no",
         report_to=[], seed=seed, data_seed=seed, use_cpu=device == "cpu", disable_tqdm=not progress,
         remove_unused_columns=False, dataloader_drop_last=True,
+        parallelism_config=parallelism_config(context_parallel_size, int(os.environ.get("WORLD_SIZE", "1"))),
         # transformers >= 5.x renamed gradient checkpointing to activation checkpointing
         **{_checkpointing_arg(TrainingArguments): gradient_checkpointing},
     )
@@ -280,14 +325,18 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, *, steps: i
     def collate(rows):
         ids = torch.stack([r["input_ids"] for r in rows])
         batch = {"input_ids": ids, "labels": ids.clone()}
-        if positions is not None:
-            batch["position_ids"] = torch.stack([r["position_ids"] for r in rows])
+        # always the global position ids: under context parallelism each shard's RoPE reads its own tokens' ones
+        batch["position_ids"] = (torch.stack([r["position_ids"] for r in rows]) if positions is not None
+                                 else torch.arange(ids.shape[1]).repeat(ids.shape[0], 1))
         return batch
 
     lm.train()
     started = time.time()
     trainer_class = _chunked_loss_trainer() if chunked_loss else Trainer
     trainer = trainer_class(model=lm, args=args, train_dataset=data, data_collator=collate, callbacks=[Record()])
+    name = check_engine(trainer, lm)  # before training
+    if engine is not None:
+        engine["name"] = name
     with scratch:
         trainer.train()
     seconds = time.time() - started
@@ -336,8 +385,13 @@ def finetune_table(report: dict[str, Any]) -> str:
     trained = f"{pose['window']} (PoSE to {pose['target']})" if pose else s["seq_len"]
     rows = [[s["method"]["method"], s["steps"], trained, round(first, 3), round(last, 3),
              round(report["heldout_before"]["ppl"], 2), round(report["heldout_after"]["ppl"], 2)]]
-    return markdown_table(["method", "steps", "seq_len", "train loss (first 5)", "train loss (last 5)",
-                           f"held-out ppl before (at {s['seq_len']})", "held-out ppl after"], rows)
+    table = markdown_table(["method", "steps", "seq_len", "train loss (first 5)", "train loss (last 5)",
+                            f"held-out ppl before (at {s['seq_len']})", "held-out ppl after"], rows)
+    if report.get("long_context"):
+        from .finetune_eval import long_context_table
+
+        table += "\n\n" + long_context_table(report["long_context"], s["method"]["method"])
+    return table
 
 
 def plot_losses(report: dict[str, Any], path: str) -> str:

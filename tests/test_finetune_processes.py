@@ -16,7 +16,7 @@ def _argv(model, out, batch_size):
     return ["finetune", "--model", model, "--method", "yarn", "--factor", "2", "--text-file", book_path("pg1513.txt"),
             "--eval-text-file", book_path("pg84.txt"), "--seq-len", "64", "--steps", "4", "--eval-windows", "1",
             "--learning-rate", "3e-3", "--batch-size", str(batch_size), "--device", "cpu", "--no-progress",
-            "--output", str(out)]
+            "--output", str(out), "--eval-length", "96", "--eval-needle-depths", "0.5", "--eval-needle-trials", "1"]
 
 
 def _run(prefix, argv, cwd):
@@ -38,6 +38,10 @@ def test_two_processes_train_as_one_with_the_same_global_batch(tiny_checkpoint, 
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5)
     assert b["heldout_after"]["ppl"] == pytest.approx(a["heldout_after"]["ppl"], rel=1e-5)
     assert b["heldout_after"]["ppl"] != pytest.approx(b["heldout_before"]["ppl"], rel=1e-6)  # it trained
+    long_a, long_b = a["long_context"]["after"], b["long_context"]["after"]  # each process computes it, one saves
+    assert long_b["past_original"]["ppl"] == pytest.approx(long_a["past_original"]["ppl"], rel=1e-5)
+    assert long_b["truncated"]["ppl"] == pytest.approx(long_a["truncated"]["ppl"], rel=1e-5)
+    assert long_b["needles"]["by_depth"]["0.5"]["trials"] == 1
     assert hf_posenc.get_config(hf_posenc.from_pretrained(str(two))).method == "yarn"  # saved once, patch kept
     leftovers = [n for n in os.listdir(tmp_path) if n.startswith(".")]
     assert leftovers == [], leftovers  # no lock, no staged folder

@@ -231,12 +231,14 @@ def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_check
     from transformers import AutoTokenizer
 
     out = tmp_path / "ft"
-    argv = _finetune_argv(tiny_checkpoint, out, "--lora-r", "4", "--pose-window", "32", "--target-length", "128")
+    argv = _finetune_argv(tiny_checkpoint, out, "--lora-r", "4", "--pose-window", "32", "--target-length", "128",
+                          "--eval-needle-depths", "0.5", "--eval-needle-trials", "1")  # the long eval, kept short
     assert main(argv + (["--lora-merge"] if merge else [])) == 0
     printed = capsys.readouterr().out
     report = json.loads((out / "hf_posenc_eval" / "finetune.json").read_text())
     assert report["setup"]["lora"]["r"] == 4 and report["setup"]["lora"]["merged"] is merge
     assert report["setup"]["pose"]["target"] == 128
+    assert report["long_context"]["after"]["needles"]["by_depth"]["0.5"]["trials"] == 1  # PoSE's target by default
     if merge:
         assert "load with hf_posenc.from_pretrained" in printed
         model = hf_posenc.from_pretrained(str(out)).eval()

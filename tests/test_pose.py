@@ -84,7 +84,7 @@ def test_cli_finetune_with_pose_windows_records_them(tiny_checkpoint, tmp_path, 
     assert main(["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--text-file",
                  book_path("pg1513.txt"), "--eval-text-file", book_path("pg84.txt"), "--pose-window", "32",
                  "--target-length", "128", "--seq-len", "64", "--steps", "2", "--eval-windows", "1", "--output",
-                 str(out), "--no-progress"]) == 0
+                 str(out), "--no-progress", "--no-long-eval"]) == 0  # (its long eval: test_finetune_long_eval)
     assert "32 (PoSE to 128)" in capsys.readouterr().out
     report = json.loads((out / "hf_posenc_eval" / "finetune.json").read_text())
     assert report["setup"]["pose"] == {"window": 32, "target": 128, "chunks": 2} and len(report["losses"]) == 2

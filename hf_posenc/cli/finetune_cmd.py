@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..models import DEFAULT_MODEL
-from ..flags import data_flags, method_config, names, positive
+from ..flags import data_flags, floats, method_config, names, positive
 from ..replaced_folder import check_replaced_output
 
 
@@ -61,7 +61,24 @@ def add_parser(sub) -> None:
                    help="compute the training loss from the model's whole [tokens x vocab] logits (the default runs "
                         "the LM head and the loss over chunks, recomputed in the backward pass: far less memory at "
                         "long lengths, the same loss).")
+    t.add_argument("--context-parallel-size", type=positive, default=1,
+                   help="split each training sequence across this many processes (accelerate's context parallelism, "
+                        "torch ring attention over SDPA on FSDP2; accelerators only; the model's own full-logits "
+                        "loss). Static RoPE scalings, none and nope only; must divide the processes, and twice it the "
+                        "training length.")
     t.add_argument("--eval-windows", type=positive, default=4, help="held-out windows of --seq-len tokens per document.")
+    le = ft.add_argument_group("long-context evaluation (before and after training, on the held-out text)")
+    le.add_argument("--eval-length", type=positive, default=None,
+                    help="the length in tokens (above the model's original context L) at which the held-out text is "
+                         "evaluated before and after training: perplexity past L, its truncated baseline and the "
+                         "context gain, and needles in the prose (default: --target-length with PoSE, else none).")
+    le.add_argument("--eval-needle-depths", type=floats, default=None,
+                    help="comma-separated needle depths in [0, 1] for the long-context evaluation "
+                         "(default 0.1,0.3,0.5,0.7,0.9).")
+    le.add_argument("--eval-needle-trials", type=int, default=None,
+                    help="needle keys per depth in the long-context evaluation (default 5; 0: perplexity only).")
+    le.add_argument("--no-long-eval", action="store_true",
+                    help="skip the long-context evaluation (perplexity past L and needles before and after).")
     t.add_argument("--dtype", default="float32", help="float32 or bfloat16 (training precision).")
     t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu).")
     t.add_argument("--seed", type=int, default=0, help="random seed (data order, initialisation).")
@@ -76,6 +93,7 @@ def run(args, command: str) -> int:
 
     config = method_config(args)  # validated before the slow load
     pose, lora = _pose(args), _lora(args)
+    long_eval = _long_eval(args, pose)
     reads = [*(args.text_file or []), args.text_dir, args.dataset, *args.eval_text_file]
     check_replaced_output(args.output, "finetune", reads=reads)  # before reading any of them
     if not (args.text_file or args.text_dir or args.dataset):
@@ -90,7 +108,8 @@ def run(args, command: str) -> int:
                       eval_windows=args.eval_windows, seed=args.seed, dtype=args.dtype, device=args.device,
                       command=command, progress=not args.no_progress, pose=pose, lora=lora,
                       merge_lora=args.lora_merge, s2_attn_group=args.s2_attn_group,
-                      chunked_loss=not args.full_logits_loss, packing=args.packing)
+                      chunked_loss=not args.full_logits_loss, packing=args.packing, long_eval=long_eval,
+                      context_parallel_size=args.context_parallel_size)
     print(report["table"])
     loader = "hf_posenc.lora.load_lora" if lora is not None and not args.lora_merge else "hf_posenc.from_pretrained"
     print(f"\nsaved: {args.output} (load with {loader}); training report in {args.output}/hf_posenc_eval/")
@@ -111,6 +130,24 @@ def _pose(args):
     settings = PoseSettings(args.pose_window, args.target_length, args.pose_chunks or 2)
     check_pose_method(method_config(args))
     return settings
+
+
+def _long_eval(args, pose):
+    from ..finetune_eval import DEPTHS, LongEvalSettings
+
+    given = [flag for flag, value in (("--eval-length", args.eval_length), ("--eval-needle-depths",
+                                                                             args.eval_needle_depths),
+                                      ("--eval-needle-trials", args.eval_needle_trials)) if value is not None]
+    if args.no_long_eval:
+        if given:
+            raise ValueError(f"{', '.join(given)} shape the long-context evaluation that --no-long-eval skips: drop "
+                             "one or the other")
+        return None
+    if args.eval_length is None and pose is None and given:
+        raise ValueError(f"{', '.join(given)} shape the long-context evaluation, which runs at --eval-length N (past "
+                         "the model's original context) or PoSE's --target-length: add one, or drop them")
+    trials = 5 if args.eval_needle_trials is None else args.eval_needle_trials
+    return LongEvalSettings(args.eval_length, tuple(args.eval_needle_depths or DEPTHS), trials)
 
 
 def _lora(args):
