@@ -62,6 +62,25 @@ def check_pose_method(config: PosEncConfig) -> None:
 
 
 PACKINGS = ("document", "stream", "stream-restart")
+MIXED_PRECISIONS = ("no", "bf16", "fp16")
+
+
+def check_mixed_precision(mixed_precision: str, dtype: str, device: str | None) -> None:
+    """``bf16``/``fp16``: the Trainer's autocast over float32 weights (and optimizer state); refused where the
+    device cannot compute it, and over weights already loaded in a half precision (``--dtype``)."""
+    if mixed_precision not in MIXED_PRECISIONS:
+        raise ValueError(f"--mixed-precision must be one of {', '.join(MIXED_PRECISIONS)}, got {mixed_precision!r}")
+    if mixed_precision == "no":
+        return
+    if dtype != "float32":
+        raise ValueError(f"--mixed-precision {mixed_precision} computes in half precision over float32 weights; "
+                         f"--dtype {dtype} already loads the weights in it: use one or the other")
+    kind = (device or ("cuda" if torch.cuda.is_available() else "cpu")).split(":")[0]
+    if mixed_precision == "fp16" and kind != "cuda":
+        raise ValueError(f"--mixed-precision fp16 needs a CUDA device (its loss scaling), got device {kind!r}: use "
+                         "bf16, which CPUs compute")
+    if mixed_precision == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError("--mixed-precision bf16: this GPU does not support bfloat16; use fp16")
 
 
 def check_packing(packing: str) -> None:
@@ -128,7 +147,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
              lora: "LoraSettings | None" = None, merge_lora: bool = False,
              s2_attn_group: int | None = None, chunked_loss: bool = True,
              packing: str = "document", long_eval: LongEvalSettings | None = LongEvalSettings(),
-             context_parallel_size: int = 1) -> dict[str, Any]:
+             context_parallel_size: int = 1, mixed_precision: str = "no") -> dict[str, Any]:
     """Patch ``model`` with ``config``, train it ``steps`` optimizer steps on packed ``train_docs``, measure
     held-out perplexity on ``eval_docs`` before and after, save to ``output``; returns the report. ``pose``:
     train on PoSE windows (their position ids skip to cover ``pose.target``) instead of ``seq_len`` blocks.
@@ -138,6 +157,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     (:mod:`hf_posenc.adapters.s2_attention`); evaluation and the saved model attend in full. ``chunked_loss``:
     the training loss over chunks of the LM head (never ``[tokens, vocab]`` logits), as evaluation computes it.
     ``packing``: how documents become blocks (:func:`pack`; ``document``: no block straddles two documents).
+    ``mixed_precision``: ``bf16`` or ``fp16`` autocast over float32 weights (:func:`check_mixed_precision`).
     ``long_eval``: the long-context evaluation before and after training (:mod:`hf_posenc.finetune_eval`: perplexity
     past the original context L with the truncated baseline, needles in the held-out prose) at ``long_eval.length``,
     by default PoSE's target length (none without PoSE); None: none. Under several processes every process computes
@@ -154,6 +174,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     if not eval_docs:
         raise ValueError("held-out evaluation needs at least one document that is not trained on")
     check_packing(packing)
+    check_mixed_precision(mixed_precision, dtype, device)
     if pose is not None and packing == "stream-restart":
         raise ValueError("--packing stream-restart gives each document its own position ids, and PoSE draws them for "
                          "the whole window: use one or the other")
@@ -226,7 +247,8 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                                      learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
                                      gradient_checkpointing=gradient_checkpointing, seed=seed, device=device,
                                      progress=progress, chunked_loss=chunked_loss,
-                                     context_parallel_size=context_parallel_size, engine=engine)
+                                     context_parallel_size=context_parallel_size, engine=engine,
+                                     mixed_precision=mixed_precision)
         lm.eval()
         after = heldout_perplexity(lm, heldout, seq_len, eval_windows)
         if long_context is not None:
@@ -239,7 +261,8 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                       "gradient_checkpointing": gradient_checkpointing, "train_blocks": int(blocks.shape[0]),
                       "blocks_seen": need, "train_documents": [d.name for d in train_docs],
                       "eval_documents": [d.name for d in eval_docs], "eval_windows": eval_windows, "seed": seed,
-                      "device": device, "processes": processes, "dtype": dtype, "command": recorded_command(command),
+                      "device": device, "processes": processes, "dtype": dtype, "mixed_precision": mixed_precision,
+                      "command": recorded_command(command),
                       "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None,
                       "lora": dict(asdict(lora), merged=merge_lora) if lora else None,
                       "s2_attn_group": s2_attn_group, "chunked_loss": chunked_loss, "packing": packing,
@@ -291,7 +314,7 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, *, steps: i
            grad_accum: int, learning_rate: float, warmup_steps: int, weight_decay: float,
            gradient_checkpointing: bool, seed: int, device: str, progress: bool,
            chunked_loss: bool = True, context_parallel_size: int = 1,
-           engine: dict[str, str] | None = None) -> tuple[list[dict[str, float]], float]:
+           engine: dict[str, str] | None = None, mixed_precision: str = "no") -> tuple[list[dict[str, float]], float]:
     """Trains ``lm`` in place on the packed ``blocks`` (transformers' Trainer, cosine schedule); returns the
     logged losses by step and the seconds it took."""
     from datasets import Dataset
@@ -317,6 +340,7 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, *, steps: i
         weight_decay=weight_decay, lr_scheduler_type="cosine", logging_steps=1, save_strategy="no",
         report_to=[], seed=seed, data_seed=seed, use_cpu=device == "cpu", disable_tqdm=not progress,
         remove_unused_columns=False, dataloader_drop_last=True,
+        bf16=mixed_precision == "bf16", fp16=mixed_precision == "fp16",
         parallelism_config=parallelism_config(context_parallel_size, int(os.environ.get("WORLD_SIZE", "1"))),
         # transformers >= 5.x renamed gradient checkpointing to activation checkpointing
         **{_checkpointing_arg(TrainingArguments): gradient_checkpointing},

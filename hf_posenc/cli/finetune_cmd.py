@@ -79,7 +79,11 @@ def add_parser(sub) -> None:
                     help="needle keys per depth in the long-context evaluation (default 5; 0: perplexity only).")
     le.add_argument("--no-long-eval", action="store_true",
                     help="skip the long-context evaluation (perplexity past L and needles before and after).")
-    t.add_argument("--dtype", default="float32", help="float32 or bfloat16 (training precision).")
+    t.add_argument("--dtype", default="float32", help="float32 or bfloat16: the precision the weights are loaded and "
+                   "trained in (bfloat16: the optimizer state too; prefer --mixed-precision bf16).")
+    t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no",
+                   help="compute the forward and backward passes in bf16 (CPUs and recent GPUs) or fp16 (CUDA) "
+                        "under autocast, keeping float32 weights and optimizer state.")
     t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu).")
     t.add_argument("--seed", type=int, default=0, help="random seed (data order, initialisation).")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
@@ -106,6 +110,7 @@ def run(args, command: str) -> int:
                       batch_size=args.batch_size, grad_accum=args.grad_accum, warmup_steps=args.warmup_steps,
                       weight_decay=args.weight_decay, gradient_checkpointing=not args.no_gradient_checkpointing,
                       eval_windows=args.eval_windows, seed=args.seed, dtype=args.dtype, device=args.device,
+                      mixed_precision=args.mixed_precision,
                       command=command, progress=not args.no_progress, pose=pose, lora=lora,
                       merge_lora=args.lora_merge, s2_attn_group=args.s2_attn_group,
                       chunked_loss=not args.full_logits_loss, packing=args.packing, long_eval=long_eval,
