@@ -56,6 +56,16 @@ def greedy_decode(model, cache, first, start: int, steps: int):
         return time.perf_counter() - begin, torch.cat(out, -1), logits.float()
 
 
+def load_json(path: str) -> dict | None:
+    """The JSON report at ``path``, or None before it is written."""
+    import json
+
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def require_book(path: str) -> None:
     """SystemExit naming ``path`` unless it is a file (the benchmark books live outside the repository)."""
     if not os.path.isfile(path):

@@ -23,12 +23,11 @@ method at 12k.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
 
-from _bench import ROOT, comma_list, rel, require_book, run_cli, tuned_run_flags
+from _bench import ROOT, comma_list, load_json, rel, require_book, run_cli, tuned_run_flags
 from bench_remapped_quality import METHODS, chosen_variants
 
 TITLE = "## Is the context past L used? Context gain, key-token perplexity, needles in text"
@@ -54,20 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load(path: str) -> dict | None:
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 PPL, JUDGED, TEXT, FILLER = "ppl", "ppl_judged", "needle_text", "needle_filler"  # one length's run folders
 REPORTS = {PPL: "perplexity.json", JUDGED: "perplexity.json", TEXT: "passkey.json", FILLER: "passkey.json"}
 
 
 def _report(out: str, folder: str) -> dict | None:
     """The report of one run folder of a length's output ``out``, or None before it is written."""
-    return _load(os.path.join(out, folder, REPORTS[folder]))
+    return load_json(os.path.join(out, folder, REPORTS[folder]))
 
 
 def commands(args, length: int, chosen) -> dict[str, list[str]]:
@@ -186,7 +178,7 @@ def verdict(args, length: int, chosen) -> str:
     original = ppl["setup"]["original_context"]
     beyond = [d for d in _depths(args) if d < _edge(original, length)]
     for kind in ("text", "filler"):
-        report = _load(os.path.join(args.output, str(length), f"needle_{kind}", "passkey.json"))
+        report = load_json(os.path.join(args.output, str(length), f"needle_{kind}", "passkey.json"))
         found = []
         for m in args.needle_methods:
             r = (report or {}).get("results", {}).get(labels[m], {})

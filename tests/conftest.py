@@ -228,3 +228,14 @@ SMALL_WINDOW_KNOBS = {  # windows small enough that 59-90 tokens cross every bou
     "llama3": {"factor": 2.0},
     "pi": {"factor": 2.0},
 }
+
+
+def run_launched(prefix: list[str], argv: list[str], cwd, timeout: int = 600):
+    """``prefix + argv`` run in ``cwd`` as a fresh launch (no RANK / WORLD_SIZE / LOCAL_RANK / MASTER_PORT inherited
+    from a launcher around the tests); it must exit 0 (else its stderr's tail is the failure). Returns the result."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    done = subprocess.run([*prefix, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done

@@ -6,7 +6,6 @@ installed; FSDP runs on accelerators only (accelerate trains a CPU run with the 
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -14,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import hf_posenc
-from conftest import book_path
+from conftest import book_path, run_launched
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 NO_DEEPSPEED = importlib.util.find_spec("deepspeed") is None
@@ -28,10 +27,7 @@ def _argv(model, out, batch_size):
 
 
 def _run(prefix, argv, cwd):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    done = subprocess.run([*prefix, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
+    return run_launched(prefix, argv, cwd, timeout=300)
 
 
 def _config(name, folder):

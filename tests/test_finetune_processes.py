@@ -3,13 +3,12 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 import hf_posenc
-from conftest import book_path
+from conftest import book_path, run_launched
 
 
 def _argv(model, out, batch_size):
@@ -20,10 +19,7 @@ def _argv(model, out, batch_size):
 
 
 def _run(prefix, argv, cwd):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    done = subprocess.run([*prefix, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
+    return run_launched(prefix, argv, cwd, timeout=600)
 
 
 def test_two_processes_train_as_one_with_the_same_global_batch(tiny_checkpoint, tmp_path):
