@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config_syntax import FIELDS, check_keys, config_error, config_text, fields_text, split_spec
 from .methods import MIN_ORIGINAL_CONTEXT, check_factor, resolve_method, resolve_params
 
 CONFIG_KEY = "hf_posenc"  # the key of the block in config.json
@@ -50,6 +51,24 @@ class PosEncConfig:
         return resolve_method(self.method)
 
     @classmethod
+    def parse(cls, text: str) -> "PosEncConfig":
+        """``PosEncConfig.parse("yarn:factor=4,beta_fast=16")``: the one text form of a configuration,
+        ``METHOD[:KEY=VALUE,...]`` (see :mod:`hf_posenc.config_syntax`), read and checked as :meth:`patch
+        <hf_posenc.patch>` checks a config; a bad one raises the one ValueError that names the text, the form and
+        the method's keys."""
+        method, knobs = split_spec(text)
+        check_keys(text, method, list(knobs))
+        factor, original = (knobs.pop(k, None) for k in FIELDS)
+        return checked(text, method, factor, original, knobs)
+
+    def to_text(self) -> str:
+        """The configuration in the form :meth:`parse` reads: ``PosEncConfig.parse(c.to_text()) == c``."""
+        return config_text(self.method, self.factor, self.original_max_position_embeddings, self.params)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    @classmethod
     def from_kwargs(cls, method: str, **kwargs: Any) -> "PosEncConfig":
         """``PosEncConfig.from_kwargs("yarn", factor=4, beta_fast=16)``: method knobs as keywords."""
         factor = kwargs.pop("factor", None)
@@ -83,7 +102,9 @@ class PosEncConfig:
         extra = sorted(set(data) - known)
         if extra:
             raise ValueError(f"unknown PosEncConfig field(s) {extra}; allowed: {sorted(known)}.")
-        return cls(**{k: data[k] for k in known if k in data})
+        # the fields checked as their text form METHOD:KEY=VALUE,... is, a bad one refused by its one error
+        return checked(fields_text(data), data["method"], data.get("factor"),
+                       data.get("original_max_position_embeddings"), data.get("params", {}))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -91,6 +112,14 @@ class PosEncConfig:
     @classmethod
     def from_json(cls, text: str) -> "PosEncConfig":
         return cls.from_dict(json.loads(text))
+
+
+def checked(text: str, method: Any, factor: Any, original_max_position_embeddings: Any, params: Any) -> PosEncConfig:
+    """``PosEncConfig(...)``, a bad value refused by the one error of a method configuration, naming ``text``."""
+    try:
+        return PosEncConfig(method, factor, original_max_position_embeddings, params)
+    except ValueError as err:
+        raise config_error(text, err, method) from None
 
 
 def as_config(method_or_config: Any, **kwargs: Any) -> PosEncConfig:

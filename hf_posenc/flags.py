@@ -144,7 +144,7 @@ def file_config(args):
 
 def method_config(args):
     from .config import PosEncConfig
-    from .eval.common import parse_method_params
+    from .config_syntax import parse_method_params
     from .methods import resolve_method
 
     if getattr(args, "config", None):
