@@ -91,27 +91,30 @@ class PosEncConfig:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PosEncConfig":
+    def from_dict(cls, data: dict[str, Any], as_text: bool = False) -> "PosEncConfig":
+        """The config of a dict (or of a stored block, checked as one); ``as_text``: a bad field refused by the one
+        error of the text form (:func:`checked`), as a file the user wrote is (``--config FILE``)."""
         if not isinstance(data, dict) or "method" not in data:
             raise ValueError(f"a PosEncConfig dict needs at least a 'method' key, got {data!r}.")
         known = {"method", "factor", "original_max_position_embeddings", "params"}
         if set(data) & BLOCK_FIELDS:  # a checkpoint's stored block (or a copy of it): checked as one, field by field
             from .saved_block import SavedBlock
 
-            return SavedBlock.from_dict(data, "this configuration").config
+            return SavedBlock.from_dict(data, "this configuration", as_text).config
         extra = sorted(set(data) - known)
         if extra:
             raise ValueError(f"unknown PosEncConfig field(s) {extra}; allowed: {sorted(known)}.")
-        # the fields checked as their text form METHOD:KEY=VALUE,... is, a bad one refused by its one error
-        return checked(fields_text(data), data["method"], data.get("factor"),
-                       data.get("original_max_position_embeddings"), data.get("params", {}))
+        if as_text:
+            return checked(fields_text(data), data["method"], data.get("factor"),
+                           data.get("original_max_position_embeddings"), data.get("params", {}))
+        return cls(**{k: data[k] for k in known if k in data})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "PosEncConfig":
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str, as_text: bool = False) -> "PosEncConfig":
+        return cls.from_dict(json.loads(text), as_text)
 
 
 def checked(text: str, method: Any, factor: Any, original_max_position_embeddings: Any, params: Any) -> PosEncConfig:

@@ -135,7 +135,7 @@ def file_config(args):
         raise ValueError(f"--config {args.config} holds the whole configuration: drop {', '.join(given)}")
     try:
         with open(args.config, encoding="utf-8") as f:
-            return PosEncConfig.from_json(f.read())
+            return PosEncConfig.from_json(f.read(), as_text=True)  # its fields refused as their text form is
     except OSError as err:
         raise ValueError(f"--config {args.config}: cannot read it ({err.strerror})") from None
     except (json.JSONDecodeError, TypeError, KeyError) as err:

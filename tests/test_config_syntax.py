@@ -220,6 +220,17 @@ def test_config_file_and_space_file_read_as_the_text(tmp_path):
     assert str(err.value) == _one_text("yarn:factor=4,beta_fast=16,beta_fastt=1", "method 'yarn' does not take "
                                        "parameter(s) ['beta_fastt']; it takes: attention_factor, beta_fast, beta_slow, "
                                        "layer_types, mscale, mscale_all_dim, truncate.")
+    block = {"method": "yarn", "factor": 2.0, "original_max_position_embeddings": None, "params": {"beta_slow": 0},
+             "family": "rope_decoder", "native": True, "original": {}, "version": "0.1.0", "schema": 2}
+    path.write_text(json.dumps(block))  # a tune's best.json: a stored block, checked as one, its fields as the text
+    with pytest.raises(ValueError) as err:
+        method_config(_args(config=str(path)))
+    assert str(err.value) == "this configuration: the 'hf_posenc' block of its config.json: " + _one_text(
+        "yarn:factor=2.0,beta_slow=0", "beta_slow must be a finite number > 0 (rotations of a frequency within the "
+        "original context), got 0.")
+    with pytest.raises(ValueError) as err:  # a block read by the Python API or from a checkpoint keeps its own text
+        PosEncConfig.from_dict(block)
+    assert "config.json: beta_slow must be a finite number > 0" in str(err.value)
     space = tmp_path / "space.json"
     space.write_text(json.dumps([f"a={text}", {"label": "b", "method": "yarn", "factor": 4,
                                                "original_max_position_embeddings": 64, "params": {"beta_fast": 16}}]))
