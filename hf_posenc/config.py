@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config_syntax import FIELDS, check_keys, config_error, config_text, fields_text, split_spec
 from .methods import MIN_ORIGINAL_CONTEXT, check_factor, resolve_method, resolve_params
 
 CONFIG_KEY = "hf_posenc"  # the key of the block in config.json
@@ -50,6 +51,24 @@ class PosEncConfig:
         return resolve_method(self.method)
 
     @classmethod
+    def parse(cls, text: str) -> "PosEncConfig":
+        """``PosEncConfig.parse("yarn:factor=4,beta_fast=16")``: the one text form of a configuration,
+        ``METHOD[:KEY=VALUE,...]`` (see :mod:`hf_posenc.config_syntax`), read and checked as :meth:`patch
+        <hf_posenc.patch>` checks a config; a bad one raises the one ValueError that names the text, the form and
+        the method's keys."""
+        method, knobs = split_spec(text)
+        check_keys(text, method, list(knobs))
+        factor, original = (knobs.pop(k, None) for k in FIELDS)
+        return checked(text, method, factor, original, knobs)
+
+    def to_text(self) -> str:
+        """The configuration in the form :meth:`parse` reads: ``PosEncConfig.parse(c.to_text()) == c``."""
+        return config_text(self.method, self.factor, self.original_max_position_embeddings, self.params)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    @classmethod
     def from_kwargs(cls, method: str, **kwargs: Any) -> "PosEncConfig":
         """``PosEncConfig.from_kwargs("yarn", factor=4, beta_fast=16)``: method knobs as keywords."""
         factor = kwargs.pop("factor", None)
@@ -72,25 +91,38 @@ class PosEncConfig:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PosEncConfig":
+    def from_dict(cls, data: dict[str, Any], as_text: bool = False) -> "PosEncConfig":
+        """The config of a dict (or of a stored block, checked as one); ``as_text``: a bad field refused by the one
+        error of the text form (:func:`checked`), as a file the user wrote is (``--config FILE``)."""
         if not isinstance(data, dict) or "method" not in data:
             raise ValueError(f"a PosEncConfig dict needs at least a 'method' key, got {data!r}.")
         known = {"method", "factor", "original_max_position_embeddings", "params"}
         if set(data) & BLOCK_FIELDS:  # a checkpoint's stored block (or a copy of it): checked as one, field by field
             from .saved_block import SavedBlock
 
-            return SavedBlock.from_dict(data, "this configuration").config
+            return SavedBlock.from_dict(data, "this configuration", as_text).config
         extra = sorted(set(data) - known)
         if extra:
             raise ValueError(f"unknown PosEncConfig field(s) {extra}; allowed: {sorted(known)}.")
+        if as_text:
+            return checked(fields_text(data), data["method"], data.get("factor"),
+                           data.get("original_max_position_embeddings"), data.get("params", {}))
         return cls(**{k: data[k] for k in known if k in data})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "PosEncConfig":
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str, as_text: bool = False) -> "PosEncConfig":
+        return cls.from_dict(json.loads(text), as_text)
+
+
+def checked(text: str, method: Any, factor: Any, original_max_position_embeddings: Any, params: Any) -> PosEncConfig:
+    """``PosEncConfig(...)``, a bad value refused by the one error of a method configuration, naming ``text``."""
+    try:
+        return PosEncConfig(method, factor, original_max_position_embeddings, params)
+    except ValueError as err:
+        raise config_error(text, err, method) from None
 
 
 def as_config(method_or_config: Any, **kwargs: Any) -> PosEncConfig:

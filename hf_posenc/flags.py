@@ -135,7 +135,7 @@ def file_config(args):
         raise ValueError(f"--config {args.config} holds the whole configuration: drop {', '.join(given)}")
     try:
         with open(args.config, encoding="utf-8") as f:
-            return PosEncConfig.from_json(f.read())
+            return PosEncConfig.from_json(f.read(), as_text=True)  # its fields refused as their text form is
     except OSError as err:
         raise ValueError(f"--config {args.config}: cannot read it ({err.strerror})") from None
     except (json.JSONDecodeError, TypeError, KeyError) as err:
@@ -144,7 +144,7 @@ def file_config(args):
 
 def method_config(args):
     from .config import PosEncConfig
-    from .eval.common import parse_method_params
+    from .config_syntax import parse_method_params
     from .methods import resolve_method
 
     if getattr(args, "config", None):

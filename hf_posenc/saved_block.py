@@ -31,8 +31,9 @@ class SavedBlock:
                 "version": self.version, "schema": self.schema}
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "this checkpoint") -> "SavedBlock":
-        """The block read from ``source``'s config.json; a ValueError that names the checkpoint and the bad value."""
+    def from_dict(cls, data: Any, source: str = "this checkpoint", as_text: bool = False) -> "SavedBlock":
+        """The block read from ``source``'s config.json; a ValueError that names the checkpoint and the bad value
+        (``as_text``: a bad configuration field by the one error of the text form, see ``PosEncConfig.from_dict``)."""
         where = f"{source}: the {CONFIG_KEY!r} block of its config.json"
         if not isinstance(data, dict):
             raise ValueError(f"{where} must be a JSON object, got {data!r}.")
@@ -57,7 +58,7 @@ class SavedBlock:
             raise ValueError(f"{where} names the family adapter {data['family']!r}, which this hf_posenc ({__version__}; "
                              f"adapters: {families}) does not have; upgrade hf_posenc, or save the checkpoint again.")
         try:
-            config = PosEncConfig.from_dict({k: data[k] for k in CONFIG_FIELDS if k in data})
+            config = PosEncConfig.from_dict({k: data[k] for k in CONFIG_FIELDS if k in data}, as_text)
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
         return cls(config, data["family"], data["native"], dict(data["original"]), data["version"], schema)

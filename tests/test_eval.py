@@ -431,7 +431,8 @@ def test_cli_ppl_key_tokens_with_one_evaluator(tiny_checkpoint, tmp_path, capsys
     again = json.loads((tmp_path / "ev2" / "perplexity.json").read_text())
     assert again["results"]["pi"]["128"]["key_tokens"] == report["results"]["pi"]["128"]["key_tokens"]
     bad = argv[:-1] + ["nosuch:factor=2"]
-    assert "--evaluator-method nosuch:factor=2: unknown method 'nosuch'" in refused(bad, capsys)
+    assert ("--evaluator-method: bad method configuration 'nosuch:factor=2': unknown method 'nosuch'"
+            in refused(bad, capsys))
     no_keys = [a for a in argv if a != "--key-tokens"]
     assert "--evaluator, --evaluator-method, --key-alpha and --key-beta choose how key tokens are judged: add --key-tokens" in refused(no_keys, capsys)
 

@@ -26,10 +26,11 @@ def test_variant_specs_parse_to_validated_configs():
 @pytest.mark.parametrize("spec,message", [
     ("yarn", "--variant takes LABEL=METHOD[:KEY=VALUE,...]"),
     ("bad label=yarn:factor=2", "--variant takes LABEL=METHOD"),
-    ("y=yran:factor=2", "--variant y: unknown method 'yran'"),
-    ("y=yarn:factor=2,beta_fastt=3", "--variant y: method 'yarn' does not take parameter(s) ['beta_fastt']"),
-    ("y=yarn:factor=2,factor=3", "--variant y: factor given twice"),
-    ("y=yarn:factor", "--variant y: expected KEY=VALUE, got 'factor'"),
+    ("y=yran:factor=2", "--variant y: bad method configuration 'yran:factor=2': unknown method 'yran'"),
+    ("y=yarn:factor=2,beta_fastt=3", "--variant y: bad method configuration 'yarn:factor=2,beta_fastt=3': method "
+                                     "'yarn' does not take parameter(s) ['beta_fastt']"),
+    ("y=yarn:factor=2,factor=3", "--variant y: bad method configuration 'yarn:factor=2,factor=3': factor given twice"),
+    ("y=yarn:factor", "--variant y: bad method configuration 'yarn:factor': expected KEY=VALUE, got 'factor'"),
 ])
 def test_bad_variants_are_refused_by_name(spec, message):
     with pytest.raises(ValueError) as err:

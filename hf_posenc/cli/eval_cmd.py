@@ -95,7 +95,7 @@ def relaunch(argv: list[str], processes: int) -> int:
 
 
 def run(args, command: str) -> int:
-    from ..eval.common import parse_method_params
+    from ..config_syntax import parse_method_params
     from ..eval.tasks import get_task
 
     if getattr(args, "data_parallel_size", 1) > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:

@@ -57,7 +57,7 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    from ..eval.common import parse_method_params
+    from ..config_syntax import parse_method_params
     from ..tuning import tune
 
     docs = documents_of(args)

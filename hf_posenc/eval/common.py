@@ -1,16 +1,14 @@
-"""What the evaluations share: --method-param parsing, and the Run (variants, model, processes, cells, report)."""
+"""What the evaluations share: the Run (variants, model, processes, cells, report)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from typing import Any
 
 from ..config import PosEncConfig
 from ..patching import patch, trying
-from ..methods import resolve_method
 from ..context import original_context
 from ..digests import file_digests
 from ..files import OutputLock, check_output_folder
@@ -21,22 +19,6 @@ from .processes import Processes, device_name
 from .report import finish_report
 from .engine_choice import EngineChoice
 from .variants import build_variants
-
-
-def parse_method_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
-    """``["beta_fast=16", "yarn.beta_slow=2"]`` -> {"*": {"beta_fast": 16}, "yarn": {"beta_slow": 2}}."""
-    out: dict[str, dict[str, Any]] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ValueError(f"--method-param takes KEY=VALUE or METHOD.KEY=VALUE, got {item!r}")
-        key, raw = item.split("=", 1)
-        method, _, key = key.rpartition(".")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        out.setdefault(resolve_method(method).name if method else "*", {})[key] = value
-    return out
 
 
 def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, Any]:

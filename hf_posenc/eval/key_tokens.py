@@ -116,14 +116,13 @@ def evaluator_config(method: str | None):
     """The PosEncConfig of ``--evaluator-method METHOD[:KEY=VALUE,...]`` (none when not given), checked before any
     model loads."""
     from ..config import PosEncConfig
-    from .variants import parse_variant
 
     if not method:
         return PosEncConfig("none")
     try:
-        return parse_variant(f"evaluator={method}").config
+        return PosEncConfig.parse(method)
     except ValueError as err:
-        raise ValueError(str(err).replace("--variant evaluator", f"--evaluator-method {method}", 1)) from None
+        raise ValueError(f"--evaluator-method: {err}") from None
 
 
 def load_evaluator(job, model: str | None, method: str | None) -> Evaluator:

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import PosEncConfig
+from ..config_syntax import FORM
 from ..methods import resolve_method
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
-_KNOB_START = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\s*=)")  # a comma that starts the next KEY=
-_FIELDS = ("factor", "original_max_position_embeddings")  # set on the config itself, not among the knobs
 
 
 @dataclass(frozen=True)
@@ -34,33 +33,16 @@ class Variant:
         return {"label": self.label, **self.config.to_dict()}
 
 
-def _value(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
-
-
 def parse_variant(text: str) -> Variant:
-    """``LABEL=METHOD[:KEY=VALUE,...]`` (values read as JSON; ``factor`` and
-    ``original_max_position_embeddings`` among the keys) -> a validated :class:`Variant`."""
+    """``LABEL=METHOD[:KEY=VALUE,...]``: a label, ``=``, then the one configuration text of
+    :meth:`PosEncConfig.parse` -> a validated :class:`Variant`."""
     label, eq, rest = text.partition("=")
     label = label.strip()
     if not eq or not LABEL.fullmatch(label):
-        raise ValueError(f"--variant takes LABEL=METHOD[:KEY=VALUE,...] with a label of letters, digits and "
+        raise ValueError(f"--variant takes LABEL={FORM} with a label of letters, digits and "
                          f"_.+- (e.g. y2=yarn:factor=2), got {text!r}")
-    method, _, knobs_text = rest.partition(":")
-    knobs: dict[str, Any] = {}
-    for item in _KNOB_START.split(knobs_text) if knobs_text.strip() else []:
-        key, eq, raw = item.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"--variant {label}: expected KEY=VALUE, got {item!r} in {text!r}")
-        if key.strip() in knobs:
-            raise ValueError(f"--variant {label}: {key.strip()} given twice in {text!r}")
-        knobs[key.strip()] = _value(raw.strip())
-    fields = {k: knobs.pop(k) for k in _FIELDS if k in knobs}
     try:
-        config = PosEncConfig(method.strip(), params=knobs, **fields)
+        config = PosEncConfig.parse(rest)
     except ValueError as err:
         raise ValueError(f"--variant {label}: {err}") from None
     return Variant(label, config)

@@ -31,7 +31,8 @@ import json
 import math
 from typing import Any
 
-from ..config import PosEncConfig
+from ..config import PosEncConfig, checked
+from ..config_syntax import fields_text
 from ..eval.variants import LABEL, Variant, check_labels, parse_variant
 from ..methods import resolve_method
 
@@ -161,8 +162,8 @@ def _from_object(item: Any, where: str) -> Variant:
             raise ValueError(f"{where} ({item['label']}): params must be an object of the method's knobs "
                              f"(e.g. {{\"beta_fast\": 16}}), got {item['params']!r}")
         try:
-            config = PosEncConfig(item["method"], item.get("factor"), item.get("original_max_position_embeddings"),
-                                  dict(item.get("params") or {}))
+            config = checked(fields_text(item), item["method"], item.get("factor"),
+                             item.get("original_max_position_embeddings"), dict(item.get("params") or {}))
         except ValueError as err:
             raise ValueError(f"{where} ({item['label']}): {err}") from None
         return Variant(item["label"], config)
