@@ -15,7 +15,6 @@ the unscaled ones), a longer one keeps N's where the dynamic method would scale 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from .config import PosEncConfig, as_config
@@ -82,33 +81,3 @@ def freeze(model, method: Any, at: int, **kwargs: Any):
     with trying(model, [cfg]):  # resolved against the model: its original context, its default lists
         resolved = get_config(model)
     return patch(model, freeze_config(resolved, at))
-
-
-def original_before_load(model: str, cfg: PosEncConfig) -> int | None:
-    """The original context of ``model`` read from its config alone (a GGUF's metadata), for :func:`check_freeze`
-    before the weights load: ``cfg``'s when it gives one, a patched checkpoint's stored original, else the config's
-    ``max_position_embeddings``; None when it cannot be read (the check then runs after the load)."""
-    if cfg.original_max_position_embeddings:
-        return cfg.original_max_position_embeddings
-    try:
-        from transformers import AutoConfig
-
-        from .adapters.base import text_config
-        from .config import CONFIG_KEY
-        from .models import resolve_source
-
-        source = resolve_source(model)
-        hf_config = AutoConfig.from_pretrained(source.path, **source.kwargs)
-        block = getattr(hf_config, CONFIG_KEY, None)
-        if isinstance(block, dict) and block.get("original_max_position_embeddings"):
-            return int(block["original_max_position_embeddings"])
-        if "gguf_file" in source.kwargs:
-            from .gguf_file import stored_patch
-
-            stored = stored_patch(os.path.join(source.path, source.kwargs["gguf_file"]), hf_config)
-            if stored is not None:
-                return stored.original_max_position_embeddings
-        n = getattr(text_config(hf_config)[0], "max_position_embeddings", None)
-        return int(n) if n else None
-    except Exception:  # noqa: BLE001 -- only a pre-check: the load that follows reports what is wrong
-        return None

@@ -339,3 +339,31 @@ def stored_patch(path: str, hf_config) -> PosEncConfig | None:
     if original.get("freq_base") and isinstance(rp, dict):
         hf_config.rope_parameters = {**rp, "rope_theta": float(original["freq_base"])}
     return cfg
+
+
+def original_before_load(model: str, cfg: PosEncConfig) -> int | None:
+    """The original context of ``model`` read from its config alone (a GGUF's metadata), for :func:`hf_posenc.freezing.check_freeze`
+    before the weights load: ``cfg``'s when it gives one, a patched checkpoint's stored original, else the config's
+    ``max_position_embeddings``; None when it cannot be read (the check then runs after the load)."""
+    if cfg.original_max_position_embeddings:
+        return cfg.original_max_position_embeddings
+    try:
+        from transformers import AutoConfig
+
+        from .adapters.base import text_config
+        from .config import CONFIG_KEY
+        from .models import resolve_source
+
+        source = resolve_source(model)
+        hf_config = AutoConfig.from_pretrained(source.path, **source.kwargs)
+        block = getattr(hf_config, CONFIG_KEY, None)
+        if isinstance(block, dict) and block.get("original_max_position_embeddings"):
+            return int(block["original_max_position_embeddings"])
+        if "gguf_file" in source.kwargs:
+            stored = stored_patch(os.path.join(source.path, source.kwargs["gguf_file"]), hf_config)
+            if stored is not None:
+                return stored.original_max_position_embeddings
+        n = getattr(text_config(hf_config)[0], "max_position_embeddings", None)
+        return int(n) if n else None
+    except Exception:  # noqa: BLE001 -- only a pre-check: the load that follows reports what is wrong
+        return None

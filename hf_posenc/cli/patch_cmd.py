@@ -83,7 +83,8 @@ def run(args, command: str) -> int:
 
     config = method_config(args)
     if args.freeze_at is not None:
-        from ..freezing import check_freeze, original_before_load
+        from ..freezing import check_freeze
+        from ..gguf_file import original_before_load
 
         check_freeze(config, args.freeze_at, original_before_load(args.model, config))  # before the load
     if args.gguf is not None:
