@@ -91,16 +91,32 @@ def _value(reader, key: str, default: Any = None) -> Any:
     return value
 
 
+def _original(reader, keys: dict[str, str], path: str) -> dict[str, Any]:
+    """The source's unscaled ``context_length`` and ``freq_base``: those our record keeps when the source is itself
+    an output of :func:`patch_gguf` (its metadata then holds the scaled ones: patching it again starts from the
+    original, never compounds), else the metadata's."""
+    raw = _value(reader, OWN_KEY)
+    if raw is None:
+        return {"context_length": _value(reader, keys["context"]), "freq_base": _value(reader, keys["base"])}
+    try:
+        return dict(json.loads(raw)["original"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: its {OWN_KEY} metadata is damaged ({err}); patch the source GGUF again") from None
+
+
 def _geometry(reader, keys: dict[str, str], cfg: PosEncConfig, path: str) -> tuple[R.RopeGeometry, str]:
     """(base, rotary dim, original context) of the source, and what its metadata says of a scaling it has."""
+    original = _original(reader, keys, path)
+    if _value(reader, OWN_KEY) is not None:  # our own output: its original values, its scaling replaced
+        L = cfg.original_max_position_embeddings or original["context_length"]
+        base = float(original["freq_base"] or 10000.0)
+        return R.RopeGeometry(base, _rotary_dim(reader, keys, path), int(L)), "the earlier hf_posenc patch is replaced"
+    if ROPE_FREQS in {t.name for t in reader.tensors} and cfg.original_max_position_embeddings is None:
+        raise ValueError(f"{path} holds a {ROPE_FREQS} tensor (a Llama 3.1 scaling, whose context_length is already "
+                         f"the extended one, {_value(reader, keys['context'])}): give the context the model was "
+                         "trained for with --original-max-position-embeddings (8192 for Llama 3.1)")
     base = float(_value(reader, keys["base"], 10000.0))
-    dim = _value(reader, keys["dim"]) or _value(reader, keys["key_length"])
-    if not dim:
-        heads, width = _value(reader, keys["heads"]), _value(reader, keys["embedding"])
-        if not heads or not width:
-            raise ValueError(f"{path}: its metadata gives neither {keys['dim']} nor the head count and width to "
-                             "derive the rotary dimension from")
-        dim = int(width) // int(heads)
+    dim = _rotary_dim(reader, keys, path)
     context = _value(reader, keys["context"])
     kind = str(_value(reader, keys["type"], "") or "")
     factor = float(_value(reader, keys["factor"], 0.0) or 0.0)
@@ -117,6 +133,17 @@ def _geometry(reader, keys: dict[str, str], cfg: PosEncConfig, path: str) -> tup
         raise ValueError(f"{path}: its metadata has no {keys['context']}; give --original-max-position-embeddings")
     note = f"the source's {kind} scaling (factor {factor:g}) is replaced" if scaled else ""
     return R.RopeGeometry(base, int(dim), L), note
+
+
+def _rotary_dim(reader, keys: dict[str, str], path: str) -> int:
+    dim = _value(reader, keys["dim"]) or _value(reader, keys["key_length"])
+    if not dim:
+        heads, width = _value(reader, keys["heads"]), _value(reader, keys["embedding"])
+        if not heads or not width:
+            raise ValueError(f"{path}: its metadata gives neither {keys['dim']} nor the head count and width to "
+                             "derive the rotary dimension from")
+        dim = int(width) // int(heads)
+    return int(dim)
 
 
 def refusal(cfg: PosEncConfig, arch: str) -> str | None:
@@ -232,8 +259,7 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
                          "does not read), which the metadata of another method cannot undo; patch the model it was "
                          "converted from instead")
     short, freqs = _rope_metadata(cfg, geom)
-    record = {"config": cfg.to_dict(), "original": {"context_length": _value(reader, keys["context"]),
-                                                    "freq_base": _value(reader, keys["base"])}}
+    record = {"config": cfg.to_dict(), "original": _original(reader, keys, src)}
     if freeze_at is not None:
         record["frozen_at"] = freeze_at
     metadata = {keys[k]: v for k, v in short.items()}

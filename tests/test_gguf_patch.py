@@ -30,13 +30,13 @@ gguf = pytest.importorskip("gguf")
 DIM = 16  # head_dim of the tiny llama (64 / 4 heads)
 
 
-def write_tiny_gguf(path, model, arch: str = "llama") -> str:
+def write_tiny_gguf(path, model, arch: str = "llama", context: int = ORIGINAL, extra: dict | None = None) -> str:
     """The tiny llama as llama.cpp's converter lays it out (q/k permuted): norms and embeddings f32, the attention
-    output f16, the MLP Q8_0 (a quantized tensor must come out byte for byte)."""
+    output f16, the MLP Q8_0 (a quantized tensor must come out byte for byte); ``extra``: more f32 tensors."""
     c = model.config
     w = gguf.GGUFWriter(str(path), arch=arch)
     w.add_name("tiny-llama")
-    w.add_context_length(ORIGINAL)
+    w.add_context_length(context)
     w.add_embedding_length(c.hidden_size)
     w.add_block_count(c.num_hidden_layers)
     w.add_feed_forward_length(c.intermediate_size)
@@ -51,6 +51,8 @@ def write_tiny_gguf(path, model, arch: str = "llama") -> str:
         return x.reshape(n, 2, x.shape[0] // n // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
     sd = {k: v.numpy() for k, v in model.state_dict().items()}
+    for name, data in (extra or {}).items():
+        w.add_tensor(name, data)
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
     w.add_tensor("output.weight", sd["lm_head.weight"])
@@ -298,3 +300,32 @@ def test_the_real_q4_1_smollm2_gguf_keeps_its_quantized_tensors(tmp_path):
     L = src.fields["llama.context_length"].contents()
     assert meta["llama.rope.scaling.type"] == "yarn" and meta["llama.rope.scaling.factor"] == 2.0
     assert meta["llama.rope.scaling.original_context_length"] == L and meta["llama.context_length"] == 2 * L
+
+
+@pytest.mark.parametrize("first,second", [("ntk:factor=2", "ntk:factor=2"), ("llama3:factor=8", "llama3:factor=8"),
+                                          ("yarn:factor=4", "pi:factor=2")])
+def test_patching_an_output_again_starts_from_the_original_never_compounds(tiny_gguf, tmp_path, first, second):
+    once = patch_gguf(tiny_gguf, tmp_path / "once.gguf", PosEncConfig.parse(first))["output"]
+    again = patch_gguf(once, tmp_path / "again.gguf", PosEncConfig.parse(second))["output"]
+    direct = patch_gguf(tiny_gguf, tmp_path / "direct.gguf", PosEncConfig.parse(second))["output"]
+    got, want = metadata(again), metadata(direct)
+    assert {k: v for k, v in got.items() if k != OWN_KEY} == {k: v for k, v in want.items() if k != OWN_KEY}
+    assert tensors(again) == tensors(direct)  # rope_freqs too: computed from L = 64, not the extended context
+    import json
+
+    assert json.loads(got[OWN_KEY])["original"] == {"context_length": ORIGINAL, "freq_base": THETA}
+
+
+def test_a_converted_llama31_gguf_needs_its_trained_context(tiny_gguf, tmp_path):
+    """llama.cpp's converter writes Llama 3.1 as rope_freqs with the extended context_length and no scaling type: the
+    trained context cannot be read from it, so it must be given (never taken from context_length)."""
+    converted = patch_gguf(tiny_gguf, tmp_path / "l31.gguf", PosEncConfig.parse("llama3:factor=8"))["output"]
+    freqs = next(t for t in gguf.GGUFReader(converted).tensors if t.name == ROPE_FREQS).data.copy()
+    write_tiny_gguf(tmp_path / "plain.gguf", tiny_model("llama", intermediate_size=96), context=8 * ORIGINAL,
+                    extra={ROPE_FREQS: freqs})
+    with pytest.raises(ValueError, match="--original-max-position-embeddings"):
+        patch_gguf(tmp_path / "plain.gguf", tmp_path / "out.gguf", PosEncConfig.parse("llama3:factor=8"))
+    assert not (tmp_path / "out.gguf").exists()
+    out = patch_gguf(tmp_path / "plain.gguf", tmp_path / "out.gguf",
+                     PosEncConfig.parse(f"llama3:factor=8,original_max_position_embeddings={ORIGINAL}"))["output"]
+    assert tensors(out)[ROPE_FREQS] == tensors(converted)[ROPE_FREQS]
