@@ -81,7 +81,7 @@ def parallelism_config(size: int, processes: int):
 
 
 def check_engine(trainer, model) -> str:
-    """The engine the Trainer actually runs (``single``, ``ddp``, ``fsdp1``, ``fsdp2``, ``deepspeed-zero<N>``, with
+    """The engine the Trainer actually runs (``single``, ``ddp``, ``fsdp2``, ``deepspeed-zero<N>``; FSDP1 refused), with
     ``+cp<N>`` for context parallelism), before training; says on stderr when a FSDP config given to accelerate was
     left unused, and refuses LoRA on sharded weights (its adapter is saved from whole weights only)."""
     state = trainer.accelerator.state
@@ -91,6 +91,10 @@ def check_engine(trainer, model) -> str:
         name = f"deepspeed-zero{getattr(plugin, 'zero_stage', '?')}"
     elif trainer.is_fsdp_enabled:
         name = f"fsdp{getattr(state.fsdp_plugin, 'fsdp_version', 1)}"
+        if name == "fsdp1":
+            raise ValueError("FSDP version 1 (an accelerate FSDP config without fsdp_version: 2): its state dict is "
+                             "gathered by collectives the one saving process cannot run alone, so hf-posenc finetune "
+                             "does not run on it; use FSDP2 (configs/accelerate/fsdp.yaml) or DeepSpeed ZeRO-3")
     else:
         name = "single" if trainer.accelerator.num_processes == 1 else "ddp"
         if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and trainer.accelerator.is_main_process:
@@ -111,15 +115,27 @@ def check_engine(trainer, model) -> str:
 def gathered_state_dict(model) -> dict[str, Any] | None:
     """None when this process holds the whole weights (one process, DDP, ZeRO-1/2); else the full state dict,
     gathered from every process (a collective: every process must call it), on CPU in the process of rank 0 (and an
-    empty dict in the others): DeepSpeed ZeRO-3 partitions each parameter, FSDP2 makes them DTensor shards."""
+    empty dict in the others): DeepSpeed ZeRO-3 partitions each parameter (gathered module by module, so that no
+    device ever holds more than one module's weights whole), FSDP2 makes them DTensor shards."""
     params = list(model.parameters())
-    if any(hasattr(p, "ds_id") for p in params):  # DeepSpeed ZeRO-3
+    if any(hasattr(p, "ds_id") for p in params):  # DeepSpeed ZeRO-3: one module's parameters whole at a time
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            if _rank() != 0:
-                return {}
-            return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        full: dict[str, Any] = {}
+        for prefix, module in model.named_modules():
+            own = list(module.named_parameters(recurse=False))
+            if not own:
+                continue
+            with deepspeed.zero.GatheredParameters([p for _, p in own], modifier_rank=None):
+                if _rank() == 0:
+                    full.update((f"{prefix}.{n}" if prefix else n, p.detach().to("cpu", copy=True)) for n, p in own)
+        if _rank() != 0:
+            return {}
+        for prefix, module in model.named_modules():  # the persistent buffers, as state_dict has them
+            full.update((f"{prefix}.{n}" if prefix else n, b.detach().to("cpu", copy=True))
+                        for n, b in module.named_buffers(recurse=False)
+                        if b is not None and n not in module._non_persistent_buffers_set)
+        return full
     from torch.distributed.tensor import DTensor
 
     if any(isinstance(p, DTensor) for p in params):  # FSDP2 (and context parallelism, which runs on it)
