@@ -369,8 +369,9 @@ def stored_patch(path: str, hf_config) -> PosEncConfig | None:
 
 def original_before_load(model: str, cfg: PosEncConfig) -> int | None:
     """The original context of ``model`` read from its config alone (a GGUF's metadata), for
-    :func:`hf_posenc.freezing.check_freeze` before the weights load: ``cfg``'s when it gives one, a patched checkpoint's stored original, else the config's
-    ``max_position_embeddings``; None when it cannot be read (the check then runs after the load)."""
+    :func:`hf_posenc.freezing.check_freeze` before the weights load: ``cfg``'s when it gives one, a patched
+    checkpoint's stored original, else the config's ``max_position_embeddings``; None when it cannot be read (the
+    check then runs after the load)."""
     if cfg.original_max_position_embeddings:
         return cfg.original_max_position_embeddings
     try:
