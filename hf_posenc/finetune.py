@@ -198,6 +198,11 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         check_context_parallel(config.method, context_parallel_size, pose.window if pose else seq_len, processes,
                                s2_attn_group, device)
         chunked_loss = False  # the shards' targets: the Trainer's shift_labels, which the model's own loss reads
+    longer = None
+    if long_length:  # its length and its held-out text checked before the load (the tokenizer and config alone)
+        from .finetune_eval import prepared_long_eval
+
+        longer = prepared_long_eval(model, config, eval_docs, long_eval, long_length, seed, progress and main_process)
     # one run per --output, from here to the save (held by the process that saves)
     with ReplacedOutput(output, "finetune") if main_process else nullcontext() as out:
         seed_everything(seed)
@@ -212,6 +217,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
 
             original = original_context(lm)
             check_length(long_length, original, lm)  # before training
+            longer.bind(original)
         if lora is not None:
             from .lora import apply_lora
 
@@ -233,10 +239,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                              f"{max(len(t) for t in heldout)} tokens")
         before = heldout_perplexity(lm, heldout, seq_len, eval_windows)
         long_context = None
-        if long_length:
-            from .finetune_eval import LongEval
-
-            longer = LongEval(tok, eval_docs, long_eval, long_length, original, seed, progress and main_process)
+        if longer is not None:
             long_context = {**longer.describe(), "before": longer.measure(lm, "before training")}
 
         if s2_attn_group is not None:

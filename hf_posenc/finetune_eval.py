@@ -81,6 +81,21 @@ def check_length(length: int, original: int | None, model) -> None:
                          f"long-context evaluation measures past it; give a length above {original}, or --no-long-eval")
 
 
+def prepared_long_eval(model: str, config, docs: list, settings: LongEvalSettings, length: int, seed: int,
+                       progress: bool = True) -> LongEval:
+    """The :class:`LongEval` of a fine-tune of ``model`` patched by ``config``, checked before the model loads:
+    ``length`` past the original context read from the model's config (when it can be read there; else after the
+    load), the held-out text long enough for the window and the needles' haystack (from the tokenizer alone)."""
+    from .gguf_file import original_before_load
+    from .runtime import load_tokenizer
+
+    original = original_before_load(model, config)
+    if original is not None and length <= original:
+        raise ValueError(f"--eval-length {length} is within the model's original context ({original}): the "
+                         f"long-context evaluation measures past it; give a length above {original}, or --no-long-eval")
+    return LongEval(load_tokenizer(model), docs, settings, length, original, seed, progress)
+
+
 def unwrapped(model):
     """The model whose patch and weights are evaluated: peft's base model (its adapters in place), else ``model``."""
     get = getattr(model, "get_base_model", None)
@@ -91,15 +106,15 @@ class LongEval:
     """The held-out windows and haystack, prepared (and checked) before training; :meth:`measure` runs the cells on
     the model as it is. ``original``: the model's original context L."""
 
-    def __init__(self, tok, docs: list, settings: LongEvalSettings, length: int, original: int, seed: int,
+    def __init__(self, tok, docs: list, settings: LongEvalSettings, length: int, original: int | None, seed: int,
                  progress: bool = True):
         from .eval.data import corpus_stream, tokenize_documents
         from .eval.haystack import TextHaystack
         from .eval.perplexity import plan_lengths
 
-        self.tok, self.settings, self.length, self.original, self.seed = tok, settings, length, original, seed
+        self.tok, self.settings, self.length, self.seed = tok, settings, length, seed
         self.progress = progress
-        self.stride = max(1, original // 4)  # eval ppl's default --truncated-stride
+        self.bind(original)
         self.names = [d.name for d in docs]
         self.tokens = tokenize_documents(tok, docs, length)  # eval ppl --max-windows 1 reads as many
         longest = max((len(t) for t in self.tokens), default=0)
@@ -111,6 +126,11 @@ class LongEval:
         if settings.needle_trials:
             self.haystack = TextHaystack(tok, corpus_stream(tok, docs), 1)
             self.haystack.build(length, settings.needle_depths[0], "1" * DIGITS)  # too little text: said now
+
+    def bind(self, original: int | None) -> None:
+        """Set the model's original context L (known before the load when its config says it; else once loaded)."""
+        self.original = original
+        self.stride = max(1, original // 4) if original else None  # eval ppl's default --truncated-stride
 
     def describe(self) -> dict[str, Any]:
         s = self.settings

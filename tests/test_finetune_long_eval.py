@@ -126,14 +126,14 @@ def test_lora_run_at_full_length_with_an_explicit_eval_length(tiny_checkpoint, t
     (["--eval-needle-trials", "2"], "--eval-needle-trials shape the long-context evaluation, which runs at"),
     (["--eval-length", "10000000"], "too little held-out text for --eval-length 10000000: the longest held-out"),
 ])
-def test_bad_long_eval_input_is_refused_before_training(extra, message, tiny_checkpoint, tmp_path, capsys,
-                                                        monkeypatch):
-    import hf_posenc.finetune as ft
+def test_bad_long_eval_input_is_refused_before_the_model_loads(extra, message, tiny_checkpoint, tmp_path, capsys,
+                                                               monkeypatch):
+    import hf_posenc.runtime as runtime
 
     def never(*args, **kwargs):
-        raise AssertionError("trained before the refusal")
+        raise AssertionError("loaded the model before the refusal")
 
-    monkeypatch.setattr(ft, "_train", never)
+    monkeypatch.setattr(runtime, "load_model_and_tokenizer", never)
     err = refused(_argv(tiny_checkpoint, tmp_path / "ft", *extra), capsys)
     assert re.search(message, err), err
     assert not (tmp_path / "ft").exists()
