@@ -236,6 +236,8 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
     cfg = as_config(config)
     if freeze_at is not None:
         check_freeze(cfg, freeze_at)
+        if cfg.method == "longrope":  # frozen, still longrope: refused before reading anything
+            raise ValueError(f"cannot write longrope into a GGUF, frozen or not: {refusal(cfg, 'llama')}")
     elif (why := refusal(cfg, "llama")) and cfg.method not in WRITTEN:  # refused by name before reading anything
         raise ValueError(f"cannot write {cfg.method} into a GGUF: {why}")
     src = os.fspath(src)

@@ -329,3 +329,12 @@ def test_a_converted_llama31_gguf_needs_its_trained_context(tiny_gguf, tmp_path)
     out = patch_gguf(tmp_path / "plain.gguf", tmp_path / "out.gguf",
                      PosEncConfig.parse(f"llama3:factor=8,original_max_position_embeddings={ORIGINAL}"))["output"]
     assert tensors(out)[ROPE_FREQS] == tensors(converted)[ROPE_FREQS]
+
+
+def test_a_frozen_longrope_is_refused_for_a_gguf_before_reading_it(tmp_path, monkeypatch):
+    import hf_posenc.gguf_file as G
+
+    monkeypatch.setattr(G, "_reader", lambda path: pytest.fail("read the source"))
+    with pytest.raises(ValueError, match="cannot write longrope into a GGUF, frozen or not: .*phi3"):
+        patch_gguf(tmp_path / "any.gguf", tmp_path / "out.gguf", PosEncConfig("longrope", 2.0), freeze_at=4 * ORIGINAL)
+    assert not (tmp_path / "out.gguf").exists()

@@ -39,7 +39,8 @@ def add_parser(sub) -> None:
     g.add_argument("--freeze-at", type=int, default=None, metavar="N",
                    help="turn a length-dependent method (dynamic_ntk, dynamic_yarn, longrope) into the static one that "
                         "equals it at N tokens (dynamic_ntk: ntk with a new rope_theta; dynamic_yarn: yarn with factor "
-                        "N/L; longrope: the list N picks), which vLLM and llama.cpp compute. Trade-off: every input "
+                        "N/L; longrope: the list N picks), which vLLM computes, and llama.cpp too except longrope "
+                        "(phi3 GGUFs only: refused with --gguf). Trade-off: every input "
                         "gets the frequencies of N; a shorter one no longer gets its own (below L: not the unscaled "
                         "ones), a longer one not the further scaled ones.")
     e = pa.add_argument_group("evaluation (results go into the model card and its model-index metadata)")
