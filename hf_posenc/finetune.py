@@ -161,7 +161,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     ``long_eval``: the long-context evaluation before and after training (:mod:`hf_posenc.finetune_eval`: perplexity
     past the original context L with the truncated baseline, needles in the held-out prose) at ``long_eval.length``,
     by default PoSE's target length (none without PoSE); None: none. Under several processes every process computes
-    it (the same numbers; none waits for another) and the main process saves it with the report."""
+    it (the same forwards in the same order: see :mod:`hf_posenc.finetune_eval`) and the main process saves it."""
     from .replaced_folder import ReplacedOutput, check_replaced_output
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything

@@ -17,8 +17,10 @@ training mode is restored after. The truncated baseline patches the model with `
 own patch is then applied again and every weight that re-applying it re-created (a learned position table) gets the
 trained values back, so the evaluation leaves the patch, the weights and their ``requires_grad`` as they were.
 
-Several processes (torchrun / accelerate launch): every process computes the same numbers on its own copy of the
-model (no collective call, so none can wait for another); only the main process saves the report.
+Several processes (torchrun / accelerate launch): every process computes the same numbers, the same forwards in
+the same order (under DDP each on its own copy of the model, with no collective call; under DeepSpeed ZeRO-3 each
+forward gathers the partitioned weights from every process, which the identical order keeps in step; tested for DDP
+only); only the main process saves the report.
 """
 
 from __future__ import annotations
