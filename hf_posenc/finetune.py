@@ -198,6 +198,10 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         check_context_parallel(config.method, context_parallel_size, pose.window if pose else seq_len, processes,
                                s2_attn_group, device)
         chunked_loss = False  # the shards' targets: the Trainer's shift_labels, which the model's own loss reads
+    if pose is not None:  # before the load where the model's config says its original context (else after it)
+        from .gguf_file import original_before_load
+
+        _check_pose_target(original_before_load(model, config), pose)
     longer = None
     if long_length:  # its length and its held-out text checked before the load (the tokenizer and config alone)
         from .finetune_eval import prepared_long_eval
@@ -210,7 +214,9 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         lm, tok, _ = load_model_and_tokenizer(model, dtype, device)
         patch(lm, config)
         if pose is not None:
-            _check_pose_target(lm, pose)
+            from .context import original_context
+
+            _check_pose_target(original_context(lm), pose)
         if long_length:
             from .context import original_context
             from .finetune_eval import check_length
@@ -304,10 +310,7 @@ def _save(lm, tok, report: dict[str, Any], out, output: str, model: str, command
     return os.path.join(output, os.path.relpath(plotted, staged)) if plotted else ""
 
 
-def _check_pose_target(lm, pose: PoseSettings) -> None:
-    from .context import original_context
-
-    original = original_context(lm)
+def _check_pose_target(original: int | None, pose: PoseSettings) -> None:
     if original is not None and pose.target <= original:
         raise ValueError(f"--target-length {pose.target} is within the model's original context ({original}): PoSE "
                          "covers a context longer than the trained one; give a target beyond it")
