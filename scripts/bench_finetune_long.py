@@ -156,7 +156,12 @@ def train(args, run: str, argv: list[str]) -> None:
     import shutil
 
     report = os.path.join(_checkpoint(args, run), "hf_posenc_eval", "finetune.json")
-    if not os.path.isfile(report):
+    done = load_json(report)
+    if done is not None and done["setup"]["steps"] != args.steps:
+        raise SystemExit(f"{rel(_checkpoint(args, run))} was trained {done['setup']['steps']} steps, not --steps "
+                         f"{args.steps}: pass --steps {done['setup']['steps']} to report it, or move it away to train "
+                         "again (its evaluation folders too)")
+    if done is None:
         run_cli(argv, args.no_progress)
     dest = os.path.join(args.output, run, "training")
     os.makedirs(dest, exist_ok=True)
