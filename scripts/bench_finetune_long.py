@@ -275,6 +275,27 @@ def training_rows(args) -> list[list[str]]:
     return got
 
 
+def verdicts(args) -> list[str]:
+    """What each trained run did, plainly: its ppl past L before and after, beside the same weights truncated to L
+    (training that only fits the prose lowers both; using the context past L puts the first below the second)."""
+    n, said = args.target_length, []
+    for run in args.runs:
+        method = RUNS[run][0]
+        before = _ppl(load_json(os.path.join(args.output, "before", method, "ppl", "perplexity.json")), method, n)
+        after = _ppl(load_json(os.path.join(args.output, run, "ppl", "perplexity.json")), run, n)
+        if not (before and after and after.get("context_gain")):
+            continue
+        own = after["past_original"]["ppl"] * after["context_gain"]  # the same weights, truncated to L
+        used = after["context_gain"] > 1.0
+        said.append(f"**{run}**: ppl past L {before['past_original']['ppl']:.2f} -> "
+                    f"{after['past_original']['ppl']:.2f}; "
+                    f"the same trained weights truncated to L: {own:.2f}. "
+                    + ("The trained model predicts the tokens past L better with the context past L than without it: "
+                       "it uses that context." if used else "Training lowered the perplexity at every length (it "
+                       "fitted the prose) but the context past L still does not help: no gain in context use."))
+    return said
+
+
 def _table(head: list[str], body: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in body)]
 
@@ -282,17 +303,21 @@ def _table(head: list[str], body: list[list[str]]) -> list[str]:
 def section(args, argv: list[str]) -> str:
     n, depths = args.target_length, args.depths.split(",")
     top = ceiling(args)
-    lines = [TITLE, "", f"Command: `python scripts/bench_finetune_long.py {shlex.join(argv)}`", "",
+    said = (" (this section was written with --no-run from the runs finished so far; the command resumes the rest)"
+            if args.no_run else "")
+    lines = [TITLE, "", f"Command: `python scripts/bench_finetune_long.py {shlex.join(argv)}`{said}", "",
              f"Machine of this call: {os.cpu_count()} CPU cores, device {args.device}. Trained on "
              f"{', '.join(args.train)}; measured on {os.path.basename(args.text_file)} (never trained on), its first "
              f"{n} tokens.", "", "Training (one PoSE window per step, AdamW, cosine schedule, activation "
              "checkpointing, chunked loss; held-out perplexity at the window length):", "",
-             *_table(["run", "trained", "steps x tokens = tokens seen", "learning rate", "train loss (first 5 -> last 5)",
-                      f"held-out ppl at {args.pose_window}", "minutes"], training_rows(args)), "",
-             f"At {n} tokens (ppl of the tokens past L = {args.original_context}; needles: {args.trials} keys per depth in the book's "
-             "prose):", "",
+             *_table(["run", "trained", "steps x tokens = tokens seen", "learning rate",
+                      "train loss (first 5 -> last 5)", f"held-out ppl at {args.pose_window}", "minutes"],
+                     training_rows(args)), "",
+             f"At {n} tokens (ppl of the tokens past L = {args.original_context}; needles: {args.trials} keys per "
+             "depth in the book's prose):", "",
              *_table(["model", "ppl past L", "context gain vs the original truncated", "gain vs its own truncated",
                       *[f"needle @ {d}" for d in depths], "needles before the last L tokens (hits)"], rows(args)), ""]
+    lines += [*verdicts(args), ""] if verdicts(args) else []
     if top:
         lines += [f"The ceiling for this model, inside L, on {top['book']}: given 8192 tokens instead of 4096, the "
                   f"unpatched model predicts the tokens past 4096 of the first 8192 with ppl {top['ppl_8192']:.2f} vs "
