@@ -198,32 +198,35 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         check_context_parallel(config.method, context_parallel_size, pose.window if pose else seq_len, processes,
                                s2_attn_group, device)
         chunked_loss = False  # the shards' targets: the Trainer's shift_labels, which the model's own loss reads
-    if pose is not None:  # before the load where the model's config says its original context (else after it)
+    longer = None
+    if pose is not None or long_length:  # checked before the load where the model's config says L (else after it)
         from .gguf_file import original_before_load
 
-        _check_pose_target(original_before_load(model, config), pose)
-    longer = None
-    if long_length:  # its length and its held-out text checked before the load (the tokenizer and config alone)
-        from .finetune_eval import prepared_long_eval
+        declared = original_before_load(model, config)
+        if pose is not None:
+            _check_pose_target(declared, pose)
+        if long_length:  # and its held-out text, from the tokenizer alone
+            from .finetune_eval import prepared_long_eval
 
-        longer = prepared_long_eval(model, config, eval_docs, long_eval, long_length, seed, progress and main_process)
+            longer = prepared_long_eval(model, declared, eval_docs, long_eval, long_length, seed,
+                                        progress and main_process)
     # one run per --output, from here to the save (held by the process that saves)
     with ReplacedOutput(output, "finetune") if main_process else nullcontext() as out:
         seed_everything(seed)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         lm, tok, _ = load_model_and_tokenizer(model, dtype, device)
         patch(lm, config)
-        if pose is not None:
+        if pose is not None or long_length:
             from .context import original_context
-
-            _check_pose_target(original_context(lm), pose)
-        if long_length:
-            from .context import original_context
-            from .finetune_eval import check_length
 
             original = original_context(lm)
-            check_length(long_length, original, lm)  # before training
-            longer.bind(original)
+            if pose is not None:
+                _check_pose_target(original, pose)
+            if long_length:
+                from .finetune_eval import check_length
+
+                check_length(long_length, original, lm)  # before training
+                longer.bind(original)
         if lora is not None:
             from .lora import apply_lora
 

@@ -78,23 +78,23 @@ def check_length(length: int, original: int | None, model) -> None:
     if original is None:
         raise ValueError(f"{type(model).__name__} has no fixed original context, so nothing lies past it: the "
                          "long-context evaluation does not apply (--no-long-eval)")
-    if length <= original:
-        raise ValueError(f"--eval-length {length} is within the model's original context ({original}): the "
-                         f"long-context evaluation measures past it; give a length above {original}, or --no-long-eval")
+    _check_past(length, original)
 
 
-def prepared_long_eval(model: str, config, docs: list, settings: LongEvalSettings, length: int, seed: int,
-                       progress: bool = True) -> LongEval:
-    """The :class:`LongEval` of a fine-tune of ``model`` patched by ``config``, checked before the model loads:
-    ``length`` past the original context read from the model's config (when it can be read there; else after the
-    load), the held-out text long enough for the window and the needles' haystack (from the tokenizer alone)."""
-    from .gguf_file import original_before_load
-    from .runtime import load_tokenizer
-
-    original = original_before_load(model, config)
+def _check_past(length: int, original: int | None) -> None:
     if original is not None and length <= original:
         raise ValueError(f"--eval-length {length} is within the model's original context ({original}): the "
                          f"long-context evaluation measures past it; give a length above {original}, or --no-long-eval")
+
+
+def prepared_long_eval(model: str, original: int | None, docs: list, settings: LongEvalSettings, length: int,
+                       seed: int, progress: bool = True) -> LongEval:
+    """The :class:`LongEval` of a fine-tune of ``model``, checked before the model loads: ``length`` past the
+    ``original`` context read from the model's config (None when it cannot be read there: checked after the load),
+    the held-out text long enough for the window and the needles' haystack (from the tokenizer alone)."""
+    from .runtime import load_tokenizer
+
+    _check_past(length, original)
     return LongEval(load_tokenizer(model), docs, settings, length, original, seed, progress)
 
 
