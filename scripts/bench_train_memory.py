@@ -6,9 +6,13 @@ Each cell (length x loss x checkpointing) runs in its own fresh process, which t
 of one sequence (AdamW, every weight) and reports its peak resident memory above the level reached after loading
 the model and the data and making the gradients' and the optimizer's state (a step on zero gradients), and the
 tokens per second of its steps.
-Results are printed and, with --write, recorded in BENCHMARKS.md together with this command.
+Each cell runs under a data-memory limit (``--memory-limit-gb``, default the machine's memory less 2 GiB): a cell
+that needs more is reported as out of memory at that limit instead of pushing the machine into swap or the kernel's
+OOM killer. Finished cells are kept in ``--cells`` (one JSON line each, with the settings that made them) and a rerun
+computes only the missing ones. Results are printed and, with --write, recorded in BENCHMARKS.md together with this
+command.
 
-    python scripts/bench_train_memory.py --lengths 2048,4096 --write
+    python scripts/bench_train_memory.py --lengths 2048,4096,8192,16384 --write
 """
 
 from __future__ import annotations
@@ -22,10 +26,14 @@ import subprocess
 import sys
 import time
 
-from _bench import comma_list, prompt_ids
+from _bench import ROOT, comma_list, prompt_ids
 
 VARIANTS = [("full logits", False, False), ("full logits", True, False), ("chunked", False, True),
             ("chunked", True, True)]  # (loss, activation checkpointing, chunked)
+
+
+OUT_OF_MEMORY = ("can't allocate memory", "cannot allocate memory", "out of memory", "MemoryError",
+                 "std::bad_alloc")
 
 
 def peak_rss_mb() -> float:
@@ -33,6 +41,9 @@ def peak_rss_mb() -> float:
 
 
 def child(args) -> None:
+    if args.memory_limit_gb:  # private writable memory (what malloc and torch's allocator take), in bytes
+        limit = int(args.memory_limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     import torch
 
     import hf_posenc
@@ -73,54 +84,112 @@ def child(args) -> None:
                       "tokens_per_s": args.length * args.steps / seconds}))
 
 
-def main() -> None:
+def total_memory_gb() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--model", default="smollm2-135m", help="model to train (Hub id, folder, .gguf, alias)")
     p.add_argument("--lengths", type=comma_list(int), default=[2048, 4096], help="sequence lengths in tokens")
     p.add_argument("--steps", type=int, default=1, help="timed optimizer steps per cell")
+    p.add_argument("--memory-limit-gb", type=float, default=round(max(1.0, total_memory_gb() - 2), 1),
+                   help="data-memory limit of each cell's process in GiB (0: none); a cell that needs more is "
+                        "reported as out of memory at this limit")
+    p.add_argument("--cells", default=os.path.join(ROOT, "benchmarks", "train_memory", "cells.jsonl"),
+                   help="file of the finished cells (JSON lines); a rerun computes only the missing ones")
     p.add_argument("--write", action="store_true", help="record the result in BENCHMARKS.md")
     p.add_argument("--length", type=int, help=argparse.SUPPRESS)
     p.add_argument("--checkpointing", type=int, help=argparse.SUPPRESS)
     p.add_argument("--chunked", type=int, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.length:
-        return child(args)
-    rows = []
+    return p
+
+
+def cell_key(args, length: int, checkpointing: bool, chunked: bool) -> dict:
+    """What makes a cell's numbers: a kept cell is reused only when every field is the same."""
+    import torch
+
+    return {"model": args.model, "length": length, "checkpointing": checkpointing, "chunked": chunked,
+            "steps": args.steps, "memory_limit_gb": args.memory_limit_gb, "cores": os.cpu_count(),
+            "torch": torch.__version__}
+
+
+def kept_cells(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def run_cell(args, length: int, checkpointing: bool, chunked: bool) -> dict:
+    """One cell in a fresh process: its JSON result, or ``{"out_of_memory": True}`` when it passed the limit."""
+    cmd = [sys.executable, __file__, "--model", args.model, "--length", str(length), "--steps", str(args.steps),
+           "--checkpointing", str(int(checkpointing)), "--chunked", str(int(chunked)),
+           "--memory-limit-gb", str(args.memory_limit_gb)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        if args.memory_limit_gb and any(m in out.stderr for m in OUT_OF_MEMORY):
+            return {"out_of_memory": True}
+        raise SystemExit(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(args) -> list[tuple]:
+    """Every cell of the grid, computed unless ``--cells`` has it; each new one appended there as it ends."""
+    kept, rows = kept_cells(args.cells), []
+    os.makedirs(os.path.dirname(os.path.abspath(args.cells)), exist_ok=True)
     for length in args.lengths:
         for loss, checkpointing, chunked in VARIANTS:
-            cmd = [sys.executable, __file__, "--model", args.model, "--length", str(length), "--steps",
-                   str(args.steps), "--checkpointing", str(int(checkpointing)), "--chunked", str(int(chunked))]
-            out = subprocess.run(cmd, capture_output=True, text=True)
-            if out.returncode != 0:
-                raise SystemExit(out.stderr[-2000:])
-            r = json.loads(out.stdout.strip().splitlines()[-1])
+            key = cell_key(args, length, checkpointing, chunked)
+            r = next((c["result"] for c in kept if c["key"] == key), None)
+            if r is None:
+                r = run_cell(args, length, checkpointing, chunked)
+                with open(args.cells, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"key": key, "result": r}) + "\n")
             rows.append((length, loss, checkpointing, r))
             print(length, loss, checkpointing, r, flush=True)
+    return rows
+
+
+def row(rows: list[tuple], length: int, loss: str, checkpointing: bool, r: dict) -> str:
+    if r.get("out_of_memory"):
+        return (f"| {length} | {loss} | {'on' if checkpointing else 'off'} | out of memory (limit reached) | – | – "
+                "| – |")
+    naive = next(x for n, lo, c, x in rows if n == length and lo == "full logits" and not c)
+    ratio = "–" if naive.get("out_of_memory") else f"{r['increment_mb'] / naive['increment_mb']:.2f}"
+    return (f"| {length} | {loss} | {'on' if checkpointing else 'off'} | {r['increment_mb']:.0f} | {ratio} | "
+            f"{r['tokens_per_s']:.0f} | {r['loss']:.4f} |")
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    if args.length:
+        return child(args)
+    rows = measure(args)
     command = "python scripts/bench_train_memory.py " + " ".join(a for a in sys.argv[1:] if a != "--write")
+    limit = (f"each cell's process limited to {args.memory_limit_gb:g} GiB of data memory (of "
+             f"{total_memory_gb():.0f} GiB); " if args.memory_limit_gb else "")
     lines = [
         "## Training memory at long lengths (chunked LM-head loss, activation checkpointing)",
         "",
         f"Command: `{command.strip()} --write`  ",
         f"Model {args.model} (YaRN to the length past its context), one sequence per step, AdamW on every weight, "
         f"{args.steps} timed step(s); CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores); "
-        "each cell in a fresh process; peak RSS above the level with the weights, their gradients and the "
+        f"each cell in a fresh process; {limit}peak RSS above the level with the weights, their gradients and the "
         "optimizer's state in memory (what the activations and the logits add).",
         "",
         "| length | loss | activation checkpointing | peak increment (MB) | ratio to full logits, no checkpointing "
         "| tokens/s | loss (first step) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for length, loss, checkpointing, r in rows:
-        naive = next(x for n, lo, c, x in rows if n == length and lo == "full logits" and not c)
-        lines.append(f"| {length} | {loss} | {'on' if checkpointing else 'off'} | {r['increment_mb']:.0f} | "
-                     f"{r['increment_mb'] / naive['increment_mb']:.2f} | {r['tokens_per_s']:.0f} | {r['loss']:.4f} |")
+    lines += [row(rows, *r) for r in rows]
     text = "\n".join(lines + [""])
     print(text)
     if args.write:
         from hf_posenc.eval.report import replace_markdown_section
 
-        replace_markdown_section(os.path.join(os.path.dirname(__file__), "..", "BENCHMARKS.md"), text)
+        replace_markdown_section(os.path.join(ROOT, "BENCHMARKS.md"), text)
 
 
 if __name__ == "__main__":
