@@ -17,7 +17,7 @@ import os
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,6 +28,8 @@ from .adapters.s2_attention import S2Training, check_group, check_s2_implementat
 from .encodings.pose import check_pose, pose_batch
 
 from .finetune_eval import LongEvalSettings
+from .training_resume import ResumableRun, document_digests
+from .training_settings import MIXED_PRECISIONS, PACKINGS, CheckpointSettings, TrainSettings
 
 if TYPE_CHECKING:
     from .lora import LoraSettings
@@ -59,10 +61,6 @@ def check_pose_method(config: PosEncConfig) -> None:
                          "does not read: it computes positions from the keys' indices or has none. PoSE applies to the "
                          "RoPE scalings (pi, ntk, yarn, dynamic_ntk, dynamic_yarn, llama3, longrope) and to 'none'; "
                          f"train {config.method!r} at full length with --seq-len instead.")
-
-
-PACKINGS = ("document", "stream", "stream-restart")
-MIXED_PRECISIONS = ("no", "bf16", "fp16")
 
 
 def check_mixed_precision(mixed_precision: str, dtype: str, device: str | None) -> None:
@@ -139,64 +137,60 @@ def heldout_perplexity(model, token_docs: list[torch.Tensor], seq_len: int, wind
     return {"ppl": res["ppl"], "tokens": res["tokens"], "windows": res["windows"]}
 
 
-def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output: str, seq_len: int = 1024,
-             steps: int = 40, learning_rate: float = 1e-4, batch_size: int = 1, grad_accum: int = 1,
-             warmup_steps: int = 0, weight_decay: float = 0.0, gradient_checkpointing: bool = True,
-             eval_windows: int = 4, seed: int = 0, dtype: str = "float32", device: str | None = None,
-             command: str | None = None, progress: bool = True, pose: PoseSettings | None = None,
-             lora: "LoraSettings | None" = None, merge_lora: bool = False,
-             s2_attn_group: int | None = None, chunked_loss: bool = True,
-             packing: str = "document", long_eval: LongEvalSettings | None = LongEvalSettings(),
-             context_parallel_size: int = 1, mixed_precision: str = "no") -> dict[str, Any]:
-    """Patch ``model`` with ``config``, train it ``steps`` optimizer steps on packed ``train_docs``, measure
-    held-out perplexity on ``eval_docs`` before and after, save to ``output``; returns the report. ``pose``:
-    train on PoSE windows (their position ids skip to cover ``pose.target``) instead of ``seq_len`` blocks.
-    ``lora``: train LoRA adapters (:mod:`hf_posenc.lora`, peft) instead of every weight; saved as the adapter beside
-    the patched base (``hf_posenc.lora.load_lora``), or merged into the weights with ``merge_lora``.
-    ``s2_attn_group``: train with LongLoRA's shifted sparse attention in groups of that many tokens
-    (:mod:`hf_posenc.adapters.s2_attention`); evaluation and the saved model attend in full. ``chunked_loss``:
-    the training loss over chunks of the LM head (never ``[tokens, vocab]`` logits), as evaluation computes it.
-    ``packing``: how documents become blocks (:func:`pack`; ``document``: no block straddles two documents).
-    ``mixed_precision``: ``bf16`` or ``fp16`` autocast over float32 weights (:func:`check_mixed_precision`).
+def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output: str,
+             training: TrainSettings = TrainSettings(), pose: PoseSettings | None = None,
+             lora: "LoraSettings | None" = None, long_eval: LongEvalSettings | None = LongEvalSettings(),
+             checkpoints: CheckpointSettings = CheckpointSettings(), command: str | None = None,
+             progress: bool = True) -> dict[str, Any]:
+    """Patch ``model`` with ``config``, train it as ``training`` says (:class:`TrainSettings`: ``steps`` optimizer
+    steps on packed ``train_docs``), measure held-out perplexity on ``eval_docs`` before and after, save to
+    ``output``; returns the report. ``pose``: train on PoSE windows (their position ids skip to cover
+    ``pose.target``) instead of ``training.seq_len`` blocks. ``lora``: train LoRA adapters (:mod:`hf_posenc.lora`,
+    peft) instead of every weight; saved as the adapter beside the patched base (``hf_posenc.lora.load_lora``), or
+    merged into the weights with ``lora.merge``. ``training.s2_attn_group``: train with LongLoRA's shifted sparse
+    attention (:mod:`hf_posenc.adapters.s2_attention`); evaluation and the saved model attend in full.
+    ``training.chunked_loss``: the training loss over chunks of the LM head, as evaluation computes it.
     ``long_eval``: the long-context evaluation before and after training (:mod:`hf_posenc.finetune_eval`: perplexity
     past the original context L with the truncated baseline, needles in the held-out prose) at ``long_eval.length``,
-    by default PoSE's target length (none without PoSE); None: none. Under several processes every process computes
-    it (the same forwards in the same order: see :mod:`hf_posenc.finetune_eval`) and the main process saves it."""
+    by default PoSE's target length (none without PoSE); None: none. ``checkpoints``: resumable checkpoints every N
+    steps, and resuming from them (:mod:`hf_posenc.training_resume`). Under several processes every process computes
+    the evaluations (the same forwards in the same order: see :mod:`hf_posenc.finetune_eval`) and the main process
+    saves."""
     from .replaced_folder import ReplacedOutput, check_replaced_output
     from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
     from .eval.data import check_heldout, tokenize_documents
     from .patching import patch
 
-    if steps < 1 or batch_size < 1 or grad_accum < 1 or not learning_rate > 0:
-        raise ValueError(f"steps, batch_size and grad_accum must be >= 1 and learning_rate > 0, got steps={steps}, "
-                         f"batch_size={batch_size}, grad_accum={grad_accum}, learning_rate={learning_rate}")
+    t = training
     if not eval_docs:
         raise ValueError("held-out evaluation needs at least one document that is not trained on")
-    check_packing(packing)
-    check_mixed_precision(mixed_precision, dtype, device)
-    if pose is not None and packing == "stream-restart":
+    check_mixed_precision(t.mixed_precision, t.dtype, t.device)
+    if pose is not None and t.packing == "stream-restart":
         raise ValueError("--packing stream-restart gives each document its own position ids, and PoSE draws them for "
                          "the whole window: use one or the other")
     if pose is not None:
         check_pose_method(config)
-    if s2_attn_group is not None:
+    if t.s2_attn_group is not None:
         from .methods import resolve_method
 
         check_s2_method(config.method, resolve_method(config.method).kind)
-        check_group(s2_attn_group, pose.window if pose else seq_len)
+        check_group(t.s2_attn_group, pose.window if pose else t.seq_len)
     long_length = long_eval.length_for(pose.target if pose else None) if long_eval is not None else None
-    read = seq_len * eval_windows  # the held-out tokens scored (the needles' haystack: every document whole)
+    read = t.seq_len * t.eval_windows  # the held-out tokens scored (the needles' haystack: every document whole)
     read = None if long_length and long_eval.needle_trials else max(read, long_length or 0)
     check_heldout(train_docs, eval_docs, read)  # by content, before any compute
     check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
+    run = ResumableRun(checkpoints, output, _fingerprint(model, config, train_docs, eval_docs, t, pose, lora,
+                                                         long_eval, long_length))
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # several: started by torchrun or accelerate launch
     main_process = int(os.environ.get("RANK", "0")) == 0
-    if context_parallel_size != 1:  # each sequence split across processes (hf_posenc.parallel), refused before compute
+    chunked_loss = t.chunked_loss
+    if t.context_parallel_size != 1:  # each sequence split across processes (hf_posenc.parallel), before compute
         from .parallel import check_context_parallel
 
-        check_context_parallel(config.method, context_parallel_size, pose.window if pose else seq_len, processes,
-                               s2_attn_group, device)
+        check_context_parallel(config.method, t.context_parallel_size, pose.window if pose else t.seq_len, processes,
+                               t.s2_attn_group, t.device)
         chunked_loss = False  # the shards' targets: the Trainer's shift_labels, which the model's own loss reads
     longer = None
     if pose is not None or long_length:  # checked before the load where the model's config says L (else after it)
@@ -208,13 +202,13 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         if long_length:  # and its held-out text, from the tokenizer alone
             from .finetune_eval import prepared_long_eval
 
-            longer = prepared_long_eval(model, declared, eval_docs, long_eval, long_length, seed,
+            longer = prepared_long_eval(model, declared, eval_docs, long_eval, long_length, t.seed,
                                         progress and main_process)
     # one run per --output, from here to the save (held by the process that saves)
     with ReplacedOutput(output, "finetune") if main_process else nullcontext() as out:
-        seed_everything(seed)
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        lm, tok, _ = load_model_and_tokenizer(model, dtype, device)
+        seed_everything(t.seed)
+        device = t.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        lm, tok, _ = load_model_and_tokenizer(model, t.dtype, device)
         patch(lm, config)
         if pose is not None or long_length:
             from .context import original_context
@@ -231,57 +225,51 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
             from .lora import apply_lora
 
             lm = apply_lora(lm, lora)
-            if gradient_checkpointing and not lora.train_embeddings_and_norms:  # the frozen embedding's output
+            if t.gradient_checkpointing and not lora.train_embeddings_and_norms:  # the frozen embedding's output
                 lm.enable_input_require_grads()  # must carry a gradient through the checkpointed layers
-        blocks = pack(tokenize_documents(tok, train_docs), pose.window if pose else seq_len, tok.eos_token_id,
-                      packing)
-        positions = pose_batch(blocks.shape[0], pose.window, pose.target, pose.chunks, seed) if pose else None
-        if packing == "stream-restart":
+        blocks = pack(tokenize_documents(tok, train_docs), pose.window if pose else t.seq_len, tok.eos_token_id,
+                      t.packing)
+        positions = pose_batch(blocks.shape[0], pose.window, pose.target, pose.chunks, t.seed) if pose else None
+        if t.packing == "stream-restart":
             if tok.eos_token_id is None:
                 raise ValueError(f"--packing stream-restart starts positions again after each EOS token, and the "
                                  f"tokenizer of {model} has none: use --packing document")
             positions = restarted_positions(blocks, tok.eos_token_id)
-        need = steps * batch_size * grad_accum
-        heldout = tokenize_documents(tok, eval_docs, seq_len * eval_windows)
-        if max(len(t) for t in heldout) < seq_len:
-            raise ValueError(f"too little held-out text for seq_len={seq_len}: the longest held-out document has "
-                             f"{max(len(t) for t in heldout)} tokens")
-        before = heldout_perplexity(lm, heldout, seq_len, eval_windows)
-        long_context = None
-        if longer is not None:
-            long_context = {**longer.describe(), "before": longer.measure(lm, "before training")}
+        heldout = tokenize_documents(tok, eval_docs, t.seq_len * t.eval_windows)
+        if max(len(x) for x in heldout) < t.seq_len:
+            raise ValueError(f"too little held-out text for seq_len={t.seq_len}: the longest held-out document has "
+                             f"{max(len(x) for x in heldout)} tokens")
+        measured = run.before()  # a resumed run measured these before its first step
+        if measured is None:
+            measured = {"heldout": heldout_perplexity(lm, heldout, t.seq_len, t.eval_windows)}
+            if longer is not None:
+                measured["long_context"] = longer.measure(lm, "before training")
+            if run.active and main_process:
+                run.start(measured)
+        long_context = None if longer is None else {**longer.describe(), "before": measured["long_context"]}
 
-        if s2_attn_group is not None:
+        if t.s2_attn_group is not None:
             check_s2_implementation(getattr(lm.config, "_attn_implementation", None))
         engine: dict[str, str] = {}
-        with S2Training(lm, s2_attn_group):
-            losses, seconds = _train(lm, blocks, positions, steps=steps, batch_size=batch_size, grad_accum=grad_accum,
-                                     learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
-                                     gradient_checkpointing=gradient_checkpointing, seed=seed, device=device,
-                                     progress=progress, chunked_loss=chunked_loss,
-                                     context_parallel_size=context_parallel_size, engine=engine,
-                                     mixed_precision=mixed_precision)
+        with S2Training(lm, t.s2_attn_group):
+            losses, seconds = _train(lm, blocks, positions, replace(t, chunked_loss=chunked_loss), run,
+                                     progress=progress, engine=engine, main_process=main_process)
         lm.eval()
-        after = heldout_perplexity(lm, heldout, seq_len, eval_windows)
+        after = heldout_perplexity(lm, heldout, t.seq_len, t.eval_windows)
         if long_context is not None:
             long_context["after"] = longer.measure(lm, "after training")
         report = {
             "task": "finetune",
-            "setup": {"model": model, "method": config.to_dict(), "seq_len": seq_len, "steps": steps,
-                      "batch_size": batch_size, "grad_accum": grad_accum, "learning_rate": learning_rate,
-                      "warmup_steps": warmup_steps, "weight_decay": weight_decay,
-                      "gradient_checkpointing": gradient_checkpointing, "train_blocks": int(blocks.shape[0]),
-                      "blocks_seen": need, "train_documents": [d.name for d in train_docs],
-                      "eval_documents": [d.name for d in eval_docs], "eval_windows": eval_windows, "seed": seed,
-                      "device": device, "processes": processes, "dtype": dtype, "mixed_precision": mixed_precision,
-                      "command": recorded_command(command),
+            "setup": {"model": model, "method": config.to_dict(), **_setup(t), "chunked_loss": chunked_loss,
+                      "train_blocks": int(blocks.shape[0]), "blocks_seen": t.steps * t.batch_size * t.grad_accum,
+                      "train_documents": [d.name for d in train_docs], "eval_documents": [d.name for d in eval_docs],
+                      "device": device, "processes": processes, "command": recorded_command(command),
                       "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None,
-                      "lora": dict(asdict(lora), merged=merge_lora) if lora else None,
-                      "s2_attn_group": s2_attn_group, "chunked_loss": chunked_loss, "packing": packing,
-                      "engine": engine.get("name"), "context_parallel_size": context_parallel_size,
+                      "lora": _lora_setup(lora), "engine": engine.get("name"),
+                      "resumed_from_step": run.resumed_step,
                       "long_eval": dict(asdict(long_eval), length=long_length) if long_length else None},
             "losses": losses,
-            "heldout_before": before,
+            "heldout_before": measured["heldout"],
             "heldout_after": after,
         }
         if long_context is not None:
@@ -291,11 +279,36 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
 
         state = gathered_state_dict(lm)  # ZeRO-3 / FSDP: every process gives its shards to the one that saves
         if main_process:  # one process saves (under torchrun / accelerate every process trained the same weights)
-            report["plot"] = _save(lm, tok, report, out, output, model, command, lora, merge_lora, state)
+            report["plot"] = _save(lm, tok, report, out, output, model, command, lora, state)
+    if main_process and run.active:
+        run.finish()  # the trained model is saved: its checkpoints go
     return report
 
 
-def _save(lm, tok, report: dict[str, Any], out, output: str, model: str, command: str | None, lora, merge_lora: bool,
+def _fingerprint(model: str, config: PosEncConfig, train_docs, eval_docs, training: TrainSettings, pose, lora,
+                 long_eval, long_length) -> dict[str, Any]:
+    """What a resumed run must share with the run whose checkpoints it continues."""
+    return {"model": model, "method": config.to_dict(), "training": training.fingerprint(),
+            "pose": asdict(pose) if pose else None,
+            "lora": {k: v for k, v in asdict(lora).items() if k != "merge"} if lora else None,
+            "long_eval": dict(asdict(long_eval), length=long_length) if long_length else None,
+            "train_documents": document_digests(train_docs), "eval_documents": document_digests(eval_docs)}
+
+
+def _setup(t: TrainSettings) -> dict[str, Any]:
+    """The training settings as the report has always named them."""
+    return {k: v for k, v in asdict(t).items() if k not in ("device", "chunked_loss")}
+
+
+def _lora_setup(lora) -> dict[str, Any] | None:
+    if lora is None:
+        return None
+    got = asdict(lora)
+    got["merged"] = got.pop("merge")
+    return got
+
+
+def _save(lm, tok, report: dict[str, Any], out, output: str, model: str, command: str | None, lora,
           state_dict: dict[str, Any] | None = None) -> str:
     """The checkpoint, its card (with the training table) and the report (JSON, Markdown) in hf_posenc_eval/,
     written into a staged folder that replaces --output only when all of it is written; returns the plot's path."""
@@ -306,7 +319,7 @@ def _save(lm, tok, report: dict[str, Any], out, output: str, model: str, command
         if lora is not None:  # (the adapter's folder gets the card and the reports, its base/ those of the base)
             from .lora import save_lora
 
-            save_lora(lm, staged, merge_lora, tok, **card)
+            save_lora(lm, staged, lora.merge, tok, **card)
         else:
             save_pretrained(lm, staged, tok, **card, **({"state_dict": state_dict} if state_dict else {}))
         plotted = plot_losses(report, os.path.join(staged, EVAL_FOLDER, "finetune_loss.png"))
@@ -319,13 +332,12 @@ def _check_pose_target(original: int | None, pose: PoseSettings) -> None:
                          "covers a context longer than the trained one; give a target beyond it")
 
 
-def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, *, steps: int, batch_size: int,
-           grad_accum: int, learning_rate: float, warmup_steps: int, weight_decay: float,
-           gradient_checkpointing: bool, seed: int, device: str, progress: bool,
-           chunked_loss: bool = True, context_parallel_size: int = 1,
-           engine: dict[str, str] | None = None, mixed_precision: str = "no") -> tuple[list[dict[str, float]], float]:
-    """Trains ``lm`` in place on the packed ``blocks`` (transformers' Trainer, cosine schedule); returns the
-    logged losses by step and the seconds it took."""
+def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, t: TrainSettings,
+           run: ResumableRun | None = None, *, progress: bool = True, engine: dict[str, str] | None = None,
+           main_process: bool = True) -> tuple[list[dict[str, float]], float]:
+    """Trains ``lm`` in place on the packed ``blocks`` (transformers' Trainer, cosine schedule), from ``run``'s last
+    checkpoint when it resumes one and saving one every ``run.every`` steps (None: no checkpoints); returns the
+    logged losses by step (the resumed run's earlier ones included) and the seconds of training in all."""
     from datasets import Dataset
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -335,24 +347,31 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, *, steps: i
     if positions is not None:  # PoSE: each window's own position ids
         columns["position_ids"] = positions.tolist()
     data = Dataset.from_dict(columns).with_format("torch")
-    losses: list[dict[str, float]] = []
+    run = run or ResumableRun(CheckpointSettings(), tempfile.gettempdir(), {})  # inactive: no checkpoints
+    engine = {} if engine is None else engine
+    resume_from = run.resume_from()
+    earlier = run.seconds_until(run.resumed_step)
+    started = time.time()
 
     class Record(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                losses.append({"step": state.global_step, "loss": float(logs["loss"])})
+        def on_save(self, args, state, control, **kwargs):
+            if main_process:  # (the Trainer has written the whole checkpoint)
+                run.saved(state.global_step, earlier + time.time() - started)
 
-    scratch = tempfile.TemporaryDirectory(prefix="hf_posenc-trainer-")  # Trainer's folder: never in --output
+    scratch = None if run.active else tempfile.TemporaryDirectory(prefix="hf_posenc-trainer-")  # never in --output
+    saving = {"save_strategy": "steps", "save_steps": run.every, "save_total_limit": 2} if run.active else \
+        {"save_strategy": "no"}
     args = TrainingArguments(
-        output_dir=scratch.name, max_steps=steps, per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=grad_accum, learning_rate=learning_rate, warmup_steps=warmup_steps,
-        weight_decay=weight_decay, lr_scheduler_type="cosine", logging_steps=1, save_strategy="no",
-        report_to=[], seed=seed, data_seed=seed, use_cpu=device == "cpu", disable_tqdm=not progress,
+        output_dir=run.folder if run.active else scratch.name, max_steps=t.steps,
+        per_device_train_batch_size=t.batch_size, gradient_accumulation_steps=t.grad_accum,
+        learning_rate=t.learning_rate, warmup_steps=t.warmup_steps, weight_decay=t.weight_decay,
+        lr_scheduler_type="cosine", logging_steps=1, **saving, report_to=[], seed=t.seed, data_seed=t.seed,
+        use_cpu=(t.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cpu", disable_tqdm=not progress,
         remove_unused_columns=False, dataloader_drop_last=True,
-        bf16=mixed_precision == "bf16", fp16=mixed_precision == "fp16",
-        parallelism_config=parallelism_config(context_parallel_size, int(os.environ.get("WORLD_SIZE", "1"))),
+        bf16=t.mixed_precision == "bf16", fp16=t.mixed_precision == "fp16",
+        parallelism_config=parallelism_config(t.context_parallel_size, int(os.environ.get("WORLD_SIZE", "1"))),
         # transformers >= 5.x renamed gradient checkpointing to activation checkpointing
-        **{_checkpointing_arg(TrainingArguments): gradient_checkpointing},
+        **{_checkpointing_arg(TrainingArguments): t.gradient_checkpointing},
     )
 
     def collate(rows):
@@ -364,17 +383,15 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, *, steps: i
         return batch
 
     lm.train()
-    started = time.time()
-    trainer_class = _chunked_loss_trainer() if chunked_loss else Trainer
+    trainer_class = _chunked_loss_trainer() if t.chunked_loss else Trainer
     trainer = trainer_class(model=lm, args=args, train_dataset=data, data_collator=collate, callbacks=[Record()])
-    name = check_engine(trainer, lm)  # before training
-    if engine is not None:
-        engine["name"] = name
-    with scratch:
-        trainer.train()
-    seconds = time.time() - started
-    if gradient_checkpointing:
+    engine["name"] = check_engine(trainer, lm)  # before training
+    with scratch or nullcontext():
+        trainer.train(resume_from_checkpoint=resume_from)
+    seconds = earlier + time.time() - started
+    if t.gradient_checkpointing:
         (getattr(lm, "activation_checkpointing_disable", None) or lm.gradient_checkpointing_disable)()
+    losses = [{"step": h["step"], "loss": float(h["loss"])} for h in trainer.state.log_history if "loss" in h]
     return losses, seconds
 
 

@@ -72,6 +72,8 @@ class LoraSettings:
     dropout: dropout on the adapter's input, in [0, 1).
     train_embeddings_and_norms: LongLoRA's extras -- the input embedding and every normalisation layer trained
         in full beside the adapter (peft's ``modules_to_save``).
+    merge: how a fine-tuning run saves it: merged into the weights (one checkpoint) instead of the adapter beside
+        the patched base (:func:`save_lora`).
     """
 
     r: int
@@ -79,6 +81,7 @@ class LoraSettings:
     targets: tuple[str, ...] = ATTENTION_PROJECTIONS
     dropout: float = 0.0
     train_embeddings_and_norms: bool = True
+    merge: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
@@ -99,9 +102,9 @@ class LoraSettings:
             raise ValueError(f"LoRA targets must be a non-empty list of module names (e.g. {ATTENTION_PROJECTIONS}), "
                              f"got targets={self.targets!r}")
         object.__setattr__(self, "targets", targets)
-        flag = self.train_embeddings_and_norms
-        if not isinstance(flag, bool):
-            raise ValueError(f"train_embeddings_and_norms must be True or False, got {flag!r}")
+        for name in ("train_embeddings_and_norms", "merge"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
 
 def _matches(name: str, target: str) -> bool:

@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from hf_posenc.eval.data import read_text_file
     from hf_posenc.eval.report import markdown_table, emit_section
     from hf_posenc.finetune import finetune
+    from hf_posenc.training_settings import TrainSettings
 
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -54,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         method, steps, lr = run.split(":")
         spec = PosEncConfig(method, args.factor if method not in ("alibi", "nope") else None)
         out = os.path.join(args.output, method)
+        training = TrainSettings(seq_len=args.seq_len, steps=int(steps), learning_rate=float(lr),
+                                 eval_windows=args.eval_windows, seed=args.seed)
         report = finetune(model=args.model, config=spec, train_docs=train, eval_docs=held, output=out,
-                          seq_len=args.seq_len, steps=int(steps), learning_rate=float(lr),
-                          eval_windows=args.eval_windows, seed=args.seed, command=command)
+                          training=training, command=command)
         dest = os.path.join(ROOT, "benchmarks", "finetune", method)
         os.makedirs(dest, exist_ok=True)
         for name in ("finetune.json", "finetune.md", "finetune_loss.png"):

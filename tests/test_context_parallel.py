@@ -38,6 +38,7 @@ def test_the_training_batches_carry_the_global_position_ids():
     """The Trainer path always sends position_ids (arange, or PoSE's / stream-restart's): the ids that context
     parallelism shards with the tokens."""
     from hf_posenc.finetune import _train
+    from hf_posenc.training_settings import TrainSettings
 
     seen = []
     model = tiny_model("llama")
@@ -49,8 +50,8 @@ def test_the_training_batches_carry_the_global_position_ids():
 
     model.forward = forward
     blocks = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(0))
-    _train(model, blocks, None, steps=1, batch_size=2, grad_accum=1, learning_rate=1e-3, warmup_steps=0,
-           weight_decay=0.0, gradient_checkpointing=False, seed=0, device="cpu", progress=False)
+    _train(model, blocks, None, TrainSettings(steps=1, batch_size=2, learning_rate=1e-3, gradient_checkpointing=False,
+                                              device="cpu"), progress=False)
     assert seen and all(p is not None and p.tolist() == [list(range(16))] * 2 for p in seen), seen
 
 

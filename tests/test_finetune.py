@@ -93,6 +93,7 @@ def test_the_chunked_training_loss_equals_the_models_own_with_gradient_accumulat
     model's own loss, and a Trainer run with gradient accumulation logs the same losses and ends at the same weights."""
     from hf_posenc.eval.scoring import chunked_lm_loss
     from hf_posenc.finetune import _train
+    from hf_posenc.training_settings import TrainSettings
 
     model = hf_posenc.patch(tiny_model("llama"), "yarn", factor=2.0).train()
     x = torch.randint(0, 96, (2, 100), generator=torch.Generator().manual_seed(1))
@@ -107,9 +108,9 @@ def test_the_chunked_training_loss_equals_the_models_own_with_gradient_accumulat
     runs = []
     for chunked in (False, True):
         m = hf_posenc.patch(tiny_model("llama"), "yarn", factor=2.0)
-        losses, _ = _train(m, blocks, None, steps=3, batch_size=2, grad_accum=2, learning_rate=1e-3, warmup_steps=0,
-                           weight_decay=0.0, gradient_checkpointing=False, seed=0, device="cpu", progress=False,
-                           chunked_loss=chunked)
+        losses, _ = _train(m, blocks, None, TrainSettings(steps=3, batch_size=2, grad_accum=2, learning_rate=1e-3,
+                                                          gradient_checkpointing=False, device="cpu",
+                                                          chunked_loss=chunked), progress=False)
         runs.append(([x["loss"] for x in losses], dict(m.named_parameters())))
     assert runs[0][0] == pytest.approx(runs[1][0], abs=1e-5)
     assert max((runs[0][1][n] - p).abs().max().item() for n, p in runs[1][1].items()) < 1e-5
@@ -127,9 +128,9 @@ def test_cli_finetune_with_restarted_positions_feeds_them(tiny_checkpoint, tmp_p
     fed = []
     real = ft._train
 
-    def spy(lm, blocks, positions, **kw):
+    def spy(lm, blocks, positions, *rest, **kw):
         fed.append((blocks, positions))
-        return real(lm, blocks, positions, **kw)
+        return real(lm, blocks, positions, *rest, **kw)
 
     monkeypatch.setattr(ft, "_train", spy)
     from transformers import AutoTokenizer

@@ -6,6 +6,7 @@ import torch
 
 import hf_posenc
 from hf_posenc.finetune import _train, check_mixed_precision
+from hf_posenc.training_settings import TrainSettings
 from conftest import book_path, refused, tiny_model
 
 
@@ -15,9 +16,9 @@ def _run(mixed_precision: str):
     blocks = torch.randint(0, 96, (6, 48), generator=torch.Generator().manual_seed(0))
     seen = []
     hook = model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
-    losses, _ = _train(model, blocks, None, steps=3, batch_size=2, grad_accum=1, learning_rate=1e-3,
-                       warmup_steps=0, weight_decay=0.0, gradient_checkpointing=False, seed=0, device="cpu",
-                       progress=False, mixed_precision=mixed_precision)
+    losses, _ = _train(model, blocks, None, TrainSettings(steps=3, batch_size=2, learning_rate=1e-3,
+                                                          gradient_checkpointing=False, device="cpu",
+                                                          mixed_precision=mixed_precision), progress=False)
     hook.remove()
     return [x["loss"] for x in losses], model, set(seen)
 

@@ -59,14 +59,15 @@ def test_the_trainer_feeds_each_window_its_pose_position_ids():
     import hf_posenc
     from conftest import tiny_model
     from hf_posenc.finetune import _train
+    from hf_posenc.training_settings import TrainSettings
 
     model = hf_posenc.patch(tiny_model("llama"), "yarn", factor=2.0)
     blocks = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(0))
     positions = pose_batch(4, 16, 128, 2, seed=0)
     seen = []
     model.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["position_ids"].clone()), with_kwargs=True)
-    losses, _ = _train(model, blocks, positions, steps=2, batch_size=2, grad_accum=1, learning_rate=1e-3,
-                       warmup_steps=0, weight_decay=0.0, gradient_checkpointing=False, seed=0, device="cpu",
+    losses, _ = _train(model, blocks, positions, TrainSettings(steps=2, batch_size=2, learning_rate=1e-3,
+                                                               gradient_checkpointing=False, device="cpu"),
                        progress=False)
     fed = torch.cat(seen)
     assert len(losses) == 2 and fed.shape == (4, 16)

@@ -87,6 +87,17 @@ def add_parser(sub) -> None:
     t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu).")
     t.add_argument("--seed", type=int, default=0, help="random seed (data order, initialisation).")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
+    c = ft.add_argument_group("resumable training (a run stopped by a kill, a time limit or a crash goes on)")
+    c.add_argument("--checkpoint-every", type=int, default=0,
+                   help="save a resumable checkpoint (weights, optimizer and scheduler state, RNG states, the losses "
+                        "so far) every this many optimizer steps (0: none); the last two are kept, in "
+                        "--checkpoint-dir, which is removed once the trained model is saved.")
+    c.add_argument("--checkpoint-dir", default=None,
+                   help="the folder of the checkpoints (default: <output>.checkpoints, beside --output).")
+    c.add_argument("--resume", action="store_true",
+                   help="continue the run whose checkpoints are in --checkpoint-dir from its last one (the same "
+                        "settings and data are required; its before-training measurements are reused); with no "
+                        "checkpoint there, train from the start.")
 
 
 
@@ -96,6 +107,7 @@ def run(args, command: str) -> int:
     from ..finetune import finetune
 
     config = method_config(args)  # validated before the slow load
+    training, checkpoints = _training(args), _checkpoints(args)
     pose, lora = _pose(args), _lora(args)
     long_eval = _long_eval(args, pose)
     reads = [*(args.text_file or []), args.text_dir, args.dataset, *args.eval_text_file]
@@ -106,19 +118,33 @@ def run(args, command: str) -> int:
                              encoding=args.encoding)
     held = [read_text_file(p, args.encoding) for p in args.eval_text_file]
     report = finetune(model=args.model, config=config, train_docs=train, eval_docs=held, output=args.output,
-                      seq_len=args.seq_len, steps=args.steps, learning_rate=args.learning_rate,
-                      batch_size=args.batch_size, grad_accum=args.grad_accum, warmup_steps=args.warmup_steps,
-                      weight_decay=args.weight_decay, gradient_checkpointing=not args.no_gradient_checkpointing,
-                      eval_windows=args.eval_windows, seed=args.seed, dtype=args.dtype, device=args.device,
-                      mixed_precision=args.mixed_precision,
-                      command=command, progress=not args.no_progress, pose=pose, lora=lora,
-                      merge_lora=args.lora_merge, s2_attn_group=args.s2_attn_group,
-                      chunked_loss=not args.full_logits_loss, packing=args.packing, long_eval=long_eval,
-                      context_parallel_size=args.context_parallel_size)
+                      training=training, pose=pose, lora=lora, long_eval=long_eval, checkpoints=checkpoints,
+                      command=command, progress=not args.no_progress)
     print(report["table"])
-    loader = "hf_posenc.lora.load_lora" if lora is not None and not args.lora_merge else "hf_posenc.from_pretrained"
+    loader = "hf_posenc.lora.load_lora" if lora is not None and not lora.merge else "hf_posenc.from_pretrained"
     print(f"\nsaved: {args.output} (load with {loader}); training report in {args.output}/hf_posenc_eval/")
     return 0
+
+
+def _training(args):
+    from ..training_settings import TrainSettings
+
+    return TrainSettings(seq_len=args.seq_len, steps=args.steps, learning_rate=args.learning_rate,
+                         batch_size=args.batch_size, grad_accum=args.grad_accum, warmup_steps=args.warmup_steps,
+                         weight_decay=args.weight_decay, gradient_checkpointing=not args.no_gradient_checkpointing,
+                         eval_windows=args.eval_windows, seed=args.seed, chunked_loss=not args.full_logits_loss,
+                         packing=args.packing, dtype=args.dtype, device=args.device,
+                         mixed_precision=args.mixed_precision, s2_attn_group=args.s2_attn_group,
+                         context_parallel_size=args.context_parallel_size)
+
+
+def _checkpoints(args):
+    from ..training_settings import CheckpointSettings
+
+    if args.checkpoint_dir is not None and not (args.checkpoint_every or args.resume):
+        raise ValueError("--checkpoint-dir is where --checkpoint-every saves and --resume reads: add one of them, or "
+                         "drop it")
+    return CheckpointSettings(every=args.checkpoint_every, folder=args.checkpoint_dir, resume=args.resume)
 
 
 def _pose(args):
@@ -172,4 +198,5 @@ def _lora(args):
         raise ValueError(str(err)) from None
     extra = {"targets": tuple(args.lora_targets)} if args.lora_targets else {}
     return LoraSettings(r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
-                        train_embeddings_and_norms=not args.lora_frozen_embeddings_and_norms, **extra)
+                        train_embeddings_and_norms=not args.lora_frozen_embeddings_and_norms, merge=args.lora_merge,
+                        **extra)

@@ -1,0 +1,141 @@
+"""Resumable fine-tuning (hf_posenc.training_resume): a run killed after a checkpoint goes on with --resume to the
+very losses and weights of the run nobody interrupted; another run's checkpoints, or the same run's without
+--resume, are refused before any compute; the typed training settings refuse bad values by name."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hf_posenc.cli import main
+from hf_posenc.training_resume import RUN_FILE
+from hf_posenc.training_settings import CheckpointSettings, TrainSettings
+from conftest import book_path, refused
+
+STEPS = 60
+
+
+def _argv(model: str, out, *extra: str) -> list[str]:
+    return ["finetune", "--model", model, "--method", "yarn", "--factor", "2", "--text-file", book_path("pg1513.txt"),
+            "--eval-text-file", book_path("pg84.txt"), "--seq-len", "64", "--steps", str(STEPS), "--batch-size", "2",
+            "--learning-rate", "3e-3", "--warmup-steps", "3", "--eval-windows", "2", "--seed", "3", "--no-progress",
+            "--output", str(out), *extra]
+
+
+def _report(out) -> dict:
+    return json.loads((out / "hf_posenc_eval" / "finetune.json").read_text())
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    import hf_posenc.loading as loading
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the bad input was refused")
+
+    monkeypatch.setattr(loading, "from_pretrained", refuse)
+
+
+def _killed_after_a_checkpoint(argv: list[str], checkpoints) -> None:
+    """Start ``hf-posenc ARGV`` in a process of its own and SIGTERM it once its first checkpoint is whole."""
+    child = subprocess.Popen([sys.executable, "-m", "hf_posenc.cli", *argv], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    first = checkpoints / "checkpoint-2" / "trainer_state.json"
+    deadline = time.time() + 300
+    while not first.exists() and child.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert first.exists(), child.communicate()
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 143 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_killed_run_resumes_to_the_losses_and_weights_of_an_uninterrupted_one(lora, tiny_checkpoint, tmp_path,
+                                                                                  capsys):
+    extra = ["--lora-r", "4", "--lora-merge"] if lora else []
+    assert main(_argv(tiny_checkpoint, tmp_path / "whole", *extra)) == 0
+    whole = _report(tmp_path / "whole")
+
+    out, checkpoints = tmp_path / "cut", tmp_path / "cut.checkpoints"
+    argv = _argv(tiny_checkpoint, out, *extra, "--checkpoint-every", "2")
+    _killed_after_a_checkpoint(argv, checkpoints)
+    assert not out.exists() and (checkpoints / RUN_FILE).exists()  # nothing half-written; the checkpoints stay
+    capsys.readouterr()
+
+    err = refused(argv, capsys)  # the same run again, without --resume: not trained over
+    assert "holds the checkpoints of an earlier run" in err and "--resume" in err
+    changed = [a if a != "3e-3" else "1e-3" for a in argv]
+    err = refused([*changed, "--resume"], capsys)  # other settings
+    assert "belong to a run with other settings" in err and "training.learning_rate: 0.003 then, 0.001 now" in err
+
+    assert main([*argv, "--resume"]) == 0
+    resumed = _report(out)
+    assert resumed["setup"]["resumed_from_step"] >= 2
+    assert [x["step"] for x in resumed["losses"]] == list(range(1, STEPS + 1))
+    for a, b in zip(whole["losses"], resumed["losses"]):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5), (a, b)
+    assert resumed["heldout_before"] == whole["heldout_before"]  # measured once, before the first step
+    assert resumed["heldout_after"]["ppl"] == pytest.approx(whole["heldout_after"]["ppl"], rel=1e-5)
+    assert not checkpoints.exists()  # the model is saved: its checkpoints are gone
+    assert not any(p.name.startswith(".cut") for p in tmp_path.iterdir())  # no lock, no staged folder left
+
+
+def test_resume_with_no_checkpoint_trains_from_the_start_and_says_so(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "ft"
+    assert main([*_argv(tiny_checkpoint, out), "--steps", "4", "--resume", "--checkpoint-every", "2"]) == 0
+    said = capsys.readouterr().out
+    assert "no checkpoint of an earlier run" in said and "training starts at step 0" in said
+    assert _report(out)["setup"]["resumed_from_step"] == 0 and not (tmp_path / "ft.checkpoints").exists()
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--checkpoint-every", "-1"], "--checkpoint-every must be a whole number >= 0, got -1"),
+    (["--checkpoint-dir", "x"], "--checkpoint-dir is where --checkpoint-every saves and --resume reads"),
+    (["--checkpoint-every", "2", "--checkpoint-dir", "{out}/inner"], "lies inside --output"),
+    (["--checkpoint-every", "2", "--checkpoint-dir", "{tmp}/mine"], "holds files that no hf-posenc finetune wrote"),
+])
+def test_bad_checkpoint_settings_are_refused_before_the_model_loads(extra, message, tiny_checkpoint, tmp_path,
+                                                                    capsys, no_model_load):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    out = tmp_path / "ft"
+    extra = [x.format(out=out, tmp=tmp_path) for x in extra]
+    err = refused(_argv(tiny_checkpoint, out, *extra), capsys)
+    assert message in err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep" and not out.exists()
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"steps": 0}, "--steps must be a whole number >= 1, got 0"),
+    ({"seq_len": 1}, "--seq-len must be a whole number >= 2, got 1"),
+    ({"batch_size": 2.5}, "--batch-size must be a whole number >= 1, got 2.5"),
+    ({"learning_rate": 0.0}, "--learning-rate must be a number > 0, got 0.0"),
+    ({"learning_rate": float("nan")}, "--learning-rate must be a number > 0, got nan"),
+    ({"weight_decay": -0.1}, "--weight-decay must be a number >= 0, got -0.1"),
+    ({"warmup_steps": -1}, "--warmup-steps must be a whole number >= 0, got -1"),
+    ({"packing": "docs"}, "--packing must be one of document, stream, stream-restart, got 'docs'"),
+    ({"dtype": "fp8"}, "--dtype must be one of float32, bfloat16, float16, got 'fp8'"),
+    ({"mixed_precision": "half"}, "--mixed-precision must be one of no, bf16, fp16, got 'half'"),
+    ({"gradient_checkpointing": "yes"}, "gradient_checkpointing must be True or False, got 'yes'"),
+    ({"s2_attn_group": 1}, "--s2-attn-group must be a whole number >= 2, got 1"),
+    ({"device": ""}, "--device must be a torch device"),
+])
+def test_train_settings_refuse_bad_values_by_name(bad, message):
+    with pytest.raises(ValueError) as err:
+        TrainSettings(**bad)
+    assert message in str(err.value)
+
+
+def test_the_fingerprint_holds_every_training_setting_but_the_device():
+    a, b = TrainSettings(device="cpu"), TrainSettings(device="cuda:1")
+    assert a.fingerprint() == b.fingerprint() and "device" not in a.fingerprint()
+    assert TrainSettings(seed=1).fingerprint() != a.fingerprint()
+    assert set(a.fingerprint()) | {"device"} == set(a.__dataclass_fields__)
+    assert CheckpointSettings().folder_for("runs/x/") == os.path.abspath("runs/x.checkpoints")
+    with pytest.raises(ValueError, match="--checkpoint-dir must be a folder's path, got ''"):
+        CheckpointSettings(every=2, folder="")
