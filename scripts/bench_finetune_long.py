@@ -10,7 +10,9 @@ held-out book at the target length, before and after training:
 - the ceiling for this model: the unpatched model given 8,192 tokens instead of 4,096 (inside L) on the same book.
 
 Every number comes from an ordinary ``hf-posenc finetune`` / ``hf-posenc eval`` command (printed in the section)
-whose cells resume; a finished training run is not repeated. The order puts what answers the question first (per
+whose cells resume; a finished training run is not repeated, and one stopped midway resumes from its last checkpoint
+(``--checkpoint-every``). Each run is kept under its step count (``<run>-<steps>steps``), so a longer run is a new
+row beside the shorter ones. The order puts what answers the question first (per
 run: perplexity before, training, perplexity after, needles at the depths truncation cannot see), the other depths
 last, so a stopped run has the most useful part. CPU cost (2 cores): a training step of a 2,048-token window ~35-60
 s, a 16,384-token forward ~150 s (each needle is one).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 
@@ -46,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--original-context", type=int, default=8192, help="the model's original context L (SmolLM2's "
                    "8192; the inside-L ceiling is measured for L = 8192 and --target-length 16384 only).")
     p.add_argument("--pose-window", type=int, default=2048, help="tokens per PoSE training window.")
-    p.add_argument("--steps", type=int, default=60, help="optimizer steps of each training run.")
+    p.add_argument("--steps", type=int, default=60, help="optimizer steps of each training run (a run is kept under "
+                   "its step count: another --steps is another run, shown beside it).")
+    p.add_argument("--checkpoint-every", type=int, default=5, help="optimizer steps between the resumable "
+                   "checkpoints of a training run (a stopped run resumes from its last one).")
     p.add_argument("--lora-r", type=int, default=8, help="LoRA rank of the *-lora runs.")
     p.add_argument("--lora-learning-rate", type=float, default=1e-4, help="peak learning rate of the *-lora runs.")
     p.add_argument("--full-learning-rate", type=float, default=2e-5, help="peak learning rate of the *-full runs "
@@ -74,8 +80,23 @@ def variant(args, run: str | None, method: str) -> str:
     return f"{run or method}={method}:factor={args.factor:g},original_max_position_embeddings={args.original_context}"
 
 
+def _folder(args, run: str) -> str:
+    """A run's folder name: the run and its step count."""
+    return f"{run}-{args.steps}steps"
+
+
 def _checkpoint(args, run: str) -> str:
-    return os.path.join(args.checkpoints, run)
+    return os.path.join(args.checkpoints, _folder(args, run))
+
+
+def trained_folders(args, run: str) -> list[tuple[int, str]]:
+    """``(steps, folder name)`` of every trained or evaluated length of ``run`` under ``--output``, fewest first."""
+    got = []
+    for name in os.listdir(args.output) if os.path.isdir(args.output) else []:
+        m = re.fullmatch(re.escape(run) + r"-(\d+)steps", name)
+        if m:
+            got.append((int(m.group(1)), name))
+    return sorted(got)
 
 
 def commands(args, run: str) -> dict[str, list[str]]:
@@ -89,7 +110,7 @@ def commands(args, run: str) -> dict[str, list[str]]:
              str(args.target_length), "--seq-len", str(args.pose_window), "--eval-windows", "2", "--steps",
              str(args.steps), "--learning-rate", f"{lr:g}", "--warmup-steps", str(max(1, args.steps // 20)),
              "--seed", str(args.seed), "--device", args.device, "--no-long-eval",  # the eval commands below, resumable
-             "--output", rel(_checkpoint(args, run))]
+             "--checkpoint-every", str(args.checkpoint_every), "--resume", "--output", rel(_checkpoint(args, run))]
     if lora:
         train += ["--lora-r", str(args.lora_r), "--lora-merge"]
     common = ["--lengths", str(args.target_length), "--device", args.device]
@@ -101,9 +122,9 @@ def commands(args, run: str) -> dict[str, list[str]]:
     out = lambda *parts: ["--output", rel(os.path.join(args.output, *parts))]  # noqa: E731
     return {"train": train,
             "ppl_before": [*ppl, *base, *out("before", method, "ppl")],
-            "ppl_after": [*ppl, *after, *out(run, "ppl")],
+            "ppl_after": [*ppl, *after, *out(_folder(args, run), "ppl")],
             "needles_before": [*needles, *base, "--depths", args.depths, *out("before", method, "needles")],
-            "needles_after": [*needles, *after, "--depths", args.depths, *out(run, "needles")]}
+            "needles_after": [*needles, *after, "--depths", args.depths, *out(_folder(args, run), "needles")]}
 
 
 def beyond(args, depths: str) -> str:
@@ -156,14 +177,9 @@ def train(args, run: str, argv: list[str]) -> None:
     import shutil
 
     report = os.path.join(_checkpoint(args, run), "hf_posenc_eval", "finetune.json")
-    done = load_json(report)
-    if done is not None and done["setup"]["steps"] != args.steps:
-        raise SystemExit(f"{rel(_checkpoint(args, run))} was trained {done['setup']['steps']} steps, not --steps "
-                         f"{args.steps}: pass --steps {done['setup']['steps']} to report it, or move it away to train "
-                         "again (its evaluation folders too)")
-    if done is None:
+    if load_json(report) is None:  # (resumed from its last checkpoint when an earlier call was stopped)
         run_cli(argv, args.no_progress)
-    dest = os.path.join(args.output, run, "training")
+    dest = os.path.join(args.output, _folder(args, run), "training")
     os.makedirs(dest, exist_ok=True)
     for name in ("finetune.json", "finetune.md", "finetune_loss.png"):
         if os.path.isfile(os.path.join(os.path.dirname(report), name)):
@@ -219,8 +235,9 @@ def rows(args) -> list[list[str]]:
         base_truncated = base_truncated or _baseline(ppl, n)
     for name, method, folder, label in ([(f"{m} x{args.factor:g}, training-free", m, os.path.join("before", m), m)
                                          for m in methods]
-                                        + [(f"{r}: PoSE {args.pose_window} -> {n}", RUNS[r][0], r, r)
-                                           for r in args.runs]):
+                                        + [(f"{r}{f', {k} steps' if k else ''}: PoSE {args.pose_window} -> {n}",
+                                            RUNS[r][0], f, r)
+                                           for r in args.runs for k, f in trained_folders(args, r) or [(0, r)]]):
         ppl = load_json(os.path.join(out, folder, "ppl", "perplexity.json"))
         needles = load_json(os.path.join(out, folder, "needles", "passkey.json"))
         r = _ppl(ppl, label, n)
@@ -259,8 +276,8 @@ def measured_rows(args, base_truncated: dict | None, depths: list[float]) -> lis
 
 def training_rows(args) -> list[list[str]]:
     got = []
-    for run in args.runs:
-        rep = load_json(os.path.join(args.output, run, "training", "finetune.json"))
+    for run, folder in [(r, f) for r in args.runs for _, f in trained_folders(args, r) or [(0, r)]]:
+        rep = load_json(os.path.join(args.output, folder, "training", "finetune.json"))
         if rep is None:
             got.append([run, "not trained yet", "", "", "", "", ""])
             continue
@@ -279,15 +296,15 @@ def verdicts(args) -> list[str]:
     """What each trained run did, plainly: its ppl past L before and after, beside the same weights truncated to L
     (training that only fits the prose lowers both; using the context past L puts the first below the second)."""
     n, said = args.target_length, []
-    for run in args.runs:
+    for run, steps, folder in [(r, k, f) for r in args.runs for k, f in trained_folders(args, r)]:
         method = RUNS[run][0]
         before = _ppl(load_json(os.path.join(args.output, "before", method, "ppl", "perplexity.json")), method, n)
-        after = _ppl(load_json(os.path.join(args.output, run, "ppl", "perplexity.json")), run, n)
+        after = _ppl(load_json(os.path.join(args.output, folder, "ppl", "perplexity.json")), run, n)
         if not (before and after and after.get("context_gain")):
             continue
         own = after["past_original"]["ppl"] * after["context_gain"]  # the same weights, truncated to L
         used = after["context_gain"] > 1.0
-        said.append(f"**{run}**: ppl past L {before['past_original']['ppl']:.2f} -> "
+        said.append(f"**{run}, {steps} steps**: ppl past L {before['past_original']['ppl']:.2f} -> "
                     f"{after['past_original']['ppl']:.2f}; "
                     f"the same trained weights truncated to L: {own:.2f}. "
                     + ("The trained model predicts the tokens past L better with the context past L than without it: "
@@ -333,7 +350,13 @@ def section(args, argv: list[str]) -> str:
               "context, over the row's (> 1: better than simply truncating). Own truncated: the same weights, "
               "unpatched, truncated to L (what `hf-posenc eval ppl` reports).", ""]
     for run in args.runs:
-        lines += [f"`hf-posenc {shlex.join(a)}`  " for a in commands(args, run).values()]
+        for steps in sorted({k for k, _ in trained_folders(args, run)} | {args.steps}):
+            these = argparse.Namespace(**{**vars(args), "steps": steps})
+            said = [f"`hf-posenc {shlex.join(a)}`  " for a in commands(these, run).values()]
+            report = load_json(os.path.join(args.output, _folder(these, run), "training", "finetune.json"))
+            if report and report["setup"].get("command") and report["setup"]["command"] != said[0][1:-3]:
+                said[0] = f"`{report['setup']['command']}` (the training as it was run; the evaluations read its output)  "
+            lines += said
     return "\n".join(lines).rstrip() + "\n"
 
 
