@@ -183,6 +183,10 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
     run = ResumableRun(checkpoints, output, _fingerprint(model, config, train_docs, eval_docs, t, pose, lora,
                                                          long_eval, long_length))
+    if lora is not None:
+        from .parallel import check_lora_engine
+
+        check_lora_engine(t.device)  # sharded weights, read from the launcher's environment
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # several: started by torchrun or accelerate launch
     main_process = int(os.environ.get("RANK", "0")) == 0
     chunked_loss = t.chunked_loss

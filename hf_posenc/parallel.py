@@ -106,10 +106,42 @@ def check_engine(trainer, model) -> str:
         name += f"+cp{pc.cp_size}"
     sharded = name.startswith(("fsdp", "deepspeed-zero3"))
     if sharded and hasattr(model, "peft_config"):
-        raise ValueError(f"LoRA (--lora-r) under {name}: the adapter is saved from whole weights, which this engine "
-                         "shards across the processes; train LoRA under DDP or DeepSpeed ZeRO-2 "
-                         "(configs/accelerate/ddp.yaml, zero2.yaml)")
+        raise ValueError(_lora_sharded(name))
     return name
+
+
+def _lora_sharded(engine: str) -> str:
+    return (f"LoRA (--lora-r) under {engine}: the adapter is saved from whole weights, which this engine shards "
+            "across the processes; train LoRA under DDP or DeepSpeed ZeRO-2 (configs/accelerate/ddp.yaml, zero2.yaml)")
+
+
+def launched_sharding(device: str | None) -> str | None:
+    """The sharding engine ``accelerate launch`` asked for, read from the environment it gives its processes (before
+    any model is loaded): ``deepspeed-zero3`` (its stage from ``ACCELERATE_DEEPSPEED_ZERO_STAGE`` or the DeepSpeed
+    config file's ``zero_optimization.stage``), ``fsdp`` on accelerators (accelerate trains CPU processes as DDP
+    whatever the config says), else None."""
+    import json
+
+    env = os.environ
+    if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+        path = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+        if stage is None and path and os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                stage = json.load(f).get("zero_optimization", {}).get("stage")
+        return "deepspeed-zero3" if str(stage) == "3" else None
+    on_cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+    if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not on_cpu:
+        return "fsdp"
+    return None
+
+
+def check_lora_engine(device: str | None) -> None:
+    """LoRA on weights sharded across processes, refused before the model loads (the same refusal
+    :func:`check_engine` makes once the Trainer is built, for engines set up otherwise)."""
+    engine = launched_sharding(device)
+    if engine is not None:
+        raise ValueError(_lora_sharded(engine))
 
 
 def gathered_state_dict(model) -> dict[str, Any] | None:

@@ -273,6 +273,38 @@ def test_cli_lora_input_that_means_nothing_is_refused(extra, message, tiny_check
     assert not (tmp_path / "ft").exists()
 
 
+@pytest.mark.parametrize("env", [
+    {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"},
+    {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "configs/deepspeed/zero3.json"},
+], ids=["zero-stage", "zero3-config-file"])
+def test_lora_on_sharded_weights_is_refused_from_the_launchers_environment_before_the_load(env, tiny_checkpoint,
+                                                                                          tmp_path, capsys,
+                                                                                          monkeypatch):
+    """accelerate launch --config_file configs/accelerate/zero3.yaml: LoRA refused before any model loads (the
+    Trainer's own check comes after the before-training evaluations)."""
+    import hf_posenc.loading as loading
+    from conftest import refused
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for k, v in env.items():
+        monkeypatch.setenv(k, os.path.join(root, v) if v.endswith(".json") else v)
+    monkeypatch.setattr(loading, "from_pretrained", lambda *a, **k: pytest.fail("the model was loaded first"))
+    err = refused(_finetune_argv(tiny_checkpoint, tmp_path / "ft", "--lora-r", "4"), capsys)
+    assert "LoRA (--lora-r) under deepspeed-zero3" in err and "ZeRO-2" in err
+
+
+def test_lora_under_zero2_and_fsdp_on_cpu_processes_is_not_refused_early(monkeypatch):
+    from hf_posenc.parallel import check_lora_engine, launched_sharding
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    assert launched_sharding("cpu") is None
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "false")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    check_lora_engine("cpu")  # accelerate trains CPU processes as DDP whatever its FSDP config says
+    assert launched_sharding("cuda") == "fsdp"
+
+
 def test_targets_and_patches_lora_would_train_wrongly_are_refused():
     with pytest.raises(ValueError, match="not linear layers \\(model.layers.0.mlp"):
         apply_lora(patched("yarn"), LoraSettings(r=2, targets=("mlp",)))
