@@ -12,13 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-ENGINES = ("vLLM", "SGLang", "TGI", "llama.cpp")
-# measured on this project's machine (scripts/bench_serving.py, BENCHMARKS.md): SmolLM2-135M checkpoints saved by
-# `hf-posenc patch`, serve-check at 4,096 and 12,288 tokens, vLLM 0.32 (CPU build) vs hf_posenc.from_pretrained;
-# ntk is plain RoPE with another rope_theta (rope_type default), which the none row measures
-VLLM_SAME = {"none", "pi", "ntk", "yarn", "llama3"}
-VLLM_MEASURED = ("measured by hf-posenc serve-check on SmolLM2-135M at 4,096 and 12,288 tokens (none: 4,096; vLLM "
-                 "refuses past its 8,192), vLLM 0.32 (CPU): mean NLL within 6e-5 relative")
+ENGINES = ("vLLM", "SGLang", "TGI", "llama.cpp")  # the names the method records' ``engines`` use
+STATUS = {"same": "same as hf_posenc", "within_original": "same up to the original context; differs past it"}
 
 
 def known_status(block: dict[str, Any]) -> list[dict[str, str]]:
@@ -38,14 +33,10 @@ def known_status(block: dict[str, Any]) -> list[dict[str, str]]:
         return [{"engine": e, "status": "reads the config fields and weights transformers reads",
                  "basis": "not measured"} for e in ENGINES]
     rows = []
+    known = resolve_method(method).engines  # what the method's record says of each engine
     for engine in ENGINES:
-        if engine == "vLLM" and method in VLLM_SAME:
-            rows.append({"engine": engine, "status": "same as hf_posenc", "basis": VLLM_MEASURED})
-        elif engine == "vLLM" and method == "dynamic_ntk":
-            rows.append({"engine": engine, "status": "same up to the original context; differs past it",
-                         "basis": "measured by hf-posenc serve-check on SmolLM2-135M x2, vLLM 0.32 (CPU): same at "
-                                  "4,096 tokens, NaN log-probabilities at 12,288 (vLLM computes dynamic NTK once, not "
-                                  "per call: vLLM issue #5093)"})
+        if engine in known:
+            rows.append({"engine": engine, "status": STATUS[known[engine].computes], "basis": known[engine].basis})
         else:
             rows.append({"engine": engine, "status": "reads the `rope_parameters` transformers reads",
                          "basis": "not measured"})
@@ -54,14 +45,15 @@ def known_status(block: dict[str, Any]) -> list[dict[str, str]]:
 
 def vllm_refusal(method: str) -> str | None:
     """Why an evaluation cannot run ``method`` on vLLM and get hf_posenc's numbers (None: vLLM computes it the
-    same way, measured: :data:`VLLM_SAME`)."""
+    same way, measured: the method record's ``engines``)."""
     from .methods import resolve_method
 
     spec = resolve_method(method)
-    if spec.name in VLLM_SAME:
+    known = spec.engines.get("vLLM")
+    if known is not None and known.computes == "same":
         return None
-    if spec.name == "dynamic_ntk":
-        return "vLLM computes dynamic NTK once, for its maximum length, not per call (vLLM issue #5093)"
+    if known is not None:
+        return known.caveat or known.basis
     if spec.kind in ("attention", "swap") or spec.name == "dynamic_yarn":
         return f"no vLLM implementation of `{spec.name}`"
     return f"`{spec.name}` in vLLM is not measured against hf_posenc (hf-posenc serve-check measures a checkpoint)"

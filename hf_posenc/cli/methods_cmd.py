@@ -28,3 +28,5 @@ def _print_methods(as_json: bool) -> None:
         if info["params"]:
             print("    knobs: " + ", ".join(f"{k}={v}" for k, v in info["params"].items()))
         print("    families: " + ", ".join(info["families"]))
+        if info["engines"]:
+            print("    engines: " + ", ".join(f"{e} ({c.replace('_', ' ')})" for e, c in info["engines"].items()))

@@ -14,11 +14,42 @@ from typing import Any, Callable
 REQUIRED = object()  # marks a parameter without default
 
 
+ENGINE_COMPUTES = ("same", "within_original")  # what a serving engine is known to compute for a method
+
+
+@dataclass(frozen=True)
+class EngineSupport:
+    """What one serving engine computes for a checkpoint saved with a method, and how that is known.
+
+    computes: ``same`` (the engine computes hf_posenc's numbers: measured) or ``within_original`` (the same up to
+    the model's original context, not past it). basis: the measurement or the reason, as a card prints it.
+    caveat: for ``within_original``, why it differs past the original context, in a phrase (an evaluation on that
+    engine refuses the method with it).
+    A method with no entry for an engine: not measured there (a native method's engine reads the fields
+    transformers reads; a method that is not native has no implementation in any engine)."""
+
+    computes: str
+    basis: str
+    caveat: str = ""
+
+    def __post_init__(self) -> None:
+        if self.computes not in ENGINE_COMPUTES:
+            raise ValueError(f"EngineSupport.computes must be one of {ENGINE_COMPUTES}, got {self.computes!r}")
+
+
+def factor_grid(original: int, target: int, factors: list[float]) -> list[dict[str, Any]]:
+    """The tune grid of a method whose only knob that matters is its factor: each of ``factors``."""
+    return [{"factor": f} for f in factors]
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """One method. ``params`` maps each knob the method takes to its default (or ``REQUIRED``);
     ``check`` validates the resolved params and raises ValueError; ``uses_factor`` says whether
-    ``factor`` means something to the method."""
+    ``factor`` means something to the method. ``tune_grid(L, T, factors)``: the knob sets ``hf-posenc tune`` tries
+    to reach target length T from the original context L (``factors``: the factors tried, derived from T / L;
+    None: the method is not tuned). ``engines``: what the serving engines compute for it (:class:`EngineSupport`,
+    by engine name as :data:`hf_posenc.serving.ENGINES` spells it)."""
 
     name: str
     kind: str  # which adapters may take it: "rope", "learned", "relative_bucket", ...
@@ -28,6 +59,8 @@ class MethodSpec:
     uses_factor: bool = True
     check: Callable[[float, dict[str, Any]], None] | None = None
     default_factor: float | None = None  # the factor when none is given (None: a factor is required)
+    tune_grid: Callable[[int, int, list[float]], list[dict[str, Any]]] | None = None
+    engines: dict[str, EngineSupport] = field(default_factory=dict)
 
 
 METHODS: dict[str, MethodSpec] = {}

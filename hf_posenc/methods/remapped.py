@@ -95,12 +95,25 @@ def _self_extend_defaults(p, L):
     return p
 
 
+def _self_extend_grid(L: int, T: int, factors: list[float]) -> list[dict[str, Any]]:
+    """window L/4 and L/2 (rounded to the group) x group_size the least that reaches T and twice it: grouped
+    positions stay below L when (T - window) / group_size + window < L."""
+    out = []
+    for share in (4, 2):
+        for double in (1, 2):
+            g = max(2, (T - L // share) // (L - L // share) + 1) * double
+            w = max(g, (L // share) // g * g)
+            if (T - w) / g + w < L:
+                out.append({"window": w, "group_size": g})
+    return out
+
+
 _add(MethodSpec(
     "self_extend", KIND,
     "Self-Extend (Jin et al. 2024): exact RoPE within a neighbour window, grouped positions (floor(p / G)) beyond "
     "it, merged in one softmax; training-free, up to (L - window) * group_size + window tokens.",
     aliases=("selfextend", "grouped_attention"), uses_factor=False,
-    params={"group_size": 8, "window": None}, check=_check_self_extend),
+    params={"group_size": 8, "window": None}, check=_check_self_extend, tune_grid=_self_extend_grid),
     _self_extend_defaults, lambda p, L: M.SelfExtend(p["group_size"], p["window"]))
 
 
@@ -124,18 +137,29 @@ def _rerope_defaults(p, L):
     return p
 
 
+def _leaky_grid(L: int, T: int, factors: list[float]) -> list[dict[str, Any]]:
+    """window L/4 and L/2 x leak the least that reaches T (rounded up to an integer >= 2) and twice it."""
+    out = []
+    for w in (L // 4, L // 2):
+        least = max(2, math.ceil((T - w) / (L - w) + 1e-9))
+        out += [{"window": w, "leak": float(least)}, {"window": w, "leak": float(2 * least)}]
+    return out
+
+
 _add(MethodSpec(
     "rerope", KIND,
     "ReRoPE (Su 2023): relative positions capped at window (min(i - j, window)), queries scaled by "
     "max(1, ln(i + 1) / ln L); training-free, no length limit.",
     aliases=("re_rope",), uses_factor=False,
-    params={"window": None, "logn_scaling": True, "max_position_embeddings": None}, check=_check_rerope),
+    params={"window": None, "logn_scaling": True, "max_position_embeddings": None}, check=_check_rerope,
+    tune_grid=lambda L, T, factors: [{"window": w} for w in (L // 4, L // 2)]),
     _rerope_defaults, lambda p, L: M.ReRoPE(p["window"], L, p["logn_scaling"]))
 _add(MethodSpec(
     "leaky_rerope", KIND,
     "Leaky ReRoPE (Su 2023): relative positions exact within window, then growing leak times slower; queries "
     "scaled by max(1, ln(i + 1) / ln L).",
-    uses_factor=False, params={"window": None, "leak": 4.0, "logn_scaling": True}, check=_check_rerope),
+    uses_factor=False, params={"window": None, "leak": 4.0, "logn_scaling": True}, check=_check_rerope,
+    tune_grid=_leaky_grid),
     _rerope_defaults, lambda p, L: M.ReRoPE(p["window"], L, p["logn_scaling"], leak=float(p["leak"])))
 
 
@@ -148,6 +172,15 @@ def _check_string(factor: float, p: dict[str, Any]) -> None:
     if p["shifted_offset"] is not None and p["local_window"] >= p["shifted_offset"]:
         raise ValueError(f"local_window ({p['local_window']}) must be smaller than shifted_offset "
                          f"({p['shifted_offset']}): the shift moves distant keys closer, never farther.")
+
+
+def _string_grid(L: int, T: int, factors: list[float]) -> list[dict[str, Any]]:
+    """shifted_offset L/3, L/2, 2L/3 and the least that keeps T - offset + local_window < L, among those that
+    reach T; local_window min(128, L/16)."""
+    lw = max(1, min(128, L // 16))
+    least = T - L + lw + 1
+    offsets = sorted({o for o in (L // 3, L // 2, 2 * L // 3, least) if least <= o < L and o > lw})
+    return [{"shifted_offset": o, "local_window": lw} for o in offsets]
 
 
 def _string_defaults(p, L):
@@ -164,7 +197,7 @@ _add(MethodSpec(
     "large ones; scores scaled by attention_factor^2 as YaRN's.",
     aliases=("shifted_rope",), uses_factor=False,
     params={"shifted_offset": None, "local_window": 128, "attention_factor": 0.1 * math.log(2) + 1},
-    check=_check_string),
+    check=_check_string, tune_grid=_string_grid),
     _string_defaults, lambda p, L: M.String(p["shifted_offset"], p["local_window"], float(p["attention_factor"])))
 
 
@@ -193,5 +226,7 @@ _add(MethodSpec(
     "Dual Chunk Attention (An et al. 2024, ChunkLlama; Qwen2.5-1M's dual_chunk_attention_config): intra-chunk, "
     "successive-chunk and inter-chunk positions, all below chunk_size; training-free, no length limit.",
     aliases=("dual_chunk", "dual_chunk_attention", "chunkllama"), uses_factor=False,
-    params={"chunk_size": None, "local_window": None, "max_position_embeddings": None}, check=_check_dca),
+    params={"chunk_size": None, "local_window": None, "max_position_embeddings": None}, check=_check_dca,
+    tune_grid=lambda L, T, factors: [{"chunk_size": s, "local_window": w} for s in (3 * L // 4, L // 2)
+                                     for w in (L // 16, L // 8)]),
     _dca_defaults, lambda p, L: M.DualChunk(p["chunk_size"], p["local_window"]))

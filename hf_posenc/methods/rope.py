@@ -11,7 +11,8 @@ import math
 from typing import Any, Callable
 
 from ..encodings import rope as R
-from . import MAX_ATTENTION_FACTOR, MAX_FACTOR, MAX_KNOB, MethodSpec, check_layer_types, positive_number, register_method
+from . import (MAX_ATTENTION_FACTOR, MAX_FACTOR, MAX_KNOB, EngineSupport, MethodSpec, check_layer_types, factor_grid,
+               positive_number, register_method)
 
 _ROTATIONS = " (rotations of a frequency within the original context)"
 _TEMPERATURE = " (it scales the rotary cos and sin, so every attention score by its square)"
@@ -146,35 +147,60 @@ def _longrope_defaults(params: dict[str, Any], half: int, factor: float) -> dict
     return params
 
 
+# measured on this project's machine (scripts/bench_serving.py, BENCHMARKS.md): SmolLM2-135M checkpoints saved by
+# `hf-posenc patch`, serve-check at 4,096 and 12,288 tokens, vLLM 0.32 (CPU build) vs hf_posenc.from_pretrained;
+# ntk is plain RoPE with another rope_theta (rope_type default), which the none row measures
+VLLM_SAME = {"vLLM": EngineSupport("same", "measured by hf-posenc serve-check on SmolLM2-135M at 4,096 and 12,288 "
+                                           "tokens (none: 4,096; vLLM refuses past its 8,192), vLLM 0.32 (CPU): mean "
+                                           "NLL within 6e-5 relative")}
+
+
+def _yarn_grid(original: int, target: int, factors: list[float]) -> list[dict[str, Any]]:
+    return [{"factor": f, "attention_factor": a, "beta_fast": b} for f in factors for a in (None, 1.0)
+            for b in (32.0, 16.0)]
+
+
+def _dynamic_yarn_grid(original: int, target: int, factors: list[float]) -> list[dict[str, Any]]:
+    return [{"factor": f, "beta_fast": b} for f in factors for b in (32.0, 16.0)]
+
+
 # "none" is its own kind: every adapter takes it (the unchanged model, as a baseline)
-_add(MethodSpec("none", "none", "No change: the checkpoint's own positions (a baseline).", uses_factor=False),
+_add(MethodSpec("none", "none", "No change: the checkpoint's own positions (a baseline).", uses_factor=False,
+                engines=VLLM_SAME),
      RopeScaling(R.rope_none, native=lambda s, L, p, g: {"rope_type": "default"}))
 _add(MethodSpec("pi", "rope", "Position interpolation: every frequency divided by factor (Chen et al. 2023).",
-                aliases=("linear",)),
+                aliases=("linear",), tune_grid=factor_grid, engines=VLLM_SAME),
      RopeScaling(R.rope_linear, native=lambda s, L, p, g: {"rope_type": "linear", "factor": s}))
 _add(MethodSpec("ntk", "rope", "Static NTK-aware scaling: rope_theta' = rope_theta * factor^(d/(d-2)).",
-                aliases=("ntk_aware", "static_ntk")),
+                aliases=("ntk_aware", "static_ntk"), tune_grid=factor_grid, engines=VLLM_SAME),
      RopeScaling(R.rope_ntk, native=lambda s, L, p, g: {"rope_type": "default", "rope_theta": R.ntk_base(g.base, g.dim, s)}))
 _add(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the current length once it exceeds the original context.",
-                aliases=("dynamic",)),
+                aliases=("dynamic",), tune_grid=factor_grid,
+                engines={"vLLM": EngineSupport("within_original", "measured by hf-posenc serve-check on SmolLM2-135M "
+                                               "x2, vLLM 0.32 (CPU): same at 4,096 tokens, NaN log-probabilities at "
+                                               "12,288 (vLLM computes dynamic NTK once, for its maximum length, not "
+                                               "per call: vLLM issue #5093)",
+                                               caveat="vLLM computes dynamic NTK once, for its maximum length, not "
+                                                      "per call (vLLM issue #5093)")}),
      # transformers reads the original length of its dynamic type from max_position_embeddings: it stays
      RopeScaling(R.rope_dynamic_ntk, native=lambda s, L, p, g: {"rope_type": "dynamic", "factor": s}, dynamic="grow",
                  keeps_max_position=True))
 _add(MethodSpec("yarn", "rope", "YaRN: NTK-by-parts interpolation plus attention temperature (Peng et al. 2023).",
                 params={"beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None, "mscale": None,
                         "mscale_all_dim": None, "truncate": True},
-                check=_check_yarn),
+                check=_check_yarn, tune_grid=_yarn_grid, engines=VLLM_SAME),
      RopeScaling(R.rope_yarn, native=_native_yarn))
 _add(MethodSpec("dynamic_yarn", "rope", "Dynamic YaRN: YaRN with scale = current length / original context (jquesnelle/yarn).",
                 params={"beta_fast": 32.0, "beta_slow": 1.0, "attn_factor": 1.0, "finetuned": False},
-                check=_check_yarn),
+                check=_check_yarn, tune_grid=_dynamic_yarn_grid),
      RopeScaling(R.rope_dynamic_yarn, dynamic="grow"))
 _add(MethodSpec("llama3", "rope", "Llama 3.1 wavelength-band smoothing of PI.",
-                params={"low_freq_factor": 1.0, "high_freq_factor": 4.0}, check=_check_llama3),
+                params={"low_freq_factor": 1.0, "high_freq_factor": 4.0}, check=_check_llama3,
+                tune_grid=factor_grid, engines=VLLM_SAME),
      RopeScaling(R.rope_llama3, native=lambda s, L, p, g: {"rope_type": "llama3", "factor": s,
                                                             "original_max_position_embeddings": L,
                                                             **_floats(p, "low_freq_factor", "high_freq_factor")}))
 _add(MethodSpec("longrope", "rope", "LongRoPE per-dimension rescale factors (short/long lists; default: PI-like uniform lists).",
                 params={"short_factor": None, "long_factor": None, "attention_factor": None},
-                check=_check_longrope),
+                check=_check_longrope, tune_grid=factor_grid),
      RopeScaling(R.rope_longrope, native=_native_longrope, dynamic="switch", defaults=_longrope_defaults))

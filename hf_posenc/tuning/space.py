@@ -1,22 +1,11 @@
 """The candidates ``hf-posenc tune`` measures: a grid derived from the model and the target length, or a file.
 
 With L the original context, T the target length and F = T / L, the factors tried are F, 1.5 F and 2 F
-(each rounded up to a multiple of 0.5). Per method:
-
-============== =====================================================================================
-pi, ntk,       factor
-dynamic_ntk,
-llama3
-yarn           factor x attention_factor (YaRN's default 0.1 ln(factor) + 1, or 1.0) x beta_fast (32, 16)
-dynamic_yarn   factor x beta_fast (32, 16)
-self_extend    window (L/4, L/2, rounded to the group) x group_size (the least that reaches T, and twice
-               that): grouped positions stay below L when (T - window) / group_size + window < L
-dca            chunk_size (3L/4, L/2) x local_window (L/16, L/8)
-string         shifted_offset (L/3, L/2, 2L/3, and the least that keeps T - offset + local_window < L)
-               among those that reach T; local_window min(128, L/16)
-rerope         window (L/4, L/2)
-leaky_rerope   window (L/4, L/2) x leak (the least that reaches T, rounded up to an integer >= 2, and twice)
-============== =====================================================================================
+(each rounded up to a multiple of 0.5). Each method's grid is its record's ``tune_grid(L, T, factors)``
+(:class:`hf_posenc.methods.MethodSpec`, written beside its knobs in ``methods/rope.py`` and ``methods/remapped.py``):
+the factors alone for pi, ntk, dynamic_ntk, llama3 and longrope; factor x attention_factor (default, 1.0) x beta_fast
+(32, 16) for yarn; self_extend's window (L/4, L/2) x the least group size that reaches T and twice it; and so on.
+A method whose record has no grid is not tuned (``--space FILE`` can still give its candidates).
 
 ``--method-param`` knobs are fixed for every candidate of a method that takes them (the grid does not vary
 them). ``--space FILE`` replaces the grid: a JSON list of variants (``"LABEL=METHOD:K=V,..."`` strings or
@@ -34,7 +23,7 @@ from typing import Any
 from ..config import PosEncConfig, checked
 from ..config_syntax import fields_text
 from ..eval.variants import LABEL, Variant, check_labels, parse_variant
-from ..methods import resolve_method
+from ..methods import METHODS, resolve_method
 
 DEFAULT_METHODS = ("yarn", "dynamic_ntk", "dynamic_yarn", "self_extend", "dca", "string")
 
@@ -48,43 +37,13 @@ def factors(original: int, target: int) -> list[float]:
     return sorted({_half_up(f), _half_up(1.5 * f), _half_up(2 * f)})
 
 
-def _self_extend(L: int, T: int) -> list[dict[str, Any]]:
-    out = []
-    for share in (4, 2):
-        for double in (1, 2):
-            g = max(2, (T - L // share) // (L - L // share) + 1) * double
-            w = max(g, (L // share) // g * g)
-            if (T - w) / g + w < L:
-                out.append({"window": w, "group_size": g})
-    return out
-
-
-def _string(L: int, T: int) -> list[dict[str, Any]]:
-    lw = max(1, min(128, L // 16))
-    least = T - L + lw + 1
-    offsets = sorted({o for o in (L // 3, L // 2, 2 * L // 3, least) if least <= o < L and o > lw})
-    return [{"shifted_offset": o, "local_window": lw} for o in offsets]
-
-
-def _leaky(L: int, T: int) -> list[dict[str, Any]]:
-    out = []
-    for w in (L // 4, L // 2):
-        least = max(2, math.ceil((T - w) / (L - w) + 1e-9))
-        out += [{"window": w, "leak": float(least)}, {"window": w, "leak": float(2 * least)}]
-    return out
-
-
-GRIDDED = ("yarn", "dynamic_yarn", "self_extend", "dca", "string", "rerope", "leaky_rerope")
-
-
 def check_methods(methods: list[str]) -> list[str]:
     """The canonical names of ``methods``; an error for one with no grid."""
     names = [resolve_method(m).name for m in methods]
     for name in names:
-        spec = resolve_method(name)
-        if name not in GRIDDED and not (spec.kind == "rope" and spec.uses_factor):
-            raise ValueError(f"tune has no grid for method {name!r}; grids exist for {', '.join(GRIDDED)} and every "
-                             "RoPE scaling that takes a factor (pi, ntk, dynamic_ntk, llama3, ...); or give --space FILE")
+        if resolve_method(name).tune_grid is None:
+            gridded = ", ".join(sorted(n for n, spec in METHODS.items() if spec.tune_grid is not None))
+            raise ValueError(f"tune has no grid for method {name!r}; grids exist for {gridded}; or give --space FILE")
     return names
 
 
@@ -103,19 +62,8 @@ def check_pinned(methods: list[str], fixed: dict[str, dict[str, Any]]) -> None:
 
 def method_grid(method: str, original: int, target: int) -> list[dict[str, Any]]:
     """The knob sets (``factor`` among them for methods that take one) tried for ``method``."""
-    L, T, fs = original, target, factors(original, target)
-    grids: dict[str, list[dict[str, Any]]] = {
-        "yarn": [{"factor": f, "attention_factor": a, "beta_fast": b} for f in fs for a in (None, 1.0)
-                 for b in (32.0, 16.0)],
-        "dynamic_yarn": [{"factor": f, "beta_fast": b} for f in fs for b in (32.0, 16.0)],
-        "self_extend": _self_extend(L, T),
-        "dca": [{"chunk_size": s, "local_window": w} for s in (3 * L // 4, L // 2) for w in (L // 16, L // 8)],
-        "string": _string(L, T),
-        "rerope": [{"window": w} for w in (L // 4, L // 2)],
-        "leaky_rerope": _leaky(L, T),
-    }
     check_methods([method])
-    return grids[method] if method in grids else [{"factor": f} for f in fs]
+    return resolve_method(method).tune_grid(original, target, factors(original, target))
 
 
 def _fmt(value: Any) -> str:
