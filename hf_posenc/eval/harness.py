@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..engines.vllm_engine import EngineLM
+from ..engines.scorer import Scorer
 
 RULER_THRESHOLD = 0.856
 LOCAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")  # no download
@@ -143,12 +143,12 @@ def _outputs(samples: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]
 
 
 def engine_hflm(HFLM):
-    """lm-eval's ``HFLM`` whose greedy generation is answered by a serving engine (:class:`EngineLM`): prompts are
+    """lm-eval's ``HFLM`` whose greedy generation is answered by a serving engine (a :class:`engines.scorer.Scorer`): prompts are
     built, truncated, cut at the stop sequences and decoded exactly as for the model itself; only the tokens come
     from the engine. Log-likelihood requests (which need every logit) are refused: RULER's tasks generate."""
 
     class EngineHFLM(HFLM):
-        def __init__(self, served: EngineLM, **kwargs):
+        def __init__(self, served: Scorer, **kwargs):
             super().__init__(**kwargs)
             self.served = served
 
@@ -180,7 +180,7 @@ def harness_cell(model, tokenizer, tokenizer_dir: str, task: str, length: int, *
     metadata = json.dumps({"max_seq_lengths": [length], "tokenizer": tokenizer_dir}, sort_keys=True)
     with _one_process_and_quiet():
         try:
-            if isinstance(model, EngineLM):  # served by an engine: lm-eval's HFLM, its generation answered there
+            if isinstance(model, Scorer):  # served by an engine: lm-eval's HFLM, its generation answered there
                 lm = engine_hflm(HFLM)(model, pretrained=model.hf_model, tokenizer=tokenizer, max_length=length + gen,
                                        batch_size=batch_size)
             else:

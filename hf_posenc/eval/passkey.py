@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engines.vllm_engine import EngineLM
-from .scoring import input_device, last_logits, require_answering_lm
+from .scoring import as_scorer, input_device, require_answering_lm
 
 PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
           "I will quiz you about the important information there.")
@@ -121,7 +120,7 @@ def score_teacher_forced(model, prompt: PasskeyPrompt | list[PasskeyPrompt]) -> 
         pred = model(input_ids=enc, decoder_input_ids=dec).logits.argmax(-1).cpu()
     else:
         ids = torch.stack([torch.cat([p.input_ids, p.answer_ids[:-1]]) for p in group]).to(device)
-        pred = model.argmax_last(ids, n) if isinstance(model, EngineLM) else last_logits(model, ids, n).argmax(-1).cpu()
+        pred = as_scorer(model).argmax_last(ids, n)
     ok = [bool((pred[i] == p.answer_ids).all()) for i, p in enumerate(group)]
     return ok if isinstance(prompt, list) else ok[0]
 
@@ -137,16 +136,11 @@ def score_greedy(model, tokenizer, prompt: PasskeyPrompt | list[PasskeyPrompt]):
     device = input_device(model)
     ids = torch.stack([p.input_ids for p in group]).to(device)
     new = max(len(p.answer_ids) for p in group) + 2
-    if isinstance(model, EngineLM):
-        out, skip = model.greedy(ids, new, stop_tokens(model.generation_config, tokenizer)), 0
-    else:
-        pad = tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id  # 0 is an id
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                             pad_token_id=pad)
-        skip = 0 if getattr(model.config, "is_encoder_decoder", False) else ids.shape[1]  # seq2seq: only new tokens
+    scorer = as_scorer(model, tokenizer)
+    out = scorer.greedy(ids, new, stop_tokens(scorer.generation_config, tokenizer))
     res = []
     for row, p in zip(out, group):
-        text = tokenizer.decode(row[skip:], skip_special_tokens=True)
+        text = tokenizer.decode(row, skip_special_tokens=True)
         match = re.search(r"\d+", text)
         res.append(((match is not None and match.group(0) == p.key), text))
     return res if isinstance(prompt, list) else res[0]

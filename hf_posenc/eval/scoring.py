@@ -1,7 +1,9 @@
-"""Per-token losses without materialising [length x vocab] logits.
+"""Per-token losses without materialising [length x vocab] logits, and the scoring interface the evaluations use.
 
 The model body runs once over the sequence; the LM head then runs over chunks of the final hidden
-states, so that only ``chunk_size x vocab`` logits exist at a time (in float32).
+states, so that only ``chunk_size x vocab`` logits exist at a time (in float32). :func:`as_scorer` gives the
+evaluations a :class:`engines.scorer.Scorer` for what they were handed: a serving engine is one already, a
+transformers model is wrapped in :class:`TransformersScorer`.
 """
 
 from __future__ import annotations
@@ -9,14 +11,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..engines.vllm_engine import EngineLM
+from ..engines.scorer import Scorer
 
 
 def require_causal_lm(model) -> None:
     """Refuse a model whose next-token scores would not mean what perplexity and teacher forcing assume: an
     encoder-decoder (T5 reads the prompt with its encoder), or a bidirectional encoder (BERT's masked-LM head sees
     the very token it would predict). The rule is structural: a decoder-only model that can generate."""
-    if isinstance(model, EngineLM):
+    if isinstance(model, Scorer):  # a serving engine: what it serves was checked before it started
         return
     cfg, name = model.config, type(model).__name__
     kind = None
@@ -57,9 +59,9 @@ def _finish_logits(model, logits: torch.Tensor) -> torch.Tensor:
 
 
 def input_device(model) -> torch.device:
-    """Where a model's inputs go: its first parameter's device, or a serving engine's own
-    (:class:`engines.vllm_engine.EngineLM`, which takes token ids from the CPU)."""
-    return model.input_device if isinstance(model, EngineLM) else next(model.parameters()).device
+    """Where a model's inputs go: its first parameter's device, or a scorer's own (an engine takes token ids from
+    the CPU)."""
+    return model.input_device if isinstance(model, Scorer) else next(model.parameters()).device
 
 
 def _body(model):
@@ -108,7 +110,7 @@ def token_nll(model, input_ids: torch.Tensor, chunk_size: int = 1024, start: int
         input_ids = input_ids[None]
     if not 1 <= start < input_ids.shape[1]:
         raise ValueError(f"start must be in [1, {input_ids.shape[1] - 1}], got {start}")
-    if isinstance(model, EngineLM):  # a serving engine scores it
+    if isinstance(model, Scorer):  # a serving engine scores it
         return model.token_nll(input_ids, start)
     head = _head(model)
     hidden = final_hidden(model, input_ids)
@@ -128,3 +130,41 @@ def last_logits(model, input_ids: torch.Tensor, n: int) -> torch.Tensor:
     head = _head(model)
     hidden = final_hidden(model, input_ids)
     return _finish_logits(model, head(hidden[:, -n:]).float())
+
+
+class TransformersScorer:
+    """A transformers model as a :class:`engines.scorer.Scorer`: the chunked LM head (:func:`token_nll`,
+    :func:`last_logits`) and ``generate`` (``pad_token_id``: what it pads with)."""
+
+    def __init__(self, model, pad_token_id: int | None = None):
+        self.model, self.pad_token_id = model, pad_token_id
+        self.config, self.generation_config = model.config, getattr(model, "generation_config", None)
+
+    @property
+    def input_device(self) -> torch.device:
+        return input_device(self.model)
+
+    def token_nll(self, input_ids: torch.Tensor, start: int = 1) -> torch.Tensor:
+        return token_nll(self.model, input_ids, start=start)
+
+    def argmax_last(self, input_ids: torch.Tensor, n: int) -> torch.Tensor:
+        return last_logits(self.model, input_ids, n).argmax(-1).cpu()
+
+    @torch.no_grad()
+    def greedy(self, input_ids: torch.Tensor, max_new_tokens: int, stop: list[int]) -> list[list[int]]:
+        """``generate`` as the model's generation config says (its EOS stops it); ``stop`` is the engines' copy of
+        that rule. An encoder-decoder's output is its new tokens already."""
+        out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                                  do_sample=False, pad_token_id=self.pad_token_id)
+        skip = 0 if getattr(self.config, "is_encoder_decoder", False) else input_ids.shape[1]
+        return [row[skip:].tolist() for row in out]
+
+
+def as_scorer(model, tokenizer=None) -> Scorer:
+    """``model`` as a :class:`engines.scorer.Scorer`: itself when it is one (a serving engine), else the transformers
+    model wrapped (``tokenizer``: its pad token, else its EOS, pads greedy generation)."""
+    if isinstance(model, Scorer):
+        return model
+    pad = None if tokenizer is None else (tokenizer.eos_token_id if tokenizer.pad_token_id is None
+                                          else tokenizer.pad_token_id)  # 0 is an id
+    return TransformersScorer(model, pad)
