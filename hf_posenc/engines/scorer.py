@@ -15,6 +15,14 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 
+class EngineError(RuntimeError):
+    """The engine could not start or answer; the message holds its reason and the end of its log."""
+
+
+class EngineRefused(Exception):
+    """The engine would not take an input (its own words in the message)."""
+
+
 @runtime_checkable
 class Scorer(Protocol):
     """``input_device``: where token ids go; ``config`` / ``generation_config``: the model's (the evaluations read a

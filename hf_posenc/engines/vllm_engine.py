@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..provenance import scrub, secret_name
+from .scorer import EngineError, EngineRefused  # noqa: F401  (raised here; importable from here as before)
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 PYTHON_ENV = "HF_POSENC_VLLM_PYTHON"
@@ -27,12 +28,6 @@ INSTALL = ("install vLLM (GPU: pip install 'hf_posenc[vllm]'; CPU: bash scripts/
            f"{PYTHON_ENV}=.venv-vllm/bin/python), or name the Python that has it with --engine-python")
 
 
-class EngineError(RuntimeError):
-    """The engine could not start or answer; the message holds its reason and the end of its log."""
-
-
-class EngineRefused(Exception):
-    """The engine would not take an input (its own words in the message)."""
 
 
 def engine_python(python: str | None = None) -> str:

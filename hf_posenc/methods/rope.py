@@ -181,7 +181,13 @@ _add(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the cur
                                                "12,288 (vLLM computes dynamic NTK once, for its maximum length, not "
                                                "per call: vLLM issue #5093)",
                                                caveat="vLLM computes dynamic NTK once, for its maximum length, not "
-                                                      "per call (vLLM issue #5093)")}),
+                                                      "per call (vLLM issue #5093)"),
+                         "llama.cpp": EngineSupport("within_original", "llama.cpp has no dynamic NTK: its converter "
+                                                    "(convert_hf_to_gguf.py) writes no scaling for rope_type dynamic, "
+                                                    "so the GGUF is plain RoPE, the same up to the original context",
+                                                    caveat="llama.cpp has no dynamic NTK (its converter writes plain "
+                                                           "RoPE for rope_type dynamic): freeze it first "
+                                                           "(hf-posenc patch --freeze-at N)")}),
      # transformers reads the original length of its dynamic type from max_position_embeddings: it stays
      RopeScaling(R.rope_dynamic_ntk, native=lambda s, L, p, g: {"rope_type": "dynamic", "factor": s}, dynamic="grow",
                  keeps_max_position=True))

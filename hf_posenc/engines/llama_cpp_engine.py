@@ -1,0 +1,128 @@
+"""llama.cpp as an engine of hf_posenc, through llama-cpp-python (its Python binding, built from source).
+
+A saved checkpoint folder is converted to GGUF by llama.cpp's own converter (``convert_hf_to_gguf.py`` of a
+llama.cpp source tree: ``$HF_POSENC_LLAMA_CPP_SOURCE``, else the one ``scripts/setup.sh --llama-cpp`` keeps in
+``.llama-cpp/llama.cpp``, the tree vendored in llama-cpp-python's source distribution), exactly as a user converts
+it, in float32 by default so that the comparison measures positions and not quantization; a ``.gguf`` file is read
+as it is. :class:`LlamaCppLM` then answers the evaluations' questions (:class:`.scorer.Scorer`) from llama.cpp's
+logits of every position (``logits_all``). llama.cpp never refuses a prompt longer than the context its GGUF was
+trained on (it logs a warning and computes it): the context given (``n_ctx``) is the one asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib import metadata
+
+import numpy as np
+import torch
+
+from ..provenance import scrub
+from .scorer import EngineError, EngineRefused
+
+SOURCE_ENV = "HF_POSENC_LLAMA_CPP_SOURCE"
+DEFAULT_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                              ".llama-cpp", "llama.cpp")
+INSTALL = ("install llama-cpp-python and a llama.cpp source tree for its converter: bash scripts/setup.sh "
+           f"--llama-cpp (builds it from source, ~10 min on 2 cores), or pip install llama-cpp-python and set "
+           f"{SOURCE_ENV} to a llama.cpp checkout")
+CHUNK = 1024  # positions per log-softmax chunk (a [chunk, vocab] float32 block at a time)
+
+
+def llama_cpp_version() -> str:
+    """llama-cpp-python's version; a clear error when it is not installed (said before any slow work)."""
+    try:
+        return metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:
+        raise ValueError(f"llama.cpp is not installed (no llama-cpp-python in {sys.executable}); {INSTALL}") from None
+
+
+def converter() -> str:
+    """The path of llama.cpp's ``convert_hf_to_gguf.py``; a clear error when there is no source tree."""
+    source = os.environ.get(SOURCE_ENV) or DEFAULT_SOURCE
+    script = os.path.join(source, "convert_hf_to_gguf.py")
+    if not os.path.isfile(script):
+        raise ValueError(f"no llama.cpp converter at {script} ({SOURCE_ENV} or {DEFAULT_SOURCE}); {INSTALL}")
+    return script
+
+
+def convert(folder: str, outfile: str, outtype: str = "f32") -> str:
+    """``folder`` (a transformers checkpoint) converted to the GGUF ``outfile`` by llama.cpp's converter, run with
+    this Python (it imports torch, transformers and the tree's own gguf-py)."""
+    done = subprocess.run([sys.executable, converter(), os.path.abspath(folder), "--outfile", outfile,
+                           "--outtype", outtype], capture_output=True, text=True)
+    if done.returncode != 0 or not os.path.isfile(outfile):
+        tail = " | ".join(line for line in done.stderr.strip().splitlines()[-4:])
+        raise EngineError(f"llama.cpp's converter could not convert {folder} (exit {done.returncode}): {scrub(tail)}")
+    return outfile
+
+
+def _rows(input_ids: torch.Tensor) -> list[list[int]]:
+    ids = input_ids[None] if input_ids.dim() == 1 else input_ids
+    return [[int(t) for t in row] for row in ids.cpu()]
+
+
+class LlamaCppLM:
+    """A GGUF file in llama.cpp (``llama_cpp.Llama``, every position's logits kept) as a :class:`.scorer.Scorer`:
+    ``n_ctx`` tokens of context; ``config`` / ``generation_config``: the model's, for the evaluations' reads."""
+
+    input_device = torch.device("cpu")
+
+    def __init__(self, gguf: str, n_ctx: int, config=None, generation_config=None, threads: int | None = None):
+        from llama_cpp import Llama
+
+        self.config, self.generation_config, self.n_ctx = config, generation_config, n_ctx
+        try:
+            self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_batch=min(512, n_ctx), n_ubatch=min(512, n_ctx),
+                             logits_all=True, n_threads=threads or os.cpu_count(), verbose=False)
+        except (ValueError, RuntimeError) as err:
+            raise EngineError(f"llama.cpp could not load {gguf}: {scrub(str(err))}") from None
+
+    def _logits(self, row: list[int]) -> np.ndarray:
+        if len(row) > self.n_ctx:
+            raise EngineRefused(f"{len(row)} tokens exceed the context llama.cpp was started with ({self.n_ctx})")
+        self.llm.reset()
+        self.llm.eval(row)
+        return self.llm.scores[: len(row)]
+
+    def token_nll(self, input_ids: torch.Tensor, start: int = 1) -> torch.Tensor:
+        rows, out = _rows(input_ids), []
+        if not 1 <= start < len(rows[0]):
+            raise ValueError(f"start must be in [1, {len(rows[0]) - 1}], got {start}")
+        for row in rows:
+            logits, target = self._logits(row), torch.tensor(row[start:])
+            nll = torch.empty(len(row) - start, dtype=torch.float32)
+            for s in range(0, len(nll), CHUNK):
+                block = torch.from_numpy(np.array(logits[start - 1 + s : start - 1 + s + CHUNK], dtype=np.float32))
+                nll[s : s + CHUNK] = torch.nn.functional.cross_entropy(block, target[s : s + CHUNK], reduction="none")
+            out.append(nll)
+        return torch.stack(out)
+
+    def argmax_last(self, input_ids: torch.Tensor, n: int) -> torch.Tensor:
+        return torch.tensor([np.asarray(self._logits(row)[-n:]).argmax(-1).tolist() for row in _rows(input_ids)],
+                            dtype=torch.long)
+
+    def greedy(self, input_ids: torch.Tensor, max_new_tokens: int, stop: list[int]) -> list[list[int]]:
+        out = []
+        for row in _rows(input_ids):
+            new = [int(np.asarray(self._logits(row)[-1]).argmax())]
+            while new[-1] not in stop and len(new) < max_new_tokens:
+                if len(row) + len(new) > self.n_ctx:
+                    break
+                self.llm.eval([new[-1]])
+                new.append(int(np.asarray(self.llm.scores[len(row) + len(new) - 1]).argmax()))
+            out.append(new)
+        return out
+
+    def close(self) -> None:
+        close = getattr(self.llm, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "LlamaCppLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
