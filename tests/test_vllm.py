@@ -99,7 +99,7 @@ def test_serve_check_refuses_bad_input(folders, tmp_path, capsys):
         serve_check(str(tmp_path))
     with pytest.raises(ValueError, match=r"--rtol must be between 0 and 1, got 2"):
         serve_check(folders["plain"], rtol=2)
-    with pytest.raises(ValueError, match=r"--engine must be one of \['vllm'\], got 'tgi'"):
+    with pytest.raises(ValueError, match=r"--engine must be one of \['vllm', 'llama.cpp'\], got 'tgi'"):
         serve_check(folders["plain"], engine="tgi")
     with pytest.raises(SystemExit):
         main(["serve-check", folders["plain"], "--engine-arg", "not a keyword"])
