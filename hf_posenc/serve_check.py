@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from .config import CONFIG_KEY
+from .engines import ENGINES  # (the engines serve-check starts)
 from .eval.report import finish_report, markdown_table
 from .provenance import environment, recorded_command
 
-ENGINES = ("vllm", "llama.cpp")
 RECORD_NAMES = {"vllm": "vLLM", "llama.cpp": "llama.cpp"}  # as the method records' ``engines`` name them
 LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU
 NOT_COMPUTABLE, SAME, DIFFERS, REFUSED, SERVED_WRONG = "not computable", "same", "differs", "refused", "served wrong"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..flags import data_flags, documents_of, engine_flags, ints, positive, positive_float
+from ..engines import ENGINES
 
 
 def add_parser(sub) -> None:
@@ -13,7 +14,7 @@ def add_parser(sub) -> None:
                              "per length: same, differs (with the numbers), refused, or not computable.")
     sc.add_argument("folder", help="the checkpoint folder ('hf-posenc patch --output' wrote it).")
     e = sc.add_argument_group("engine")
-    e.add_argument("--engine", choices=["vllm", "llama.cpp"], default="vllm",
+    e.add_argument("--engine", choices=list(ENGINES), default="vllm",
                    help="the serving engine to check (llama.cpp: through llama-cpp-python, the folder converted by "
                         "llama.cpp's own convert_hf_to_gguf.py; scripts/setup.sh --llama-cpp installs both).")
     engine_flags(e)

@@ -1,2 +1,5 @@
-"""Serving engines that hf_posenc can run a saved checkpoint in: vLLM (:mod:`.vllm_engine`, the engine process and the
-calls the evaluations make of it) and which checkpoints each computes as hf_posenc does (:mod:`.support`)."""
+"""Serving engines that hf_posenc can run a saved checkpoint in, each behind the one scoring interface
+(:mod:`.scorer`): vLLM (:mod:`.vllm_engine`, an engine process) and llama.cpp (:mod:`.llama_cpp_engine`, through
+llama-cpp-python). What each computes as hf_posenc does is said by the method records (``MethodSpec.engines``)."""
+
+ENGINES = ("vllm", "llama.cpp")  # the engines serve-check starts (the --engine and --serve-check values)
