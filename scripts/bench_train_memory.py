@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from _bench import ROOT, comma_list, prompt_ids
+from _bench import ROOT, comma_list, prompt_ids, rel
 
 VARIANTS = [("full logits", False, False), ("full logits", True, False), ("chunked", False, True),
             ("chunked", True, True)]  # (loss, activation checkpointing, chunked)
@@ -177,7 +177,9 @@ def main() -> None:
         f"Model {args.model} (YaRN to the length past its context), one sequence per step, AdamW on every weight, "
         f"{args.steps} timed step(s); CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores); "
         f"each cell in a fresh process; {limit}peak RSS above the level with the weights, their gradients and the "
-        "optimizer's state in memory (what the activations and the logits add).",
+        "optimizer's state in memory (what the activations and the logits add). Peak memory does not depend on what "
+        "else the machine runs; tokens/s is one step's wall clock, slower in a cell that shared the cores with other "
+        f"work (a cell is measured again when its line is deleted from {rel(args.cells)}).",
         "",
         "| length | loss | activation checkpointing | peak increment (MB) | ratio to full logits, no checkpointing "
         "| tokens/s | loss (first step) |",
