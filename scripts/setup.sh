@@ -66,7 +66,7 @@ if [ "$WITH_LLAMA_CPP" = 1 ]; then
         "llama-cpp-python==$LLAMA_CPP_VERSION" -d .llama-cpp
       tar xzf ".llama-cpp/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz" -C .llama-cpp
     }
-    "${PIP[@]}" "$SRC"
+    "${PIP[@]}" "$SRC" sentencepiece  # (the converter tries a SentencePiece vocabulary first)
     rm -rf .llama-cpp/llama.cpp.new && cp -r "$SRC/vendor/llama.cpp" .llama-cpp/llama.cpp.new
     rm -rf .llama-cpp/llama.cpp && mv .llama-cpp/llama.cpp.new .llama-cpp/llama.cpp
   fi

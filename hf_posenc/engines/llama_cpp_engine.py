@@ -94,9 +94,10 @@ class LlamaCppLM:
         for row in rows:
             logits, target = self._logits(row), torch.tensor(row[start:])
             nll = torch.empty(len(row) - start, dtype=torch.float32)
-            for s in range(0, len(nll), CHUNK):
-                block = torch.from_numpy(np.array(logits[start - 1 + s : start - 1 + s + CHUNK], dtype=np.float32))
-                nll[s : s + CHUNK] = torch.nn.functional.cross_entropy(block, target[s : s + CHUNK], reduction="none")
+            for s in range(0, len(nll), CHUNK):  # the logits of positions start-1 .. T-2 predict tokens start .. T-1
+                e = min(s + CHUNK, len(nll))
+                block = torch.from_numpy(np.array(logits[start - 1 + s : start - 1 + e], dtype=np.float32))
+                nll[s:e] = torch.nn.functional.cross_entropy(block, target[s:e], reduction="none")
             out.append(nll)
         return torch.stack(out)
 
