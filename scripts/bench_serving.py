@@ -8,10 +8,14 @@ transformers engine's numbers?
    ``--engine transformers`` and ``--engine vllm``, one after the other: the perplexities side by side and each
    engine's wall time.
 
+With ``--engine llama.cpp`` (``scripts/setup.sh --llama-cpp``), step 1 alone, with llama.cpp: each folder
+converted by llama.cpp's own converter (f32) and scored by llama-cpp-python; a section of its own.
+
 The reports and cells are kept under --output (benchmarks/serving, committed) and the checkpoints under
 --checkpoints-dir, so a second call resumes; --write puts the section into BENCHMARKS.md.
 
     HF_POSENC_VLLM_PYTHON=.venv-vllm/bin/python python scripts/bench_serving.py --write
+    python scripts/bench_serving.py --engine llama.cpp --write
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import time
 from _bench import ROOT, comma_list, rel
 
 TITLE = "## Serving: vLLM against hf_posenc (serve-check, and --engine vllm)"
+TITLE_LLAMA_CPP = "## Serving: llama.cpp against hf_posenc (serve-check --engine llama.cpp)"
 CHECKPOINTS = {"none": ("none", None), "yarn-x2": ("yarn", 2.0), "pi-x2": ("pi", 2.0), "llama3-x2": ("llama3", 2.0),
                "dynamic_ntk-x2": ("dynamic_ntk", 2.0), "dca": ("dca", None), "rerope": ("rerope", None)}
 MAIN_JOB = ["--methods", "none,yarn", "--factor", "2", "--lengths", "12288", "--max-windows", "1", "--corpus",
@@ -49,14 +54,16 @@ def serve_checks(args) -> dict:
 
     reports = {}
     for label in args.checkpoints:
-        path = os.path.join(args.output, "checks", label, "serve_check.json")
+        checks = "checks" if args.engine == "vllm" else f"checks-{args.engine}"
+        path = os.path.join(args.output, checks, label, "serve_check.json")
         if os.path.isfile(path):
             with open(path) as f:
                 reports[label] = json.load(f)
             continue
         folder = checkpoint(label, args.checkpoints_dir)
         print(f"serve-check {label} ...", file=sys.stderr, flush=True)
-        reports[label] = serve_check(folder, lengths=args.lengths, docs=gather_documents(corpus="python-docs"),
+        reports[label] = serve_check(folder, engine=args.engine, lengths=args.lengths,
+                                     docs=gather_documents(corpus="python-docs"),
                                      confirm_refusal=CHECKPOINTS[label][0] in ("dca", "rerope"), progress=False,
                                      output=os.path.dirname(path), engine_python=args.engine_python)
     return reports
@@ -124,11 +131,34 @@ def section(args, checks: dict, runs: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def section_llama_cpp(args, checks: dict) -> str:
+    any_check = next(iter(checks.values()))["setup"]
+    version = next((c["setup"].get("engine_version") for c in checks.values() if c["setup"].get("engine_version")), "?")
+    lines = [TITLE_LLAMA_CPP, "", "Reproduce: `python scripts/bench_serving.py --engine llama.cpp --lengths "
+             f"{','.join(map(str, args.lengths))} --write` (llama-cpp-python {version}, built from source by "
+             f"`scripts/setup.sh --llama-cpp`; {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+             "python-docs corpus).", "",
+             "SmolLM2-135M saved by `hf-posenc patch` with each method, converted by llama.cpp's own "
+             "`convert_hf_to_gguf.py` to a float32 GGUF (what a user does, without quantizing) and scored by llama.cpp "
+             "with a context of the longest length, against `hf_posenc.from_pretrained`; per length: verdict "
+             f"(hf_posenc mean NLL / llama.cpp mean NLL, relative difference); same = within {any_check['rtol']:g}. "
+             "`not computable` past L for dynamic_ntk comes from its method record (llama.cpp's converter writes plain "
+             "RoPE for it), without scoring; DCA and ReRoPE: `--confirm-refusal` (llama.cpp started anyway: it takes "
+             "any context it is given, so past L it serves the unpatched model, `served wrong`).", ""]
+    lines += ["| checkpoint | " + " | ".join(f"{n} tokens" for n in args.lengths) + " |",
+              "|---" * (len(args.lengths) + 1) + "|"]
+    for label, c in checks.items():
+        lines.append(f"| {label} | " + " | ".join(_cell(c["results"][str(n)]) for n in args.lengths) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--lengths", type=comma_list(int), default=[4096, 12288], help="serve-check lengths in tokens.")
     p.add_argument("--checkpoints", type=comma_list(str), default=list(CHECKPOINTS),
                    help=f"which checkpoints to check, of {', '.join(CHECKPOINTS)}.")
+    p.add_argument("--engine", choices=["vllm", "llama.cpp"], default="vllm",
+                   help="the engine checked (llama.cpp: the serve-check table alone, in a section of its own).")
     p.add_argument("--engine-python", default=None, help="the Python that has vLLM (default: $HF_POSENC_VLLM_PYTHON).")
     p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "serving"),
                    help="where the reports and cells are kept (committed; a second call resumes from them).")
@@ -139,10 +169,11 @@ def main() -> None:
     unknown = sorted(set(args.checkpoints) - set(CHECKPOINTS))
     if unknown:
         raise SystemExit(f"--checkpoints: unknown {unknown}; choose from {list(CHECKPOINTS)}")
-    checks, runs = serve_checks(args), engines(args)
     from hf_posenc.eval.report import emit_section
 
-    emit_section(section(args, checks, runs), args.write, os.path.join(ROOT, "BENCHMARKS.md"))
+    checks = serve_checks(args)
+    text = section(args, checks, engines(args)) if args.engine == "vllm" else section_llama_cpp(args, checks)
+    emit_section(text, args.write, os.path.join(ROOT, "BENCHMARKS.md"))
     print(f"kept under {rel(args.output)}", file=sys.stderr)
 
 
