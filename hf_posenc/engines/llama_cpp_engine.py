@@ -26,7 +26,7 @@ SOURCE_ENV = "HF_POSENC_LLAMA_CPP_SOURCE"
 DEFAULT_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                               ".llama-cpp", "llama.cpp")
 INSTALL = ("install llama-cpp-python and a llama.cpp source tree for its converter: bash scripts/setup.sh "
-           f"--llama-cpp (builds it from source, ~10 min on 2 cores), or pip install llama-cpp-python and set "
+           f"--llama-cpp (builds it from source, 5-10 min on 2 cores), or pip install llama-cpp-python and set "
            f"{SOURCE_ENV} to a llama.cpp checkout")
 CHUNK = 1024  # positions per log-softmax chunk (a [chunk, vocab] float32 block at a time)
 

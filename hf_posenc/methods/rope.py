@@ -153,6 +153,12 @@ def _longrope_defaults(params: dict[str, Any], half: int, factor: float) -> dict
 VLLM_SAME = {"vLLM": EngineSupport("same", "measured by hf-posenc serve-check on SmolLM2-135M at 4,096 and 12,288 "
                                            "tokens (none: 4,096; vLLM refuses past its 8,192), vLLM 0.32 (CPU): mean "
                                            "NLL within 6e-5 relative")}
+# measured by tests/test_llama_cpp.py: SmolLM2-135M saved with its original context stated as 512 tokens, converted by
+# llama.cpp's convert_hf_to_gguf.py (f32), serve-check at 256 and 1,000 tokens, llama-cpp-python 0.3.36
+LLAMA_CPP_SAME = {"llama.cpp": EngineSupport("same", "measured by hf-posenc serve-check on SmolLM2-135M (original "
+                                                     "context stated as 512) at 256 and 1,000 tokens, converted by "
+                                                     "llama.cpp's convert_hf_to_gguf.py (f32), llama-cpp-python "
+                                                     "0.3.36 (CPU): mean NLL within 1e-4 relative")}
 
 
 def _yarn_grid(original: int, target: int, factors: list[float]) -> list[dict[str, Any]]:
@@ -169,7 +175,7 @@ _add(MethodSpec("none", "none", "No change: the checkpoint's own positions (a ba
                 engines=VLLM_SAME),
      RopeScaling(R.rope_none, native=lambda s, L, p, g: {"rope_type": "default"}))
 _add(MethodSpec("pi", "rope", "Position interpolation: every frequency divided by factor (Chen et al. 2023).",
-                aliases=("linear",), tune_grid=factor_grid, engines=VLLM_SAME),
+                aliases=("linear",), tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_linear, native=lambda s, L, p, g: {"rope_type": "linear", "factor": s}))
 _add(MethodSpec("ntk", "rope", "Static NTK-aware scaling: rope_theta' = rope_theta * factor^(d/(d-2)).",
                 aliases=("ntk_aware", "static_ntk"), tune_grid=factor_grid, engines=VLLM_SAME),
@@ -194,7 +200,7 @@ _add(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the cur
 _add(MethodSpec("yarn", "rope", "YaRN: NTK-by-parts interpolation plus attention temperature (Peng et al. 2023).",
                 params={"beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None, "mscale": None,
                         "mscale_all_dim": None, "truncate": True},
-                check=_check_yarn, tune_grid=_yarn_grid, engines=VLLM_SAME),
+                check=_check_yarn, tune_grid=_yarn_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_yarn, native=_native_yarn))
 _add(MethodSpec("dynamic_yarn", "rope", "Dynamic YaRN: YaRN with scale = current length / original context (jquesnelle/yarn).",
                 params={"beta_fast": 32.0, "beta_slow": 1.0, "attn_factor": 1.0, "finetuned": False},

@@ -1,0 +1,64 @@
+"""The documentation (issue 42): the README's first screen, its table of what is supported generated from the method
+records, the reference pages generated from the parsers and the records, and the site built with mkdocs --strict."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from hf_posenc import reference_docs
+from hf_posenc.registry import list_methods
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _readme() -> str:
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_the_readme_opens_with_the_two_commands_and_stays_short():
+    text = _readme()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    assert blocks[0].startswith("bash scripts/setup.sh && .venv/bin/hf-posenc eval ppl")  # the main job
+    assert blocks[1].strip() == "bash scripts/setup.sh --vllm --llama-cpp && .venv/bin/python -m pytest -q tests"
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        assert blocks[1].strip() in f.read()  # CI runs the test command written in the README
+    lines = text.splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines: reference belongs in docs/"
+    assert any(line.startswith("## Quick start") for line in lines[:60]), "the Quick start within the first screens"
+
+
+def test_the_readmes_support_table_is_the_one_the_method_records_give():
+    text = _readme()
+    assert reference_docs.with_support_table(text) == text, "run: python scripts/support_table.py --write"
+    for name in list_methods():
+        assert f"| `{name}` |" in text
+
+
+def test_every_sub_command_and_every_method_has_its_generated_reference():
+    cli = reference_docs.cli_reference()
+    names = list(reference_docs.subcommands())
+    assert {"methods", "tune", "patch", "finetune", "upload", "serve-check", "eval ppl", "eval passkey"} <= set(names)
+    for name in names:
+        assert f"## hf-posenc {name}\n" in cli
+    assert "--checkpoint-every" in cli and "--engine {vllm,llama.cpp}" in cli  # the flags as the parsers have them
+    methods = reference_docs.methods_reference()
+    for name in list_methods():
+        assert f"\n## {name}\n" in methods
+    assert "llama.cpp: same up to L" in methods  # dynamic_ntk's record, as written
+
+
+def test_the_site_builds_strictly(tmp_path):
+    if shutil.which("mkdocs", path=os.path.dirname(sys.executable)) is None:
+        pytest.skip("mkdocs is not installed (pip install '.[docs]')")
+    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "mkdocs"), "build", "--strict",
+                           "--site-dir", str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cli = (tmp_path / "site" / "cli" / "index.html").read_text()
+    assert "hf-posenc finetune" in cli and "--checkpoint-every" in cli
+    assert "dynamic_ntk" in (tmp_path / "site" / "methods" / "index.html").read_text()
+    assert (tmp_path / "site" / "fine-tuning" / "index.html").exists()
