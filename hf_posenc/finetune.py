@@ -181,13 +181,13 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     read = None if long_length and long_eval.needle_trials else max(read, long_length or 0)
     check_heldout(train_docs, eval_docs, read)  # by content, before any compute
     check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
-    run = ResumableRun(checkpoints, output, _fingerprint(model, config, train_docs, eval_docs, t, pose, lora,
-                                                         long_eval, long_length))
     if lora is not None:
         from .parallel import check_lora_engine
 
         check_lora_engine(t.device)  # sharded weights, read from the launcher's environment
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # several: started by torchrun or accelerate launch
+    run = ResumableRun(checkpoints, output, _fingerprint(model, config, train_docs, eval_docs, t, pose, lora,
+                                                         long_eval, long_length), processes)
     main_process = int(os.environ.get("RANK", "0")) == 0
     chunked_loss = t.chunked_loss
     if t.context_parallel_size != 1:  # each sequence split across processes (hf_posenc.parallel), before compute
@@ -248,8 +248,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
             measured = {"heldout": heldout_perplexity(lm, heldout, t.seq_len, t.eval_windows)}
             if longer is not None:
                 measured["long_context"] = longer.measure(lm, "before training")
-            if run.active and main_process:
-                run.start(measured)
+            run.start(measured)  # for the run file, written when training begins
         long_context = None if longer is None else {**longer.describe(), "before": measured["long_context"]}
 
         if t.s2_attn_group is not None:
@@ -292,7 +291,13 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
 def _fingerprint(model: str, config: PosEncConfig, train_docs, eval_docs, training: TrainSettings, pose, lora,
                  long_eval, long_length) -> dict[str, Any]:
     """What a resumed run must share with the run whose checkpoints it continues."""
-    return {"model": model, "method": config.to_dict(), "training": training.fingerprint(),
+    from .eval.common import model_identity
+    from .models import resolve_source
+    from .provenance import environment
+
+    versions = {k: v for k, v in environment().items() if k in ("hf_posenc", "torch", "transformers")}
+    return {"model": model_identity(model, None, resolve_source(model)), "versions": versions,
+            "method": config.to_dict(), "training": training.fingerprint(),
             "pose": asdict(pose) if pose else None,
             "lora": {k: v for k, v in asdict(lora).items() if k != "merge"} if lora else None,
             "long_eval": dict(asdict(long_eval), length=long_length) if long_length else None,
@@ -351,13 +356,17 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, t: TrainSet
     if positions is not None:  # PoSE: each window's own position ids
         columns["position_ids"] = positions.tolist()
     data = Dataset.from_dict(columns).with_format("torch")
-    run = run or ResumableRun(CheckpointSettings(), tempfile.gettempdir(), {})  # inactive: no checkpoints
+    run = run or ResumableRun(CheckpointSettings(), "", {})  # inactive: no checkpoints, never looks at a folder
     engine = {} if engine is None else engine
     resume_from = run.resume_from()
     earlier = run.seconds_until(run.resumed_step)
     started = time.time()
 
     class Record(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if main_process:  # every check has passed: the run file of a new run
+                run.begin()
+
         def on_save(self, args, state, control, **kwargs):
             if main_process:  # (the Trainer has written the whole checkpoint)
                 run.saved(state.global_step, earlier + time.time() - started)

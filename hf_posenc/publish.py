@@ -63,6 +63,12 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     check_replaced_output(output, "patch", resolve_source(model).path, text_file or [])  # before any compute
     if (private or revision) and not push_to_hub:
         raise ValueError("--private and --revision apply to an upload: add --push-to-hub USER/NAME, or drop them.")
+    if serve_check:  # the engine and its flags, before the load, the evaluations and the save
+        from .serve_check import check_engine_flags, engine_ready
+
+        check_engine_flags(serve_check, engine_python)
+        if _saved_natively(config.method):  # (a checkpoint no engine computes is reported without one)
+            engine_ready(serve_check, engine_python)
     with ReplacedOutput(output, "patch") as out:  # one run per --output, from here to the save
         reads_documents = any(t.reads_documents for t, _ in evals)
         docs = gather_documents(text_file=text_file, encoding=encoding) if reads_documents else []
@@ -107,3 +113,14 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
             done["commit_url"] = upload(output, push_to_hub, private=private, revision=revision,
                                         commit_message=commit_message, timeout=timeout or UPLOAD_TIMEOUT)
     return done
+
+
+def _saved_natively(method: str) -> bool:
+    """Whether a checkpoint of ``method`` is saved in fields engines read (the serve-check then starts the engine):
+    not the attention-level methods, the swaps, nor a scaling transformers has no type for (dynamic_yarn)."""
+    from .methods import resolve_method
+    from .methods.rope import SCALINGS
+
+    spec = resolve_method(method)
+    return spec.kind not in ("attention", "swap") and not (spec.name in SCALINGS and SCALINGS[spec.name].native is None)
+

@@ -23,13 +23,40 @@ from typing import Any
 import torch
 
 from .config import CONFIG_KEY
-from .engines import ENGINES  # (the engines serve-check starts)
+from .engines import ENGINE_NAMES, ENGINES  # (the engines serve-check starts)
 from .eval.report import finish_report, markdown_table
 from .provenance import environment, recorded_command
 
-RECORD_NAMES = {"vllm": "vLLM", "llama.cpp": "llama.cpp"}  # as the method records' ``engines`` name them
 LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU
 NOT_COMPUTABLE, SAME, DIFFERS, REFUSED, SERVED_WRONG = "not computable", "same", "differs", "refused", "served wrong"
+
+
+def check_engine_flags(engine: str, engine_python: str | None = None, allow_long: bool = False,
+                       tensor_parallel_size: int = 1, engine_args: dict[str, Any] | None = None) -> None:
+    """An engine serve-check starts, and only the flags that set it up (vLLM's are refused with llama.cpp)."""
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {list(ENGINES)}, got {engine!r}")
+    if engine == "llama.cpp":
+        vllm_only = [flag for flag, given in (("--allow-long", allow_long), ("--engine-python", engine_python),
+                                              ("--tensor-parallel-size", tensor_parallel_size != 1),
+                                              ("--engine-arg", bool(engine_args))) if given]
+        if vllm_only:
+            raise ValueError(f"{', '.join(vllm_only)} set up vLLM; --engine llama.cpp takes none of them (llama.cpp "
+                             "runs in this process with the context the lengths need)")
+
+
+def engine_ready(engine: str, engine_python: str | None = None) -> str:
+    """The engine's version, once it is known to be installed (a clear error otherwise): asked before the slow work
+    of a check, and by ``hf-posenc patch --serve-check`` before its own."""
+    if engine == "llama.cpp":
+        from .engines.llama_cpp_engine import converter, llama_cpp_version
+
+        version = llama_cpp_version()
+        converter()
+        return version
+    from .engines.vllm_engine import vllm_version
+
+    return vllm_version(engine_python)
 
 
 def read_block(folder: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -129,18 +156,10 @@ def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None 
     ``serve_check.json`` / ``.md`` when given. ``allow_long``: start the engine for the longest length even past
     what it derives from ``config.json`` (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``, as a deployment forcing
     ``--max-model-len`` does), to see what it then computes."""
-    if engine not in ENGINES:
-        raise ValueError(f"--engine must be one of {list(ENGINES)}, got {engine!r}")
+    check_engine_flags(engine, engine_python, allow_long, tensor_parallel_size, engine_args)
     if not 0 < rtol < 1:
         raise ValueError(f"--rtol must be between 0 and 1, got {rtol}")
     check_lengths(lengths)
-    if engine == "llama.cpp":
-        vllm_only = [flag for flag, given in (("--allow-long", allow_long), ("--engine-python", engine_python),
-                                              ("--tensor-parallel-size", tensor_parallel_size != 1),
-                                              ("--engine-arg", bool(engine_args))) if given]
-        if vllm_only:
-            raise ValueError(f"{', '.join(vllm_only)} set up vLLM; --engine llama.cpp takes none of them (llama.cpp "
-                             "runs in this process with the context the lengths need)")
     if output:
         from .files import check_output_folder
 
@@ -158,15 +177,7 @@ def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None 
         results = {str(n): {"verdict": NOT_COMPUTABLE, "reason": reason} for n in lengths}
         setup.update(lengths=lengths, engine_started=False, seconds=round(time.time() - started, 1))
         return finish_report("serve_check", setup, results, serve_table, output)
-    if engine == "llama.cpp":
-        from .engines.llama_cpp_engine import converter, llama_cpp_version
-
-        setup["engine_version"] = llama_cpp_version()  # before the slow work: a missing llama.cpp is said at once
-        converter()
-    else:
-        from .engines.vllm_engine import vllm_version
-
-        setup["engine_version"] = vllm_version(engine_python)  # before the slow work: a missing vLLM is said at once
+    setup["engine_version"] = engine_ready(engine, engine_python)  # before the slow work: a missing engine is said
     tokens, setup["text"] = check_text(folder, tokenizer, docs, lengths, original, plain)
     lengths = lengths or default_lengths(original, int(plain.get("max_position_embeddings") or original))
     if len(tokens) < max(lengths):
@@ -198,7 +209,7 @@ def _past_what_the_engine_computes(engine: str, method: str, lengths: list[int],
     up to there (llama.cpp's converter writes no scaling for dynamic NTK, say): ``not computable``, not scored."""
     from .methods import resolve_method
 
-    support = resolve_method(method).engines.get(RECORD_NAMES[engine])
+    support = resolve_method(method).engines.get(ENGINE_NAMES[engine])
     if support is None or support.computes != "within_original" or engine == "vllm":  # vLLM's: measured each time
         return {}
     return {str(n): {"verdict": NOT_COMPUTABLE, "reason": support.caveat or support.basis}

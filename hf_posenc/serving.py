@@ -25,10 +25,16 @@ def known_status(block: dict[str, Any]) -> list[dict[str, str]]:
         basis = f"not computable: no engine implements `{method}`"
         if resolve_method(method).kind == "swap":
             status = f"the original positional encoding around weights meant for `{method}`: not this model"
-        else:
-            status = "the unpatched model, up to the original context; longer inputs refused"
-            basis += "; config.json states the original context"
-        return [{"engine": e, "status": status, "basis": basis} for e in ENGINES]
+            return [{"engine": e, "status": status, "basis": basis} for e in ENGINES]
+        rows = [{"engine": e, "status": "the unpatched model, up to the original context; longer inputs refused",
+                 "basis": basis + "; config.json states the original context"} for e in ENGINES]
+        # llama.cpp takes whatever context it is given (past the GGUF's trained one it logs a warning only)
+        rows[ENGINES.index("llama.cpp")] = {
+            "engine": "llama.cpp", "status": "the unpatched model: past the original context it still computes plain "
+                                             "RoPE when given a longer context (a warning only): wrong there",
+            "basis": basis + "; measured: a DCA checkpoint forced into llama.cpp is served wrong past L "
+                             "(hf-posenc serve-check --engine llama.cpp --confirm-refusal)"}
+        return rows
     if block.get("family") != "rope_decoder":
         return [{"engine": e, "status": "reads the config fields and weights transformers reads",
                  "basis": "not measured"} for e in ENGINES]
@@ -73,7 +79,9 @@ def measured_rows(rows: list[dict[str, str]], check: dict[str, Any] | None) -> l
     basis = (f"measured by hf-posenc serve-check: {s['engine']} {s.get('engine_version', '')}, mean NLL within "
              f"{worst:.1e} relative (same = within {s['rtol']:g})" if s.get("engine_started")
              else "hf-posenc serve-check: " + next(iter(results.values())).get("reason", ""))
-    name = {"vllm": "vLLM"}.get(s["engine"], s["engine"])
+    from .engines import ENGINE_NAMES
+
+    name = ENGINE_NAMES.get(s["engine"], s["engine"])
     return [{"engine": r["engine"], "status": status, "basis": basis} if r["engine"] == name else r for r in rows]
 
 

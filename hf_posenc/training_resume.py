@@ -5,9 +5,12 @@ optimizer's and the scheduler's state, every RNG state, the losses so far; it re
 the batches already seen). This module keeps beside those checkpoints one file, ``hf_posenc-run.json``: what the
 run is (its fingerprint: model, method, every training setting, PoSE, LoRA, the documents' digests), what was
 measured before training (so that a resumed run does not measure it again) and the seconds trained up to each
-checkpoint. A run is resumed only with the same fingerprint; a folder holding another run's checkpoints is refused,
-never trained over; a checkpoint cut short by a kill (no ``trainer_state.json``, the Trainer's last file) is
-removed and the one before it is used. Once the trained model is saved, the folder goes.
+checkpoint; it is written when training starts, after every check that can refuse the run. A run is resumed only
+with the same fingerprint; a folder holding another run's checkpoints is refused, never trained over; a folder whose
+run never reached a checkpoint holds nothing to resume and is started over; a checkpoint cut short by a kill (no
+readable ``trainer_state.json``, the Trainer's last file) is removed and the one before it is used. Once the trained
+model is saved, the checkpoints and the run file go (and the folder, when this run made it). One process only: the
+Trainer's checkpoints of several processes are not resumed here (refused by name).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import re
 import shutil
 from typing import Any
 
-from .files import atomic_write_text
+from .files import _can_create_in, atomic_write_text
 from .training_settings import CheckpointSettings
 
 RUN_FILE = "hf_posenc-run.json"
@@ -36,6 +39,24 @@ def _normal(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True))
 
 
+def _whole(checkpoint: str) -> bool:
+    """A checkpoint the Trainer finished writing: its state file, written last, is there and reads back."""
+    try:
+        with open(os.path.join(checkpoint, STATE_FILE), encoding="utf-8") as f:
+            json.load(f)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _shown(value: Any) -> str:
+    """A fingerprint value as a refusal shows it: a list of documents as its length and names."""
+    if isinstance(value, list) and value and all(isinstance(v, list) and len(v) == 2 for v in value):
+        names = [v[0] for v in value]
+        return f"{len(value)} document(s) ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+    return repr(value)
+
+
 def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
     """A nested fingerprint as ``{"training.learning_rate": 0.001, ...}`` (lists are leaves)."""
     if not isinstance(value, dict):
@@ -49,49 +70,81 @@ def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
 class ResumableRun:
     """The checkpoint folder of the run writing ``output`` (see the module). ``fingerprint``: what the run is."""
 
-    def __init__(self, settings: CheckpointSettings, output: str, fingerprint: dict[str, Any]):
+    def __init__(self, settings: CheckpointSettings, output: str, fingerprint: dict[str, Any], processes: int = 1):
         self.folder = settings.folder_for(output)
         self.every = settings.every
         self.resume = settings.resume
         self.fingerprint = _normal(fingerprint)
         self.stored: dict[str, Any] | None = None  # the run file of the run being resumed
         self.resumed_step = 0  # the step of the checkpoint training continues from
-        self._check(os.path.abspath(output))
+        self._made_folder = not os.path.isdir(self.folder)  # (the Trainer makes it before training begins)
+        self._before: dict[str, Any] = {}
+        if self.every or self.resume:  # a run without checkpoints never looks at the folder
+            self._check(os.path.abspath(output), processes)
 
     @property
     def active(self) -> bool:
         """Whether this run saves checkpoints (it does when resumed, every as many steps as the run it resumes)."""
         return self.every > 0
 
-    def _check(self, output: str) -> None:
-        """Refusals before any compute: a folder inside the output (replaced whole), a folder of files hf_posenc did
-        not write, another run's checkpoints, or an earlier run's without --resume."""
-        if os.path.commonpath([self.folder, output]) == output:
-            raise ValueError(f"--checkpoint-dir {self.folder} lies inside --output {output}, which the finished run "
-                             "replaces whole: give a folder beside it (the default is <output>.checkpoints)")
+    def _check(self, output: str, processes: int) -> None:
+        """Refusals before any compute: several processes, a folder inside the output or holding it (one is
+        replaced whole, the other removed), a file or an unwritable place, a folder of files hf_posenc did not write,
+        another run's checkpoints, an earlier run's without --resume, --resume of a run already finished."""
+        if processes > 1:
+            raise ValueError(f"--checkpoint-every / --resume under {processes} processes: resuming the checkpoints of "
+                             "several processes (each one's RNG state, sharded optimizer state) is not supported by "
+                             "hf-posenc finetune yet; train on one process to resume, or without checkpoints")
+        if os.path.commonpath([self.folder, output]) in (output, self.folder):
+            raise ValueError(f"--checkpoint-dir {self.folder} and --output {output} lie one inside the other (the "
+                             "output is replaced whole when the run ends, and the checkpoints removed): give folders "
+                             "beside each other (the default is <output>.checkpoints)")
+        if os.path.exists(self.folder) and not os.path.isdir(self.folder):
+            raise ValueError(f"--checkpoint-dir {self.folder} is a file, not a folder")
+        parent = self.folder
+        while not os.path.exists(parent):  # the folder, or the nearest folder above it that exists
+            parent = os.path.dirname(parent)
+        if not _can_create_in(parent):
+            raise ValueError(f"--checkpoint-dir {self.folder}: nothing can be written in {parent}")
         run_file = os.path.join(self.folder, RUN_FILE)
         if not os.path.isfile(run_file):
             if os.path.isdir(self.folder) and os.listdir(self.folder):
                 raise ValueError(f"--checkpoint-dir {self.folder} holds files that no hf-posenc finetune wrote "
                                  f"({', '.join(sorted(os.listdir(self.folder))[:3])}); give another folder")
-            if self.resume:
-                print(f"--resume: no checkpoint of an earlier run in {self.folder}; training starts at step 0")
+            self._starting(output)
             return
         with open(run_file, encoding="utf-8") as f:
             stored = json.load(f)
-        done = self.latest_step()
+        self._made_folder = stored.get("made_folder", False)
+        if not self.checkpoints():  # the run stopped before its first checkpoint: nothing to resume
+            print(f"{self.folder}: the earlier run stopped before its first checkpoint; training starts at step 0")
+            os.unlink(run_file)
+            self._starting(output)
+            return
         if not self.resume:
             raise ValueError(f"{self.folder} holds the checkpoints of an earlier run of this output (trained to step "
-                             f"{done} of {stored['fingerprint']['training']['steps']}): pass --resume to continue "
-                             "it, or remove that folder to train again from the start")
+                             f"{self.latest_step()} of {stored['fingerprint']['training']['steps']}): pass --resume "
+                             "to continue it, or remove that folder to train again from the start")
         then, now = _leaves(stored["fingerprint"]), _leaves(self.fingerprint)
         differ = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
         if differ:
-            detail = "; ".join(f"{k}: {then.get(k)} then, {now.get(k)} now" for k in differ[:6])
+            detail = "; ".join(f"{k}: {_shown(then.get(k))} then, {_shown(now.get(k))} now" for k in differ[:6])
             raise ValueError(f"--resume: the checkpoints in {self.folder} belong to a run with other settings ({detail}); "
                              "resume it with the same ones, or remove that folder to train again from the start")
         self.stored = stored
         self.every = self.every or stored["every"]
+
+    def _starting(self, output: str) -> None:
+        """No checkpoint to continue from: with --resume, said (and refused when --output already holds the
+        finished run: its checkpoints went when it was saved)."""
+        if not self.resume:
+            return
+        from .replaced_folder import MANIFEST
+
+        if os.path.isfile(os.path.join(output, MANIFEST)):
+            raise ValueError(f"--resume: {output} already holds the finished run (its checkpoints were removed when it "
+                             "was saved): nothing to resume; drop --resume to train it again")
+        print(f"--resume: no checkpoint of an earlier run in {self.folder}; training starts at step 0")
 
     def checkpoints(self) -> list[tuple[int, str]]:
         """The whole checkpoints in the folder, ``(step, path)``, oldest first."""
@@ -100,7 +153,7 @@ class ResumableRun:
         found = []
         for name in os.listdir(self.folder):
             m = _CHECKPOINT.fullmatch(name)
-            if m and os.path.isfile(os.path.join(self.folder, name, STATE_FILE)):
+            if m and _whole(os.path.join(self.folder, name)):
                 found.append((int(m.group(1)), os.path.join(self.folder, name)))
         return sorted(found)
 
@@ -132,11 +185,17 @@ class ResumableRun:
         return float((self.stored or {}).get("seconds", {}).get(str(step), 0.0))
 
     def start(self, before: dict[str, Any]) -> None:
-        """Write the run file (a new run), with what was measured before training."""
-        if self.stored is not None:
+        """What a new run measured before training, kept for its run file (:meth:`begin`)."""
+        self._before = before
+
+    def begin(self) -> None:
+        """Training starts (every check has passed): the run file of a new run, with what was measured before."""
+        if self.stored is not None or not self.active:
             return
+        before = self._before
         os.makedirs(self.folder, exist_ok=True)
-        self.stored = {"fingerprint": self.fingerprint, "every": self.every, "before": _normal(before), "seconds": {}}
+        self.stored = {"fingerprint": self.fingerprint, "every": self.every, "before": _normal(before), "seconds": {},
+                       "made_folder": self._made_folder}
         self._write()
 
     def saved(self, step: int, seconds: float) -> None:
@@ -148,6 +207,14 @@ class ResumableRun:
         atomic_write_text(os.path.join(self.folder, RUN_FILE), json.dumps(self.stored, indent=1))
 
     def finish(self) -> None:
-        """The trained model is saved: its checkpoints go."""
-        if os.path.isdir(self.folder):
-            shutil.rmtree(self.folder)
+        """The trained model is saved: its checkpoints and the run file go, and the folder when this run made it
+        (a folder the user gave stays)."""
+        if not os.path.isdir(self.folder):
+            return
+        for name in os.listdir(self.folder):
+            if _CHECKPOINT.fullmatch(name):
+                shutil.rmtree(os.path.join(self.folder, name))
+        if os.path.isfile(os.path.join(self.folder, RUN_FILE)):
+            os.unlink(os.path.join(self.folder, RUN_FILE))
+        if self._made_folder and not os.listdir(self.folder):
+            os.rmdir(self.folder)

@@ -118,8 +118,14 @@ def cell_key(args, length: int, checkpointing: bool, chunked: bool) -> dict:
 def kept_cells(path: str) -> list[dict]:
     if not os.path.isfile(path):
         return []
+    kept = []
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            try:
+                kept.append(json.loads(line))
+            except ValueError:  # a line cut short by a kill: that cell is measured again
+                continue
+    return kept
 
 
 def run_cell(args, length: int, checkpointing: bool, chunked: bool) -> dict:

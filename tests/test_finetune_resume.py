@@ -83,21 +83,27 @@ def test_a_killed_run_resumes_to_the_losses_and_weights_of_an_uninterrupted_one(
     assert resumed["heldout_after"]["ppl"] == pytest.approx(whole["heldout_after"]["ppl"], rel=1e-5)
     assert not checkpoints.exists()  # the model is saved: its checkpoints are gone
     assert not any(p.name.startswith(".cut") for p in tmp_path.iterdir())  # no lock, no staged folder left
+    err = refused([*argv, "--resume"], capsys)  # finished: nothing to resume, and the output is not trained over
+    assert "already holds the finished run" in err and (out / "hf_posenc_eval" / "finetune.json").exists()
 
 
 def test_resume_with_no_checkpoint_trains_from_the_start_and_says_so(tiny_checkpoint, tmp_path, capsys):
-    out = tmp_path / "ft"
-    assert main([*_argv(tiny_checkpoint, out), "--steps", "4", "--resume", "--checkpoint-every", "2"]) == 0
+    out, mine = tmp_path / "ft", tmp_path / "my-checkpoints"
+    mine.mkdir()  # a folder the user made: emptied of what the run wrote, and kept
+    assert main([*_argv(tiny_checkpoint, out), "--steps", "4", "--resume", "--checkpoint-every", "2",
+                 "--checkpoint-dir", str(mine)]) == 0
     said = capsys.readouterr().out
     assert "no checkpoint of an earlier run" in said and "training starts at step 0" in said
-    assert _report(out)["setup"]["resumed_from_step"] == 0 and not (tmp_path / "ft.checkpoints").exists()
+    assert _report(out)["setup"]["resumed_from_step"] == 0 and mine.is_dir() and not list(mine.iterdir())
 
 
 @pytest.mark.parametrize("extra,message", [
     (["--checkpoint-every", "-1"], "--checkpoint-every must be a whole number >= 0, got -1"),
     (["--checkpoint-dir", "x"], "--checkpoint-dir is where --checkpoint-every saves and --resume reads"),
-    (["--checkpoint-every", "2", "--checkpoint-dir", "{out}/inner"], "lies inside --output"),
+    (["--checkpoint-every", "2", "--checkpoint-dir", "{out}/inner"], "lie one inside the other"),
     (["--checkpoint-every", "2", "--checkpoint-dir", "{tmp}/mine"], "holds files that no hf-posenc finetune wrote"),
+    (["--checkpoint-every", "2", "--checkpoint-dir", "{tmp}"], "lie one inside the other"),  # rmtree would take ft
+    (["--checkpoint-every", "2", "--checkpoint-dir", "{tmp}/mine/notes.txt"], "is a file, not a folder"),
 ])
 def test_bad_checkpoint_settings_are_refused_before_the_model_loads(extra, message, tiny_checkpoint, tmp_path,
                                                                     capsys, no_model_load):
@@ -139,3 +145,30 @@ def test_the_fingerprint_holds_every_training_setting_but_the_device():
     assert CheckpointSettings().folder_for("runs/x/") == os.path.abspath("runs/x.checkpoints")
     with pytest.raises(ValueError, match="--checkpoint-dir must be a folder's path, got ''"):
         CheckpointSettings(every=2, folder="")
+
+
+def _run_file(folder, steps=60) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / RUN_FILE).write_text(json.dumps({"fingerprint": {"training": {"steps": steps}}, "every": 2,
+                                               "before": {}, "seconds": {}}))
+
+
+def test_what_the_checkpoint_folder_holds_decides_what_is_resumed(tmp_path, capsys):
+    from hf_posenc.training_resume import ResumableRun
+
+    out = str(tmp_path / "ft")
+    folder = tmp_path / "ft.checkpoints"
+    _run_file(folder)  # a run that stopped before its first checkpoint (out of memory at step 1, say)
+    run = ResumableRun(CheckpointSettings(every=2), out, {})
+    assert "stopped before its first checkpoint" in capsys.readouterr().out and not (folder / RUN_FILE).exists()
+    assert run.stored is None
+    _run_file(folder)
+    for step, state in ((2, '{"global_step": 2}'), (4, '{"global_st')):  # the second cut short by a kill
+        (folder / f"checkpoint-{step}").mkdir()
+        (folder / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
+    run = ResumableRun(CheckpointSettings(every=2, resume=True), out, {"training": {"steps": 60}})
+    assert [s for s, _ in run.checkpoints()] == [2]
+    assert run.resume_from().endswith("checkpoint-2") and not (folder / "checkpoint-4").exists()
+    with pytest.raises(ValueError, match="under 2 processes"):
+        ResumableRun(CheckpointSettings(every=2), out, {}, processes=2)
+    ResumableRun(CheckpointSettings(), out, {})  # without checkpoint flags the folder is not even looked at

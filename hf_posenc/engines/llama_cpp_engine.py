@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..provenance import scrub
-from .scorer import EngineError, EngineRefused
+from .scorer import EngineError, EngineRefused, check_start, token_rows as _rows
 
 SOURCE_ENV = "HF_POSENC_LLAMA_CPP_SOURCE"
 DEFAULT_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -59,11 +59,6 @@ def convert(folder: str, outfile: str, outtype: str = "f32") -> str:
     return outfile
 
 
-def _rows(input_ids: torch.Tensor) -> list[list[int]]:
-    ids = input_ids[None] if input_ids.dim() == 1 else input_ids
-    return [[int(t) for t in row] for row in ids.cpu()]
-
-
 class LlamaCppLM:
     """A GGUF file in llama.cpp (``llama_cpp.Llama``, every position's logits kept) as a :class:`.scorer.Scorer`:
     ``n_ctx`` tokens of context; ``config`` / ``generation_config``: the model's, for the evaluations' reads."""
@@ -89,8 +84,7 @@ class LlamaCppLM:
 
     def token_nll(self, input_ids: torch.Tensor, start: int = 1) -> torch.Tensor:
         rows, out = _rows(input_ids), []
-        if not 1 <= start < len(rows[0]):
-            raise ValueError(f"start must be in [1, {len(rows[0]) - 1}], got {start}")
+        check_start(start, len(rows[0]))
         for row in rows:
             logits, target = self._logits(row), torch.tensor(row[start:])
             nll = torch.empty(len(row) - start, dtype=torch.float32)
@@ -110,8 +104,9 @@ class LlamaCppLM:
         for row in _rows(input_ids):
             new = [int(np.asarray(self._logits(row)[-1]).argmax())]
             while new[-1] not in stop and len(new) < max_new_tokens:
-                if len(row) + len(new) > self.n_ctx:
-                    break
+                if len(row) + len(new) >= self.n_ctx:
+                    raise EngineRefused(f"{len(row)} prompt tokens and {max_new_tokens} new ones exceed the context "
+                                        f"llama.cpp was started with ({self.n_ctx})")
                 self.llm.eval([new[-1]])
                 new.append(int(np.asarray(self.llm.scores[len(row) + len(new) - 1]).argmax()))
             out.append(new)

@@ -23,6 +23,18 @@ class EngineRefused(Exception):
     """The engine would not take an input (its own words in the message)."""
 
 
+def token_rows(input_ids: torch.Tensor) -> list[list[int]]:
+    """``[T]`` or ``[batch, T]`` token ids as lists of ints, one per row (what an engine takes)."""
+    ids = input_ids[None] if input_ids.dim() == 1 else input_ids
+    return [[int(t) for t in row] for row in ids.cpu()]
+
+
+def check_start(start: int, length: int) -> None:
+    """The first scored token of a row of ``length`` tokens: one at least has a context, one at least is scored."""
+    if not 1 <= start < length:
+        raise ValueError(f"start must be in [1, {length - 1}], got {start}")
+
+
 @runtime_checkable
 class Scorer(Protocol):
     """``input_device``: where token ids go; ``config`` / ``generation_config``: the model's (the evaluations read a

@@ -21,6 +21,7 @@ import torch
 
 from ..provenance import scrub, secret_name
 from .scorer import EngineError, EngineRefused  # noqa: F401  (raised here; importable from here as before)
+from .scorer import check_start, token_rows as _rows
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 PYTHON_ENV = "HF_POSENC_VLLM_PYTHON"
@@ -202,11 +203,6 @@ def _cause(row: str) -> str | None:
     return message if _RAISED.search(message) or _DIED.search(message) else None
 
 
-def _rows(input_ids: torch.Tensor) -> list[list[int]]:
-    ids = input_ids[None] if input_ids.dim() == 1 else input_ids
-    return [[int(t) for t in row] for row in ids.cpu()]
-
-
 class EngineLM:
     """What the evaluations ask of a causal LM, answered by an engine (``engine.ask``) serving it; ``config`` and
     ``generation_config``: the model's (the evaluations read a few of their fields); ``hf_model``: the model itself,
@@ -221,8 +217,7 @@ class EngineLM:
     def token_nll(self, input_ids: torch.Tensor, start: int = 1) -> torch.Tensor:
         """As :func:`eval.scoring.token_nll`: NLL of tokens ``start .. T-1`` of each row, ``[batch, T - start]``."""
         rows = _rows(input_ids)
-        if not 1 <= start < len(rows[0]):
-            raise ValueError(f"start must be in [1, {len(rows[0]) - 1}], got {start}")
+        check_start(start, len(rows[0]))
         answers = self.engine.ask({"op": "score", "prompts": rows})
         return -torch.tensor([a["logprobs"][start - 1:] for a in answers], dtype=torch.float32)
 

@@ -47,9 +47,10 @@ def model_files(folder: str, gguf_file: str | None) -> list[str]:
 
 
 def model_identity(model: str, lm, src) -> dict[str, Any]:
-    """What names the exact weights: the Hub revision transformers resolved, or for a local folder a digest
-    of its model files (names, sizes and every byte: see :mod:`hf_posenc.digests`)."""
-    identity = {"model": model, "revision": getattr(lm.config, "_commit_hash", None)}
+    """What names the exact weights: the Hub revision transformers resolved (``lm``: the loaded model; None before
+    the load), or for a local folder a digest of its model files (names, sizes and every byte: see
+    :mod:`hf_posenc.digests`)."""
+    identity = {"model": model, "revision": getattr(getattr(lm, "config", None), "_commit_hash", None)}
     folder = src.path if os.path.isdir(src.path) else None
     if folder is not None:
         names = model_files(folder, src.kwargs.get("gguf_file"))

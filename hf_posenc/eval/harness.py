@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..engines.scorer import Scorer
+from .scoring import served
 
 RULER_THRESHOLD = 0.856
 LOCAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")  # no download
@@ -180,7 +181,7 @@ def harness_cell(model, tokenizer, tokenizer_dir: str, task: str, length: int, *
     metadata = json.dumps({"max_seq_lengths": [length], "tokenizer": tokenizer_dir}, sort_keys=True)
     with _one_process_and_quiet():
         try:
-            if isinstance(model, Scorer):  # served by an engine: lm-eval's HFLM, its generation answered there
+            if served(model):  # served by an engine: lm-eval's HFLM, its generation answered there
                 lm = engine_hflm(HFLM)(model, pretrained=model.hf_model, tokenizer=tokenizer, max_length=length + gen,
                                        batch_size=batch_size)
             else:

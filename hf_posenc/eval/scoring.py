@@ -18,8 +18,9 @@ def require_causal_lm(model) -> None:
     """Refuse a model whose next-token scores would not mean what perplexity and teacher forcing assume: an
     encoder-decoder (T5 reads the prompt with its encoder), or a bidirectional encoder (BERT's masked-LM head sees
     the very token it would predict). The rule is structural: a decoder-only model that can generate."""
-    if isinstance(model, Scorer):  # a serving engine: what it serves was checked before it started
+    if served(model):  # a serving engine: what it serves was checked before it started
         return
+    model = getattr(model, "model", model) if isinstance(model, TransformersScorer) else model
     cfg, name = model.config, type(model).__name__
     kind = None
     if getattr(cfg, "is_encoder_decoder", False):
@@ -62,6 +63,12 @@ def input_device(model) -> torch.device:
     """Where a model's inputs go: its first parameter's device, or a scorer's own (an engine takes token ids from
     the CPU)."""
     return model.input_device if isinstance(model, Scorer) else next(model.parameters()).device
+
+
+def served(model) -> bool:
+    """Whether ``model`` is a serving engine (a :class:`engines.scorer.Scorer` other than the transformers model
+    wrapped in :class:`TransformersScorer`)."""
+    return isinstance(model, Scorer) and not isinstance(model, TransformersScorer)
 
 
 def _body(model):
@@ -110,8 +117,9 @@ def token_nll(model, input_ids: torch.Tensor, chunk_size: int = 1024, start: int
         input_ids = input_ids[None]
     if not 1 <= start < input_ids.shape[1]:
         raise ValueError(f"start must be in [1, {input_ids.shape[1] - 1}], got {start}")
-    if isinstance(model, Scorer):  # a serving engine scores it
+    if served(model):  # a serving engine scores it
         return model.token_nll(input_ids, start)
+    model = model.model if isinstance(model, TransformersScorer) else model
     head = _head(model)
     hidden = final_hidden(model, input_ids)
     labels = input_ids[:, start:].to(hidden.device)

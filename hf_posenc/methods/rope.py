@@ -172,13 +172,13 @@ def _dynamic_yarn_grid(original: int, target: int, factors: list[float]) -> list
 
 # "none" is its own kind: every adapter takes it (the unchanged model, as a baseline)
 _add(MethodSpec("none", "none", "No change: the checkpoint's own positions (a baseline).", uses_factor=False,
-                engines=VLLM_SAME),
+                engines={**VLLM_SAME}),
      RopeScaling(R.rope_none, native=lambda s, L, p, g: {"rope_type": "default"}))
 _add(MethodSpec("pi", "rope", "Position interpolation: every frequency divided by factor (Chen et al. 2023).",
                 aliases=("linear",), tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_linear, native=lambda s, L, p, g: {"rope_type": "linear", "factor": s}))
 _add(MethodSpec("ntk", "rope", "Static NTK-aware scaling: rope_theta' = rope_theta * factor^(d/(d-2)).",
-                aliases=("ntk_aware", "static_ntk"), tune_grid=factor_grid, engines=VLLM_SAME),
+                aliases=("ntk_aware", "static_ntk"), tune_grid=factor_grid, engines={**VLLM_SAME}),
      RopeScaling(R.rope_ntk, native=lambda s, L, p, g: {"rope_type": "default", "rope_theta": R.ntk_base(g.base, g.dim, s)}))
 _add(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the current length once it exceeds the original context.",
                 aliases=("dynamic",), tune_grid=factor_grid,
@@ -208,7 +208,7 @@ _add(MethodSpec("dynamic_yarn", "rope", "Dynamic YaRN: YaRN with scale = current
      RopeScaling(R.rope_dynamic_yarn, dynamic="grow"))
 _add(MethodSpec("llama3", "rope", "Llama 3.1 wavelength-band smoothing of PI.",
                 params={"low_freq_factor": 1.0, "high_freq_factor": 4.0}, check=_check_llama3,
-                tune_grid=factor_grid, engines=VLLM_SAME),
+                tune_grid=factor_grid, engines={**VLLM_SAME}),
      RopeScaling(R.rope_llama3, native=lambda s, L, p, g: {"rope_type": "llama3", "factor": s,
                                                             "original_max_position_embeddings": L,
                                                             **_floats(p, "low_freq_factor", "high_freq_factor")}))
