@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .provenance import recorded_command
+from .models import resolve_source
+from .provenance import environment, recorded_command
 from .config import PosEncConfig
 from .adapters.s2_attention import S2Training, check_group, check_s2_implementation, check_s2_method
 from .encodings.pose import check_pose, pose_batch
@@ -157,7 +158,6 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     the evaluations (the same forwards in the same order: see :mod:`hf_posenc.finetune_eval`) and the main process
     saves."""
     from .replaced_folder import ReplacedOutput, check_replaced_output
-    from .models import resolve_source
     from .runtime import load_model_and_tokenizer, seed_everything
     from .eval.data import check_heldout, tokenize_documents
     from .patching import patch
@@ -291,9 +291,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
 def _fingerprint(model: str, config: PosEncConfig, train_docs, eval_docs, training: TrainSettings, pose, lora,
                  long_eval, long_length) -> dict[str, Any]:
     """What a resumed run must share with the run whose checkpoints it continues."""
-    from .eval.common import model_identity
-    from .models import resolve_source
-    from .provenance import environment
+    from .eval.common import model_identity  # (eval imports much; needed only here)
 
     versions = {k: v for k, v in environment().items() if k in ("hf_posenc", "torch", "transformers")}
     return {"model": model_identity(model, None, resolve_source(model)), "versions": versions,

@@ -24,7 +24,11 @@ import torch
 
 from .config import CONFIG_KEY
 from .engines import ENGINE_NAMES, ENGINES  # (the engines serve-check starts)
+from .engines.llama_cpp_engine import LlamaCppLM, convert, converter, llama_cpp_version
+from .engines.scorer import EngineRefused
+from .engines.vllm_engine import EngineLM, VllmEngine, vllm_version
 from .eval.report import finish_report, markdown_table
+from .methods import resolve_method
 from .provenance import environment, recorded_command
 
 LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU
@@ -49,13 +53,9 @@ def engine_ready(engine: str, engine_python: str | None = None) -> str:
     """The engine's version, once it is known to be installed (a clear error otherwise): asked before the slow work
     of a check, and by ``hf-posenc patch --serve-check`` before its own."""
     if engine == "llama.cpp":
-        from .engines.llama_cpp_engine import converter, llama_cpp_version
-
         version = llama_cpp_version()
         converter()
         return version
-    from .engines.vllm_engine import vllm_version
-
     return vllm_version(engine_python)
 
 
@@ -125,8 +125,6 @@ def engine_results(served, tokens: list[int], lengths: list[int], ref: dict[int,
                    original: int, rtol: float) -> dict[str, dict[str, Any]]:
     """Per length: the NLL the engine (``served``, a :class:`engines.scorer.Scorer`) computes, compared with ``ref``
     (None: a non-computable checkpoint, where only a refusal past the original context is right)."""
-    from .engines.scorer import EngineRefused
-
     out = {}
     for n in lengths:
         try:  # vLLM's log-probabilities are fp32 values: the float32 tensor holds them exactly
@@ -191,8 +189,6 @@ def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None 
     if engine == "llama.cpp":
         results = _llama_cpp_results(folder, tokens, scored, ref, original, rtol, setup)
     else:
-        from .engines.vllm_engine import EngineLM, VllmEngine
-
         with VllmEngine(folder, python=engine_python, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
                         engine_args=engine_args, allow_long=allow_long,
                         max_model_len=max(lengths) + 1 if allow_long else None) as served:
@@ -207,8 +203,6 @@ def _past_what_the_engine_computes(engine: str, method: str, lengths: list[int],
                                    original: int) -> dict[str, dict[str, Any]]:
     """The lengths past the original context of a method whose record says this engine computes it the same only
     up to there (llama.cpp's converter writes no scaling for dynamic NTK, say): ``not computable``, not scored."""
-    from .methods import resolve_method
-
     support = resolve_method(method).engines.get(ENGINE_NAMES[engine])
     if support is None or support.computes != "within_original" or engine == "vllm":  # vLLM's: measured each time
         return {}
@@ -221,8 +215,6 @@ def _llama_cpp_results(folder: str, tokens: list[int], lengths: list[int], ref, 
     """The folder converted by llama.cpp's converter (float32) and scored by llama.cpp with a context of the
     longest length (llama.cpp takes any context it is given)."""
     import tempfile
-
-    from .engines.llama_cpp_engine import LlamaCppLM, convert
 
     if not lengths:
         setup.update(engine_started=False)

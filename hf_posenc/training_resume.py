@@ -23,6 +23,7 @@ import shutil
 from typing import Any
 
 from .files import _can_create_in, atomic_write_text
+from .replaced_folder import MANIFEST
 from .training_settings import CheckpointSettings
 
 RUN_FILE = "hf_posenc-run.json"
@@ -139,8 +140,6 @@ class ResumableRun:
         finished run: its checkpoints went when it was saved)."""
         if not self.resume:
             return
-        from .replaced_folder import MANIFEST
-
         if os.path.isfile(os.path.join(output, MANIFEST)):
             raise ValueError(f"--resume: {output} already holds the finished run (its checkpoints were removed when it "
                              "was saved): nothing to resume; drop --resume to train it again")
