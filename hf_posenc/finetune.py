@@ -24,6 +24,7 @@ import torch
 
 from .models import resolve_source
 from .provenance import environment, recorded_command
+from .runtime import default_device
 from .config import PosEncConfig
 from .adapters.s2_attention import S2Training, check_group, check_s2_implementation, check_s2_method
 from .encodings.pose import check_pose, pose_batch
@@ -74,7 +75,7 @@ def check_mixed_precision(mixed_precision: str, dtype: str, device: str | None) 
     if dtype != "float32":
         raise ValueError(f"--mixed-precision {mixed_precision} computes in half precision over float32 weights; "
                          f"--dtype {dtype} already loads the weights in it: use one or the other")
-    kind = (device or ("cuda" if torch.cuda.is_available() else "cpu")).split(":")[0]
+    kind = default_device(device).split(":")[0]
     if mixed_precision == "fp16" and kind != "cuda":
         raise ValueError(f"--mixed-precision fp16 needs a CUDA device (its loss scaling), got device {kind!r}: use "
                          "bf16, which CPUs compute")
@@ -211,7 +212,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     # one run per --output, from here to the save (held by the process that saves)
     with ReplacedOutput(output, "finetune") if main_process else nullcontext() as out:
         seed_everything(t.seed)
-        device = t.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = default_device(t.device)
         lm, tok, _ = load_model_and_tokenizer(model, t.dtype, device)
         patch(lm, config)
         if pose is not None or long_length:
@@ -377,7 +378,7 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, t: TrainSet
         per_device_train_batch_size=t.batch_size, gradient_accumulation_steps=t.grad_accum,
         learning_rate=t.learning_rate, warmup_steps=t.warmup_steps, weight_decay=t.weight_decay,
         lr_scheduler_type="cosine", logging_steps=1, **saving, report_to=[], seed=t.seed, data_seed=t.seed,
-        use_cpu=(t.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cpu", disable_tqdm=not progress,
+        use_cpu=default_device(t.device) == "cpu", disable_tqdm=not progress,
         remove_unused_columns=False, dataloader_drop_last=True,
         bf16=t.mixed_precision == "bf16", fp16=t.mixed_precision == "fp16",
         parallelism_config=parallelism_config(t.context_parallel_size, int(os.environ.get("WORLD_SIZE", "1"))),

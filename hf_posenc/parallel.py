@@ -17,7 +17,7 @@ import sys
 from importlib.metadata import version as _version
 from typing import Any
 
-import torch
+from .runtime import default_device
 
 # the positions of these depend on the length of the sequence seen (the shard's, not the whole sequence's)
 LENGTH_DEPENDENT = {
@@ -58,7 +58,7 @@ def check_context_parallel(method: str, size: int, seq_len: int, processes: int,
     if s2_attn_group is not None:
         raise ValueError("--s2-attn-group shifts groups of tokens inside attention, which context parallelism replaces "
                          "by ring attention over the shards: use one or the other")
-    if (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu"):
+    if default_device(device).startswith("cpu"):
         raise ValueError(f"--context-parallel-size {size} needs accelerators: accelerate {_version('accelerate')} "
                          "runs context parallelism on FSDP2 over GPUs only (on CPU processes, MULTI_CPU, it refuses "
                          "the ParallelismConfig)")
@@ -130,7 +130,7 @@ def launched_sharding(device: str | None) -> str | None:
             with open(path, encoding="utf-8") as f:
                 stage = json.load(f).get("zero_optimization", {}).get("stage")
         return "deepspeed-zero3" if str(stage) == "3" else None
-    on_cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+    on_cpu = default_device(device).startswith("cpu")
     if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not on_cpu:
         return "fsdp"
     return None

@@ -40,6 +40,11 @@ def _count(kind: str) -> int:
     return 1  # cpu and the rest: torch reports their own errors clearly
 
 
+def default_device(device: str | None) -> str:
+    """``device``, else cuda where this machine has one, else cpu (the default of every command's --device)."""
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def check_device(device: str) -> str:
     """``device`` if this machine has it; else a clear error naming it and what the machine has."""
     try:
