@@ -289,7 +289,8 @@ def _typed(value: Any, old_type):
     return value, kind
 
 
-def _write(reader, path: str, arch: str, metadata: dict[str, Any], scaling: list[str], freqs, record: str) -> None:
+def _write(reader, path: str, arch: str, metadata: dict[str, Any], scaling: list[str], freqs,
+           record: str | None) -> None:
     """Copy ``reader``'s file to ``path`` with ``metadata`` set (in the source's order where it had the key),
     the other ``scaling`` keys dropped, ``freqs`` as ``rope_freqs.weight`` and ``record`` under :data:`OWN_KEY`;
     through a temporary file beside ``path`` that replaces it only when complete."""
@@ -318,7 +319,8 @@ def _write(reader, path: str, arch: str, metadata: dict[str, Any], scaling: list
                 writer.add_key_value(name, field.contents(), kind, sub_type=sub)
         for name, value in pending.items():
             writer.add_key_value(name, *_typed(value, None))
-        writer.add_key_value(OWN_KEY, record, GGUFValueType.STRING)
+        if record is not None:  # (None: a copy without our record, as another tool would write it)
+            writer.add_key_value(OWN_KEY, record, GGUFValueType.STRING)
         tensors = [(t.name, t.data, t.tensor_type, reader.endianess) for t in reader.tensors]
         if freqs is not None:
             new = (ROPE_FREQS, freqs, GGMLQuantizationType.F32, None)
@@ -396,3 +398,44 @@ def original_before_load(model: str, cfg: PosEncConfig) -> int | None:
         return int(n) if n else None
     except Exception:  # noqa: BLE001 -- only a pre-check: the load that follows reports what is wrong
         return None
+
+
+FULL_PRECISION = ("F32", "F16", "BF16")  # weight types llama.cpp multiplies without rounding them to integers
+
+
+def served_facts(path: str) -> dict[str, Any]:
+    """What serve-check needs of a GGUF before loading it: ``method`` (what :func:`patch_gguf` recorded, "none"
+    for a GGUF it did not write), ``original`` (the trained context L), ``context`` (the metadata's, the scaled
+    one for a patched file), ``arch`` and ``quantized`` (the weight types other than F32/F16/BF16, by count).
+    A GGUF with a RoPE scaling hf_posenc did not write is refused: hf_posenc's loader would compute it unscaled
+    (transformers reads no scaling key from a GGUF), so there is nothing to compare it with."""
+    from collections import Counter
+
+    reader = _reader(path)
+    arch = str(_value(reader, "general.architecture", ""))
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{path}: GGUF architecture {arch or '(none)'!r} is not one hf_posenc loads and checks (it "
+                         f"checks {', '.join(ARCHITECTURES)})")
+    keys = _keys(arch)
+    raw, context = _value(reader, OWN_KEY), _value(reader, keys["context"])
+    quantized = dict(Counter(t.tensor_type.name for t in reader.tensors if t.tensor_type.name not in FULL_PRECISION))
+    if raw is None:
+        kind = str(_value(reader, keys["type"], "") or "")
+        factor = float(_value(reader, keys["factor"], 0.0) or 0.0)
+        if (kind not in ("", "none") and factor not in (0.0, 1.0)) or ROPE_FREQS in {t.name for t in reader.tensors}:
+            what = f"a {kind} RoPE scaling (factor {factor:g})" if kind not in ("", "none") else f"a {ROPE_FREQS} tensor"
+            raise ValueError(f"{path} has {what} that hf_posenc did not write: its GGUF loader (transformers') reads "
+                             "no scaling from a GGUF, so it has nothing to compare llama.cpp with; serve-check takes a "
+                             "GGUF written by 'hf-posenc patch --gguf', an unscaled GGUF, or the HF folder")
+        return {"method": "none", "original": int(context or 0), "context": int(context or 0), "arch": arch,
+                "quantized": quantized}
+    cfg = stored_patch_config(raw, path)
+    return {"method": cfg.method, "original": int(cfg.original_max_position_embeddings or 0),
+            "context": int(context or 0), "arch": arch, "quantized": quantized}
+
+
+def stored_patch_config(raw: str, path: str) -> PosEncConfig:
+    try:
+        return PosEncConfig.from_dict(json.loads(raw)["config"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: its {OWN_KEY} metadata is damaged ({err}); patch the source GGUF again") from None

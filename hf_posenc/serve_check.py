@@ -27,12 +27,23 @@ from .engines import ENGINE_NAMES, ENGINES  # (the engines serve-check starts)
 from .engines.llama_cpp_engine import LlamaCppLM, convert, converter, llama_cpp_version
 from .engines.scorer import EngineRefused
 from .engines.vllm_engine import EngineLM, VllmEngine, vllm_version
+from .gguf_file import is_gguf, served_facts
 from .eval.report import finish_report, markdown_table
 from .methods import resolve_method
 from .provenance import environment, recorded_command
 
 LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU
 NOT_COMPUTABLE, SAME, DIFFERS, REFUSED, SERVED_WRONG = "not computable", "same", "differs", "refused", "served wrong"
+RTOL = 1e-3  # same: the mean NLL within this, relative (float32 weights both ways)
+# A quantized GGUF: llama.cpp multiplies the quantized weights with activations it rounds to 8-bit integers, hf_posenc
+# the de-quantized weights in float32. Measured on SmolLM2-135M's Q4_1 GGUF, unpatched: 1.4e-3 to 2.4e-3 relative at
+# 256 to 2,048 tokens (max per-token 0.4-0.5 nats). A wrong position encoding moves the mean NLL far more (the yarn
+# x2 record served as pi x2 by the metadata: 16-19% at 256 and 1,000 tokens, tests/test_llama_cpp.py), but a
+# difference under 1% is not resolved on a quantized file.
+QUANTIZED_RTOL = 1e-2
+QUANTIZED_BASIS = ("quantized weights: llama.cpp multiplies them with activations rounded to 8 bits, hf_posenc "
+                   "de-quantizes them to float32; SmolLM2's Q4_1 GGUF unpatched is 1.4e-3 to 2.4e-3 apart, so a "
+                   "difference under 1% is not resolved")
 
 
 def check_engine_flags(engine: str, engine_python: str | None = None, allow_long: bool = False,
@@ -60,7 +71,13 @@ def engine_ready(engine: str, engine_python: str | None = None) -> str:
 
 
 def read_block(folder: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config.json, its hf_posenc block) of a checkpoint folder; a plain checkpoint's block is ``{}``."""
+    """(config.json, its hf_posenc block) of a checkpoint folder; a plain checkpoint's block is ``{}``. A GGUF file
+    (checked by llama.cpp alone): its metadata in those terms (:func:`gguf_block`)."""
+    if is_gguf(folder):
+        return gguf_block(folder)
+    if os.path.isfile(folder):
+        raise ValueError(f"{folder} is a file but not a GGUF one (it does not start with the 'GGUF' magic); serve-check "
+                         "reads a checkpoint folder or a .gguf file")
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise ValueError(f"{folder} is not a saved checkpoint folder (no config.json); serve-check reads the folder "
@@ -73,6 +90,16 @@ def read_block(folder: str) -> tuple[dict[str, Any], dict[str, Any]]:
         from .saved_block import SavedBlock
 
         SavedBlock.from_dict(block, folder)  # a malformed block is refused by name
+    return plain, block
+
+
+def gguf_block(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A GGUF's context and the patch :func:`hf_posenc.gguf_file.patch_gguf` recorded in it, as (config, block)
+    (a method written into a GGUF is one llama.cpp computes: native), and its quantized weight types."""
+    facts = served_facts(path)
+    plain = {"max_position_embeddings": facts["context"], "quantized": facts["quantized"]}
+    block = ({"method": facts["method"], "native": True, "original_max_position_embeddings": facts["original"]}
+             if facts["method"] != "none" else {})
     return plain, block
 
 
@@ -146,18 +173,24 @@ def engine_results(served, tokens: list[int], lengths: list[int], ref: dict[int,
 
 def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None = None, docs: list | None = None,
                 tokenizer: str | None = None, engine_python: str | None = None, dtype: str = "float32",
-                device: str = "cpu", rtol: float = 1e-3, confirm_refusal: bool = False, chunk_size: int = 1024,
+                device: str = "cpu", rtol: float | None = None, confirm_refusal: bool = False, chunk_size: int = 1024,
                 engine_args: dict[str, Any] | None = None, tensor_parallel_size: int = 1, output: str | None = None,
                 progress: bool = True, command: str | None = None, allow_long: bool = False) -> dict[str, Any]:
     """Check that ``engine`` computes the checkpoint ``folder`` as hf_posenc does (module docstring); returns the
     report ``{task, setup, results, table}`` (results keyed by length), written to ``output`` as
-    ``serve_check.json`` / ``.md`` when given. ``allow_long``: start the engine for the longest length even past
+    ``serve_check.json`` / ``.md`` when given. ``folder`` may be a GGUF file (``--engine llama.cpp``): llama.cpp
+    scores it as it is (quantized weights stay quantized) and hf_posenc its de-quantized weights; ``rtol`` (default
+    :data:`RTOL`, or :data:`QUANTIZED_RTOL` for quantized weights). ``allow_long``: start the engine for the longest length even past
     what it derives from ``config.json`` (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``, as a deployment forcing
     ``--max-model-len`` does), to see what it then computes."""
     check_engine_flags(engine, engine_python, allow_long, tensor_parallel_size, engine_args)
-    if not 0 < rtol < 1:
+    if rtol is not None and not 0 < rtol < 1:
         raise ValueError(f"--rtol must be between 0 and 1, got {rtol}")
     check_lengths(lengths)
+    gguf = is_gguf(folder)
+    if gguf and engine != "llama.cpp":
+        raise ValueError(f"{folder} is a GGUF file: serve-check scores a GGUF with --engine llama.cpp (vLLM is checked "
+                         "on the HF folder 'hf-posenc patch --output' writes)")
     if output:
         from .files import check_output_folder
 
@@ -166,8 +199,11 @@ def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None 
     plain, block = read_block(folder)
     method, native = block.get("method", "none"), bool(block.get("native", True)) if block else True
     original = original_of(plain, block)
+    quantized = plain.get("quantized") if gguf else None
+    rtol, basis = ((rtol, "as asked") if rtol is not None else (QUANTIZED_RTOL, QUANTIZED_BASIS) if quantized
+                   else (RTOL, "float32 weights both ways"))
     setup: dict[str, Any] = {"folder": os.path.abspath(folder), "method": method, "native": native, "engine": engine,
-                             "original_context": original, "rtol": rtol, "dtype": dtype,
+                             "original_context": original, "rtol": rtol, "rtol_basis": basis, "dtype": dtype,
                              "command": recorded_command(command), "environment": environment()}
     if not native and not confirm_refusal:
         lengths = lengths or default_lengths(original, 2 * original)
@@ -187,7 +223,7 @@ def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None 
     limited = _past_what_the_engine_computes(engine, method, lengths, original)
     scored = [n for n in lengths if str(n) not in limited]
     if engine == "llama.cpp":
-        results = _llama_cpp_results(folder, tokens, scored, ref, original, rtol, setup)
+        results = _llama_cpp_results(folder, tokens, scored, ref, original, rtol, setup, quantized if gguf else None)
     else:
         with VllmEngine(folder, python=engine_python, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
                         engine_args=engine_args, allow_long=allow_long,
@@ -211,14 +247,20 @@ def _past_what_the_engine_computes(engine: str, method: str, lengths: list[int],
 
 
 def _llama_cpp_results(folder: str, tokens: list[int], lengths: list[int], ref, original: int, rtol: float,
-                       setup: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The folder converted by llama.cpp's converter (float32) and scored by llama.cpp with a context of the
-    longest length (llama.cpp takes any context it is given)."""
+                       setup: dict[str, Any], quantized: dict[str, int] | None) -> dict[str, dict[str, Any]]:
+    """The folder converted by llama.cpp's converter (float32), or the GGUF as it is (``quantized``: its weight
+    types, None for a folder), scored by llama.cpp with a context of the longest length (llama.cpp takes any
+    context it is given)."""
     import tempfile
 
     if not lengths:
         setup.update(engine_started=False)
         return {}
+    if quantized is not None:
+        with LlamaCppLM(folder, n_ctx=max(lengths)) as served:
+            setup.update(engine_context=max(lengths), engine_started=True,
+                         converted=None, weight_types=quantized)
+            return engine_results(served, tokens, lengths, ref, original, rtol)
     with tempfile.TemporaryDirectory(prefix="hf_posenc_gguf_") as tmp:
         gguf = convert(folder, os.path.join(tmp, "model-f32.gguf"))
         with LlamaCppLM(gguf, n_ctx=max(lengths)) as served:
@@ -247,6 +289,10 @@ def failed(report: dict[str, Any]) -> list[str]:
     return [n for n, r in report["results"].items() if r["verdict"] in (DIFFERS, SERVED_WRONG)]
 
 
+def _types(types: dict[str, int]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in types.items()) + " tensors quantized" if types else "not quantized"
+
+
 def _num(value: Any, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -257,12 +303,14 @@ def serve_table(report: dict[str, Any]) -> str:
     note = (f"Serve check of {s['folder']} (method `{s['method']}`, original context {s['original_context']}): "
             f"mean NLL of the same tokens by hf_posenc.from_pretrained and by {s['engine']}{version}"
             + (f" (the folder converted to GGUF f32 by llama.cpp's converter; context {s['engine_context']}, as asked: "
-               "llama.cpp computes past the GGUF's trained context with a warning only)" if s.get("engine_context")
+               "llama.cpp computes past the GGUF's trained context with a warning only)" if s.get("converted")
+               else f" (the GGUF as it is: {_types(s['weight_types'])}; context {s['engine_context']})"
+               if s.get("engine_context")
                else " (engine not started)" if not s.get("engine_max_model_len") else
                f" (maximum model length {s['engine_max_model_len']}, forced past config.json by "
                "VLLM_ALLOW_LONG_MAX_MODEL_LEN)" if s.get("allow_long") else
                f" (maximum model length {s['engine_max_model_len']}, derived from config.json)")
-            + f"; same = within {s['rtol']:g} relative.")
+            + f"; same = within {s['rtol']:g} relative ({s.get('rtol_basis', 'float32 weights both ways')}).")
     rows = [[n, r["verdict"], _num(r.get("hf_posenc_nll"), ".6f"), _num(r.get("engine_nll"), ".6f"),
              _num(r.get("relative_diff"), ".2e"), _num(r.get("max_token_diff"), ".2e"), r.get("reason", "")]
             for n, r in report["results"].items()]

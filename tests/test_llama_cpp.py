@@ -106,3 +106,69 @@ def test_a_dca_checkpoint_forced_into_llama_cpp_is_served_wrong_past_the_origina
     report = serve_check(smollm2["dca"], engine="llama.cpp", lengths=LENGTHS, confirm_refusal=True, progress=False)
     assert report["results"]["1000"]["verdict"] == "served wrong"
     assert report["results"]["256"]["verdict"] == "not computable"
+
+
+# GGUF in: the file llama.cpp serves, quantized as it is, against hf_posenc's de-quantized load of it
+
+
+@pytest.fixture(scope="module")
+def q4_ggufs(tmp_path_factory):
+    """SmolLM2's Q4_1 GGUF patched in place (``patch --gguf``) with yarn x2 over a stated context of 512, and the
+    same file whose metadata says pi x2 while its record says yarn (what a lost or wrong setting looks like)."""
+    import os
+
+    from hf_posenc.gguf_file import OWN_KEY, _keys, _reader, _scaling_keys, _value, _write, patch_gguf
+    from hf_posenc.models import resolve_source
+
+    src = resolve_source("smollm2-135m")
+    source = os.path.join(src.path, src.kwargs["gguf_file"])
+    root = tmp_path_factory.mktemp("q4")
+    yarn, pi = str(root / "yarn.gguf"), str(root / "pi.gguf")
+    patch_gguf(source, yarn, {"method": "yarn", "factor": 2.0, "original_max_position_embeddings": L})
+    written = patch_gguf(source, pi, {"method": "pi", "factor": 2.0, "original_max_position_embeddings": L})
+    wrong = str(root / "wrong.gguf")
+    _write(_reader(pi), wrong, "llama", written["metadata"], _scaling_keys(_keys("llama")), None,
+           _value(_reader(yarn), OWN_KEY))
+    return {"source": source, "yarn": yarn, "wrong": wrong}
+
+
+@needs_llama_cpp
+def test_a_q4_gguf_patched_in_place_is_the_same_within_the_stated_quantization_tolerance(q4_ggufs, tmp_path, capsys):
+    import json
+
+    assert main(["serve-check", q4_ggufs["yarn"], "--engine", "llama.cpp", "--lengths", ",".join(map(str, LENGTHS)),
+                 "--no-progress", "--output", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "serve_check.json").read_text())
+    s = report["setup"]
+    assert s["method"] == "yarn" and s["original_context"] == L and s["converted"] is None
+    assert s["weight_types"]["Q4_1"] > 100 and s["rtol"] == 1e-2 and "8 bits" in s["rtol_basis"]
+    for n in LENGTHS:
+        r = report["results"][str(n)]
+        assert r["verdict"] == "same" and 1e-5 < r["relative_diff"] < 5e-3, (n, r)  # rounding, but little of it
+    out = capsys.readouterr().out
+    assert "the GGUF as it is" in out and "Q4_1 tensors quantized" in out and "within 0.01 relative" in out
+
+
+@needs_llama_cpp
+def test_a_gguf_whose_metadata_says_another_method_than_its_record_differs_beyond_the_tolerance(q4_ggufs):
+    report = serve_check(q4_ggufs["wrong"], engine="llama.cpp", lengths=LENGTHS, progress=False)
+    for n in LENGTHS:
+        r = report["results"][str(n)]
+        assert r["verdict"] == "differs" and r["relative_diff"] > 0.05, (n, r)
+
+
+def test_a_gguf_is_checked_by_llama_cpp_only_and_a_foreign_scaling_is_refused(q4_ggufs, tmp_path, capsys):
+    err = refused(["serve-check", q4_ggufs["yarn"], "--engine", "vllm", "--lengths", "256"], capsys)
+    assert "is a GGUF file: serve-check scores a GGUF with --engine llama.cpp" in err
+    from hf_posenc.gguf_file import _keys, _reader, _scaling_keys, _write
+
+    foreign = str(tmp_path / "foreign.gguf")  # a yarn scaling in the metadata, no hf_posenc record
+    keys = _keys("llama")
+    _write(_reader(q4_ggufs["source"]), foreign, "llama", {keys["type"]: "yarn", keys["factor"]: 4.0},
+           _scaling_keys(keys), None, None)
+    err = refused(["serve-check", foreign, "--engine", "llama.cpp", "--lengths", "256"], capsys)
+    assert "has a yarn RoPE scaling (factor 4) that hf_posenc did not write" in err
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"not a gguf at all")
+    err = refused(["serve-check", str(not_gguf), "--engine", "llama.cpp", "--lengths", "256"], capsys)
+    assert "is a file but not a GGUF one (it does not start with the 'GGUF' magic)" in err

@@ -10,9 +10,11 @@ from ..engines import ENGINES
 
 def add_parser(sub) -> None:
     sc = sub.add_parser("serve-check", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                        help="score the same tokens with a saved checkpoint in vLLM and with hf_posenc.from_pretrained; "
+                        help="score the same tokens with a saved checkpoint (or GGUF) in an engine (vLLM, llama.cpp) and "
+                             "with hf_posenc.from_pretrained; "
                              "per length: same, differs (with the numbers), refused, or not computable.")
-    sc.add_argument("folder", help="the checkpoint folder ('hf-posenc patch --output' wrote it).")
+    sc.add_argument("folder", help="the checkpoint folder ('hf-posenc patch --output' wrote it), or a .gguf file "
+                                   "('hf-posenc patch --gguf' wrote it, or an unscaled one; --engine llama.cpp).")
     e = sc.add_argument_group("engine")
     e.add_argument("--engine", choices=list(ENGINES), default="vllm",
                    help="the serving engine to check (llama.cpp: through llama-cpp-python, the folder converted by "
@@ -22,8 +24,9 @@ def add_parser(sub) -> None:
     c.add_argument("--lengths", type=ints, default=None,
                    help="token counts scored (default: half the original context, and the context the checkpoint "
                         "advertises, at most 32768).")
-    c.add_argument("--rtol", type=positive_float, default=1e-3,
-                   help="largest relative difference of the mean NLL still called 'same'.")
+    c.add_argument("--rtol", type=positive_float, default=None,
+                   help="largest relative difference of the mean NLL still called 'same' (default: 1e-3; 1e-2 for a "
+                        "quantized GGUF, which llama.cpp multiplies with activations rounded to 8 bits).")
     c.add_argument("--confirm-refusal", action="store_true",
                    help="for a checkpoint no engine computes: start the engine anyway and check that it refuses the "
                         "lengths past the original context ('served wrong' if it takes one).")

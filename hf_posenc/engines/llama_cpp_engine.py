@@ -11,9 +11,11 @@ trained on (it logs a warning and computes it): the context given (``n_ctx``) is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 from importlib import metadata
 
 import numpy as np
@@ -59,6 +61,34 @@ def convert(folder: str, outfile: str, outtype: str = "f32") -> str:
     return outfile
 
 
+_LOADING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _weights_as_stored():
+    """llama.cpp loads the weights without repacking them into CPU-specific layouts ("extra buffer types": the AMX
+    and repack kernels of quantized matrices; ``llama_model_params.use_extra_bufts``, ``--no-repack`` in its CLI):
+    the same math on the stored layout. Why: on CPUs that report AMX where the kernel or sandbox does not grant its
+    tile state (this project's CI machines), the AMX kernels crash the process on the first quantized product.
+    llama-cpp-python's ``Llama`` takes no such argument, so its default-parameter function is replaced while one
+    model loads (under a lock) and restored."""
+    import llama_cpp.llama_cpp as low
+
+    with _LOADING:
+        default = low.llama_model_default_params
+
+        def params():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+
+        low.llama_model_default_params = params
+        try:
+            yield
+        finally:
+            low.llama_model_default_params = default
+
+
 class LlamaCppLM:
     """A GGUF file in llama.cpp (``llama_cpp.Llama``, every position's logits kept) as a :class:`.scorer.Scorer`:
     ``n_ctx`` tokens of context; ``config`` / ``generation_config``: the model's, for the evaluations' reads."""
@@ -70,8 +100,9 @@ class LlamaCppLM:
 
         self.config, self.generation_config, self.n_ctx = config, generation_config, n_ctx
         try:
-            self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_batch=min(512, n_ctx), n_ubatch=min(512, n_ctx),
-                             logits_all=True, n_threads=threads or os.cpu_count(), verbose=False)
+            with _weights_as_stored():
+                self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_batch=min(512, n_ctx), n_ubatch=min(512, n_ctx),
+                                 logits_all=True, n_threads=threads or os.cpu_count(), verbose=False)
         except (ValueError, RuntimeError) as err:
             raise EngineError(f"llama.cpp could not load {gguf}: {scrub(str(err))}") from None
 
