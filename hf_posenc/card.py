@@ -160,6 +160,7 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
 
     from .methods import resolve_method
     from .patching import get_config
+    from .serve_config import card_launches
     from .serving import known_status, measured_rows
 
     cfg = get_config(model)
@@ -192,6 +193,7 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         changes_weights=holds_patch(block), trained=trained, auto_class=auto_class,
         command=recorded_command(command), environment=environment(), eval_sections=_eval_sections(reports),
         in_model_index=bool(results), serving=measured_rows(known_status(block), serve_check),
+        launches=card_launches(lm_config.to_dict(), block, repo_id or f"path/to/{name}"),
     )
     card.content = scrub(card.content)  # the commands it quotes (the card's own and its reports') carry no secret
     return card

@@ -35,6 +35,19 @@ def depths(text: str) -> list[float]:
     return values
 
 
+def comma_choices(allowed: list[str]):
+    """An argument type: comma-separated names among ``allowed``, at least one, each once."""
+    def parse(text: str) -> list[str]:
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        bad = [n for n in names if n not in allowed]
+        if not names or bad or len(set(names)) != len(names):
+            raise argparse.ArgumentTypeError(f"expected comma-separated names among {', '.join(allowed)} (each once), "
+                                             f"got {text!r}")
+        return names
+
+    return parse
+
+
 def positive(text: str) -> int:
     try:
         value = int(text)

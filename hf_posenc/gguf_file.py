@@ -204,6 +204,27 @@ def _rope_metadata(cfg: PosEncConfig, geom: R.RopeGeometry) -> tuple[dict[str, A
     return out, freqs
 
 
+def llama_cpp_metadata(cfg: PosEncConfig, geom: R.RopeGeometry) -> dict[str, Any]:
+    """The RoPE metadata llama.cpp needs for ``cfg`` on a model of ``geom`` (short names: type, factor, original,
+    base, attn_factor, context), ``freqs``: whether a rope_freqs tensor is needed too, ``base_changed``: whether
+    the base differs from the model's. The caller has checked :func:`refusal`."""
+    meta, freqs = _rope_metadata(cfg, geom)
+    return {**meta, "freqs": freqs is not None, "base_changed": abs(meta["base"] - geom.base) > 1e-6 * geom.base}
+
+
+def _file_metadata(reader, keys: dict[str, str]) -> dict[str, Any]:
+    """The RoPE metadata a GGUF holds, in :func:`llama_cpp_metadata`'s terms."""
+    original = _original(reader, keys, "")
+    meta = {"type": str(_value(reader, keys["type"], "") or "none"), "context": _value(reader, keys["context"]),
+            "base": float(_value(reader, keys["base"], 10000.0))}
+    for short in ("factor", "original", "attn_factor"):
+        if _value(reader, keys[short]) is not None:
+            meta[short] = _value(reader, keys[short])
+    meta["freqs"] = ROPE_FREQS in {t.name for t in reader.tensors}
+    meta["base_changed"] = bool(original.get("freq_base")) and abs(meta["base"] - float(original["freq_base"])) > 1e-6
+    return meta
+
+
 def _check_output(dst: str, src: str) -> str:
     path = os.path.abspath(dst)
     if os.path.exists(src) and os.path.exists(path) and os.path.samefile(path, src):
@@ -407,6 +428,7 @@ def served_facts(path: str) -> dict[str, Any]:
     """What serve-check needs of a GGUF before loading it: ``method`` (what :func:`patch_gguf` recorded, "none"
     for a GGUF it did not write), ``original`` (the trained context L), ``context`` (the metadata's, the scaled
     one for a patched file), ``arch`` and ``quantized`` (the weight types other than F32/F16/BF16, by count).
+    ``metadata``: its RoPE metadata (:func:`llama_cpp_metadata`'s terms).
     A GGUF with a RoPE scaling hf_posenc did not write is refused: hf_posenc's loader would compute it unscaled
     (transformers reads no scaling key from a GGUF), so there is nothing to compare it with."""
     from collections import Counter
@@ -428,10 +450,11 @@ def served_facts(path: str) -> dict[str, Any]:
                              "no scaling from a GGUF, so it has nothing to compare llama.cpp with; serve-check takes a "
                              "GGUF written by 'hf-posenc patch --gguf', an unscaled GGUF, or the HF folder")
         return {"method": "none", "original": int(context or 0), "context": int(context or 0), "arch": arch,
-                "quantized": quantized}
+                "quantized": quantized, "metadata": _file_metadata(reader, keys)}
     cfg = stored_patch_config(raw, path)
     return {"method": cfg.method, "original": int(cfg.original_max_position_embeddings or 0),
-            "context": int(context or 0), "arch": arch, "quantized": quantized}
+            "context": int(context or 0), "arch": arch, "quantized": quantized,
+            "metadata": _file_metadata(reader, keys)}
 
 
 def stored_patch_config(raw: str, path: str) -> PosEncConfig:

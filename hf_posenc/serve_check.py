@@ -97,7 +97,8 @@ def gguf_block(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A GGUF's context and the patch :func:`hf_posenc.gguf_file.patch_gguf` recorded in it, as (config, block)
     (a method written into a GGUF is one llama.cpp computes: native), and its quantized weight types."""
     facts = served_facts(path)
-    plain = {"max_position_embeddings": facts["context"], "quantized": facts["quantized"]}
+    plain = {"max_position_embeddings": facts["context"], "quantized": facts["quantized"], "arch": facts["arch"],
+             "llama_cpp": facts["metadata"]}
     block = ({"method": facts["method"], "native": True, "original_max_position_embeddings": facts["original"]}
              if facts["method"] != "none" else {})
     return plain, block

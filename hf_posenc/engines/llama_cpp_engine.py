@@ -91,18 +91,21 @@ def _weights_as_stored():
 
 class LlamaCppLM:
     """A GGUF file in llama.cpp (``llama_cpp.Llama``, every position's logits kept) as a :class:`.scorer.Scorer`:
-    ``n_ctx`` tokens of context; ``config`` / ``generation_config``: the model's, for the evaluations' reads."""
+    ``n_ctx`` tokens of context; ``config`` / ``generation_config``: the model's, for the evaluations' reads;
+    ``llama_args``: more keywords of ``Llama`` (the RoPE flags of :mod:`.launch.llama_cpp`)."""
 
     input_device = torch.device("cpu")
 
-    def __init__(self, gguf: str, n_ctx: int, config=None, generation_config=None, threads: int | None = None):
+    def __init__(self, gguf: str, n_ctx: int, config=None, generation_config=None, threads: int | None = None,
+                 **llama_args):
         from llama_cpp import Llama
 
         self.config, self.generation_config, self.n_ctx = config, generation_config, n_ctx
         try:
             with _weights_as_stored():
                 self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_batch=min(512, n_ctx), n_ubatch=min(512, n_ctx),
-                                 logits_all=True, n_threads=threads or os.cpu_count(), verbose=False)
+                                 logits_all=True, n_threads=threads or os.cpu_count(), verbose=False,
+                                 **llama_args)
         except (ValueError, RuntimeError) as err:
             raise EngineError(f"llama.cpp could not load {gguf}: {scrub(str(err))}") from None
 

@@ -1,0 +1,121 @@
+"""The records of :mod:`hf_posenc.engines.launch`: what an engine is told of a checkpoint (:class:`Served`), what
+it answers (:class:`Launch`), and the registry its launchers join (:data:`LAUNCHERS`)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+COMPUTES = ("same", "not measured", "within_original", "cannot")
+SAME, NOT_MEASURED, WITHIN, CANNOT = COMPUTES
+
+
+@dataclass(frozen=True)
+class Served:
+    """What an engine needs to know of the checkpoint it is to serve (built by :func:`hf_posenc.serve_config.describe`).
+
+    path: the folder or ``.gguf`` file; gguf: whether it is a GGUF; method / native / family: from its hf_posenc
+    record (``none``, True, ``rope_decoder`` for a plain checkpoint); original: the trained context L; context: the
+    context it advertises (``max_position_embeddings``, a GGUF's ``context_length``); model_type: config.json's (or
+    the GGUF architecture); rope: config.json's ``rope_parameters``; support: the method record's
+    ``{engine name: EngineSupport}``; llama_cpp: the RoPE metadata llama.cpp needs for the method (short names:
+    type, factor, original, base, attn_factor, context; a ``rope_freqs`` tensor as ``freqs: True``), or None with
+    ``llama_cpp_refusal`` saying why llama.cpp cannot compute it; frozen_at: the length a dynamic method was
+    frozen at."""
+
+    path: str
+    gguf: bool
+    method: str
+    native: bool
+    family: str
+    original: int
+    context: int
+    model_type: str
+    rope: dict[str, Any] = field(default_factory=dict)
+    support: dict[str, Any] = field(default_factory=dict)
+    llama_cpp: dict[str, Any] | None = None
+    llama_cpp_refusal: str | None = None
+    frozen_at: int | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One engine's settings for one checkpoint. computes: ``same`` (measured on this engine), ``not measured``
+    (the engine reads the fields transformers reads), ``within_original`` (the same up to L only) or ``cannot``;
+    reason: why, in a sentence; steps: commands to run first (a conversion); command: the server's command line;
+    env: its environment variables; files: {name: text} to write first (an Ollama Modelfile); python: the same
+    launch as keywords of the engine's Python API (``vllm.LLM``, ``llama_cpp.Llama``) where it has one; max_length:
+    the longest input it is launched for; checked: how these settings are known (launched by a test here, or read
+    from the engine's documented reader and not launched here); notes: what else a user should know."""
+
+    engine: str
+    computes: str
+    reason: str
+    command: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    steps: list[list[str]] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+    python: dict[str, Any] | None = None
+    max_length: int | None = None
+    checked: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.computes not in COMPUTES:
+            raise ValueError(f"Launch.computes must be one of {COMPUTES}, got {self.computes!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def shell(self) -> list[str]:
+        """The settings as shell lines to run in order: each file written (a here-document), the steps, the command
+        with its environment."""
+        lines = []
+        for name, body in self.files.items():
+            lines += [f"cat > {shlex.quote(name)} <<'EOF'", *body.rstrip("\n").splitlines(), "EOF"]
+        lines += [shlex.join(step) for step in self.steps]
+        if self.command:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+            lines.append((env + " " if env else "") + shlex.join(self.command))
+        return lines
+
+    def text(self, level: int = 2) -> str:
+        """The settings as a user reads them: the verdict, then what to run (a heading of ``level``)."""
+        lines = [f"{'#' * level} {self.engine}: {self.computes}", "", self.reason]
+        if self.shell():
+            lines += ["", *("    " + line for line in self.shell())]
+        if self.python:
+            lines += ["", "Python: " + ", ".join(f"{k}={v!r}" for k, v in self.python.items())]
+        lines += [""] + [f"- {note}" for note in self.notes] + ([f"- {self.checked}"] if self.checked else [])
+        return "\n".join(lines).rstrip() + "\n"
+
+
+LAUNCHERS: dict[str, Callable[[Served, int | None], Launch]] = {}
+
+
+def register(name: str):
+    def add(fn: Callable[[Served, int | None], Launch]):
+        LAUNCHERS[name] = fn
+        return fn
+
+    return add
+
+
+def not_native(served: Served, engine: str, what_it_does: str) -> Launch:
+    """The launch of a checkpoint whose method no engine implements: none, and what the engine does instead."""
+    return Launch(engine, CANNOT, f"No engine implements `{served.method}` (the checkpoint's hf_posenc record says "
+                                  f"native: false); {what_it_does}.")
+
+
+def length_for(served: Served, length: int | None, engine: str, limit: int | None = None) -> int:
+    """The input length to launch for: ``length`` or the checkpoint's advertised context; past ``limit`` (the most
+    the engine computes right for it) refused with the reason."""
+    n = served.context if length is None else length
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"--max-length must be a whole number of tokens >= 1, got {length!r}")
+    if limit is not None and n > limit:
+        raise ValueError(f"--max-length {n} is past the {limit} tokens {engine} computes this checkpoint for "
+                         f"(the context it advertises); give --max-length {limit} or less")
+    return n
+

@@ -1,0 +1,86 @@
+"""llama.cpp: ``llama-server -m FILE.gguf --ctx-size N`` (``llama_cpp.Llama(model_path=..., n_ctx=N)``).
+
+llama.cpp reads the RoPE from the GGUF's metadata (``{arch}.rope.scaling.*``, ``rope.freq_base``, a ``rope_freqs``
+tensor): a folder is converted first by llama.cpp's own ``convert_hf_to_gguf.py``, which writes the scaling of
+``config.json`` (linear, yarn, llama3's rope_freqs, a new rope_theta) and plain RoPE for a type it does not know;
+a GGUF written by ``hf-posenc patch --gguf`` already holds it. llama.cpp computes any context it is given (past the
+GGUF's trained context: a warning only), so it never refuses what it computes wrong. The same scaling can be given
+to an unpatched GGUF by flags (:func:`flags`), except llama3 (a tensor, not a flag).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .base import CANNOT, NOT_MEASURED, SAME, WITHIN, Launch, Served, length_for, not_native, register
+
+ENGINE = "llama.cpp"
+CHECKED = ("launched with these settings by tests/test_serve_config.py (llama-cpp-python 0.3.36, which runs the "
+           "llama.cpp it vendors; llama-server takes the same settings as flags)")
+GGUF_BASIS = ("llama.cpp reads the method from the file's metadata, which 'hf-posenc patch --gguf' wrote: "
+              "tests/test_gguf_patch.py checks the frequencies llama.cpp derives from it against hf_posenc's, and "
+              "tests/test_llama_cpp.py serve-checks SmolLM2's Q4_1 GGUF patched with yarn x2 (same within the "
+              "quantization's 1e-2); hf-posenc serve-check FILE --engine llama.cpp measures this file.")
+SCALING_TYPES = {"none": 0, "linear": 1, "yarn": 2}  # llama.cpp's enum llama_rope_scaling_type
+
+
+def flags(meta: dict) -> tuple[list[str], dict] | None:
+    """The llama-server flags, and the ``llama_cpp.Llama`` keywords, that give an unpatched GGUF the RoPE of the
+    metadata ``meta`` (short names, :class:`Served`); None when flags cannot (llama3's rope_freqs tensor, a
+    temperature other than YaRN's own)."""
+    if meta.get("freqs") or meta.get("attn_factor") is not None:
+        return None
+    cli, kw = [], {}
+    kind = meta.get("type", "none")
+    if kind != "none":
+        cli += ["--rope-scaling", kind, "--rope-scale", f"{meta['factor']:g}"]
+        kw.update(rope_scaling_type=SCALING_TYPES[kind], rope_freq_scale=1.0 / meta["factor"])
+    if kind == "yarn":
+        cli += ["--yarn-orig-ctx", str(meta["original"])]
+        kw["yarn_orig_ctx"] = int(meta["original"])
+    if meta.get("base_changed"):
+        cli += ["--rope-freq-base", f"{meta['base']:.10g}"]
+        kw["rope_freq_base"] = float(meta["base"])
+    return cli, kw
+
+
+def gguf_name(folder: str) -> str:
+    return os.path.normpath(folder) + "-f32.gguf"
+
+
+@register("llama.cpp")
+def launch(served: Served, length: int | None) -> Launch:
+    if not served.native:
+        return not_native(served, ENGINE, "converted, it is the unpatched model, and llama.cpp computes plain RoPE "
+                                          "past the original context when given a longer one, with a warning only: "
+                                          "served wrong there (measured: hf-posenc serve-check --engine llama.cpp "
+                                          "--confirm-refusal)")
+    support = served.support.get(ENGINE)
+    if served.llama_cpp is None and not (support is not None and support.computes == "within_original"):
+        return Launch(ENGINE, CANNOT, f"llama.cpp cannot compute this checkpoint: {served.llama_cpp_refusal}.")
+    gguf = served.path if served.gguf else gguf_name(served.path)
+    steps = [] if served.gguf else [["python", "convert_hf_to_gguf.py", served.path, "--outfile", gguf,
+                                     "--outtype", "f32"]]
+    notes = [] if served.gguf else ["convert_hf_to_gguf.py is llama.cpp's own converter (in its source tree); "
+                                    "f32 is what was measured; a quantized type (llama-quantize) adds its rounding"]
+    if support is not None and support.computes == "within_original":
+        n = length_for(served, length if length is not None else served.original, ENGINE, served.original)
+        return Launch(ENGINE, WITHIN, f"The same as hf_posenc up to the original context only: {support.caveat}.",
+                      steps=steps, command=["llama-server", "-m", gguf, "--ctx-size", str(n)],
+                      python={"model_path": gguf, "n_ctx": n}, max_length=n, checked=CHECKED, notes=notes)
+    n = length_for(served, length, ENGINE)
+    if n > served.context:
+        notes.append(f"past the {served.context} tokens the checkpoint advertises: llama.cpp and hf_posenc compute "
+                     "the same formula there, but the method was set for the advertised context")
+    alternative = flags(served.llama_cpp)
+    if alternative and not served.gguf and served.method != "none":
+        notes.append("or, on the unpatched model's GGUF: llama-server -m ORIGINAL.gguf "
+                     + " ".join(alternative[0]) + f" --ctx-size {n} (Python: "
+                     + ", ".join(f"{k}={v!r}" for k, v in alternative[1].items()) + ")")
+    computes = SAME if served.gguf or (support is not None and support.computes == "same") else NOT_MEASURED
+    reason = (GGUF_BASIS if served.gguf else
+              f"llama.cpp reads the method from the GGUF's metadata: {support.basis}." if computes == SAME else
+              f"llama.cpp reads the method from the GGUF's metadata; `{served.method}` on llama.cpp is not measured "
+              "here (hf-posenc serve-check --engine llama.cpp measures it).")
+    return Launch(ENGINE, computes, reason, steps=steps, command=["llama-server", "-m", gguf, "--ctx-size", str(n)],
+                  python={"model_path": gguf, "n_ctx": n}, max_length=n, checked=CHECKED, notes=notes)

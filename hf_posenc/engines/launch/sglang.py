@@ -1,0 +1,66 @@
+"""SGLang: ``python -m sglang.launch_server --model-path FOLDER --context-length N`` (not launched here).
+
+Read from SGLang's source: ``get_context_length`` (``python/sglang/srt/utils/hf_transformers_utils.py``) derives
+the context from ``max_position_embeddings`` times ``rope_scaling["factor"]``, except when the scaling holds
+``original_max_position_embeddings`` (yarn) or is llama3; ``ModelConfig._derive_context_length`` refuses a longer
+``--context-length`` unless ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``; ``get_rope``
+(``python/sglang/srt/layers/rotary_embedding/factory.py``) computes default, linear, yarn, llama3 and longrope, and
+its ``dynamic`` is one base fixed for ``max_position_embeddings x factor``, not hf_posenc's per-length dynamic NTK.
+Its newer model files read transformers 5's ``rope_parameters``; an SGLang on transformers 4 reads ``rope_scaling``
+only (``--json-model-override-args`` sets it).
+"""
+
+from __future__ import annotations
+
+import json
+
+from .base import CANNOT, NOT_MEASURED, Launch, Served, length_for, not_native, register
+
+ENGINE = "SGLang"
+CHECKED = ("not launched here: read from SGLang's get_context_length (python/sglang/srt/utils/"
+           "hf_transformers_utils.py), ModelConfig._derive_context_length and get_rope (python/sglang/srt/layers/"
+           "rotary_embedding/factory.py)")
+COMPUTED = ("default", "linear", "yarn", "llama3", "longrope")
+
+
+def derived_context(served: Served) -> int:
+    """The context SGLang derives from config.json (``get_context_length``)."""
+    rope, n = served.rope, served.context
+    if rope.get("rope_type", "default") == "llama3" or "original_max_position_embeddings" in rope:
+        return n
+    return int(n * float(rope.get("factor", 1.0) or 1.0))
+
+
+def _legacy(rope: dict) -> str:
+    """config.json's rope_parameters in transformers 4's spelling, for --json-model-override-args."""
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    out = {"rope_theta": rope.get("rope_theta")} if "rope_theta" in rope else {}
+    if scaling.get("rope_type", "default") != "default":
+        out["rope_scaling"] = scaling
+    return json.dumps(out, separators=(",", ":"))
+
+
+@register("sglang")
+def launch(served: Served, length: int | None) -> Launch:
+    if served.gguf:
+        return Launch(ENGINE, CANNOT, "SGLang is checked here on HF folders only: serve the folder 'hf-posenc patch "
+                                      "--output' writes.", checked=CHECKED)
+    if not served.native:
+        return not_native(served, ENGINE, f"SGLang loads the folder as the unpatched model (config.json states the "
+                                          f"original context, {served.original}) and refuses a longer "
+                                          "--context-length")
+    kind = served.rope.get("rope_type", "default")
+    if kind not in COMPUTED:
+        why = ("its dynamic scaling is one base fixed for max_position_embeddings x factor, at every length, not "
+               "hf_posenc's base that follows each input's length; freeze it (hf-posenc patch --freeze-at N)"
+               if kind == "dynamic" else f"get_rope has no rope_type {kind!r}")
+        return Launch(ENGINE, CANNOT, f"SGLang does not compute `{served.method}` as hf_posenc does: {why}.",
+                      checked=CHECKED)
+    n = length_for(served, length, ENGINE, None if kind == "default" else served.context)
+    env = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"} if n > derived_context(served) else {}
+    command = ["python", "-m", "sglang.launch_server", "--model-path", served.path, "--context-length", str(n)]
+    notes = [f"an SGLang on transformers 4 does not read config.json's rope_parameters: add "
+             f"--json-model-override-args '{_legacy(served.rope)}'"]
+    return Launch(ENGINE, NOT_MEASURED, f"SGLang reads rope_type {kind!r} from config.json as transformers does; "
+                                        "not measured here.", command=command, env=env, max_length=n,
+                  checked=CHECKED, notes=notes)

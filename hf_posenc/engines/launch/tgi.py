@@ -1,0 +1,49 @@
+"""TGI (text-generation-inference): ``text-generation-launcher --model-id FOLDER --max-total-tokens N`` (not
+launched here; TGI is in maintenance mode since December 2025, huggingface/text-generation-inference#3345).
+
+Read from TGI's source: the launcher's ``--rope-scaling {linear,dynamic}`` and ``--rope-factor`` reach the server
+as ``ROPE_SCALING`` / ``ROPE_FACTOR`` and replace config.json's scaling (``_get_rope_config``,
+``server/text_generation_server/layers/rotary.py``); from config.json it reads ``rope_scaling`` of type linear,
+dynamic, yarn (attn_factor 1, betas 32 / 1 fixed), llama3 and longrope, through transformers 4's spelling;
+``--max-total-tokens`` defaults to ``max_position_embeddings`` and is not multiplied by a factor.
+"""
+
+from __future__ import annotations
+
+from .base import CANNOT, NOT_MEASURED, Launch, Served, length_for, not_native, register
+
+ENGINE = "TGI"
+CHECKED = ("not launched here: read from TGI's launcher/src/main.rs (--rope-scaling, --rope-factor) and "
+           "server/text_generation_server/layers/rotary.py")
+FLAGGED = {"linear": "linear", "dynamic": "dynamic"}  # rope types the launcher's flags express
+
+
+@register("tgi")
+def launch(served: Served, length: int | None) -> Launch:
+    if served.gguf:
+        return Launch(ENGINE, CANNOT, "TGI does not serve GGUF files: serve the folder 'hf-posenc patch --output' "
+                                      "writes.", checked=CHECKED)
+    if not served.native:
+        return not_native(served, ENGINE, f"TGI loads the folder as the unpatched model, up to the original context "
+                                          f"({served.original})")
+    rope = served.rope
+    kind = rope.get("rope_type", "default")
+    if kind == "yarn" and (float(rope.get("beta_fast", 32)) != 32 or float(rope.get("beta_slow", 1)) != 1
+                           or rope.get("attention_factor") not in (None, 1.0)):
+        return Launch(ENGINE, CANNOT, "TGI's yarn fixes beta_fast 32, beta_slow 1 and attn_factor 1; this checkpoint's "
+                                      "yarn sets them otherwise.", checked=CHECKED)
+    n = length_for(served, length, ENGINE, None if kind == "default" else served.context)
+    command = ["text-generation-launcher", "--model-id", served.path, "--max-input-tokens", str(n - 1),
+               "--max-total-tokens", str(n)]
+    notes = ["TGI is in maintenance mode since December 2025 (its README points to vLLM, SGLang and llama.cpp)"]
+    if kind in FLAGGED:
+        command += ["--rope-scaling", FLAGGED[kind], "--rope-factor", f"{float(rope['factor']):g}"]
+        notes.append("--rope-scaling / --rope-factor repeat config.json's scaling, which a TGI on transformers 4 "
+                     "would not read from rope_parameters")
+    else:
+        notes.append("TGI reads rope_scaling and rope_theta of config.json through transformers 4's spelling; this "
+                     "config.json holds them as rope_parameters (transformers 5)")
+    if kind == "dynamic":
+        notes.append("TGI's dynamic NTK follows the longest input it has seen, not each input's length")
+    return Launch(ENGINE, NOT_MEASURED, f"TGI reads rope_type {kind!r}; not measured here.", command=command,
+                  max_length=n, checked=CHECKED, notes=notes)

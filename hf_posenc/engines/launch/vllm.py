@@ -1,0 +1,46 @@
+"""vLLM: ``vllm serve FOLDER --max-model-len N`` (``vllm.LLM(model=FOLDER, max_model_len=N)``).
+
+vLLM reads the RoPE of ``config.json`` (``rope_parameters``) as transformers does and derives its maximum model
+length from it (a scaled type: the context it advertises); its rotary table holds that many positions, so a
+longer ``--max-model-len`` (allowed only with ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``) reads past the table. Plain
+RoPE (``rope_type: default``: none, ntk) has no such table limit: past the advertised context it is the model's
+own positions, as hf_posenc computes them. A GGUF is not served here: vLLM takes a GGUF's configuration from
+transformers' GGUF reader, which reads no RoPE scaling.
+"""
+
+from __future__ import annotations
+
+from .base import CANNOT, NOT_MEASURED, SAME, WITHIN, Launch, Served, length_for, not_native, register
+
+ENGINE = "vLLM"
+CHECKED = "launched with these settings by tests/test_serve_config.py (vLLM 0.32, CPU build)"
+
+
+@register("vllm")
+def launch(served: Served, length: int | None) -> Launch:
+    if served.gguf:
+        return Launch(ENGINE, CANNOT, "vLLM takes a GGUF's configuration from transformers' GGUF reader, which reads "
+                                      "no RoPE scaling: it would serve this file as the unpatched model. Serve the "
+                                      "folder 'hf-posenc patch --output' writes instead.")
+    if not served.native:
+        return not_native(served, ENGINE, f"vLLM loads the folder as the unpatched model (config.json states the "
+                                          f"original context, {served.original}) and refuses longer inputs")
+    support = served.support.get(ENGINE)
+    if support is not None and support.computes == "within_original":
+        n = length_for(served, length if length is not None else served.original, ENGINE, served.original)
+        return Launch(ENGINE, WITHIN, f"The same as hf_posenc up to the original context only: {support.caveat}. "
+                                      "For longer inputs, freeze the method at the length you serve "
+                                      "(hf-posenc patch --freeze-at N) and serve that folder.",
+                      command=["vllm", "serve", served.path, "--max-model-len", str(n)],
+                      python={"model": served.path, "max_model_len": n}, max_length=n, checked=CHECKED)
+    plain = served.rope.get("rope_type", "default") == "default"
+    n = length_for(served, length, ENGINE, None if plain else served.context)
+    env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if n > served.context else {}
+    notes = [f"past the {served.context} tokens config.json advertises: the model's own positions, untrained there "
+             "(VLLM_ALLOW_LONG_MAX_MODEL_LEN lets vLLM take them)"] if env else []
+    computes = SAME if support is not None else NOT_MEASURED
+    reason = (f"vLLM reads the method from config.json: {support.basis}." if support is not None else
+              f"vLLM reads config.json's rope_parameters as transformers does; `{served.method}` on vLLM is not "
+              "measured here (hf-posenc serve-check --engine vllm measures this folder).")
+    return Launch(ENGINE, computes, reason, command=["vllm", "serve", served.path, "--max-model-len", str(n)], env=env,
+                  python={"model": served.path, "max_model_len": n}, max_length=n, checked=CHECKED, notes=notes)

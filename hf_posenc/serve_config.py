@@ -1,0 +1,90 @@
+"""``hf-posenc serve-config PATH --engine E``: the launch settings under which each engine computes what hf_posenc
+computes for a saved checkpoint folder or a GGUF written by ``hf-posenc patch --gguf`` -- or why it cannot.
+
+:func:`describe` reads the checkpoint (config.json and its hf_posenc record, or the GGUF's metadata and record)
+into the facts the engines' launchers (:mod:`hf_posenc.engines.launch`) work from; :func:`serve_config` asks them.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+from typing import Any
+
+from .config import PosEncConfig
+from .engines.launch import LAUNCHERS, Launch, Served
+from .gguf_file import llama_cpp_metadata, refusal
+from .methods import resolve_method
+from .serve_check import original_of, read_block
+
+
+def _geometry(plain: dict[str, Any], block: dict[str, Any], original: int):
+    """The model's original RoPE (base, rotary dim, L), from config.json and the record's original values."""
+    from .adapters.layout import rope_geometry
+
+    rp = dict((block.get("original") or {}).get("rope_parameters") or plain.get("rope_parameters") or {})
+    rp.setdefault("rope_theta", plain.get("rope_theta", 10000.0))
+    cfg = SimpleNamespace(**{k: plain.get(k) for k in ("head_dim", "hidden_size", "num_attention_heads",
+                                                       "partial_rotary_factor")})
+    return rope_geometry(cfg, original, rp)
+
+
+def _llama_cpp(cfg: PosEncConfig, plain: dict[str, Any], block: dict[str, Any], original: int,
+               arch: str) -> tuple[dict[str, Any] | None, str | None]:
+    why = refusal(cfg, arch if arch in ("llama", "qwen2", "qwen3") else "llama")
+    if why or not plain.get("hidden_size"):
+        return None, why or "the checkpoint states no attention geometry (hidden_size)"
+    return llama_cpp_metadata(cfg, _geometry(plain, block, original)), None
+
+
+def describe(path: str) -> Served:
+    """The facts of the checkpoint at ``path`` (a folder or a ``.gguf`` file) that engines are launched from."""
+    if not os.path.exists(path):
+        raise ValueError(f"no checkpoint at {path}: give the folder 'hf-posenc patch --output' wrote, or a .gguf file")
+    plain, block = read_block(path)
+    return served_of(plain, block, os.path.abspath(path), gguf="quantized" in plain)  # (read_block's GGUF answer)
+
+
+def served_of(plain: dict[str, Any], block: dict[str, Any], path: str, gguf: bool = False) -> Served:
+    """:class:`Served` of a checkpoint whose (text) config is ``plain`` and hf_posenc record ``block`` ({} for a
+    plain checkpoint), to be found at ``path`` (a folder, a GGUF, or a Hub id for a card)."""
+    original = original_of(plain, block)
+    method = block.get("method", "none")
+    native = bool(block.get("native", True)) if block else True
+    arch = str(plain.get("model_type") or plain.get("arch") or "")
+    meta, why = (plain.get("llama_cpp"), None) if gguf else (None, None)  # a GGUF holds its metadata
+    if native and not gguf:
+        cfg = PosEncConfig.from_dict(block) if block else PosEncConfig("none")
+        meta, why = _llama_cpp(cfg, plain, block, original, arch)
+    return Served(path=path, gguf=gguf, method=method, native=native, family=block.get("family", "rope_decoder"),
+                  original=original, context=int(plain.get("max_position_embeddings") or original), model_type=arch,
+                  rope=dict(plain.get("rope_parameters") or {}), support=dict(resolve_method(method).engines),
+                  llama_cpp=meta, llama_cpp_refusal=why, frozen_at=block.get("frozen_at"))
+
+
+def serve_config(path: str, engines: list[str] | None = None, max_length: int | None = None) -> list[Launch]:
+    """The launch settings of ``path`` for each of ``engines`` (default: every engine in
+    :data:`hf_posenc.engines.launch.LAUNCHERS`), for inputs up to ``max_length`` tokens (default: the context the
+    checkpoint advertises)."""
+    engines = list(LAUNCHERS) if engines is None else engines
+    unknown = [e for e in engines if e not in LAUNCHERS]
+    if unknown or not engines:
+        raise ValueError(f"--engine must be among {list(LAUNCHERS)}, got {engines}")
+    if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
+        raise ValueError(f"--max-length must be a whole number of tokens >= 1, got {max_length!r}")
+    served = describe(path)
+    return [LAUNCHERS[e](served, max_length) for e in engines]
+
+
+def card_launches(plain: dict[str, Any], block: dict[str, Any], repo_id: str) -> list[dict[str, Any]]:
+    """For a model card: each engine's verdict and shell lines for the checkpoint published as ``repo_id`` (a RoPE
+    decoder's; [] for the other families, whose engines are not covered)."""
+    if block.get("family", "rope_decoder") != "rope_decoder":
+        return []
+    served = served_of(plain, block, repo_id)
+    out = []
+    for name, launcher in LAUNCHERS.items():
+        launch = launcher(served, None)
+        out.append({"engine": launch.engine, "computes": launch.computes, "reason": launch.reason,
+                    "shell": "\n".join(launch.shell()), "checked": launch.checked})
+    return out

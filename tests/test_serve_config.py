@@ -1,0 +1,189 @@
+"""serve-config (issue 43 item 3): the launch settings under which each engine computes a saved checkpoint or a
+GGUF as hf_posenc does, or the reason it cannot. vLLM's and llama.cpp's settings are launched here (the tests
+marked with their engine); SGLang's, Ollama's and TGI's are read from those engines' sources and labelled so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import hf_posenc
+from hf_posenc.encodings import rope as R
+from hf_posenc.engines.launch import LAUNCHERS, llama_cpp as llama_cpp_launch, sglang
+from hf_posenc.serve_config import describe, serve_config
+
+from conftest import ORIGINAL, THETA, refused, tiny_config
+
+METHODS = {"none": {}, "yarn": {"factor": 2.0}, "pi": {"factor": 2.0}, "ntk": {"factor": 2.0},
+           "llama3": {"factor": 2.0}, "dynamic_ntk": {"factor": 2.0}, "dca": {}}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny LLaMA saved once per method (original context ORIGINAL)."""
+    root, out = tmp_path_factory.mktemp("serve-config"), {}
+    for method, knobs in METHODS.items():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(tiny_config("llama"))
+        hf_posenc.patch(model, method, **knobs)
+        out[method] = str(root / method)
+        model.save_pretrained(out[method])
+    return out
+
+
+EXPECTED = {  # engine -> method -> what it computes (the method records' engines, and each engine's reader)
+    "vllm": {"none": "same", "yarn": "same", "pi": "same", "ntk": "same", "llama3": "same",
+             "dynamic_ntk": "within_original", "dca": "cannot"},
+    "llama.cpp": {"none": "not measured", "yarn": "same", "pi": "same", "ntk": "not measured",
+                  "llama3": "not measured", "dynamic_ntk": "within_original", "dca": "cannot"},
+    "sglang": {"none": "not measured", "yarn": "not measured", "pi": "not measured", "ntk": "not measured",
+               "llama3": "not measured", "dynamic_ntk": "cannot", "dca": "cannot"},
+    "ollama": {"none": "not measured", "yarn": "not measured", "pi": "not measured", "ntk": "not measured",
+               "llama3": "not measured", "dynamic_ntk": "cannot", "dca": "cannot"},
+    "tgi": {"none": "not measured", "yarn": "not measured", "pi": "not measured", "ntk": "not measured",
+            "llama3": "not measured", "dynamic_ntk": "not measured", "dca": "cannot"},
+}
+
+
+def test_every_engine_says_what_it_computes_for_every_method(tiny):
+    assert set(EXPECTED) == set(LAUNCHERS)
+    for method, folder in tiny.items():
+        for launch in serve_config(folder):
+            engine = next(e for e in LAUNCHERS if LAUNCHERS[e](describe(folder), None).engine == launch.engine)
+            assert launch.computes == EXPECTED[engine][method], (engine, method, launch.reason)
+            assert launch.reason and (launch.command is None) == (launch.computes == "cannot"), launch
+            if launch.computes == "cannot":
+                assert launch.max_length is None
+
+
+def test_vllm_is_launched_for_the_context_the_checkpoint_advertises_and_no_further(tiny):
+    (yarn,) = serve_config(tiny["yarn"], ["vllm"])
+    assert yarn.command == ["vllm", "serve", describe(tiny["yarn"]).path, "--max-model-len", str(2 * ORIGINAL)]
+    assert yarn.python["max_model_len"] == 2 * ORIGINAL and not yarn.env
+    with pytest.raises(ValueError, match=f"--max-length {2 * ORIGINAL + 1} is past the {2 * ORIGINAL} tokens vLLM"):
+        serve_config(tiny["yarn"], ["vllm"], 2 * ORIGINAL + 1)
+    (none,) = serve_config(tiny["none"], ["vllm"], 2 * ORIGINAL)  # plain RoPE: the model's own positions past L
+    assert none.env == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} and "untrained there" in none.notes[0]
+    (dynamic,) = serve_config(tiny["dynamic_ntk"], ["vllm"])
+    assert dynamic.max_length == ORIGINAL and "--freeze-at" in dynamic.reason
+
+
+def test_llama_cpp_converts_a_folder_and_gives_the_flags_for_an_unpatched_gguf(tiny):
+    (yarn,) = serve_config(tiny["yarn"], ["llama.cpp"])
+    gguf = yarn.steps[0][yarn.steps[0].index("--outfile") + 1]
+    assert yarn.steps[0][:2] == ["python", "convert_hf_to_gguf.py"] and yarn.command[:3] == ["llama-server", "-m", gguf]
+    assert yarn.command[-2:] == ["--ctx-size", str(2 * ORIGINAL)]
+    assert any(f"--rope-scaling yarn --rope-scale 2 --yarn-orig-ctx {ORIGINAL}" in n for n in yarn.notes)
+    ntk = describe(tiny["ntk"]).llama_cpp
+    cli, kw = llama_cpp_launch.flags(ntk)
+    dim = tiny_config("llama").hidden_size // tiny_config("llama").num_attention_heads
+    assert kw == {"rope_freq_base": pytest.approx(R.ntk_base(THETA, dim, 2.0))} and cli[0] == "--rope-freq-base"
+    assert llama_cpp_launch.flags(describe(tiny["llama3"]).llama_cpp) is None  # a rope_freqs tensor: no flag says it
+    assert llama_cpp_launch.flags(describe(tiny["none"]).llama_cpp) == ([], {})
+
+
+def test_sglang_derives_its_context_as_its_reader_does_and_asks_for_the_override_only_past_it(tiny):
+    assert sglang.derived_context(describe(tiny["yarn"])) == 2 * ORIGINAL  # original_max_position_embeddings: x1
+    pi = describe(tiny["pi"])
+    assert sglang.derived_context(pi) == 4 * ORIGINAL  # max_position_embeddings (2L) times the factor again
+    (none,) = serve_config(tiny["none"], ["sglang"], 2 * ORIGINAL)
+    assert none.env == {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+    assert all("not launched here" in launch.checked for launch in serve_config(tiny["yarn"], ["sglang", "ollama",
+                                                                                                 "tgi"]))
+
+
+def test_the_cli_prints_text_and_json_and_refuses_bad_input(tiny, tmp_path, capsys):
+    from hf_posenc.cli import main
+
+    assert main(["serve-config", tiny["yarn"], "--engine", "vllm,llama.cpp"]) == 0
+    out = capsys.readouterr().out
+    assert "## vLLM: same" in out and "## llama.cpp: same" in out and f"--max-model-len {2 * ORIGINAL}" in out
+    assert main(["serve-config", tiny["dca"], "--engine", "vllm", "--json"]) == 0
+    (launch,) = json.loads(capsys.readouterr().out)
+    assert launch["computes"] == "cannot" and "No engine implements `dca`" in launch["reason"]
+    assert "expected comma-separated names among vllm" in refused(["serve-config", tiny["yarn"], "--engine",
+                                                                     "vllm,vllm"], capsys)
+    assert "expected an integer >= 1, got '0'" in refused(["serve-config", tiny["yarn"], "--max-length", "0"], capsys)
+    assert "no checkpoint at" in refused(["serve-config", str(tmp_path / "nowhere")], capsys)
+
+
+# ---- launched: the settings printed for vLLM and llama.cpp, given to the engine, compute what hf_posenc does --------
+
+from test_llama_cpp import needs_llama_cpp  # noqa: E402
+from test_vllm import needs_vllm, save_tiny, vllm_python  # noqa: E402
+
+
+def _tokens(tokenizer, n: int) -> torch.Tensor:
+    from hf_posenc.eval.data import builtin_corpus, corpus_stream
+
+    return torch.tensor([corpus_stream(tokenizer, builtin_corpus(), max_tokens=n)[:n]])
+
+
+@needs_llama_cpp
+def test_llama_cpp_launched_with_the_printed_settings_computes_the_patched_gguf_and_the_flags_do_the_same(tmp_path):
+    import os
+
+    from hf_posenc.engines.llama_cpp_engine import LlamaCppLM
+    from hf_posenc.eval.scoring import token_nll
+    from hf_posenc.gguf_file import patch_gguf
+    from hf_posenc.models import resolve_source
+    from hf_posenc.runtime import load_tokenizer
+
+    src = resolve_source("smollm2-135m")
+    source = os.path.join(src.path, src.kwargs["gguf_file"])
+    patched = str(tmp_path / "yarn.gguf")
+    patch_gguf(source, patched, {"method": "yarn", "factor": 2.0, "original_max_position_embeddings": 512})
+    (launch,) = serve_config(patched, ["llama.cpp"], 1000)
+    kw = dict(launch.python)
+    path, n = kw.pop("model_path"), kw.pop("n_ctx")
+    ids = _tokens(load_tokenizer(patched), 1000)
+    with LlamaCppLM(path, n_ctx=n, **kw) as served:
+        got = served.token_nll(ids)[0].double()
+    ref = token_nll(hf_posenc.from_pretrained(patched).eval(), ids)[0].double()
+    assert abs(got.mean() - ref.mean()) / ref.mean() < 1e-2  # the Q4_1 file: the quantization's tolerance
+    cli, flag_kw = llama_cpp_launch.flags(describe(patched).llama_cpp)  # the same RoPE by flags, unpatched file
+    assert cli == ["--rope-scaling", "yarn", "--rope-scale", "2", "--yarn-orig-ctx", "512"]
+    with LlamaCppLM(source, n_ctx=n, **flag_kw) as flagged:
+        by_flags = flagged.token_nll(ids)[0].double()
+    assert (by_flags - got).abs().max() < 1e-4
+    with LlamaCppLM(source, n_ctx=n) as unpatched:  # and without them it is another model
+        assert (unpatched.token_nll(ids)[0].double() - got).abs().max() > 0.1
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_launched_with_the_printed_settings_computes_the_checkpoint_as_hf_posenc(tmp_path, bert_tokenizer):
+    from hf_posenc.engines.vllm_engine import EngineLM, VllmEngine
+    from hf_posenc.serve_check import reference_nll
+
+    L = 256
+    folder = save_tiny(tmp_path / "yarn", bert_tokenizer, "yarn", context=L, factor=2.0)
+    (launch,) = serve_config(folder, ["vllm"])
+    assert launch.python == {"model": describe(folder).path, "max_model_len": 2 * L}
+    ids = _tokens(bert_tokenizer, 2 * L - 1)[0].tolist()
+    ref, _ = reference_nll(folder, ids, [100, 2 * L - 1], "float32", "cpu", 1024, False)
+    with VllmEngine(launch.python["model"], python=vllm_python(),
+                    max_model_len=launch.python["max_model_len"]) as served:
+        assert served.max_model_len == 2 * L
+        lm = EngineLM(served, None)
+        for n in (100, 2 * L - 1):
+            got = lm.token_nll(torch.tensor([ids[:n]]))[0].double()
+            assert abs(got.mean() - ref[n].mean()) / ref[n].mean() < 1e-4, n
+
+
+def test_the_model_card_prints_each_engines_settings():
+    from hf_posenc.card import build_model_card
+
+    model = AutoModelForCausalLM.from_config(tiny_config("llama"))
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    card = build_model_card(model, repo_id="me/tiny-yarn").content
+    part = card[card.index("### Launch settings"):card.index("## How it was made")]
+    assert f"vllm serve me/tiny-yarn --max-model-len {2 * ORIGINAL}" in part and "**vLLM: same.**" in part
+    assert "cat > Modelfile <<'EOF'" in part and f"PARAMETER num_ctx {2 * ORIGINAL}" in part
+    hf_posenc.unpatch(model)
+    hf_posenc.patch(model, "dca")
+    part = build_model_card(model, repo_id="me/tiny-dca").content
+    assert part.count("No engine implements `dca`") == len(LAUNCHERS) and "vllm serve" not in part
