@@ -31,20 +31,41 @@ from _bench import ROOT, comma_list, rel
 
 TITLE = "## Serving: vLLM against hf_posenc (serve-check, and --engine vllm)"
 TITLE_LLAMA_CPP = "## Serving: llama.cpp against hf_posenc (serve-check --engine llama.cpp)"
-CHECKPOINTS = {"none": ("none", None), "yarn-x2": ("yarn", 2.0), "pi-x2": ("pi", 2.0), "llama3-x2": ("llama3", 2.0),
-               "dynamic_ntk-x2": ("dynamic_ntk", 2.0), "dca": ("dca", None), "rerope": ("rerope", None)}
+# label: (method, factor, --freeze-at length or None, a GGUF patched in place (llama.cpp only) or a saved folder)
+CHECKPOINTS = {"none": ("none", None, None, False), "yarn-x2": ("yarn", 2.0, None, False),
+               "pi-x2": ("pi", 2.0, None, False), "ntk-x2": ("ntk", 2.0, None, False),
+               "llama3-x2": ("llama3", 2.0, None, False), "dynamic_ntk-x2": ("dynamic_ntk", 2.0, None, False),
+               "dynamic_ntk-x2-frozen-12288": ("dynamic_ntk", 2.0, 12288, False), "dca": ("dca", None, None, False),
+               "rerope": ("rerope", None, None, False), "q4_1-gguf": ("none", None, None, True),
+               "q4_1-gguf-yarn-x2": ("yarn", 2.0, None, True)}
+GGUF_ONLY = [label for label, c in CHECKPOINTS.items() if c[3]]
 MAIN_JOB = ["--methods", "none,yarn", "--factor", "2", "--lengths", "12288", "--max-windows", "1", "--corpus",
             "python-docs", "--limit", "1", "--no-progress"]
 
 
 def checkpoint(label: str, out: str) -> str:
+    """The folder (or GGUF) of ``label``, written once: ``hf-posenc patch --output`` (``--freeze-at``), or the
+    default model's Q4_1 GGUF patched in place (``--gguf``; "none": the file as it ships)."""
     from hf_posenc.config import PosEncConfig
+    from hf_posenc.gguf_file import patch_gguf
+    from hf_posenc.models import resolve_source
     from hf_posenc.publish import patch_and_save
 
+    method, factor, freeze_at, gguf = CHECKPOINTS[label]
+    if gguf:
+        src = resolve_source("smollm2-135m")
+        source = os.path.join(src.path, src.kwargs["gguf_file"])
+        path = os.path.join(out, label + ".gguf")
+        if method == "none":
+            return source
+        if not os.path.isfile(path):
+            os.makedirs(out, exist_ok=True)
+            patch_gguf(source, path, PosEncConfig(method, factor))
+        return path
     folder = os.path.join(out, label)
     if not os.path.isfile(os.path.join(folder, "config.json")):
-        method, factor = CHECKPOINTS[label]
-        patch_and_save(model="smollm2-135m", config=PosEncConfig(method, factor), output=folder, progress=False)
+        patch_and_save(model="smollm2-135m", config=PosEncConfig(method, factor), output=folder, progress=False,
+                       freeze_at=freeze_at)
     return folder
 
 
@@ -54,6 +75,8 @@ def serve_checks(args) -> dict:
 
     reports = {}
     for label in args.checkpoints:
+        if args.engine == "vllm" and label in GGUF_ONLY:
+            continue
         checks = "checks" if args.engine == "vllm" else f"checks-{args.engine}"
         path = os.path.join(args.output, checks, label, "serve_check.json")
         if os.path.isfile(path):
@@ -132,6 +155,8 @@ def section(args, checks: dict, runs: dict) -> str:
 
 
 def section_llama_cpp(args, checks: dict) -> str:
+    from hf_posenc.serve_check import QUANTIZED_RTOL
+
     any_check = next(iter(checks.values()))["setup"]
     version = next((c["setup"].get("engine_version") for c in checks.values() if c["setup"].get("engine_version")), "?")
     lines = [TITLE_LLAMA_CPP, "", "Reproduce: `python scripts/bench_serving.py --engine llama.cpp --lengths "
@@ -142,6 +167,10 @@ def section_llama_cpp(args, checks: dict) -> str:
              "`convert_hf_to_gguf.py` to a float32 GGUF (what a user does, without quantizing) and scored by llama.cpp "
              "with a context of the longest length, against `hf_posenc.from_pretrained`; per length: verdict "
              f"(hf_posenc mean NLL / llama.cpp mean NLL, relative difference); same = within {any_check['rtol']:g}. "
+             "`-frozen-12288`: saved with `--freeze-at 12288` (static NTK equal to dynamic NTK at 12,288 tokens). "
+             "`q4_1-gguf`: the default model's Q4_1 GGUF as it ships, and patched in place (`hf-posenc patch --gguf`), "
+             "scored by llama.cpp quantized against hf_posenc's de-quantized load; same = within "
+             f"{QUANTIZED_RTOL:g} for those (llama.cpp rounds the activations to 8 bits for quantized products). "
              "`not computable` past L for dynamic_ntk comes from its method record (llama.cpp's converter writes plain "
              "RoPE for it), without scoring; DCA and ReRoPE: `--confirm-refusal` (llama.cpp started anyway: it takes "
              "any context it is given, so past L it serves the unpatched model, `served wrong`).", ""]
@@ -156,7 +185,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--lengths", type=comma_list(int), default=[4096, 12288], help="serve-check lengths in tokens.")
     p.add_argument("--checkpoints", type=comma_list(str), default=list(CHECKPOINTS),
-                   help=f"which checkpoints to check, of {', '.join(CHECKPOINTS)}.")
+                   help=f"which checkpoints to check, of {', '.join(CHECKPOINTS)} (the GGUFs with llama.cpp only).")
     p.add_argument("--engine", choices=["vllm", "llama.cpp"], default="vllm",
                    help="the engine checked (llama.cpp: the serve-check table alone, in a section of its own).")
     p.add_argument("--engine-python", default=None, help="the Python that has vLLM (default: $HF_POSENC_VLLM_PYTHON).")
