@@ -40,7 +40,8 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
                    harness_limit: int | None = 50,
                    max_gen_tokens: int | None = None, tuned: dict[str, Any] | None = None,
                    serve_check: str | None = None, engine_python: str | None = None,
-                   serve_check_lengths: list[int] | None = None, freeze_at: int | None = None) -> dict[str, Any]:
+                   serve_check_lengths: list[int] | None = None, freeze_at: int | None = None,
+                   dual_chunk_config: bool = False) -> dict[str, Any]:
     """The whole ``hf-posenc patch`` job; returns what was done (folder, reports, commit URL). ``evals``: names of
     registered eval tasks (:mod:`eval.tasks`: ppl, passkey, retrieval, ``harness:TASK`` with an lm-eval task, e.g.
     ``harness:niah_single_1``; repeatable); ``eval_lengths``: lengths by a task's ``lengths_flag`` ("ppl",
@@ -49,7 +50,9 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     ``serve_check``: an engine (``vllm``) that the saved folder is checked in (:mod:`hf_posenc.serve_check`, at
     ``serve_check_lengths``, with ``engine_python``) before it is moved into place; its verdicts go into the card's
     Serving section and its report beside the others. ``freeze_at``: ``config`` (a length-dependent method) is
-    replaced by the static one equal to it at that many tokens (:mod:`hf_posenc.freezing`), evaluated and saved."""
+    replaced by the static one equal to it at that many tokens (:mod:`hf_posenc.freezing`), evaluated and saved.
+    ``dual_chunk_config``: a DCA checkpoint of a Qwen2-family model also gets Qwen's ``dual_chunk_attention_config``
+    (:mod:`hf_posenc.dual_chunk_config`)."""
     from . import runtime
     from .eval.data import gather_documents
     from .eval.tasks import PatchEval, parse_evals
@@ -63,6 +66,10 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     check_replaced_output(output, "patch", resolve_source(model).path, text_file or [])  # before any compute
     if (private or revision) and not push_to_hub:
         raise ValueError("--private and --revision apply to an upload: add --push-to-hub USER/NAME, or drop them.")
+    if dual_chunk_config:
+        from .dual_chunk_config import check_dual_chunk_config
+
+        check_dual_chunk_config(config.method)
     if serve_check:  # the engine and its flags, before the load, the evaluations and the save
         from .serve_check import check_engine_flags, engine_ready
 
@@ -80,6 +87,8 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
 
             config = get_config(freeze(lm, config, freeze_at))
             unpatch(lm)
+        if dual_chunk_config:  # the family, once the model is loaded, before any evaluation
+            check_dual_chunk_config("dca", getattr(lm.config, "model_type", None))
         lengths = _lengths_of(lm, config, evals, eval_lengths or {})
         methods = ["none", config] if config.method != "none" else ["none"]
         common = dict(model=model, methods=methods, factor=config.factor, method_params={}, seed=seed, dtype=dtype,
@@ -96,6 +105,10 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
         card = dict(base_model=model, repo_id=push_to_hub, command=command)
         with out.staged() as staged:  # a failure leaves --output as it was
             save_pretrained(lm, staged, tok, eval_results=reports, **card)
+            if dual_chunk_config:
+                from .dual_chunk_config import write_dual_chunk_config
+
+                write_dual_chunk_config(staged)
             if serve_check:
                 from .hub import write_model_card
                 from .serve_check import serve_check as check_folder, serve_table

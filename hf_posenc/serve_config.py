@@ -37,6 +37,13 @@ def _llama_cpp(cfg: PosEncConfig, plain: dict[str, Any], block: dict[str, Any], 
     return llama_cpp_metadata(cfg, _geometry(plain, block, original)), None
 
 
+def _restored(method: str, params: dict[str, Any], original: int) -> int | None:
+    """The context hf_posenc.from_pretrained restores for an attention-level method (None for the others)."""
+    from .methods.remapped import REMAPPED
+
+    return REMAPPED[method].context(params, original) if method in REMAPPED and params else None
+
+
 def describe(path: str) -> Served:
     """The facts of the checkpoint at ``path`` (a folder or a ``.gguf`` file) that engines are launched from."""
     if not os.path.exists(path):
@@ -59,7 +66,9 @@ def served_of(plain: dict[str, Any], block: dict[str, Any], path: str, gguf: boo
     return Served(path=path, gguf=gguf, method=method, native=native, family=block.get("family", "rope_decoder"),
                   original=original, context=int(plain.get("max_position_embeddings") or original), model_type=arch,
                   rope=dict(plain.get("rope_parameters") or {}), support=dict(resolve_method(method).engines),
-                  llama_cpp=meta, llama_cpp_refusal=why, frozen_at=block.get("frozen_at"))
+                  llama_cpp=meta, llama_cpp_refusal=why, frozen_at=block.get("frozen_at"),
+                  restored=_restored(method, block.get("params") or {}, original),
+                  dual_chunk=plain.get("dual_chunk_attention_config"))
 
 
 def serve_config(path: str, engines: list[str] | None = None, max_length: int | None = None) -> list[Launch]:

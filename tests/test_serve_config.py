@@ -187,3 +187,52 @@ def test_the_model_card_prints_each_engines_settings():
     hf_posenc.patch(model, "dca")
     part = build_model_card(model, repo_id="me/tiny-dca").content
     assert part.count("No engine implements `dca`") == len(LAUNCHERS) and "vllm serve" not in part
+
+
+# ---- DCA for the engines that read it (issue 43 item 5): Qwen's dual_chunk_attention_config, opt-in -----------------
+
+
+def _tiny_saved(folder, family: str) -> str:
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_config(family)).save_pretrained(folder)
+    return str(folder)
+
+
+def test_a_qwen2_dca_checkpoint_saved_with_the_dual_chunk_config_loads_back_the_same_and_sglang_is_told(tmp_path):
+    from hf_posenc.cli import main
+
+    src, out = _tiny_saved(tmp_path / "qwen2", "qwen2"), str(tmp_path / "dca")
+    assert main(["patch", "--model", src, "--method", "dca", "--output", out, "--dual-chunk-config"]) == 0
+    saved = json.loads(open(f"{out}/config.json").read())
+    params = saved["hf_posenc"]["params"]
+    assert saved["dual_chunk_attention_config"] == {"chunk_size": params["chunk_size"],
+                                                    "local_size": params["local_window"],
+                                                    "original_max_position_embeddings": ORIGINAL}
+    assert saved["max_position_embeddings"] == ORIGINAL  # the plain fields: engines that do not read it still refuse
+    ids = torch.randint(0, 96, (1, 3 * ORIGINAL))
+    model = AutoModelForCausalLM.from_pretrained(src)
+    hf_posenc.patch(model, "dca")
+    with torch.no_grad():
+        want = model(ids).logits
+        got = hf_posenc.from_pretrained(out)(ids).logits
+    assert (got - want).abs().max() < 1e-5
+    launches = {launch.engine: launch for launch in serve_config(out)}
+    sg = launches["SGLang"]
+    assert sg.computes == "not measured" and sg.env == {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+    from hf_posenc.methods.remapped import REMAPPED
+
+    assert sg.command[-2:] == ["--context-length", str(REMAPPED["dca"].context(params, ORIGINAL))]
+    assert launches["vLLM"].computes == "cannot" and "dual-chunk" in launches["vLLM"].reason
+    assert launches["llama.cpp"].computes == "cannot"
+
+
+def test_the_dual_chunk_config_is_refused_for_another_method_or_family_and_nothing_is_written(tmp_path, capsys):
+    llama, out = _tiny_saved(tmp_path / "llama", "llama"), tmp_path / "out"
+    err = refused(["patch", "--model", llama, "--method", "yarn", "--factor", "2", "--output", str(out),
+                   "--dual-chunk-config"], capsys)
+    assert "use it with --method dca" in err and not out.exists()
+    err = refused(["patch", "--model", llama, "--method", "dca", "--output", str(out), "--dual-chunk-config"], capsys)
+    assert "for qwen2, qwen2_moe, qwen3, qwen3_moe models only, and this model is 'llama'" in err and not out.exists()
+    err = refused(["patch", "--model", llama, "--method", "dca", "--gguf", str(tmp_path / "x.gguf"),
+                   "--dual-chunk-config"], capsys)
+    assert "drop --dual-chunk-config" in err

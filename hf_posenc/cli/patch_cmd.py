@@ -44,6 +44,11 @@ def add_parser(sub) -> None:
                         "(phi3 GGUFs only: refused with --gguf). Trade-off: every input "
                         "gets the frequencies of N; a shorter one no longer gets its own (below L: not the unscaled "
                         "ones), a longer one not the further scaled ones.")
+    g.add_argument("--dual-chunk-config", action="store_true",
+                   help="with --method dca on a Qwen2-family model (qwen2, qwen2_moe, qwen3, qwen3_moe): also write "
+                        "Qwen's dual_chunk_attention_config (chunk_size, local_size = local_window, "
+                        "original_max_position_embeddings), which SGLang reads; the plain fields keep the original "
+                        "context, so engines that do not read it still refuse longer inputs (see serve-config).")
     e = pa.add_argument_group("evaluation (results go into the model card and its model-index metadata)")
     tasks = patch_tasks()
     e.add_argument("--eval", type=names, default=[], help=f"comma-separated eval tasks: {eval_names(tasks)}; each "
@@ -104,7 +109,7 @@ def run(args, command: str) -> int:
                           harness_limit=args.harness_limit, max_gen_tokens=args.max_gen_tokens,
                           tuned=_tune_report(args.config), serve_check=args.serve_check,
                           engine_python=args.engine_python, serve_check_lengths=args.serve_check_lengths,
-                          freeze_at=args.freeze_at)
+                          freeze_at=args.freeze_at, dual_chunk_config=args.dual_chunk_config)
     for report in done["reports"]:
         print(report["table"] + "\n")
     tokenizer = "tokenizer, " if done["tokenizer_saved"] else ""
@@ -125,7 +130,8 @@ def _run_gguf(args, config) -> int:
 
     extra = [flag for flag, value in (("--output", args.output), ("--eval", args.eval),
                                       ("--serve-check", args.serve_check), ("--push-to-hub", args.push_to_hub),
-                                      ("--tokenizer", args.tokenizer)) if value]
+                                      ("--tokenizer", args.tokenizer),
+                                      ("--dual-chunk-config", args.dual_chunk_config)) if value]
     if extra:
         raise ValueError(f"--gguf writes one GGUF file, without loading the model: drop {', '.join(extra)} (or drop "
                          "--gguf to save, evaluate and upload an HF checkpoint)")

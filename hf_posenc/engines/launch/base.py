@@ -22,7 +22,8 @@ class Served:
     ``{engine name: EngineSupport}``; llama_cpp: the RoPE metadata llama.cpp needs for the method (short names:
     type, factor, original, base, attn_factor, context; a ``rope_freqs`` tensor as ``freqs: True``), or None with
     ``llama_cpp_refusal`` saying why llama.cpp cannot compute it; frozen_at: the length a dynamic method was
-    frozen at."""
+    frozen at; restored: the context hf_posenc.from_pretrained restores for a method saved as the original model;
+    dual_chunk: config.json's ``dual_chunk_attention_config`` (``patch --dual-chunk-config``)."""
 
     path: str
     gguf: bool
@@ -37,6 +38,8 @@ class Served:
     llama_cpp: dict[str, Any] | None = None
     llama_cpp_refusal: str | None = None
     frozen_at: int | None = None
+    restored: int | None = None
+    dual_chunk: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,32 @@ def _legacy(rope: dict) -> str:
     return json.dumps(out, separators=(",", ":"))
 
 
+def _dual_chunk(served: Served, length: int | None) -> Launch:
+    """A DCA checkpoint saved with Qwen's dual_chunk_attention_config (``patch --dual-chunk-config``)."""
+    from ...dual_chunk_config import FAMILIES
+
+    if served.model_type not in FAMILIES:
+        return Launch(ENGINE, CANNOT, f"SGLang reads dual_chunk_attention_config for {', '.join(FAMILIES)} models, "
+                                      f"not {served.model_type!r}.", checked=CHECKED)
+    n = length_for(served, length if length is not None else served.restored, ENGINE)
+    command = ["python", "-m", "sglang.launch_server", "--model-path", served.path, "--context-length", str(n)]
+    return Launch(ENGINE, NOT_MEASURED, "SGLang builds its DualChunkRotaryEmbedding from config.json's "
+                                        "dual_chunk_attention_config (the positions of hf_posenc's DCA); not "
+                                        "measured here.", command=command,
+                  env={"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"} if n > served.context else {},
+                  max_length=n, checked=CHECKED,
+                  notes=["SGLang chooses the dual_chunk_flash_attn attention backend for it (CUDA) and refuses "
+                         "another one; config.json states the original context, hence the override variable",
+                         "the block carries no sparse_attention_config: dense DCA, as hf_posenc computes it"])
+
+
 @register("sglang")
 def launch(served: Served, length: int | None) -> Launch:
     if served.gguf:
         return Launch(ENGINE, CANNOT, "SGLang is checked here on HF folders only: serve the folder 'hf-posenc patch "
                                       "--output' writes.", checked=CHECKED)
+    if served.method == "dca" and served.dual_chunk:
+        return _dual_chunk(served, length)
     if not served.native:
         return not_native(served, ENGINE, f"SGLang loads the folder as the unpatched model (config.json states the "
                                           f"original context, {served.original}) and refuses a longer "

@@ -22,6 +22,10 @@ def launch(served: Served, length: int | None) -> Launch:
         return Launch(ENGINE, CANNOT, "vLLM takes a GGUF's configuration from transformers' GGUF reader, which reads "
                                       "no RoPE scaling: it would serve this file as the unpatched model. Serve the "
                                       "folder 'hf-posenc patch --output' writes instead.")
+    if not served.native and served.dual_chunk:
+        return Launch(ENGINE, CANNOT, "vLLM 0.32 (installed here) reads dual_chunk_attention_config into its "
+                                      "dual-chunk rotary embedding, but none of its attention backends implements "
+                                      "dual-chunk attention: not computable; SGLang reads it (see SGLang).")
     if not served.native:
         return not_native(served, ENGINE, f"vLLM loads the folder as the unpatched model (config.json states the "
                                           f"original context, {served.original}) and refuses longer inputs")
