@@ -7,10 +7,12 @@
     hf_posenc.save_pretrained(model, "out", tokenizer)          # + model card
     hf_posenc.push_to_hub(model, "user/name", tokenizer)        # save, then upload
     report = hf_posenc.tune(model, tokenizer, target_length=16384)  # which method and knobs
+    hf_posenc.explain("yarn:factor=4", "pictures/", model="smollm2-135m")  # what it does to positions
 """
 
 from ._version import __version__
 from .config import PosEncConfig
+from .explaining import explain
 from .hub import push_to_hub, save_pretrained
 from .loading import from_pretrained
 from .patching import get_config, is_patched, patch, unpatch
@@ -20,6 +22,7 @@ from .tuning import tune
 __all__ = [
     "PosEncConfig",
     "__version__",
+    "explain",
     "from_pretrained",
     "get_config",
     "is_patched",

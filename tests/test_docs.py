@@ -42,7 +42,8 @@ def test_the_readmes_support_table_is_the_one_the_method_records_give():
 def test_every_sub_command_and_every_method_has_its_generated_reference():
     cli = reference_docs.cli_reference()
     names = list(reference_docs.subcommands())
-    assert {"methods", "tune", "patch", "finetune", "upload", "serve-check", "eval ppl", "eval passkey"} <= set(names)
+    assert {"methods", "tune", "patch", "finetune", "upload", "serve-check", "serve-config", "explain", "eval ppl",
+            "eval passkey"} <= set(names)
     for name in names:
         assert f"## hf-posenc {name}\n" in cli
     assert "--checkpoint-every" in cli and "--engine {vllm,llama.cpp}" in cli  # the flags as the parsers have them
@@ -62,3 +63,6 @@ def test_the_site_builds_strictly(tmp_path):
     assert "hf-posenc finetune" in cli and "--checkpoint-every" in cli
     assert "dynamic_ntk" in (tmp_path / "site" / "methods" / "index.html").read_text()
     assert (tmp_path / "site" / "fine-tuning" / "index.html").exists()
+    gallery = (tmp_path / "site" / "explain" / "index.html").read_text()  # hf-posenc explain's pictures, drawn
+    assert "yarn:factor=2" in gallery and (tmp_path / "site" / "explain" / "yarn" / "wavelengths.png").exists()
+    assert (tmp_path / "site" / "explain" / "dca" / "positions.png").exists()

@@ -11,12 +11,12 @@ from ..engines.vllm_engine import EngineError
 from ..hub import UploadError
 from ..interrupts import Terminated, sigterm_interrupts
 from ..provenance import command_line, scrub
-from . import eval_cmd, finetune_cmd, methods_cmd, patch_cmd, serve_check_cmd, serve_config_cmd, tune_cmd, upload_cmd
+from . import eval_cmd, explain_cmd, finetune_cmd, methods_cmd, patch_cmd, serve_check_cmd, serve_config_cmd, tune_cmd, upload_cmd
 from .parser import Parser
 
 COMMANDS = {"methods": methods_cmd, "eval": eval_cmd, "tune": tune_cmd, "patch": patch_cmd,
             "finetune": finetune_cmd, "upload": upload_cmd,
-            "serve-check": serve_check_cmd, "serve-config": serve_config_cmd}
+            "serve-check": serve_check_cmd, "serve-config": serve_config_cmd, "explain": explain_cmd}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,8 @@ import sys
 import textwrap
 from typing import Any
 
-from ..files import atomic_write, atomic_write_text
+from ..figures import pyplot, save_figure
+from ..files import atomic_write_text
 from ..provenance import scrub, scrub_data
 from ..wording import first_names
 
@@ -119,20 +120,11 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_lines(series: dict[str, tuple[list[float], list[float]]], title: str, xlabel: str, ylabel: str, path: str,
                logy: bool = False, vline: float | None = None, hline: tuple[float, str] | None = None,
                baseline: str | None = None) -> str:
     """One line per series; ``baseline`` names the series drawn as a black dashed reference line."""
-    plt = _plt()
+    plt = pyplot()
     many = len(series) > 4  # then the legend goes beside the axes, where it hides no line
     fig, ax = plt.subplots(figsize=(9.5 if many else 7, 4.2), dpi=120)
     for label, (xs, ys) in series.items():
@@ -150,21 +142,12 @@ def plot_lines(series: dict[str, tuple[list[float], list[float]]], title: str, x
     ax.grid(alpha=0.3)
     ax.legend(**({"loc": "upper left", "bbox_to_anchor": (1.01, 1), "fontsize": "small"} if many else {}))
     fig.tight_layout()
-    return _save_figure(plt, fig, path)
-
-
-def _save_figure(plt, fig, path: str) -> str:
-    """The figure as a PNG at ``path``, written atomically (a reader never sees half a picture)."""
-    try:
-        atomic_write(path, lambda f: fig.savefig(f, format="png"))
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(plt, fig, path)
 
 
 def plot_heatmap(matrix: list[list[float]], rows: list[str], cols: list[str], title: str, path: str,
                  xlabel: str = "context length (tokens)", ylabel: str = "needle depth") -> str:
-    plt = _plt()
+    plt = pyplot()
     width = max(1.2 + 1.1 * len(cols), 3.6)  # at least wide enough for a readable title
     fig, ax = plt.subplots(figsize=(width, 1.3 + 0.5 * len(rows)), dpi=120)
     im = ax.imshow(matrix, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
@@ -178,4 +161,4 @@ def plot_heatmap(matrix: list[list[float]], rows: list[str], cols: list[str], ti
     ax.set_title(textwrap.fill(title, int(width * 8), break_on_hyphens=False), fontsize="medium")  # a long label wraps
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
-    return _save_figure(plt, fig, path)
+    return save_figure(plt, fig, path)

@@ -1,0 +1,222 @@
+"""``hf-posenc explain``: pictures and a short text of what a method does to positions, computed by the code that
+patches (:mod:`.arrays`), drawn by :mod:`.pictures`.
+
+- RoPE scalings (pi, ntk, yarn, llama3, dynamic ones at the length asked, longrope, none): wavelength per rotary
+  dimension before and after, each dimension classed (extrapolated / interpolated / blended), the attention
+  temperature, and RoPE's long-range decay bound (Su et al. 2021) before and after;
+- attention-level methods (self_extend, dca, string, rerope, leaky_rerope): the relative position each (query,
+  key) sees over the target window, the last query's row against true distance, the largest position any key takes;
+- T5 buckets (bucket_scale, max_distance): bucket against distance before and after;
+- ALiBi: the bias against distance per head; BERT table extension (interpolate, hierarchical): the cosine
+  similarity of the position table before and after (``model`` needed: the table is the model's).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import PosEncConfig, as_config
+from . import arrays as A
+from . import pictures as P
+
+KINDS = ("none", "rope", "attention", "relative_bucket", "swap", "absolute")
+PICTURED_SWAPS = ("alibi",)
+PICTURED_ABSOLUTE = ("interpolate", "hierarchical")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What the pictures need of a model: rotary head_dim (x partial rotary factor) and rope_theta, its original
+    context, attention heads (ALiBi) and T5's bucket settings; ``model``: where they were read (None: given)."""
+
+    head_dim: int
+    rope_theta: float
+    original: int
+    num_heads: int
+    num_buckets: int = 32
+    max_distance: int = 128
+    model: str | None = None
+
+
+def geometry_of(model: str | None = None, head_dim: int | None = None, rope_theta: float | None = None,
+                original: int | None = None) -> Geometry:
+    """The geometry of ``model`` (its config alone: no weights are read), each value replaced by the one given;
+    without ``model``, the default model's, unless all three are given."""
+    if model is None and None not in (head_dim, rope_theta, original):
+        return Geometry(int(head_dim), float(rope_theta), int(original), num_heads=8)
+    from ..adapters.base import text_config
+    from ..adapters.layout import head_dim as head_dim_of
+    from ..models import DEFAULT_MODEL, resolve_source
+    from transformers import AutoConfig
+
+    name = model or DEFAULT_MODEL
+    src = resolve_source(name)
+    lm = text_config(AutoConfig.from_pretrained(src.path, **src.kwargs))[0]
+    rp = getattr(lm, "rope_parameters", None) or {}
+    partial = rp.get("partial_rotary_factor") or getattr(lm, "partial_rotary_factor", None) or 1.0
+    own = int(head_dim_of(lm) * partial) if getattr(lm, "num_attention_heads", None) else 64
+    return Geometry(int(head_dim or own), float(rope_theta or rp.get("rope_theta") or 10000.0),
+                    int(original or getattr(lm, "max_position_embeddings", None) or getattr(lm, "n_positions", 512)),
+                    int(getattr(lm, "num_attention_heads", None) or getattr(lm, "num_heads", 8)),
+                    int(getattr(lm, "relative_attention_num_buckets", 32)),
+                    int(getattr(lm, "relative_attention_max_distance", 128)), name)
+
+
+def _target(cfg: PosEncConfig, geom: Geometry, length: int | None) -> int:
+    if length is not None:
+        if not isinstance(length, int) or length < 2:
+            raise ValueError(f"--length must be a whole number of tokens >= 2, got {length!r}")
+        return length
+    factor = cfg.factor if cfg.spec.uses_factor and cfg.factor and cfg.factor > 1 else 2.0
+    return int(round(factor * geom.original))
+
+
+def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[str, Any]:
+    from ..encodings.rope import RopeGeometry
+
+    rg = RopeGeometry(geom.rope_theta, geom.head_dim, geom.original)
+    w = A.rope_wavelengths(cfg, rg, length)
+    dense = torch.arange(length, dtype=torch.float64)  # every distance (the bound oscillates from one to the next)
+    full = (A.decay_bound(2 * math.pi / w["wavelength_before"], dense),
+            A.decay_bound(2 * math.pi / w["wavelength_after"], dense))
+    title = f"{cfg.method} (factor {cfg.factor or 1:g}) on head_dim {geom.head_dim}, rope_theta {geom.rope_theta:g}"
+    pictures = [P.wavelengths(w, title, os.path.join(output, "wavelengths.png")),
+                P.decay({"before": A.binned_mean(full[0]), cfg.method: A.binned_mean(full[1])}, geom.original,
+                        length, "RoPE long-range decay (Su et al. 2021), mean per log-spaced bin of distances:\n"
+                        + title, os.path.join(output, "decay.png"))]
+    counts = {c: w["classes"].count(c) for c in dict.fromkeys(w["classes"])}
+    L = geom.original
+    near, far = slice(L // 2, L), slice(L, length)
+    text = (f"Of the {len(w['classes'])} rotary dimension pairs: "
+            + ", ".join(f"{n} {c}" for c, n in counts.items())
+            + f". Pairs completing a rotation within L = {L:,}: {w['rotating_before']} before, "
+            f"{w['rotating_after']} after. Attention temperature: {w['attention']:.4f}. Longest wavelength: "
+            f"{w['wavelength_before'][-1]:,.0f} -> {w['wavelength_after'][-1]:,.0f} tokens. Decay bound, mean over "
+            f"distances L/2 .. L: {full[0][near].mean():.3f} -> {full[1][near].mean():.3f}"
+            + (f"; over L .. {length:,}: {full[0][far].mean():.3f} -> {full[1][far].mean():.3f}" if length > L else "")
+            + ".")
+    data = {"classes": w["classes"], "wavelength_before": w["wavelength_before"].tolist(),
+            "wavelength_after": w["wavelength_after"].tolist(), "attention": w["attention"],
+            "rotating_before": w["rotating_before"], "rotating_after": w["rotating_after"],
+            "decay_binned": {k: [v.tolist() for v in A.binned_mean(b)] for k, b in zip(("before", "after"), full)}}
+    return {"pictures": pictures, "text": text, "data": data}
+
+
+def _attention(cfg: PosEncConfig, geom: Geometry, length: int, output: str, resolution: int) -> dict[str, Any]:
+    m = A.remapped_map(cfg, geom.original, length, resolution)
+    knobs = ", ".join(f"{k}={v}" for k, v in m["params"].items() if v is not None)
+    title = f"{cfg.method} ({knobs}) over {length:,} tokens, L = {geom.original:,}"
+    pictures = [P.remapped(m, title, os.path.join(output, "positions.png"))]
+    inside = "within" if m["largest"] < geom.original else "past"
+    text = (f"Over {length:,} tokens the largest relative position any key takes is {m['largest']:,.0f}: {inside} "
+            f"the trained range (L = {geom.original:,}). The method advertises {m['advertised']:,} tokens"
+            + (f"; every score scaled by {m['score_scale']:.4f}" if m["score_scale"] != 1.0 else "")
+            + ("; queries scaled by up to " + f"{float(m['query_scale'].max()):.4f} (log-n)"
+               if m["query_scale"] is not None else "") + ".")
+    data = {"positions": m["positions"].tolist(), "largest": m["largest"], "advertised": m["advertised"],
+            "params": m["params"], "last_row_every_64": m["last_row"][::64].tolist()}
+    return {"pictures": pictures, "text": text, "data": data}
+
+
+def _buckets(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[str, Any]:
+    b = A.t5_buckets(cfg, length, geom.num_buckets, geom.max_distance)
+    title = f"{cfg.method} (factor {cfg.factor or 1:g}): T5 buckets, {geom.num_buckets} of them"
+    pictures = [P.buckets(b, title, os.path.join(output, "buckets.png"))]
+    text = (f"Distances share T5's last bucket from {b['last_shared_before']:,} tokens before, from "
+            f"{b['last_shared_after']:,} after (max_distance {b['max_distance_before']} -> {b['max_distance_after']}).")
+    return {"pictures": pictures, "text": text,
+            "data": {"before": b["before"].tolist(), "after": b["after"].tolist(),
+                     "last_shared_before": b["last_shared_before"], "last_shared_after": b["last_shared_after"]}}
+
+
+def _alibi(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[str, Any]:
+    a = A.alibi(geom.num_heads, length)
+    pictures = [P.alibi(a, geom.original, f"ALiBi on {geom.num_heads} heads (Press et al. 2022)",
+                        os.path.join(output, "alibi.png"))]
+    text = (f"ALiBi replaces the positional encoding by a bias -slope x distance per head; slopes "
+            f"{float(a['slopes'].min()):.3g} .. {float(a['slopes'].max()):.3g}. No position is out of range: the bias grows with "
+            "distance, so far keys fade at every length.")
+    return {"pictures": pictures, "text": text, "data": {"slopes": a["slopes"].tolist()}}
+
+
+def _absolute(cfg: PosEncConfig, geom: Geometry, output: str) -> dict[str, Any]:
+    from transformers import AutoModel
+
+    from ..models import resolve_source
+
+    if geom.model is None:
+        raise ValueError(f"{cfg.method} extends a model's learned position table: give --model (a BERT-family model)")
+    src = resolve_source(geom.model)
+    t = A.absolute_tables(AutoModel.from_pretrained(src.path, **src.kwargs).eval(), cfg)
+    pictures = [P.similarity(t, f"{cfg.method} (factor {cfg.factor or 1:g}) on {geom.model}",
+                             os.path.join(output, "similarity.png"))]
+    text = (f"The position table grows from {t['before'].shape[0]:,} to {t['after'].shape[0]:,} positions; the "
+            "pictures show how alike the vectors of any two positions are, before and after.")
+    return {"pictures": pictures, "text": text, "data": {"positions_before": t["before"].shape[0],
+                                                          "positions_after": t["after"].shape[0]}}
+
+
+def _check(cfg: PosEncConfig) -> str:
+    kind = cfg.spec.kind
+    if kind == "swap" and cfg.method not in PICTURED_SWAPS or kind == "absolute" and cfg.method not in PICTURED_ABSOLUTE:
+        raise ValueError(f"explain draws no picture of {cfg.method!r} yet; it draws the RoPE scalings, the "
+                         f"attention-level methods, T5 buckets, {', '.join(PICTURED_SWAPS)} and "
+                         f"{', '.join(PICTURED_ABSOLUTE)} (see 'hf-posenc methods')")
+    return kind
+
+
+def explain(config: Any, output: str, *, model: str | None = None, head_dim: int | None = None,
+            rope_theta: float | None = None, original: int | None = None, length: int | None = None,
+            resolution: int = 256) -> dict[str, Any]:
+    """Pictures and a text of what ``config`` (a method name, ``"yarn:factor=4"``, a dict or a
+    :class:`PosEncConfig`) does to positions, written into the folder ``output`` (PNGs, ``explain.md``,
+    ``explain.json``); the geometry from ``model``'s config or the values given (module docstring). Returns
+    ``{method, kind, length, pictures, text, data}``."""
+    from ..files import atomic_write_text
+
+    cfg = PosEncConfig.parse(config) if isinstance(config, str) and ":" in config else as_config(config)
+    kind = _check(cfg)
+    if not isinstance(resolution, int) or resolution < 8:
+        raise ValueError(f"--resolution must be a whole number >= 8, got {resolution!r}")
+    for name, value in (("--head-dim", head_dim), ("--rope-theta", rope_theta), ("--original-max-position", original)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+    if head_dim is not None and head_dim % 2:
+        raise ValueError(f"--head-dim must be even (RoPE rotates pairs of dimensions), got {head_dim}")
+    if os.path.isfile(output):
+        raise ValueError(f"--output {output} is a file; give a folder")
+    geom = geometry_of(model, head_dim, rope_theta, original)
+    n = _target(cfg, geom, length)
+    os.makedirs(output, exist_ok=True)
+    if kind in ("rope", "none"):
+        done = _rope(cfg, geom, n, output)
+    elif kind == "attention":
+        done = _attention(cfg, geom, n, output, resolution)
+    elif kind == "relative_bucket":
+        done = _buckets(cfg, geom, n, output)
+    elif kind == "swap":
+        done = _alibi(cfg, geom, n, output)
+    else:
+        done = _absolute(cfg, geom, output)
+    out = {"method": cfg.method, "kind": kind, "config": cfg.to_dict(), "length": n,
+           "geometry": geom.__dict__, **done}
+    atomic_write_text(os.path.join(output, "explain.json"), json.dumps(out, indent=1, default=float) + "\n")
+    atomic_write_text(os.path.join(output, "explain.md"), _markdown(out))
+    return out
+
+
+def _markdown(out: dict[str, Any]) -> str:
+    g = out["geometry"]
+    lines = [f"# {out['method']}: what it does to positions", "",
+             f"{out['text']}", "",
+             f"Geometry: head_dim {g['head_dim']}, rope_theta {g['rope_theta']:g}, original context "
+             f"{g['original']:,}" + (f" (from {g['model']})" if g["model"] else "") + f"; target length "
+             f"{out['length']:,}.", ""]
+    lines += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in out["pictures"]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,189 @@
+"""hf-posenc explain (issue 42 item 3): the arrays behind each picture against written-out formulas, the pictures
+and text written, and bad input refused. The geometry is given (head_dim 64, rope_theta 10,000, L 512) so no
+model is read, except for the BERT table, which is the local all-MiniLM-L6-v2's."""
+
+from __future__ import annotations
+
+import cmath
+import json
+import math
+
+import pytest
+import torch
+
+from hf_posenc.config import PosEncConfig
+from hf_posenc.encodings.rope import RopeGeometry
+from hf_posenc.explaining import arrays as A
+from hf_posenc import explain
+
+from conftest import refused
+
+D, THETA, L = 64, 10000.0, 512
+GEOM = RopeGeometry(THETA, D, L)
+
+
+def plain_wavelengths(base: float = THETA) -> torch.Tensor:
+    return torch.tensor([2 * math.pi * base ** (2 * k / D) for k in range(D // 2)], dtype=torch.float64)
+
+
+def test_pi_stretches_every_wavelength_by_the_factor_and_ntk_is_a_new_base():
+    pi = A.rope_wavelengths(PosEncConfig("pi", 4.0), GEOM, 4 * L)
+    assert torch.allclose(pi["wavelength_before"], plain_wavelengths(), rtol=1e-6)
+    assert torch.allclose(pi["wavelength_after"], 4 * plain_wavelengths(), rtol=1e-6)
+    assert set(pi["classes"]) == {A.INTERPOLATED} and pi["attention"] == 1.0
+    ntk = A.rope_wavelengths(PosEncConfig("ntk", 4.0), GEOM, 4 * L)
+    assert torch.allclose(ntk["wavelength_after"], plain_wavelengths(THETA * 4 ** (D / (D - 2))), rtol=1e-5)
+    assert ntk["classes"][0] == A.UNCHANGED and ntk["classes"][-1] == A.INTERPOLATED  # k=0 and k=d/2-1 exactly
+    assert set(ntk["classes"][1:-1]) == {A.BLENDED}
+
+
+def test_yarn_keeps_fast_dimensions_interpolates_slow_ones_and_warms_the_attention():
+    """YaRN (Peng et al. 2023): a dimension rotating more than beta_fast = 32 times within L is kept, one rotating
+    less than beta_slow = 1 time is interpolated by s; temperature 0.1 ln s + 1."""
+    s = 4.0
+    w = A.rope_wavelengths(PosEncConfig("yarn", s), GEOM, int(s * L))
+    rotations = L / plain_wavelengths()
+    for k, r in enumerate(rotations.tolist()):
+        if r > 2 * 32:  # clear of the floor/ceil of the ramp's ends
+            assert w["classes"][k] == A.UNCHANGED, k
+        elif r < 0.5:
+            assert w["classes"][k] == A.INTERPOLATED, k
+    assert A.BLENDED in w["classes"] and w["attention"] == pytest.approx(0.1 * math.log(s) + 1)
+    assert w["rotating_before"] == int((plain_wavelengths() <= L).sum())
+
+
+def test_dynamic_ntk_at_the_length_asked_is_ntk_with_its_alpha():
+    """Dynamic NTK at length n > L: alpha = s n / L - (s - 1), base * alpha^(d/(d-2)) (emozilla 2023)."""
+    n, s = 3 * L, 2.0
+    w = A.rope_wavelengths(PosEncConfig("dynamic_ntk", s), GEOM, n)
+    alpha = s * n / L - (s - 1)
+    assert torch.allclose(w["wavelength_after"], plain_wavelengths(THETA * alpha ** (D / (D - 2))), rtol=1e-5)
+    assert A.FURTHER in w["classes"]  # alpha = 5 > s: the slowest dimensions stretched past the factor
+
+
+def test_the_decay_bound_is_rofomers_relative_upper_bound():
+    """Su et al. 2021, section 3.4.3: (1/(d/2)) sum_{j=1}^{d/2} |sum_{k<j} e^{i m theta_k}|, written out."""
+    theta = [THETA ** (-2 * k / D) for k in range(D // 2)]
+    ms = torch.tensor([0.0, 1.0, 7.0, 100.0, 4000.0])
+    got = A.decay_bound(torch.tensor(theta, dtype=torch.float64), ms)
+    for m, value in zip(ms.tolist(), got.tolist()):
+        partial, total = 0j, 0.0
+        for t in theta:
+            partial += cmath.exp(1j * m * t)
+            total += abs(partial)
+        assert value == pytest.approx(total / (D // 2), rel=1e-9)
+    assert got[0] == pytest.approx((D // 2 + 1) / 2)  # m = 0: the mean of 1 .. d/2
+
+
+def _row(method: str, i: int, **knobs):
+    from hf_posenc.methods.remapped import REMAPPED
+
+    params = REMAPPED[method].defaults(dict(PosEncConfig(method, None, None, knobs).params), L)
+    return A.remapped_row(REMAPPED[method].scheme(params, L), i, 4 * L), params
+
+
+def test_self_extend_rows_follow_the_papers_formula():
+    """Jin et al. 2024: r = d for d < W, else floor(i/G) + W - W/G - floor(j/G)."""
+    i = 3 * L + 17
+    row, p = _row("self_extend", i, group_size=4, window=64)
+    G, W = p["group_size"], p["window"]
+    want = [i - j if i - j < W else i // G + W - W // G - j // G for j in range(i + 1)]
+    assert row.tolist() == [float(x) for x in want]
+
+
+def test_dca_and_rerope_rows_follow_their_formulas():
+    """DCA (An et al. 2024): c = s - w; own chunk (i mod c) - (j mod c); previous chunk c + min(i mod c, w) -
+    (j mod c); older chunks s - (j mod c). ReRoPE (Su 2023): min(d, w)."""
+    i = 3 * L + 5
+    row, p = _row("dca", i)
+    s, w = p["chunk_size"], p["local_window"]
+    c = s - w
+    n = i // c
+
+    def want(j):
+        if j // c == n:
+            return i % c - j % c
+        if j // c == n - 1:
+            return c + min(i % c, w) - j % c
+        return s - j % c
+
+    assert row.tolist() == [float(want(j)) for j in range(i + 1)]
+    row, p = _row("rerope", i)
+    assert row.tolist() == [float(min(i - j, p["window"])) for j in range(i + 1)]
+
+
+def test_the_relative_position_map_and_its_largest_position():
+    m = A.remapped_map(PosEncConfig("rerope"), L, 4 * L, resolution=32)
+    window = m["params"]["window"]
+    assert m["largest"] == window and m["map"].shape == (32, 32)
+    assert math.isnan(m["map"][0, 1]) and m["map"][-1, 0] == window  # future keys NaN; the far key at the window
+    none_past = A.remapped_map(PosEncConfig("string"), L, 4 * L, resolution=16)
+    assert none_past["largest"] < 4 * L - 1  # STRING shifts the far positions down
+
+
+def test_t5_buckets_come_from_the_patched_module():
+    """bucket_scale: the bucket of trunc(r / s); max_distance: T5's buckets with max_distance x s."""
+    from hf_posenc.encodings.t5_buckets import relative_position_bucket
+
+    d = torch.arange(2000)
+    scaled = A.t5_buckets(PosEncConfig("bucket_scale", 2.0), 2000)
+    assert scaled["after"].tolist() == scaled["before"][d // 2].tolist()
+    stretched = A.t5_buckets(PosEncConfig("max_distance", 2.0), 2000)
+    assert stretched["max_distance_after"] == 256
+    assert stretched["after"].tolist() == relative_position_bucket(-d, True, 32, 256).tolist()
+    assert stretched["last_shared_after"] > stretched["last_shared_before"]
+
+
+def test_alibi_slopes_are_the_papers_geometric_sequence():
+    """Press et al. 2022: for 8 heads, 1/2, 1/4, ..., 1/256; the bias -slope x distance."""
+    a = A.alibi(8, 1000)
+    assert a["slopes"].tolist() == [2.0 ** -(k + 1) for k in range(8)]
+    assert a["bias"][2, -1].item() == pytest.approx(-a["slopes"][2].item() * a["distance"][-1].item())
+
+
+def test_a_bert_table_extended_by_interpolation_keeps_its_ends(tmp_path):
+    from transformers import AutoModel
+
+    from hf_posenc.models import resolve_source
+
+    model = AutoModel.from_pretrained(resolve_source("all-minilm-l6-v2").path).eval()
+    t = A.absolute_tables(model, PosEncConfig("interpolate", 2.0))
+    assert t["after"].shape[0] == 2 * t["before"].shape[0]
+    assert torch.allclose(t["after"][0], t["before"][0]) and torch.allclose(t["after"][-1], t["before"][-1])
+    assert torch.allclose(t["similarity_after"].diagonal(), torch.ones(t["after"].shape[0], dtype=torch.float64))
+    assert A.position_table(model).shape[0] == t["before"].shape[0]  # unpatched again
+
+
+@pytest.mark.parametrize("method,pictures", [("yarn:factor=4", ["wavelengths.png", "decay.png"]),
+                                             ("dca", ["positions.png"]), ("alibi", ["alibi.png"]),
+                                             ("max_distance:factor=2", ["buckets.png"])])
+def test_the_cli_writes_the_pictures_the_text_and_the_numbers(method, pictures, tmp_path, capsys):
+    from hf_posenc.cli import main
+
+    out = tmp_path / "explain"
+    assert main(["explain", method, "--head-dim", str(D), "--rope-theta", str(THETA), "--original-max-position",
+                 str(L), "--resolution", "32", "--output", str(out)]) == 0
+    for name in pictures:
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    data = json.loads((out / "explain.json").read_text())
+    assert data["method"] == method.split(":")[0] and data["geometry"]["original"] == L
+    md = (out / "explain.md").read_text()
+    assert all(f"]({name})" in md for name in pictures) and data["text"] in md
+    assert data["text"] in capsys.readouterr().out
+
+
+def test_bad_input_is_refused_by_name(tmp_path, capsys):
+    common = ["--head-dim", "64", "--rope-theta", "10000", "--original-max-position", "512"]
+    assert "explain draws no picture of 'nope' yet" in refused(["explain", "nope", *common, "--output",
+                                                                  str(tmp_path / "a")], capsys)
+    assert "--head-dim must be even" in refused(["explain", "pi", "--factor", "2", "--head-dim", "63", "--rope-theta",
+                                                 "10000", "--original-max-position", "512", "--output",
+                                                 str(tmp_path / "b")], capsys)
+    (tmp_path / "file").write_text("x")
+    assert "is a file; give a folder" in refused(["explain", "pi", "--factor", "2", *common, "--output",
+                                                  str(tmp_path / "file")], capsys)
+    assert "holds its knobs already" in refused(["explain", "yarn:factor=2", "--factor", "2", *common, "--output",
+                                                 str(tmp_path / "c")], capsys)
+    assert "give --model" in refused(["explain", "interpolate", "--factor", "2", *common, "--output",
+                                      str(tmp_path / "d")], capsys)
+    assert "unknown method 'yarnn'" in refused(["explain", "yarnn", *common, "--output", str(tmp_path / "e")], capsys)
