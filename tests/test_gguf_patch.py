@@ -338,3 +338,25 @@ def test_a_frozen_longrope_is_refused_for_a_gguf_before_reading_it(tmp_path, mon
     with pytest.raises(ValueError, match="cannot write longrope into a GGUF, frozen or not: .*phi3"):
         patch_gguf(tmp_path / "any.gguf", tmp_path / "out.gguf", PosEncConfig("longrope", 2.0), freeze_at=4 * ORIGINAL)
     assert not (tmp_path / "out.gguf").exists()
+
+
+def test_serve_check_and_serve_config_read_a_patched_gguf_and_refuse_another_architecture(tiny_gguf, tmp_path,
+                                                                                          capsys):
+    """What serve-check and serve-config know of a GGUF before llama.cpp starts: the record patch --gguf wrote (a
+    frozen dynamic NTK is static ntk there), the quantized weight types; a GGUF of an architecture hf_posenc does not
+    load is refused by name, before anything runs."""
+    from hf_posenc.serve_check import read_block
+    from hf_posenc.serve_config import serve_config
+
+    frozen = str(tmp_path / "frozen.gguf")
+    patch_gguf(tiny_gguf, frozen, {"method": "dynamic_ntk", "factor": 2.0}, freeze_at=4 * ORIGINAL)
+    plain, block = read_block(frozen)
+    assert block["method"] == "ntk" and block["original_max_position_embeddings"] == ORIGINAL
+    assert plain["quantized"] == {"Q8_0": 6} and plain["llama_cpp"]["base_changed"] is True
+    launches = {launch.engine: launch for launch in serve_config(frozen)}
+    assert launches["llama.cpp"].command[:3] == ["llama-server", "-m", frozen] and launches["vLLM"].computes == "cannot"
+    other = write_tiny_gguf(tmp_path / "other.gguf", tiny_model("llama", intermediate_size=96), arch="gpt2")
+    err = refused(["serve-check", other, "--engine", "llama.cpp", "--lengths", "16"], capsys)
+    assert "GGUF architecture 'gpt2' is not one hf_posenc loads and checks" in err
+    err = refused(["serve-config", other], capsys)
+    assert "GGUF architecture 'gpt2'" in err
