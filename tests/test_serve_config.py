@@ -37,8 +37,8 @@ def tiny(tmp_path_factory):
 EXPECTED = {  # engine -> method -> what it computes (the method records' engines, and each engine's reader)
     "vllm": {"none": "same", "yarn": "same", "pi": "same", "ntk": "same", "llama3": "same",
              "dynamic_ntk": "within_original", "dca": "cannot"},
-    "llama.cpp": {"none": "not measured", "yarn": "same", "pi": "same", "ntk": "not measured",
-                  "llama3": "not measured", "dynamic_ntk": "within_original", "dca": "cannot"},
+    "llama.cpp": {"none": "same", "yarn": "same", "pi": "same", "ntk": "same", "llama3": "same",
+                  "dynamic_ntk": "within_original", "dca": "cannot"},
     "sglang": {"none": "not measured", "yarn": "not measured", "pi": "not measured", "ntk": "not measured",
                "llama3": "not measured", "dynamic_ntk": "cannot", "dca": "cannot"},
     "ollama": {"none": "not measured", "yarn": "not measured", "pi": "not measured", "ntk": "not measured",

@@ -153,12 +153,13 @@ def _longrope_defaults(params: dict[str, Any], half: int, factor: float) -> dict
 VLLM_SAME = {"vLLM": EngineSupport("same", "measured by hf-posenc serve-check on SmolLM2-135M at 4,096 and 12,288 "
                                            "tokens (none: 4,096; vLLM refuses past its 8,192), vLLM 0.32 (CPU): mean "
                                            "NLL within 6e-5 relative")}
-# measured by tests/test_llama_cpp.py: SmolLM2-135M saved with its original context stated as 512 tokens, converted by
-# llama.cpp's convert_hf_to_gguf.py (f32), serve-check at 256 and 1,000 tokens, llama-cpp-python 0.3.36
-LLAMA_CPP_SAME = {"llama.cpp": EngineSupport("same", "measured by hf-posenc serve-check on SmolLM2-135M (original "
-                                                     "context stated as 512) at 256 and 1,000 tokens, converted by "
-                                                     "llama.cpp's convert_hf_to_gguf.py (f32), llama-cpp-python "
-                                                     "0.3.36 (CPU): mean NLL within 1e-4 relative")}
+# measured by scripts/bench_serving.py --engine llama.cpp (BENCHMARKS.md): SmolLM2-135M checkpoints saved by
+# `hf-posenc patch`, converted by llama.cpp's convert_hf_to_gguf.py (f32), serve-check at 4,096 and 12,288 tokens,
+# llama-cpp-python 0.3.36 (CPU); pi and yarn also by tests/test_llama_cpp.py (original context stated as 512)
+LLAMA_CPP_SAME = {"llama.cpp": EngineSupport("same", "measured by hf-posenc serve-check on SmolLM2-135M at 4,096 and "
+                                                     "12,288 tokens, converted by llama.cpp's convert_hf_to_gguf.py "
+                                                     "(f32), llama-cpp-python 0.3.36 (CPU): mean NLL within 7e-5 "
+                                                     "relative")}
 
 
 def _yarn_grid(original: int, target: int, factors: list[float]) -> list[dict[str, Any]]:
@@ -172,13 +173,13 @@ def _dynamic_yarn_grid(original: int, target: int, factors: list[float]) -> list
 
 # "none" is its own kind: every adapter takes it (the unchanged model, as a baseline)
 _add(MethodSpec("none", "none", "No change: the checkpoint's own positions (a baseline).", uses_factor=False,
-                engines={**VLLM_SAME}),
+                engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_none, native=lambda s, L, p, g: {"rope_type": "default"}))
 _add(MethodSpec("pi", "rope", "Position interpolation: every frequency divided by factor (Chen et al. 2023).",
                 aliases=("linear",), tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_linear, native=lambda s, L, p, g: {"rope_type": "linear", "factor": s}))
 _add(MethodSpec("ntk", "rope", "Static NTK-aware scaling: rope_theta' = rope_theta * factor^(d/(d-2)).",
-                aliases=("ntk_aware", "static_ntk"), tune_grid=factor_grid, engines={**VLLM_SAME}),
+                aliases=("ntk_aware", "static_ntk"), tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_ntk, native=lambda s, L, p, g: {"rope_type": "default", "rope_theta": R.ntk_base(g.base, g.dim, s)}))
 _add(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the current length once it exceeds the original context.",
                 aliases=("dynamic",), tune_grid=factor_grid,
@@ -208,7 +209,7 @@ _add(MethodSpec("dynamic_yarn", "rope", "Dynamic YaRN: YaRN with scale = current
      RopeScaling(R.rope_dynamic_yarn, dynamic="grow"))
 _add(MethodSpec("llama3", "rope", "Llama 3.1 wavelength-band smoothing of PI.",
                 params={"low_freq_factor": 1.0, "high_freq_factor": 4.0}, check=_check_llama3,
-                tune_grid=factor_grid, engines={**VLLM_SAME}),
+                tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_llama3, native=lambda s, L, p, g: {"rope_type": "llama3", "factor": s,
                                                             "original_max_position_embeddings": L,
                                                             **_floats(p, "low_freq_factor", "high_freq_factor")}))
