@@ -3,20 +3,22 @@
 "local_size": 8192, "original_max_position_embeddings": 262144}``), which SGLang reads (``get_rope`` builds its
 ``DualChunkRotaryEmbedding`` from it, Qwen2/Qwen3 models, attention backend ``dual_chunk_flash_attn``).
 
+SGLang's dual-chunk attention also multiplies the keys by 0.1 ln(n / original_max_position_embeddings) + 1 for an
+input of n tokens past that field (Qwen2.5-1M's temperature), which hf_posenc's DCA (ChunkLlama's) does not; and
+its rotary tables hold ``max_position_embeddings`` key positions. So the block states the context the checkpoint
+advertises as ``original_max_position_embeddings`` (no temperature up to it), and serve-config launches SGLang
+with ``max_position_embeddings`` raised to that context by ``--json-model-override-args``.
+
 Their positions are hf_posenc's DCA (An et al. 2024, ChunkLlama): with c = chunk_size - local_size, keys at
 j mod c; queries at i mod c in their chunk, c + min(i mod c, local_size) against the previous chunk, chunk_size
 against the earlier ones (vLLM's ``dual_chunk_rope.py`` spells the same three query tables). Opt-in: the plain
 fields keep the original context, so every engine that does not read the block still refuses longer inputs;
-``hf-posenc serve-config`` prints the settings that take them (SGLang's override of the context length).
+``hf-posenc serve-config`` prints the settings that take them.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
-
-from .files import atomic_write_text
 
 KEY = "dual_chunk_attention_config"
 FAMILIES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # the model types whose SGLang/vLLM files read the block
@@ -33,22 +35,35 @@ def check_dual_chunk_config(method: str, model_type: str | None = None) -> None:
                          "loads with DCA in hf_posenc.from_pretrained)")
 
 
-def block_of(params: dict[str, Any], original: int) -> dict[str, int]:
-    """The ``dual_chunk_attention_config`` of DCA's resolved ``params`` over the original context ``original``."""
+def block_of(params: dict[str, Any], advertised: int) -> dict[str, int]:
+    """The ``dual_chunk_attention_config`` of DCA's resolved ``params`` for a checkpoint advertising ``advertised``
+    tokens (module docstring: SGLang's temperature starts past ``original_max_position_embeddings``)."""
     return {"chunk_size": int(params["chunk_size"]), "local_size": int(params["local_window"]),
-            "original_max_position_embeddings": int(original)}
+            "original_max_position_embeddings": int(advertised)}
 
 
-def write_dual_chunk_config(folder: str) -> dict[str, int]:
-    """Add the block to the DCA checkpoint saved in ``folder`` (its config.json replaced whole); returns it."""
-    from .config import CONFIG_KEY
+def dual_chunk_block(model) -> dict[str, int]:
+    """The block of a model patched with DCA (its resolved configuration); refused for another method or family."""
+    from .methods.remapped import REMAPPED
+    from .patching import get_config
 
-    path = os.path.join(folder, "config.json")
-    with open(path, encoding="utf-8") as f:
-        config = json.load(f)
-    saved = config.get(CONFIG_KEY) or {}
-    check_dual_chunk_config(saved.get("method", "none"), config.get("model_type"))
-    block = block_of(saved["params"], saved["original_max_position_embeddings"])
-    config[KEY] = block
-    atomic_write_text(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return block
+    cfg = get_config(model)
+    check_dual_chunk_config(cfg.method if cfg else "none", getattr(model.config, "model_type", None))
+    L = cfg.original_max_position_embeddings
+    return block_of(cfg.params, REMAPPED["dca"].context(cfg.params, L))
+
+
+class written_with_block:
+    """``with written_with_block(model):`` the model's config carries the block while it is saved (config.json and
+    the card both see it), and not after."""
+
+    def __init__(self, model):
+        self.config, self.block = model.config, dual_chunk_block(model)
+
+    def __enter__(self):
+        setattr(self.config, KEY, self.block)
+        return self.block
+
+    def __exit__(self, *exc):
+        if hasattr(self.config, KEY):
+            delattr(self.config, KEY)

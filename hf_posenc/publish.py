@@ -103,12 +103,8 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
             reports.insert(0, tuned)
         patch(lm, config)
         card = dict(base_model=model, repo_id=push_to_hub, command=command)
-        with out.staged() as staged:  # a failure leaves --output as it was
+        with out.staged() as staged, _dual_chunk(lm, dual_chunk_config):  # a failure leaves --output as it was
             save_pretrained(lm, staged, tok, eval_results=reports, **card)
-            if dual_chunk_config:
-                from .dual_chunk_config import write_dual_chunk_config
-
-                write_dual_chunk_config(staged)
             if serve_check:
                 from .hub import write_model_card
                 from .serve_check import serve_check as check_folder, serve_table
@@ -126,6 +122,15 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
             done["commit_url"] = upload(output, push_to_hub, private=private, revision=revision,
                                         commit_message=commit_message, timeout=timeout or UPLOAD_TIMEOUT)
     return done
+
+
+def _dual_chunk(model, wanted: bool):
+    """While the checkpoint is saved: Qwen's dual_chunk_attention_config on its config (``--dual-chunk-config``)."""
+    from contextlib import nullcontext
+
+    from .dual_chunk_config import written_with_block
+
+    return written_with_block(model) if wanted else nullcontext()
 
 
 def _saved_natively(method: str) -> bool:

@@ -36,14 +36,15 @@ LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward 
 NOT_COMPUTABLE, SAME, DIFFERS, REFUSED, SERVED_WRONG = "not computable", "same", "differs", "refused", "served wrong"
 RTOL = 1e-3  # same: the mean NLL within this, relative (float32 weights both ways)
 # A quantized GGUF: llama.cpp multiplies the quantized weights with activations it rounds to 8-bit integers, hf_posenc
-# the de-quantized weights in float32. Measured on SmolLM2-135M's Q4_1 GGUF, unpatched: 1.4e-3 to 2.4e-3 relative at
-# 256 to 2,048 tokens (max per-token 0.4-0.5 nats). A wrong position encoding moves the mean NLL far more (the yarn
-# x2 record served as pi x2 by the metadata: 16-19% at 256 and 1,000 tokens, tests/test_llama_cpp.py), but a
-# difference under 1% is not resolved on a quantized file.
-QUANTIZED_RTOL = 1e-2
+# the de-quantized weights in float32. Measured on SmolLM2-135M's Q4_1 GGUF: 1.0e-3 to 2.4e-3 relative at 256 to
+# 12,288 tokens, unpatched and patched with yarn x2 (max per-token 0.4-0.9 nats; scripts/bench_serving.py --engine
+# llama.cpp, tests/test_llama_cpp.py). The tolerance leaves twice the largest: a position encoding that moves the
+# mean NLL by 0.5% or more is resolved (yarn x2 vs the unpatched file: 0.6-0.7% at 256 and 1,000 tokens over a
+# stated L of 512, 1% at 4,096 and 5.7% at 12,288 over SmolLM2's 8,192; the yarn record served as pi: 16-19%).
+QUANTIZED_RTOL = 5e-3
 QUANTIZED_BASIS = ("quantized weights: llama.cpp multiplies them with activations rounded to 8 bits, hf_posenc "
-                   "de-quantizes them to float32; SmolLM2's Q4_1 GGUF unpatched is 1.4e-3 to 2.4e-3 apart, so a "
-                   "difference under 1% is not resolved")
+                   "de-quantizes them to float32; SmolLM2's Q4_1 GGUF is 1.0e-3 to 2.4e-3 apart, so a difference "
+                   "under 0.5% is not resolved")
 
 
 def check_engine_flags(engine: str, engine_python: str | None = None, allow_long: bool = False,

@@ -13,6 +13,7 @@ from typing import Any
 
 from .config import PosEncConfig
 from .engines.launch import LAUNCHERS, Launch, Served
+from .engines.launch.base import TooLong
 from .gguf_file import llama_cpp_metadata, refusal
 from .methods import resolve_method
 from .serve_check import original_of, read_block
@@ -79,10 +80,18 @@ def serve_config(path: str, engines: list[str] | None = None, max_length: int | 
     unknown = [e for e in engines if e not in LAUNCHERS]
     if unknown or not engines:
         raise ValueError(f"--engine must be among {list(LAUNCHERS)}, got {engines}")
-    if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
-        raise ValueError(f"--max-length must be a whole number of tokens >= 1, got {max_length!r}")
+    if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
+        raise ValueError(f"--max-length must be a whole number of tokens >= 2, got {max_length!r}")
     served = describe(path)
-    return [LAUNCHERS[e](served, max_length) for e in engines]
+    return [_launch(e, served, max_length) for e in engines]
+
+
+def _launch(engine: str, served: Served, max_length: int | None) -> Launch:
+    """One engine's launch; a length past what it computes is that engine's ``cannot``, the others still answer."""
+    try:
+        return LAUNCHERS[engine](served, max_length)
+    except TooLong as why:
+        return Launch(LAUNCHERS[engine](served, None).engine, "cannot", str(why))
 
 
 def card_launches(plain: dict[str, Any], block: dict[str, Any], repo_id: str) -> list[dict[str, Any]]:

@@ -141,12 +141,17 @@ def test_a_q4_gguf_patched_in_place_is_the_same_within_the_stated_quantization_t
     report = json.loads((tmp_path / "serve_check.json").read_text())
     s = report["setup"]
     assert s["method"] == "yarn" and s["original_context"] == L and s["converted"] is None
-    assert s["weight_types"]["Q4_1"] > 100 and s["rtol"] == 1e-2 and "8 bits" in s["rtol_basis"]
+    assert s["weight_types"]["Q4_1"] > 100 and s["rtol"] == 5e-3 and "8 bits" in s["rtol_basis"]
     for n in LENGTHS:
         r = report["results"][str(n)]
-        assert r["verdict"] == "same" and 1e-5 < r["relative_diff"] < 5e-3, (n, r)  # rounding, but little of it
+        assert r["verdict"] == "same" and 1e-5 < r["relative_diff"] < 3e-3, (n, r)  # rounding, but little of it
     out = capsys.readouterr().out
-    assert "the GGUF as it is" in out and "Q4_1 tensors quantized" in out and "within 0.01 relative" in out
+    assert "the GGUF as it is" in out and "Q4_1 tensors quantized" in out and "within 0.005 relative" in out
+    # and the tolerance resolves the method: the unpatched file's NLL is further from yarn's than it
+    unpatched = serve_check(q4_ggufs["source"], engine="llama.cpp", lengths=LENGTHS, progress=False)["results"]
+    for n in LENGTHS:
+        a, b = report["results"][str(n)]["hf_posenc_nll"], unpatched[str(n)]["hf_posenc_nll"]
+        assert abs(a - b) / b > s["rtol"], (n, a, b)
 
 
 @needs_llama_cpp

@@ -43,8 +43,9 @@ EXPECTED = {  # engine -> method -> what it computes (the method records' engine
                "llama3": "not measured", "dynamic_ntk": "cannot", "dca": "cannot"},
     "ollama": {"none": "not measured", "yarn": "not measured", "pi": "not measured", "ntk": "not measured",
                "llama3": "not measured", "dynamic_ntk": "cannot", "dca": "cannot"},
-    "tgi": {"none": "not measured", "yarn": "not measured", "pi": "not measured", "ntk": "not measured",
-            "llama3": "not measured", "dynamic_ntk": "not measured", "dca": "cannot"},
+    # TGI reads rope_theta / rope_scaling as transformers 4 spelled them: the tiny models' base is not 10,000
+    "tgi": {"none": "cannot", "yarn": "cannot", "pi": "cannot", "ntk": "cannot", "llama3": "cannot",
+            "dynamic_ntk": "cannot", "dca": "cannot"},
 }
 
 
@@ -63,10 +64,11 @@ def test_vllm_is_launched_for_the_context_the_checkpoint_advertises_and_no_furth
     (yarn,) = serve_config(tiny["yarn"], ["vllm"])
     assert yarn.command == ["vllm", "serve", describe(tiny["yarn"]).path, "--max-model-len", str(2 * ORIGINAL)]
     assert yarn.python["max_model_len"] == 2 * ORIGINAL and not yarn.env
-    with pytest.raises(ValueError, match=f"--max-length {2 * ORIGINAL + 1} is past the {2 * ORIGINAL} tokens vLLM"):
-        serve_config(tiny["yarn"], ["vllm"], 2 * ORIGINAL + 1)
-    (none,) = serve_config(tiny["none"], ["vllm"], 2 * ORIGINAL)  # plain RoPE: the model's own positions past L
-    assert none.env == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} and "untrained there" in none.notes[0]
+    too_long, llama_cpp = serve_config(tiny["yarn"], ["vllm", "llama.cpp"], 2 * ORIGINAL + 1)
+    assert too_long.computes == "cannot" and f"up to {2 * ORIGINAL:,} tokens" in too_long.reason
+    assert llama_cpp.computes == "same"  # one engine's limit is its own answer, not the command's
+    (none,) = serve_config(tiny["none"], ["vllm"], 2 * ORIGINAL)  # vLLM's rotary table ends at the advertised context
+    assert none.computes == "cannot" and not none.env
     (dynamic,) = serve_config(tiny["dynamic_ntk"], ["vllm"])
     assert dynamic.max_length == ORIGINAL and "--freeze-at" in dynamic.reason
 
@@ -103,7 +105,7 @@ def test_the_cli_prints_text_and_json_and_refuses_bad_input(tiny, tmp_path, caps
     assert "## vLLM: same" in out and "## llama.cpp: same" in out and f"--max-model-len {2 * ORIGINAL}" in out
     assert main(["serve-config", tiny["dca"], "--engine", "vllm", "--json"]) == 0
     (launch,) = json.loads(capsys.readouterr().out)
-    assert launch["computes"] == "cannot" and "No engine implements `dca`" in launch["reason"]
+    assert launch["computes"] == "cannot" and "vLLM does not implement `dca` (no engine implements it" in launch["reason"]
     assert "expected comma-separated names among vllm" in refused(["serve-config", tiny["yarn"], "--engine",
                                                                      "vllm,vllm"], capsys)
     assert "expected an integer >= 1, got '0'" in refused(["serve-config", tiny["yarn"], "--max-length", "0"], capsys)
@@ -143,7 +145,7 @@ def test_llama_cpp_launched_with_the_printed_settings_computes_the_patched_gguf_
     with LlamaCppLM(path, n_ctx=n, **kw) as served:
         got = served.token_nll(ids)[0].double()
     ref = token_nll(hf_posenc.from_pretrained(patched).eval(), ids)[0].double()
-    assert abs(got.mean() - ref.mean()) / ref.mean() < 1e-2  # the Q4_1 file: the quantization's tolerance
+    assert abs(got.mean() - ref.mean()) / ref.mean() < 5e-3  # the Q4_1 file: the quantization's tolerance
     cli, flag_kw = llama_cpp_launch.flags(describe(patched).llama_cpp)  # the same RoPE by flags, unpatched file
     assert cli == ["--rope-scaling", "yarn", "--rope-scale", "2", "--yarn-orig-ctx", "512"]
     with LlamaCppLM(source, n_ctx=n, **flag_kw) as flagged:
@@ -186,7 +188,7 @@ def test_the_model_card_prints_each_engines_settings():
     hf_posenc.unpatch(model)
     hf_posenc.patch(model, "dca")
     part = build_model_card(model, repo_id="me/tiny-dca").content
-    assert part.count("No engine implements `dca`") == len(LAUNCHERS) and "vllm serve" not in part
+    assert part.count("does not implement `dca` (no engine implements it") == len(LAUNCHERS) and "vllm serve" not in part
 
 
 # ---- DCA for the engines that read it (issue 43 item 5): Qwen's dual_chunk_attention_config, opt-in -----------------
@@ -203,11 +205,14 @@ def test_a_qwen2_dca_checkpoint_saved_with_the_dual_chunk_config_loads_back_the_
 
     src, out = _tiny_saved(tmp_path / "qwen2", "qwen2"), str(tmp_path / "dca")
     assert main(["patch", "--model", src, "--method", "dca", "--output", out, "--dual-chunk-config"]) == 0
+    from hf_posenc.methods.remapped import REMAPPED
+
     saved = json.loads(open(f"{out}/config.json").read())
     params = saved["hf_posenc"]["params"]
+    advertised = REMAPPED["dca"].context(params, ORIGINAL)
     assert saved["dual_chunk_attention_config"] == {"chunk_size": params["chunk_size"],
                                                     "local_size": params["local_window"],
-                                                    "original_max_position_embeddings": ORIGINAL}
+                                                    "original_max_position_embeddings": advertised}
     assert saved["max_position_embeddings"] == ORIGINAL  # the plain fields: engines that do not read it still refuse
     ids = torch.randint(0, 96, (1, 3 * ORIGINAL))
     model = AutoModelForCausalLM.from_pretrained(src)
@@ -216,14 +221,19 @@ def test_a_qwen2_dca_checkpoint_saved_with_the_dual_chunk_config_loads_back_the_
         want = model(ids).logits
         got = hf_posenc.from_pretrained(out)(ids).logits
     assert (got - want).abs().max() < 1e-5
+    assert not hasattr(model.config, "dual_chunk_attention_config")
     launches = {launch.engine: launch for launch in serve_config(out)}
     sg = launches["SGLang"]
-    assert sg.computes == "not measured" and sg.env == {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
-    from hf_posenc.methods.remapped import REMAPPED
-
-    assert sg.command[-2:] == ["--context-length", str(REMAPPED["dca"].context(params, ORIGINAL))]
+    assert sg.computes == "not measured" and not sg.env
+    assert sg.command[-4:] == ["--context-length", str(advertised), "--json-model-override-args",
+                               json.dumps({"max_position_embeddings": advertised}, separators=(",", ":"))]
     assert launches["vLLM"].computes == "cannot" and "dual-chunk" in launches["vLLM"].reason
-    assert launches["llama.cpp"].computes == "cannot"
+    assert launches["llama.cpp"].computes == "cannot" and "only SGLang reads" in launches["llama.cpp"].reason
+    (too_long,) = serve_config(out, ["sglang"], advertised + 1)
+    assert too_long.computes == "cannot" and f"up to {advertised:,} tokens" in too_long.reason
+    card = open(f"{out}/README.md").read()
+    assert "| SGLang | DCA's positions, from dual_chunk_attention_config" in card
+    assert "**SGLang: not measured.**" in card and "--json-model-override-args" in card
 
 
 def test_the_dual_chunk_config_is_refused_for_another_method_or_family_and_nothing_is_written(tmp_path, capsys):

@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
                    help="token counts scored (default: half the original context, and the context the checkpoint "
                         "advertises, at most 32768).")
     c.add_argument("--rtol", type=positive_float, default=None,
-                   help="largest relative difference of the mean NLL still called 'same' (default: 1e-3; 1e-2 for a "
+                   help="largest relative difference of the mean NLL still called 'same' (default: 1e-3; 5e-3 for a "
                         "quantized GGUF, which llama.cpp multiplies with activations rounded to 8 bits).")
     c.add_argument("--confirm-refusal", action="store_true",
                    help="for a checkpoint no engine computes: start the engine anyway and check that it refuses the "

@@ -106,19 +106,24 @@ def register(name: str):
 
 
 def not_native(served: Served, engine: str, what_it_does: str) -> Launch:
-    """The launch of a checkpoint whose method no engine implements: none, and what the engine does instead."""
-    return Launch(engine, CANNOT, f"No engine implements `{served.method}` (the checkpoint's hf_posenc record says "
-                                  f"native: false); {what_it_does}.")
+    """The launch of a checkpoint whose method this engine does not implement: none, and what it does instead."""
+    who = ("only SGLang reads its dual_chunk_attention_config" if served.dual_chunk else "no engine implements it")
+    return Launch(engine, CANNOT, f"{engine} does not implement `{served.method}` ({who}; the checkpoint's hf_posenc "
+                                  f"record says native: false); {what_it_does}.")
+
+
+class TooLong(ValueError):
+    """A length past what one engine computes right for a checkpoint: that engine's answer, not the command's."""
 
 
 def length_for(served: Served, length: int | None, engine: str, limit: int | None = None) -> int:
     """The input length to launch for: ``length`` or the checkpoint's advertised context; past ``limit`` (the most
     the engine computes right for it) refused with the reason."""
     n = served.context if length is None else length
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"--max-length must be a whole number of tokens >= 1, got {length!r}")
+    if not isinstance(n, int) or n < 2:
+        raise ValueError(f"--max-length must be a whole number of tokens >= 2, got {length!r}")
     if limit is not None and n > limit:
-        raise ValueError(f"--max-length {n} is past the {limit} tokens {engine} computes this checkpoint for "
-                         f"(the context it advertises); give --max-length {limit} or less")
+        raise TooLong(f"{engine} computes this checkpoint up to {limit:,} tokens (the context it can be launched "
+                      f"for), not {n:,}: give --max-length {limit} or less")
     return n
 

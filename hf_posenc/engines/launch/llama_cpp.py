@@ -3,9 +3,11 @@
 llama.cpp reads the RoPE from the GGUF's metadata (``{arch}.rope.scaling.*``, ``rope.freq_base``, a ``rope_freqs``
 tensor): a folder is converted first by llama.cpp's own ``convert_hf_to_gguf.py``, which writes the scaling of
 ``config.json`` (linear, yarn, llama3's rope_freqs, a new rope_theta) and plain RoPE for a type it does not know;
-a GGUF written by ``hf-posenc patch --gguf`` already holds it. llama.cpp computes any context it is given (past the
-GGUF's trained context: a warning only), so it never refuses what it computes wrong. The same scaling can be given
-to an unpatched GGUF by flags (:func:`flags`), except llama3 (a tensor, not a flag).
+a GGUF written by ``hf-posenc patch --gguf`` already holds it. The library computes any context it is given (past
+the GGUF's trained context: a warning only), so it never refuses what it computes wrong; ``llama-server`` gives each
+slot at most the GGUF's ``{arch}.context_length`` (``server-context.cpp``), so a longer context also needs
+``--override-kv {arch}.context_length=int:N``. The same scaling can be given to an unpatched GGUF by flags
+(:func:`flags`), except llama3 (a tensor, not a flag).
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import os
 from .base import CANNOT, NOT_MEASURED, SAME, WITHIN, Launch, Served, length_for, not_native, register
 
 ENGINE = "llama.cpp"
-CHECKED = ("launched with these settings by tests/test_serve_config.py (llama-cpp-python 0.3.36, which runs the "
-           "llama.cpp it vendors; llama-server takes the same settings as flags)")
+CHECKED = ("launched with these keywords of llama_cpp.Llama by tests/test_serve_config.py (llama-cpp-python 0.3.36, "
+           "the llama.cpp it vendors); llama-server, which takes them as the flags shown, not launched here")
 GGUF_BASIS = ("llama.cpp reads the method from the file's metadata, which 'hf-posenc patch --gguf' wrote: "
               "tests/test_gguf_patch.py checks the frequencies llama.cpp derives from it against hf_posenc's, and "
               "tests/test_llama_cpp.py serve-checks SmolLM2's Q4_1 GGUF patched with yarn x2 (same within the "
-              "quantization's 1e-2); hf-posenc serve-check FILE --engine llama.cpp measures this file.")
+              "quantization's 5e-3); hf-posenc serve-check FILE --engine llama.cpp measures this file.")
 SCALING_TYPES = {"none": 0, "linear": 1, "yarn": 2}  # llama.cpp's enum llama_rope_scaling_type
 
 
@@ -44,6 +46,18 @@ def flags(meta: dict) -> tuple[list[str], dict] | None:
     return cli, kw
 
 
+GGUF_ARCH = {"mistral": "llama"}  # model_type -> the GGUF architecture llama.cpp's converter writes (else the same)
+
+
+def context_override(served: Served, n: int, context: int) -> tuple[list[str], dict]:
+    """llama-server's flag and llama_cpp.Llama's keyword that let a slot hold ``n`` tokens of a GGUF whose
+    ``context_length`` is ``context`` (none needed up to it)."""
+    if n <= context:
+        return [], {}
+    key = f"{GGUF_ARCH.get(served.model_type, served.model_type)}.context_length"
+    return ["--override-kv", f"{key}=int:{n}"], {"kv_overrides": {key: n}}
+
+
 def gguf_name(folder: str) -> str:
     return os.path.normpath(folder) + "-f32.gguf"
 
@@ -57,7 +71,11 @@ def launch(served: Served, length: int | None) -> Launch:
                                           "--confirm-refusal)")
     support = served.support.get(ENGINE)
     if served.llama_cpp is None and not (support is not None and support.computes == "within_original"):
-        return Launch(ENGINE, CANNOT, f"llama.cpp cannot compute this checkpoint: {served.llama_cpp_refusal}.")
+        why = served.llama_cpp_refusal or ""
+        if "beta_fast=" in why:
+            why += (" -- a GGUF cannot carry them; llama-server's --yarn-beta-fast / --yarn-beta-slow flags set them at "
+                    "launch (not measured here)")
+        return Launch(ENGINE, CANNOT, f"llama.cpp cannot compute this checkpoint from a GGUF: {why}.")
     gguf = served.path if served.gguf else gguf_name(served.path)
     steps = [] if served.gguf else [["python", "convert_hf_to_gguf.py", served.path, "--outfile", gguf,
                                      "--outtype", "f32"]]
@@ -69,18 +87,22 @@ def launch(served: Served, length: int | None) -> Launch:
                       steps=steps, command=["llama-server", "-m", gguf, "--ctx-size", str(n)],
                       python={"model_path": gguf, "n_ctx": n}, max_length=n, checked=CHECKED, notes=notes)
     n = length_for(served, length, ENGINE)
+    over_cli, over_kw = context_override(served, n, served.context)
     if n > served.context:
         notes.append(f"past the {served.context} tokens the checkpoint advertises: llama.cpp and hf_posenc compute "
                      "the same formula there, but the method was set for the advertised context")
     alternative = flags(served.llama_cpp)
     if alternative and not served.gguf and served.method != "none":
+        orig_cli, orig_kw = context_override(served, n, served.original)  # the unpatched GGUF states L
         notes.append("or, on the unpatched model's GGUF: llama-server -m ORIGINAL.gguf "
-                     + " ".join(alternative[0]) + f" --ctx-size {n} (Python: "
-                     + ", ".join(f"{k}={v!r}" for k, v in alternative[1].items()) + ")")
+                     + " ".join(alternative[0] + orig_cli) + f" --ctx-size {n} (Python: "
+                     + ", ".join(f"{k}={v!r}" for k, v in {**alternative[1], **orig_kw}.items()) + ")")
     computes = SAME if served.gguf or (support is not None and support.computes == "same") else NOT_MEASURED
-    reason = (GGUF_BASIS if served.gguf else
+    reason = (GGUF_BASIS if served.gguf and served.method != "none" else
+              "llama.cpp computes the GGUF's own RoPE (no scaling): the model as it was trained." if served.gguf else
               f"llama.cpp reads the method from the GGUF's metadata: {support.basis}." if computes == SAME else
               f"llama.cpp reads the method from the GGUF's metadata; `{served.method}` on llama.cpp is not measured "
               "here (hf-posenc serve-check --engine llama.cpp measures it).")
-    return Launch(ENGINE, computes, reason, steps=steps, command=["llama-server", "-m", gguf, "--ctx-size", str(n)],
-                  python={"model_path": gguf, "n_ctx": n}, max_length=n, checked=CHECKED, notes=notes)
+    return Launch(ENGINE, computes, reason, steps=steps,
+                  command=["llama-server", "-m", gguf, *over_cli, "--ctx-size", str(n)],
+                  python={"model_path": gguf, "n_ctx": n, **over_kw}, max_length=n, checked=CHECKED, notes=notes)

@@ -47,16 +47,20 @@ def _dual_chunk(served: Served, length: int | None) -> Launch:
     if served.model_type not in FAMILIES:
         return Launch(ENGINE, CANNOT, f"SGLang reads dual_chunk_attention_config for {', '.join(FAMILIES)} models, "
                                       f"not {served.model_type!r}.", checked=CHECKED)
-    n = length_for(served, length if length is not None else served.restored, ENGINE)
-    command = ["python", "-m", "sglang.launch_server", "--model-path", served.path, "--context-length", str(n)]
+    limit = int(served.dual_chunk.get("original_max_position_embeddings") or served.restored or served.context)
+    n = length_for(served, length if length is not None else limit, ENGINE, limit)
+    override = json.dumps({"max_position_embeddings": n}, separators=(",", ":"))
+    command = ["python", "-m", "sglang.launch_server", "--model-path", served.path, "--context-length", str(n),
+               "--json-model-override-args", override]
     return Launch(ENGINE, NOT_MEASURED, "SGLang builds its DualChunkRotaryEmbedding from config.json's "
-                                        "dual_chunk_attention_config (the positions of hf_posenc's DCA); not "
-                                        "measured here.", command=command,
-                  env={"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"} if n > served.context else {},
-                  max_length=n, checked=CHECKED,
-                  notes=["SGLang chooses the dual_chunk_flash_attn attention backend for it (CUDA) and refuses "
-                         "another one; config.json states the original context, hence the override variable",
-                         "the block carries no sparse_attention_config: dense DCA, as hf_posenc computes it"])
+                                        "dual_chunk_attention_config: the positions of hf_posenc's DCA; not measured "
+                                        "here.", command=command, max_length=n, checked=CHECKED,
+                  notes=["the override raises max_position_embeddings (config.json states L for the other engines): "
+                         "SGLang's dual-chunk rotary tables hold that many key positions",
+                         f"up to {limit:,} tokens (the block's original_max_position_embeddings) SGLang applies no "
+                         "attention temperature, as hf_posenc's DCA; past it, it would scale the keys",
+                         "SGLang chooses the dual_chunk_flash_attn attention backend for it (CUDA) and refuses "
+                         "another one; the block carries no sparse_attention_config: dense DCA"])
 
 
 @register("sglang")

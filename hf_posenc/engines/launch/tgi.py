@@ -28,21 +28,21 @@ def launch(served: Served, length: int | None) -> Launch:
                                           f"({served.original})")
     rope = served.rope
     kind = rope.get("rope_type", "default")
-    if kind == "yarn" and (float(rope.get("beta_fast", 32)) != 32 or float(rope.get("beta_slow", 1)) != 1
-                           or rope.get("attention_factor") not in (None, 1.0)):
-        return Launch(ENGINE, CANNOT, "TGI's yarn fixes beta_fast 32, beta_slow 1 and attn_factor 1; this checkpoint's "
-                                      "yarn sets them otherwise.", checked=CHECKED)
-    n = length_for(served, length, ENGINE, None if kind == "default" else served.context)
+    theta = float(rope.get("rope_theta", 10000.0))
+    if theta != 10000.0 or kind not in ("default", *FLAGGED):
+        return Launch(ENGINE, CANNOT, "TGI's server reads config.rope_theta and config.rope_scaling; under transformers "
+                                      "4 (TGI's releases) this config.json, written by transformers 5 with both inside "
+                                      "rope_parameters, gives base 10000 and no scaling, and its launcher's flags "
+                                      f"express only linear and dynamic scaling: not this model (rope_type {kind!r}, "
+                                      f"rope_theta {theta:g}).", checked=CHECKED)
+    n = length_for(served, length, ENGINE, served.context)  # TGI's max_total_tokens: at most max_position_embeddings
     command = ["text-generation-launcher", "--model-id", served.path, "--max-input-tokens", str(n - 1),
                "--max-total-tokens", str(n)]
     notes = ["TGI is in maintenance mode since December 2025 (its README points to vLLM, SGLang and llama.cpp)"]
     if kind in FLAGGED:
         command += ["--rope-scaling", FLAGGED[kind], "--rope-factor", f"{float(rope['factor']):g}"]
-        notes.append("--rope-scaling / --rope-factor repeat config.json's scaling, which a TGI on transformers 4 "
-                     "would not read from rope_parameters")
-    else:
-        notes.append("TGI reads rope_scaling and rope_theta of config.json through transformers 4's spelling; this "
-                     "config.json holds them as rope_parameters (transformers 5)")
+        notes.append("--rope-scaling / --rope-factor repeat config.json's scaling, which TGI on transformers 4 would "
+                     "not read from rope_parameters (they replace config.json's scaling)")
     if kind == "dynamic":
         notes.append("TGI's dynamic NTK follows the longest input it has seen, not each input's length")
     return Launch(ENGINE, NOT_MEASURED, f"TGI reads rope_type {kind!r}; not measured here.", command=command,

@@ -1,11 +1,10 @@
 """vLLM: ``vllm serve FOLDER --max-model-len N`` (``vllm.LLM(model=FOLDER, max_model_len=N)``).
 
 vLLM reads the RoPE of ``config.json`` (``rope_parameters``) as transformers does and derives its maximum model
-length from it (a scaled type: the context it advertises); its rotary table holds that many positions, so a
-longer ``--max-model-len`` (allowed only with ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``) reads past the table. Plain
-RoPE (``rope_type: default``: none, ntk) has no such table limit: past the advertised context it is the model's
-own positions, as hf_posenc computes them. A GGUF is not served here: vLLM takes a GGUF's configuration from
-transformers' GGUF reader, which reads no RoPE scaling.
+length from it (the context it advertises); its rotary table (``cos_sin_cache``) holds that many positions, plain
+RoPE included, so a longer ``--max-model-len`` (allowed only with ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``) reads past
+the table: NaN or garbage, vLLM's own warning says so. The launch never goes past the advertised context. A GGUF is
+not served here: vLLM takes a GGUF's configuration from transformers' GGUF reader, which reads no RoPE scaling.
 """
 
 from __future__ import annotations
@@ -37,14 +36,10 @@ def launch(served: Served, length: int | None) -> Launch:
                                       "(hf-posenc patch --freeze-at N) and serve that folder.",
                       command=["vllm", "serve", served.path, "--max-model-len", str(n)],
                       python={"model": served.path, "max_model_len": n}, max_length=n, checked=CHECKED)
-    plain = served.rope.get("rope_type", "default") == "default"
-    n = length_for(served, length, ENGINE, None if plain else served.context)
-    env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if n > served.context else {}
-    notes = [f"past the {served.context} tokens config.json advertises: the model's own positions, untrained there "
-             "(VLLM_ALLOW_LONG_MAX_MODEL_LEN lets vLLM take them)"] if env else []
+    n = length_for(served, length, ENGINE, served.context)  # vLLM's rotary table ends there, plain RoPE included
     computes = SAME if support is not None else NOT_MEASURED
     reason = (f"vLLM reads the method from config.json: {support.basis}." if support is not None else
               f"vLLM reads config.json's rope_parameters as transformers does; `{served.method}` on vLLM is not "
               "measured here (hf-posenc serve-check --engine vllm measures this folder).")
-    return Launch(ENGINE, computes, reason, command=["vllm", "serve", served.path, "--max-model-len", str(n)], env=env,
-                  python={"model": served.path, "max_model_len": n}, max_length=n, checked=CHECKED, notes=notes)
+    return Launch(ENGINE, computes, reason, command=["vllm", "serve", served.path, "--max-model-len", str(n)],
+                  python={"model": served.path, "max_model_len": n}, max_length=n, checked=CHECKED)
