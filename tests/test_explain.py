@@ -132,6 +132,7 @@ def test_t5_buckets_come_from_the_patched_module():
     assert stretched["max_distance_after"] == 256
     assert stretched["after"].tolist() == relative_position_bucket(-d, True, 32, 256).tolist()
     assert stretched["last_shared_after"] > stretched["last_shared_before"]
+    assert A.t5_buckets(PosEncConfig("bucket_scale", 2.0), 3)["last_shared_after"] is None  # 3 tokens: not reached
 
 
 def test_alibi_slopes_are_the_papers_geometric_sequence():
@@ -187,3 +188,36 @@ def test_bad_input_is_refused_by_name(tmp_path, capsys):
     assert "give --model" in refused(["explain", "interpolate", "--factor", "2", *common, "--output",
                                       str(tmp_path / "d")], capsys)
     assert "unknown method 'yarnn'" in refused(["explain", "yarnn", *common, "--output", str(tmp_path / "e")], capsys)
+
+
+def test_limits_a_patched_checkpoints_trained_context_and_someone_elses_folder(tmp_path, capsys):
+    import hf_posenc
+    from transformers import AutoModelForCausalLM
+
+    from conftest import ORIGINAL, tiny_config
+
+    common = ["--head-dim", "64", "--rope-theta", "10000", "--original-max-position", "512"]
+    assert "--length must be a whole number of tokens from 2 to 2,097,152" in refused(
+        ["explain", "yarn:factor=2", *common, "--length", "10000000", "--output", str(tmp_path / "a")], capsys)
+    assert "past the 2,097,152 tokens explain draws: give --length" in refused(
+        ["explain", "pi", "--factor", "1024", "--head-dim", "64", "--rope-theta", "10000", "--original-max-position", "4096", "--output", str(tmp_path / "b")], capsys)
+    assert "--resolution must be a whole number from 8 to 2048" in refused(
+        ["explain", "dca", *common, "--resolution", "100000", "--output", str(tmp_path / "c")], capsys)
+    assert "--rope-theta must be > 1" in refused(["explain", "pi", "--factor", "2", "--head-dim", "64", "--rope-theta",
+                                                  "1", "--original-max-position", "512", "--output",
+                                                  str(tmp_path / "d")], capsys)
+    assert not any((tmp_path / x).exists() for x in "abcd")  # refused before any folder is made
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "model.safetensors").write_text("not ours")
+    assert "holds files explain did not write" in refused(["explain", "pi", "--factor", "2", *common, "--output",
+                                                           str(theirs)], capsys)
+    model = AutoModelForCausalLM.from_config(tiny_config("llama"))
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    model.save_pretrained(tmp_path / "patched")
+    out = explain("yarn:factor=2", str(tmp_path / "e"), model=str(tmp_path / "patched"))
+    assert out["geometry"]["original"] == ORIGINAL and out["length"] == 2 * ORIGINAL  # not the advertised 2L
+    explain("dca", str(tmp_path / "e"), head_dim=64, rope_theta=10000.0, original=512)  # replaces the earlier one
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["explain.json", "explain.md", "positions.png"]
+    short = explain("yarn:factor=2", str(tmp_path / "f"), head_dim=64, rope_theta=10000.0, original=512, length=100)
+    assert "nan" not in short["text"]

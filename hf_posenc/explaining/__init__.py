@@ -26,6 +26,8 @@ from . import arrays as A
 from . import pictures as P
 
 KINDS = ("none", "rope", "attention", "relative_bucket", "swap", "absolute")
+MAX_LENGTH = 1 << 21  # 2,097,152 tokens: the decay bound of every distance stays a few hundred MB
+MAX_RESOLUTION = 2048  # sampled queries and keys of the relative-position map
 PICTURED_SWAPS = ("alibi",)
 PICTURED_ABSOLUTE = ("interpolate", "hierarchical")
 
@@ -57,24 +59,59 @@ def geometry_of(model: str | None = None, head_dim: int | None = None, rope_thet
 
     name = model or DEFAULT_MODEL
     src = resolve_source(name)
-    lm = text_config(AutoConfig.from_pretrained(src.path, **src.kwargs))[0]
+    hf_config = AutoConfig.from_pretrained(src.path, **src.kwargs)
+    lm = text_config(hf_config)[0]
     rp = getattr(lm, "rope_parameters", None) or {}
     partial = rp.get("partial_rotary_factor") or getattr(lm, "partial_rotary_factor", None) or 1.0
     own = int(head_dim_of(lm) * partial) if getattr(lm, "num_attention_heads", None) else 64
-    return Geometry(int(head_dim or own), float(rope_theta or rp.get("rope_theta") or 10000.0),
-                    int(original or getattr(lm, "max_position_embeddings", None) or getattr(lm, "n_positions", 512)),
-                    int(getattr(lm, "num_attention_heads", None) or getattr(lm, "num_heads", 8)),
+    trained = _trained_context(hf_config, lm, src)
+    return Geometry(int(head_dim or own), float(rope_theta or _original_theta(hf_config) or rp.get("rope_theta")
+                                                or 10000.0),
+                    int(original or trained), int(getattr(lm, "num_attention_heads", None) or getattr(lm, "num_heads", 8)),
                     int(getattr(lm, "relative_attention_num_buckets", 32)),
                     int(getattr(lm, "relative_attention_max_distance", 128)), name)
 
 
+def _trained_context(hf_config, lm, src) -> int:
+    """The context the model was trained for: a patched checkpoint's recorded original (its config advertises the
+    extended one), a patched GGUF's record, else the config's."""
+    import os
+
+    from ..config import CONFIG_KEY
+
+    block = getattr(hf_config, CONFIG_KEY, None)
+    if isinstance(block, dict) and block.get("original_max_position_embeddings"):
+        return int(block["original_max_position_embeddings"])
+    if "gguf_file" in src.kwargs:
+        from ..gguf_file import stored_patch
+
+        stored = stored_patch(os.path.join(src.path, src.kwargs["gguf_file"]), lm)
+        if stored is not None and stored.original_max_position_embeddings:
+            return int(stored.original_max_position_embeddings)
+    return int(getattr(lm, "max_position_embeddings", None) or getattr(lm, "n_positions", 512))
+
+
+def _original_theta(hf_config) -> float | None:
+    """A patched checkpoint's original rope_theta (ntk saves a new one)."""
+    from ..config import CONFIG_KEY
+
+    block = getattr(hf_config, CONFIG_KEY, None)
+    original = (block or {}).get("original", {}) if isinstance(block, dict) else {}
+    rp = original.get("rope_parameters") or {}
+    return rp.get("rope_theta") or original.get("rope_theta")
+
+
 def _target(cfg: PosEncConfig, geom: Geometry, length: int | None) -> int:
     if length is not None:
-        if not isinstance(length, int) or length < 2:
-            raise ValueError(f"--length must be a whole number of tokens >= 2, got {length!r}")
+        if not isinstance(length, int) or not 2 <= length <= MAX_LENGTH:
+            raise ValueError(f"--length must be a whole number of tokens from 2 to {MAX_LENGTH:,}, got {length!r}")
         return length
     factor = cfg.factor if cfg.spec.uses_factor and cfg.factor and cfg.factor > 1 else 2.0
-    return int(round(factor * geom.original))
+    n = int(round(factor * geom.original))
+    if n > MAX_LENGTH:
+        raise ValueError(f"the target length {n:,} (factor {factor:g} x L {geom.original:,}) is past the {MAX_LENGTH:,} "
+                         "tokens explain draws: give --length")
+    return n
 
 
 def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[str, Any]:
@@ -92,7 +129,7 @@ def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[s
                         + title, os.path.join(output, "decay.png"))]
     counts = {c: w["classes"].count(c) for c in dict.fromkeys(w["classes"])}
     L = geom.original
-    near, far = slice(L // 2, L), slice(L, length)
+    near, far = slice(min(L // 2, length - 1), min(L, length)), slice(L, length)
     text = (f"Of the {len(w['classes'])} rotary dimension pairs: "
             + ", ".join(f"{n} {c}" for c, n in counts.items())
             + f". Pairs completing a rotation within L = {L:,}: {w['rotating_before']} before, "
@@ -128,8 +165,12 @@ def _buckets(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dic
     b = A.t5_buckets(cfg, length, geom.num_buckets, geom.max_distance)
     title = f"{cfg.method} (factor {cfg.factor or 1:g}): T5 buckets, {geom.num_buckets} of them"
     pictures = [P.buckets(b, title, os.path.join(output, "buckets.png"))]
-    text = (f"Distances share T5's last bucket from {b['last_shared_before']:,} tokens before, from "
-            f"{b['last_shared_after']:,} after (max_distance {b['max_distance_before']} -> {b['max_distance_after']}).")
+    def shared(n: int | None) -> str:
+        return f"from {n:,} tokens" if n is not None else f"not within {length:,} tokens"
+
+    text = (f"Distances share T5's last bucket {shared(b['last_shared_before'])} before, "
+            f"{shared(b['last_shared_after'])} after (max_distance {b['max_distance_before']} -> "
+            f"{b['max_distance_after']}).")
     return {"pictures": pictures, "text": text,
             "data": {"before": b["before"].tolist(), "after": b["after"].tolist(),
                      "last_shared_before": b["last_shared_before"], "last_shared_after": b["last_shared_after"]}}
@@ -182,17 +223,21 @@ def explain(config: Any, output: str, *, model: str | None = None, head_dim: int
 
     cfg = PosEncConfig.parse(config) if isinstance(config, str) and ":" in config else as_config(config)
     kind = _check(cfg)
-    if not isinstance(resolution, int) or resolution < 8:
-        raise ValueError(f"--resolution must be a whole number >= 8, got {resolution!r}")
-    for name, value in (("--head-dim", head_dim), ("--rope-theta", rope_theta), ("--original-max-position", original)):
+    if not isinstance(resolution, int) or not 8 <= resolution <= MAX_RESOLUTION:
+        raise ValueError(f"--resolution must be a whole number from 8 to {MAX_RESOLUTION}, got {resolution!r}")
+    for name, value in (("--head-dim", head_dim), ("--original-max-position", original)):
         if value is not None and not value > 0:
             raise ValueError(f"{name} must be > 0, got {value!r}")
+    if rope_theta is not None and not rope_theta > 1:
+        raise ValueError(f"--rope-theta must be > 1 (RoPE's base), got {rope_theta!r}")
+    if kind == "absolute" and model is None:
+        raise ValueError(f"{cfg.method} extends a model's learned position table: give --model (a BERT-family model)")
     if head_dim is not None and head_dim % 2:
         raise ValueError(f"--head-dim must be even (RoPE rotates pairs of dimensions), got {head_dim}")
-    if os.path.isfile(output):
-        raise ValueError(f"--output {output} is a file; give a folder")
+    _check_output(output)
     geom = geometry_of(model, head_dim, rope_theta, original)
     n = _target(cfg, geom, length)
+    _clear_earlier(output)
     os.makedirs(output, exist_ok=True)
     if kind in ("rope", "none"):
         done = _rope(cfg, geom, n, output)
@@ -209,6 +254,30 @@ def explain(config: Any, output: str, *, model: str | None = None, head_dim: int
     atomic_write_text(os.path.join(output, "explain.json"), json.dumps(out, indent=1, default=float) + "\n")
     atomic_write_text(os.path.join(output, "explain.md"), _markdown(out))
     return out
+
+
+def _check_output(output: str) -> None:
+    """A new folder, or one an earlier explain wrote (its explain.json): never someone else's files."""
+    if os.path.isfile(output):
+        raise ValueError(f"--output {output} is a file; give a folder")
+    if os.path.isdir(output) and os.listdir(output) and not os.path.isfile(os.path.join(output, "explain.json")):
+        raise ValueError(f"--output {output} holds files explain did not write; give a new or empty folder (or one an "
+                         "earlier explain wrote, which is replaced)")
+
+
+def _clear_earlier(output: str) -> None:
+    """An earlier explain's files in ``output`` go (its pictures would otherwise sit beside the new method's)."""
+    path = os.path.join(output, "explain.json")
+    if not os.path.isfile(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            earlier = json.load(f).get("pictures", [])
+    except (OSError, ValueError, AttributeError):
+        earlier = []
+    for name in [os.path.basename(p) for p in earlier] + ["explain.md", "explain.json"]:
+        if name.endswith((".png", ".md", ".json")) and os.path.isfile(os.path.join(output, name)):
+            os.unlink(os.path.join(output, name))
 
 
 def _markdown(out: dict[str, Any]) -> str:

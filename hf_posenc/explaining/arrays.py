@@ -16,6 +16,7 @@ from ..encodings import rope as R
 UNCHANGED, INTERPOLATED, BLENDED, FURTHER, FASTER = ("extrapolated (unchanged)", "interpolated (x factor)",
                                                      "blended", "stretched past the factor", "faster than before")
 RTOL = 1e-3  # a wavelength ratio within this of 1 (or of the factor) counts as equal
+CHUNK = 1 << 15  # distances per block of the decay bound
 
 
 def rope_params(cfg: PosEncConfig, geom: R.RopeGeometry) -> dict[str, Any]:
@@ -70,9 +71,11 @@ def decay_bound(inv_freq: torch.Tensor, distances: torch.Tensor) -> torch.Tensor
     """RoPE's long-range decay (Su et al. 2021, RoFormer, arXiv:2104.09864, section 3.4.3): the relative upper
     bound ``(1 / (d/2)) sum_{j=1}^{d/2} |S_j(m)|``, ``S_j(m) = sum_{k<j} exp(i m theta_k)``, of a query-key
     product at relative distance ``m``, per distance (float64)."""
-    angles = distances.double()[:, None] * inv_freq.double()[None, :]  # [m, d/2]
-    s = torch.cumsum(torch.polar(torch.ones_like(angles), angles), dim=1)
-    return s.abs().mean(dim=1)
+    out = []
+    for part in distances.double().split(CHUNK):  # [chunk, d/2] complex at a time: memory stays bounded
+        angles = part[:, None] * inv_freq.double()[None, :]
+        out.append(torch.cumsum(torch.polar(torch.ones_like(angles), angles), dim=1).abs().mean(dim=1))
+    return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
 
 
 def distances(length: int, points: int = 512) -> torch.Tensor:
@@ -91,11 +94,11 @@ def sampled(length: int, resolution: int) -> torch.Tensor:
     return torch.linspace(0, length - 1, n, dtype=torch.float64).round().long().unique()
 
 
-def remapped_row(scheme, i: int, length: int) -> torch.Tensor:
-    """The relative position the query at ``i`` sees of every key ``j <= i`` (float64 [i + 1]): the scheme's piece
-    holding ``(i, j)``, its query position minus its key position -- exactly what the attention computes."""
+def remapped_row(scheme, i: int, length: int, keys: torch.Tensor | None = None) -> torch.Tensor:
+    """The relative position the query at ``i`` sees of each key (default: every ``j <= i``; float64): the scheme's
+    piece holding ``(i, j)``, its query position minus its key position -- exactly what the attention computes."""
     a, b = next((a, b) for a, b in scheme.blocks(0, length, max(1, length)) if a <= i < b)
-    keys = torch.arange(i + 1, dtype=torch.float64)
+    keys = torch.arange(i + 1, dtype=torch.float64) if keys is None else keys.double()
     q = torch.tensor([float(i)], dtype=torch.float64)
     maps = scheme.key_maps()
     out = torch.full_like(keys, math.nan)
@@ -110,8 +113,8 @@ def remapped_row(scheme, i: int, length: int) -> torch.Tensor:
 
 def remapped_map(cfg: PosEncConfig, original: int, length: int, resolution: int = 256) -> dict[str, Any]:
     """The relative position each (query, key) sees under an attention-level method, on ``resolution`` sampled
-    queries and keys of a ``length``-token window (NaN above the diagonal), the largest position any key of those
-    queries takes (the last query, whose row is the longest, included) and the scheme's query scaling."""
+    queries and keys of a ``length``-token window (NaN above the diagonal), the last query's whole row, the largest
+    position any of those takes and the scheme's query scaling."""
     from ..methods.remapped import REMAPPED
 
     method = REMAPPED[cfg.method]
@@ -119,14 +122,11 @@ def remapped_map(cfg: PosEncConfig, original: int, length: int, resolution: int 
     scheme = method.scheme(params, original)
     rows = sampled(length, resolution)
     grid = torch.full((len(rows), len(rows)), math.nan, dtype=torch.float64)
-    largest = 0.0
-    last = None
     for r, i in enumerate(rows.tolist()):
-        row = remapped_row(scheme, i, length)
-        largest = max(largest, float(row.max()))
         cols = rows[rows <= i]
-        grid[r, : len(cols)] = row[cols]
-        last = row
+        grid[r, : len(cols)] = remapped_row(scheme, i, length, cols)
+    last = remapped_row(scheme, length - 1, length)  # the longest row, every key
+    largest = max(float(last.max()), float(torch.nan_to_num(grid, nan=-math.inf).max()))
     scale = scheme.query_scale(rows.double())
     return {"positions": rows, "map": grid, "largest": largest, "original": original, "length": length,
             "params": params, "last_row": last, "score_scale": float(scheme.score_scale),
@@ -154,10 +154,15 @@ def t5_buckets(cfg: PosEncConfig, length: int, num_buckets: int = 32, max_distan
     before = buckets()
     patch(model, cfg)
     after = buckets()
+    last = num_buckets // 2 - 1  # bidirectional: half the buckets per side; keys before the query get 0 .. half-1
+
+    def first_at_last(b: torch.Tensor) -> int | None:
+        hits = (b == last).nonzero()
+        return int(hits[0]) if len(hits) else None
+
     return {"distance": d, "before": before, "after": after, "num_buckets": num_buckets,
             "max_distance_before": max_distance, "max_distance_after": int(module.relative_attention_max_distance),
-            "last_shared_before": int((before == before.max()).nonzero()[0]),
-            "last_shared_after": int((after == after.max()).nonzero()[0])}
+            "last_shared_before": first_at_last(before), "last_shared_after": first_at_last(after)}
 
 
 def alibi(num_heads: int, length: int) -> dict[str, Any]:

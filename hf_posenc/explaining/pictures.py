@@ -97,10 +97,10 @@ def buckets(b: dict[str, Any], title: str, path: str) -> str:
     d = b["distance"].tolist()
     ax.step(d, b["before"].tolist(), where="post", color="grey", label=f"before (max_distance {b['max_distance_before']})")
     ax.step(d, b["after"].tolist(), where="post", color="tab:red", label=f"after (max_distance {b['max_distance_after']})")
-    ax.axvline(b["last_shared_before"], color="grey", linestyle=":", linewidth=1,
-               label=f"before: one shared bucket from {b['last_shared_before']:,}")
-    ax.axvline(b["last_shared_after"], color="tab:red", linestyle=":", linewidth=1,
-               label=f"after: from {b['last_shared_after']:,}")
+    for key, color, label in (("last_shared_before", "grey", "before: one shared bucket from"),
+                              ("last_shared_after", "tab:red", "after: from")):
+        if b[key] is not None:
+            ax.axvline(b[key], color=color, linestyle=":", linewidth=1, label=f"{label} {b[key]:,}")
     ax.set_xscale("symlog", linthresh=16)
     ax.set_xlim(left=0)
     ax.set_xlabel("distance of the key before the query (tokens)")
