@@ -167,7 +167,8 @@ def section_llama_cpp(args, checks: dict) -> str:
              "`convert_hf_to_gguf.py` to a float32 GGUF (what a user does, without quantizing) and scored by llama.cpp "
              "with a context of the longest length, against `hf_posenc.from_pretrained`; per length: verdict "
              f"(hf_posenc mean NLL / llama.cpp mean NLL, relative difference); same = within {any_check['rtol']:g}. "
-             "`-frozen-12288`: saved with `--freeze-at 12288` (static NTK equal to dynamic NTK at 12,288 tokens). "
+             "`-frozen-12288`: saved with `--freeze-at 12288`: static NTK equal to dynamic NTK at 12,288 tokens, alpha = "
+             "2 x 12,288 / 8,192 - 1 = 2, so the same frequencies as ntk x2 (the same numbers). "
              "`q4_1-gguf`: the default model's Q4_1 GGUF as it ships, and patched in place (`hf-posenc patch --gguf`), "
              "scored by llama.cpp quantized against hf_posenc's de-quantized load; same = within "
              f"{QUANTIZED_RTOL:g} for those (llama.cpp rounds the activations to 8 bits for quantized products). "
@@ -178,6 +179,12 @@ def section_llama_cpp(args, checks: dict) -> str:
               "|---" * (len(args.lengths) + 1) + "|"]
     for label, c in checks.items():
         lines.append(f"| {label} | " + " | ".join(_cell(c["results"][str(n)]) for n in args.lengths) + " |")
+    older = [label for label, c in checks.items() if CHECKPOINTS[label][3] and c["setup"]["rtol"] != QUANTIZED_RTOL]
+    if older:
+        worst = max(r.get("relative_diff") or 0 for label in older for r in checks[label]["results"].values())
+        lines += ["", f"{', '.join(older)}: checked with rtol {checks[older[0]]['setup']['rtol']:g}, the quantized "
+                      f"tolerance when they ran; the largest difference there, {worst:.1e}, is within "
+                      f"{QUANTIZED_RTOL:g} too."]
     return "\n".join(lines) + "\n"
 
 
