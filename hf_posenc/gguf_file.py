@@ -454,7 +454,7 @@ def served_facts(path: str) -> dict[str, Any]:
     cfg = stored_patch_config(raw, path)
     return {"method": cfg.method, "original": int(cfg.original_max_position_embeddings or 0),
             "context": int(context or 0), "arch": arch, "quantized": quantized,
-            "metadata": _file_metadata(reader, keys)}
+            "metadata": _file_metadata(reader, keys), "frozen_at": json.loads(raw).get("frozen_at")}
 
 
 def stored_patch_config(raw: str, path: str) -> PosEncConfig:

@@ -100,7 +100,8 @@ def gguf_block(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     facts = served_facts(path)
     plain = {"max_position_embeddings": facts["context"], "quantized": facts["quantized"], "arch": facts["arch"],
              "llama_cpp": facts["metadata"]}
-    block = ({"method": facts["method"], "native": True, "original_max_position_embeddings": facts["original"]}
+    block = ({"method": facts["method"], "native": True, "original_max_position_embeddings": facts["original"],
+              **({"frozen_at": facts["frozen_at"]} if facts.get("frozen_at") else {})}
              if facts["method"] != "none" else {})
     return plain, block
 

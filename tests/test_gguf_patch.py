@@ -355,6 +355,7 @@ def test_serve_check_and_serve_config_read_a_patched_gguf_and_refuse_another_arc
     assert plain["quantized"] == {"Q8_0": 6} and plain["llama_cpp"]["base_changed"] is True
     launches = {launch.engine: launch for launch in serve_config(frozen)}
     assert launches["llama.cpp"].command[:3] == ["llama-server", "-m", frozen] and launches["vLLM"].computes == "cannot"
+    assert any(f"frozen at {4 * ORIGINAL:,} tokens" in note for note in launches["llama.cpp"].notes)
     other = write_tiny_gguf(tmp_path / "other.gguf", tiny_model("llama", intermediate_size=96), arch="gpt2")
     err = refused(["serve-check", other, "--engine", "llama.cpp", "--lengths", "16"], capsys)
     assert "GGUF architecture 'gpt2' is not one hf_posenc loads and checks" in err

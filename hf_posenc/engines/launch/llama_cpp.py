@@ -97,6 +97,10 @@ def launch(served: Served, length: int | None) -> Launch:
         notes.append("or, on the unpatched model's GGUF: llama-server -m ORIGINAL.gguf "
                      + " ".join(alternative[0] + orig_cli) + f" --ctx-size {n} (Python: "
                      + ", ".join(f"{k}={v!r}" for k, v in {**alternative[1], **orig_kw}.items()) + ")")
+    if served.frozen_at:
+        notes.append(f"a dynamic method frozen at {served.frozen_at:,} tokens (patch --freeze-at): an input of that "
+                     "length gets what the dynamic method gives it, a shorter or longer one the frequencies of "
+                     f"{served.frozen_at:,}")
     computes = SAME if served.gguf or (support is not None and support.computes == "same") else NOT_MEASURED
     reason = (GGUF_BASIS if served.gguf and served.method != "none" else
               "llama.cpp computes the GGUF's own RoPE (no scaling): the model as it was trained." if served.gguf else
