@@ -149,10 +149,10 @@ def _load_plugin(point) -> None:
 
 def _try_flags(task: EvalTask) -> None:
     """``task.flags`` on a parser with the flags ``eval NAME`` gives every task, as the CLI builds it."""
-    from ..cli.eval_cmd import common_flags
+    from ..flags import eval_task_flags
 
     parser = argparse.ArgumentParser(prog=f"hf-posenc eval {task.name}", add_help=True, allow_abbrev=False)
-    common_flags(parser, task)
+    eval_task_flags(parser, task)
     try:
         task.flags(parser)
     except argparse.ArgumentError as err:
