@@ -14,7 +14,7 @@ LONG_SIGNATURES = {"hf_posenc.eval.common:__init__", "hf_posenc.eval.passkey:eva
                    "hf_posenc.eval.run_ppl:run_perplexity",
                    "hf_posenc.hub:push_to_hub", "hf_posenc.publish:patch_and_save",
                    "hf_posenc.serve_check:serve_check", "hf_posenc.tuning.search:tune"}
-CYCLES = 2  # adapters <-> config <-> saved_block; methods' registry
+CYCLES = 1  # adapters <-> config <-> saved_block
 ARGPARSE_IN_EVAL = {"hf_posenc.eval.run_harness", "hf_posenc.eval.run_passkey", "hf_posenc.eval.run_ppl",
                     "hf_posenc.eval.run_retrieval", "hf_posenc.eval.tasks"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import MethodSpec, positive_number, register_method
+from .spec import MethodSpec, positive_number, register_method
 
 
 def _check_alpha(factor: float, p: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import MethodSpec, register_method
+from .spec import MethodSpec, register_method
 
 register_method(MethodSpec(
     "bucket_scale", "relative_bucket",

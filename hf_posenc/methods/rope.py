@@ -11,7 +11,7 @@ import math
 from typing import Any, Callable
 
 from ..encodings import rope as R
-from . import (MAX_ATTENTION_FACTOR, MAX_FACTOR, MAX_KNOB, EngineSupport, MethodSpec, check_layer_types, factor_grid,
+from .spec import (MAX_ATTENTION_FACTOR, MAX_FACTOR, MAX_KNOB, EngineSupport, MethodSpec, check_layer_types, factor_grid,
                positive_number, register_method)
 
 _ROTATIONS = " (rotations of a frequency within the original context)"
