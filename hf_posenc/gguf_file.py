@@ -83,6 +83,15 @@ def _reader(path: str):
                          "damaged") from None
 
 
+def _architecture(reader, path: str, does: str) -> str:
+    """The GGUF's ``general.architecture``, refused by name unless hf_posenc ``does`` (patches, checks) it."""
+    arch = str(_value(reader, "general.architecture", ""))
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{path}: GGUF architecture {arch or '(none)'!r} is not one hf_posenc {does} (it {does} "
+                         f"{', '.join(ARCHITECTURES)})")
+    return arch
+
+
 def _value(reader, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
     if field is None or not field.data:
@@ -264,10 +273,7 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
     src = os.fspath(src)
     path = _check_output(os.fspath(dst), src)
     reader = _reader(src)
-    arch = str(_value(reader, "general.architecture", ""))
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"{src}: GGUF architecture {arch or '(none)'!r} is not one hf_posenc patches (it patches "
-                         f"{', '.join(ARCHITECTURES)})")
+    arch = _architecture(reader, src, "patches")
     keys = _keys(arch)
     geom, note = _geometry(reader, keys, cfg, src)
     cfg = PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None, geom.original_max_position_embeddings,
@@ -434,10 +440,7 @@ def served_facts(path: str) -> dict[str, Any]:
     from collections import Counter
 
     reader = _reader(path)
-    arch = str(_value(reader, "general.architecture", ""))
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"{path}: GGUF architecture {arch or '(none)'!r} is not one hf_posenc loads and checks (it "
-                         f"checks {', '.join(ARCHITECTURES)})")
+    arch = _architecture(reader, path, "loads and checks")
     keys = _keys(arch)
     raw, context = _value(reader, OWN_KEY), _value(reader, keys["context"])
     quantized = dict(Counter(t.tensor_type.name for t in reader.tensors if t.tensor_type.name not in FULL_PRECISION))

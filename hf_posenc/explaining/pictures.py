@@ -19,6 +19,17 @@ def _marks(ax, original: int, length: int, horizontal: bool) -> None:
         line(length, color="black", linestyle=":", linewidth=1, label=f"target length {length:,}")
 
 
+def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) -> str:
+    """Labels, title, grid and legend of a one-axes picture, written to ``path``."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return save_figure(plt, fig, path)
+
+
 def wavelengths(w: dict[str, Any], title: str, path: str) -> str:
     """Wavelength per rotary dimension pair before and after, each after-point coloured by its class."""
     plt = pyplot()
@@ -50,13 +61,7 @@ def decay(series: dict[str, tuple[Any, Any]], original: int, length: int, title:
         ax.plot(d.tolist(), bound.tolist(), linewidth=1, label=label)
     _marks(ax, original, length, horizontal=False)
     ax.set_xscale("log")
-    ax.set_xlabel("relative distance (tokens)")
-    ax.set_ylabel("relative upper bound (1/(d/2)) sum |S_j|")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    return save_figure(plt, fig, path)
+    return _finish(plt, fig, ax, "relative distance (tokens)", "relative upper bound (1/(d/2)) sum |S_j|", title, path)
 
 
 def remapped(m: dict[str, Any], title: str, path: str) -> str:
@@ -103,13 +108,7 @@ def buckets(b: dict[str, Any], title: str, path: str) -> str:
             ax.axvline(b[key], color=color, linestyle=":", linewidth=1, label=f"{label} {b[key]:,}")
     ax.set_xscale("symlog", linthresh=16)
     ax.set_xlim(left=0)
-    ax.set_xlabel("distance of the key before the query (tokens)")
-    ax.set_ylabel("bucket")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    return save_figure(plt, fig, path)
+    return _finish(plt, fig, ax, "distance of the key before the query (tokens)", "bucket", title, path)
 
 
 def alibi(a: dict[str, Any], original: int, title: str, path: str) -> str:
