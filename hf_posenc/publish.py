@@ -107,11 +107,11 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
             save_pretrained(lm, staged, tok, eval_results=reports, **card)
             if serve_check:
                 from .hub import write_model_card
-                from .serve_check import serve_check as check_folder, serve_table
+                from .serve_check import CheckSettings, EngineSettings, serve_check as check_folder, serve_table
 
-                check = check_folder(staged, engine=serve_check, engine_python=engine_python,
-                                     lengths=serve_check_lengths, tokenizer=tokenizer, dtype=dtype, progress=progress,
-                                     command=command)
+                check = check_folder(staged, EngineSettings(serve_check, engine_python),
+                                     CheckSettings(serve_check_lengths, dtype=dtype), tokenizer=tokenizer,
+                                     progress=progress, command=command)
                 check["setup"]["folder"] = os.path.abspath(output)  # where it will be, not the staging folder
                 check["table"] = serve_table(check)
                 reports.append(check)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -174,22 +175,56 @@ def engine_results(served, tokens: list[int], lengths: list[int], ref: dict[int,
     return out
 
 
-def serve_check(folder: str, *, engine: str = "vllm", lengths: list[int] | None = None, docs: list | None = None,
-                tokenizer: str | None = None, engine_python: str | None = None, dtype: str = "float32",
-                device: str = "cpu", rtol: float | None = None, confirm_refusal: bool = False, chunk_size: int = 1024,
-                engine_args: dict[str, Any] | None = None, tensor_parallel_size: int = 1, output: str | None = None,
-                progress: bool = True, command: str | None = None, allow_long: bool = False) -> dict[str, Any]:
-    """Check that ``engine`` computes the checkpoint ``folder`` as hf_posenc does (module docstring); returns the
-    report ``{task, setup, results, table}`` (results keyed by length), written to ``output`` as
-    ``serve_check.json`` / ``.md`` when given. ``folder`` may be a GGUF file (``--engine llama.cpp``): llama.cpp
-    scores it as it is (quantized weights stay quantized) and hf_posenc its de-quantized weights; ``rtol`` (default
-    :data:`RTOL`, or :data:`QUANTIZED_RTOL` for quantized weights). ``allow_long``: start the engine for the longest length even past
-    what it derives from ``config.json`` (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``, as a deployment forcing
-    ``--max-model-len`` does), to see what it then computes."""
-    check_engine_flags(engine, engine_python, allow_long, tensor_parallel_size, engine_args)
-    if rtol is not None and not 0 < rtol < 1:
-        raise ValueError(f"--rtol must be between 0 and 1, got {rtol}")
-    check_lengths(lengths)
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine a check starts and how: ``name`` (:data:`ENGINES`), ``python`` (the interpreter that has vLLM),
+    ``tensor_parallel_size``, ``args`` (more ``vllm.LLM`` keywords), ``allow_long`` (start it for the longest length
+    even past what it derives from ``config.json``: ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``, as a deployment forcing
+    ``--max-model-len`` does). Checked when made: vLLM's settings are refused with llama.cpp."""
+
+    name: str = "vllm"
+    python: str | None = None
+    tensor_parallel_size: int = 1
+    args: dict[str, Any] = field(default_factory=dict)
+    allow_long: bool = False
+
+    def __post_init__(self) -> None:
+        check_engine_flags(self.name, self.python, self.allow_long, self.tensor_parallel_size, self.args)
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """What a check scores and how: ``lengths`` (default: :func:`default_lengths`), ``rtol`` (default :data:`RTOL`, or
+    :data:`QUANTIZED_RTOL` for a quantized GGUF), ``confirm_refusal`` (start the engine for a checkpoint no engine
+    computes, to see it refuse past L), the hf_posenc side's ``dtype``, ``device`` and LM-head ``chunk_size``."""
+
+    lengths: list[int] | None = None
+    rtol: float | None = None
+    confirm_refusal: bool = False
+    dtype: str = "float32"
+    device: str = "cpu"
+    chunk_size: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.rtol is not None and not 0 < self.rtol < 1:
+            raise ValueError(f"--rtol must be between 0 and 1, got {self.rtol}")
+        check_lengths(self.lengths)
+
+
+def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: CheckSettings | None = None, *,
+                docs: list | None = None, tokenizer: str | None = None, output: str | None = None,
+                progress: bool = True, command: str | None = None) -> dict[str, Any]:
+    """Check that ``engine`` (a name, or :class:`EngineSettings`) computes the checkpoint ``folder`` as hf_posenc does
+    (module docstring), with ``check`` (:class:`CheckSettings`); returns the report ``{task, setup, results, table}``
+    (results keyed by length), written to ``output`` as ``serve_check.json`` / ``.md`` when given. ``folder`` may be
+    a GGUF file (llama.cpp): llama.cpp scores it as it is (quantized weights stay quantized) and hf_posenc its
+    de-quantized weights."""
+    e = engine if isinstance(engine, EngineSettings) else EngineSettings(engine)
+    c = check or CheckSettings()
+    engine, engine_python, tensor_parallel_size, engine_args, allow_long = (e.name, e.python, e.tensor_parallel_size,
+                                                                            e.args, e.allow_long)
+    lengths, rtol, confirm_refusal, dtype, device, chunk_size = (c.lengths, c.rtol, c.confirm_refusal, c.dtype,
+                                                                 c.device, c.chunk_size)
     gguf = is_gguf(folder)
     if gguf and engine != "llama.cpp":
         raise ValueError(f"{folder} is a GGUF file: serve-check scores a GGUF with --engine llama.cpp (vLLM is checked "

@@ -71,7 +71,7 @@ def checkpoint(label: str, out: str) -> str:
 
 def serve_checks(args) -> dict:
     from hf_posenc.eval.data import gather_documents
-    from hf_posenc.serve_check import serve_check
+    from hf_posenc.serve_check import CheckSettings, EngineSettings, serve_check
 
     reports = {}
     for label in args.checkpoints:
@@ -85,10 +85,10 @@ def serve_checks(args) -> dict:
             continue
         folder = checkpoint(label, args.checkpoints_dir)
         print(f"serve-check {label} ...", file=sys.stderr, flush=True)
-        reports[label] = serve_check(folder, engine=args.engine, lengths=args.lengths,
-                                     docs=gather_documents(corpus="python-docs"),
-                                     confirm_refusal=CHECKPOINTS[label][0] in ("dca", "rerope"), progress=False,
-                                     output=os.path.dirname(path), engine_python=args.engine_python)
+        engine = EngineSettings(args.engine, args.engine_python if args.engine == "vllm" else None)
+        check = CheckSettings(args.lengths, confirm_refusal=CHECKPOINTS[label][0] in ("dca", "rerope"))
+        reports[label] = serve_check(folder, engine, check, docs=gather_documents(corpus="python-docs"),
+                                     progress=False, output=os.path.dirname(path))
     return reports
 
 

@@ -16,7 +16,7 @@ import pytest
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.engines import llama_cpp_engine
-from hf_posenc.serve_check import serve_check
+from hf_posenc.serve_check import CheckSettings, serve_check
 from conftest import refused
 
 
@@ -53,7 +53,7 @@ def smollm2(tmp_path_factory):
 
 def test_a_method_no_engine_computes_is_not_computable_without_starting_llama_cpp(smollm2, monkeypatch):
     monkeypatch.setenv(llama_cpp_engine.SOURCE_ENV, "/nowhere")  # not needed: nothing is started
-    report = serve_check(smollm2["dca"], engine="llama.cpp", lengths=LENGTHS, progress=False)
+    report = serve_check(smollm2["dca"], "llama.cpp", CheckSettings(LENGTHS), progress=False)
     assert report["setup"]["engine_started"] is False
     assert {r["verdict"] for r in report["results"].values()} == {"not computable"}
 
@@ -94,7 +94,7 @@ def test_llama_cpp_computes_the_native_scalings_as_hf_posenc_inside_and_past_the
 
 @needs_llama_cpp
 def test_dynamic_ntk_past_the_original_context_is_not_computable_on_llama_cpp_and_the_same_inside(smollm2):
-    report = serve_check(smollm2["dynamic_ntk"], engine="llama.cpp", lengths=LENGTHS, progress=False)
+    report = serve_check(smollm2["dynamic_ntk"], "llama.cpp", CheckSettings(LENGTHS), progress=False)
     inside, past = report["results"]["256"], report["results"]["1000"]
     assert inside["verdict"] == "same", inside
     assert past["verdict"] == "not computable" and "dynamic" in past["reason"], past
@@ -103,7 +103,7 @@ def test_dynamic_ntk_past_the_original_context_is_not_computable_on_llama_cpp_an
 @needs_llama_cpp
 def test_a_dca_checkpoint_forced_into_llama_cpp_is_served_wrong_past_the_original_context(smollm2):
     """llama.cpp never refuses a long prompt: what --confirm-refusal finds is that it computes one, wrongly."""
-    report = serve_check(smollm2["dca"], engine="llama.cpp", lengths=LENGTHS, confirm_refusal=True, progress=False)
+    report = serve_check(smollm2["dca"], "llama.cpp", CheckSettings(LENGTHS, confirm_refusal=True), progress=False)
     assert report["results"]["1000"]["verdict"] == "served wrong"
     assert report["results"]["256"]["verdict"] == "not computable"
 
@@ -148,7 +148,7 @@ def test_a_q4_gguf_patched_in_place_is_the_same_within_the_stated_quantization_t
     out = capsys.readouterr().out
     assert "the GGUF as it is" in out and "Q4_1 tensors quantized" in out and "within 0.005 relative" in out
     # and the tolerance resolves the method: the unpatched file's NLL is further from yarn's than it
-    unpatched = serve_check(q4_ggufs["source"], engine="llama.cpp", lengths=LENGTHS, progress=False)["results"]
+    unpatched = serve_check(q4_ggufs["source"], "llama.cpp", CheckSettings(LENGTHS), progress=False)["results"]
     for n in LENGTHS:
         a, b = report["results"][str(n)]["hf_posenc_nll"], unpatched[str(n)]["hf_posenc_nll"]
         assert abs(a - b) / b > s["rtol"], (n, a, b)
@@ -156,7 +156,7 @@ def test_a_q4_gguf_patched_in_place_is_the_same_within_the_stated_quantization_t
 
 @needs_llama_cpp
 def test_a_gguf_whose_metadata_says_another_method_than_its_record_differs_beyond_the_tolerance(q4_ggufs):
-    report = serve_check(q4_ggufs["wrong"], engine="llama.cpp", lengths=LENGTHS, progress=False)
+    report = serve_check(q4_ggufs["wrong"], "llama.cpp", CheckSettings(LENGTHS), progress=False)
     for n in LENGTHS:
         r = report["results"][str(n)]
         assert r["verdict"] == "differs" and r["relative_diff"] > 0.05, (n, r)

@@ -19,7 +19,7 @@ from hf_posenc.cli import main
 from hf_posenc.eval.data import Document
 from hf_posenc.eval.run_passkey import run_passkey
 from hf_posenc.eval.run_ppl import run_perplexity
-from hf_posenc.serve_check import serve_check
+from hf_posenc.serve_check import CheckSettings, EngineSettings, serve_check
 from hf_posenc.serving import known_status, measured_rows
 
 from conftest import tiny_config
@@ -69,7 +69,8 @@ def folders(tmp_path_factory, bert_tokenizer):
 
 def test_not_computable_reported_without_starting_the_engine(folders, tmp_path):
     """A DCA checkpoint: every length 'not computable' with the reason; no engine (its Python does not even exist)."""
-    report = serve_check(folders["dca"], engine_python="/nowhere/python", lengths=[100, 400], output=str(tmp_path))
+    report = serve_check(folders["dca"], EngineSettings(python="/nowhere/python"), CheckSettings([100, 400]),
+                         output=str(tmp_path))
     assert report["setup"]["engine_started"] is False
     assert {r["verdict"] for r in report["results"].values()} == {"not computable"}
     assert "no engine implements `dca`" in report["results"]["400"]["reason"]
@@ -98,7 +99,7 @@ def test_serve_check_refuses_bad_input(folders, tmp_path, capsys):
     with pytest.raises(ValueError, match="no config.json"):
         serve_check(str(tmp_path))
     with pytest.raises(ValueError, match=r"--rtol must be between 0 and 1, got 2"):
-        serve_check(folders["plain"], rtol=2)
+        serve_check(folders["plain"], check=CheckSettings(rtol=2))
     with pytest.raises(ValueError, match=r"--engine must be one of \['vllm', 'llama.cpp'\], got 'tgi'"):
         serve_check(folders["plain"], engine="tgi")
     with pytest.raises(SystemExit):
@@ -151,8 +152,8 @@ def test_serve_check_same_inside_and_past_the_original_context(folders, tmp_path
 @needs_vllm
 @pytest.mark.vllm
 def test_engine_refuses_a_non_computable_checkpoint_past_the_original_context(folders):
-    report = serve_check(folders["dca"], engine_python=vllm_python(), lengths=[100, 400], confirm_refusal=True,
-                         docs=prose(), progress=False)
+    report = serve_check(folders["dca"], EngineSettings(python=vllm_python()),
+                         CheckSettings([100, 400], confirm_refusal=True), docs=prose(), progress=False)
     assert report["setup"]["engine_max_model_len"] == L  # config.json states the original context
     assert report["results"]["100"]["verdict"] == "not computable"
     refused = report["results"]["400"]
@@ -270,8 +271,8 @@ def test_data_parallel_engines_share_the_cells_and_give_the_single_engine_number
 def test_allow_long_starts_the_engine_past_the_stated_context(folders):
     """--allow-long: vLLM made to take 400 tokens of a plain 256-token checkpoint (what it computes past its rotary
     table is undefined: it varies from run to run, so only the comparison is asserted to be made there)."""
-    report = serve_check(folders["plain"], engine_python=vllm_python(), lengths=[100, 400], allow_long=True,
-                         docs=prose(), progress=False)
+    report = serve_check(folders["plain"], EngineSettings(python=vllm_python(), allow_long=True),
+                         CheckSettings([100, 400]), docs=prose(), progress=False)
     assert report["setup"]["engine_max_model_len"] == 401 and "forced past config.json" in report["table"]
     assert report["results"]["100"]["verdict"] == "same"
     assert report["results"]["400"]["verdict"] in ("same", "differs") and "relative_diff" in report["results"]["400"]

@@ -47,15 +47,14 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    from ..serve_check import failed, serve_check
+    from ..serve_check import CheckSettings, EngineSettings, failed, serve_check
 
     docs = documents_of(args)
-    report = serve_check(args.folder, engine=args.engine, lengths=args.lengths, docs=docs, tokenizer=args.tokenizer,
-                         engine_python=args.engine_python, dtype=args.dtype, device=args.device, rtol=args.rtol,
-                         confirm_refusal=args.confirm_refusal, chunk_size=args.chunk_size,
-                         engine_args=dict(args.engine_arg), tensor_parallel_size=args.tensor_parallel_size,
-                         output=args.output, progress=not args.no_progress, command=command,
-                         allow_long=args.allow_long)
+    engine = EngineSettings(args.engine, args.engine_python, args.tensor_parallel_size, dict(args.engine_arg),
+                            args.allow_long)
+    check = CheckSettings(args.lengths, args.rtol, args.confirm_refusal, args.dtype, args.device, args.chunk_size)
+    report = serve_check(args.folder, engine, check, docs=docs, tokenizer=args.tokenizer, output=args.output,
+                         progress=not args.no_progress, command=command)
     print(report["table"])
     if args.output:
         print(f"\nresults: {args.output}/serve_check.json, serve_check.md")
