@@ -150,15 +150,6 @@ def holds_patch(block: dict[str, Any]) -> bool:
     return adapter is not None and not adapter.restores(block)
 
 
-def _dual_chunk_row(rows: list[dict[str, str]], lm_config) -> list[dict[str, str]]:
-    """SGLang's row for a DCA checkpoint saved with Qwen's dual_chunk_attention_config (``--dual-chunk-config``)."""
-    if not getattr(lm_config, "dual_chunk_attention_config", None):
-        return rows
-    row = {"engine": "SGLang", "status": "DCA's positions, from dual_chunk_attention_config (launch settings below)",
-           "basis": "not measured: read from SGLang's DualChunkRotaryEmbedding"}
-    return [row if r["engine"] == "SGLang" else r for r in rows]
-
-
 def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | None = None,
                      eval_reports: list[dict[str, Any]] | None = None, command: str | None = None,
                      model_name: str | None = None, trained: bool = False, extra_tags: list[str] | None = None,
@@ -201,8 +192,9 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         rope_parameters=getattr(lm_config, "rope_parameters", None),
         changes_weights=holds_patch(block), trained=trained, auto_class=auto_class,
         command=recorded_command(command), environment=environment(), eval_sections=_eval_sections(reports),
-        in_model_index=bool(results), serving=_dual_chunk_row(measured_rows(known_status(block), serve_check),
-                                                              lm_config),
+        in_model_index=bool(results),
+        serving=measured_rows(known_status(block, getattr(lm_config, "dual_chunk_attention_config", None)),
+                              serve_check),
         launches=card_launches(lm_config.to_dict(), block, repo_id or f"path/to/{name}"),
     )
     card.content = scrub(card.content)  # the commands it quotes (the card's own and its reports') carry no secret

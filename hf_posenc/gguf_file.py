@@ -107,8 +107,15 @@ def _original(reader, keys: dict[str, str], path: str) -> dict[str, Any]:
     raw = _value(reader, OWN_KEY)
     if raw is None:
         return {"context_length": _value(reader, keys["context"]), "freq_base": _value(reader, keys["base"])}
+    return dict(_stored_record(raw, path)["original"])
+
+
+def _stored_record(raw: str, path: str) -> dict[str, Any]:
+    """Our record in a GGUF (:data:`OWN_KEY`), read and checked once: its ``config`` (a :class:`PosEncConfig`, parsed
+    into ``cfg``), ``original`` values and, for a frozen method, ``frozen_at``; a damaged one refused by name."""
     try:
-        return dict(json.loads(raw)["original"])
+        record = json.loads(raw)
+        return {**record, "cfg": PosEncConfig.from_dict(record["config"]), "original": dict(record["original"])}
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{path}: its {OWN_KEY} metadata is damaged ({err}); patch the source GGUF again") from None
 
@@ -221,9 +228,9 @@ def llama_cpp_metadata(cfg: PosEncConfig, geom: R.RopeGeometry) -> dict[str, Any
     return {**meta, "freqs": freqs is not None, "base_changed": abs(meta["base"] - geom.base) > 1e-6 * geom.base}
 
 
-def _file_metadata(reader, keys: dict[str, str]) -> dict[str, Any]:
+def _file_metadata(reader, keys: dict[str, str], path: str) -> dict[str, Any]:
     """The RoPE metadata a GGUF holds, in :func:`llama_cpp_metadata`'s terms."""
-    original = _original(reader, keys, "")
+    original = _original(reader, keys, path)
     meta = {"type": str(_value(reader, keys["type"], "") or "none"), "context": _value(reader, keys["context"]),
             "base": float(_value(reader, keys["base"], 10000.0))}
     for short in ("factor", "original", "attn_factor"):
@@ -384,12 +391,8 @@ def stored_patch(path: str, hf_config) -> PosEncConfig | None:
     raw = _value(reader, OWN_KEY)
     if raw is None:
         return None
-    try:
-        record = json.loads(raw)
-        cfg = PosEncConfig.from_dict(record["config"])
-        original = record["original"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: its {OWN_KEY} metadata is damaged ({err}); patch the source GGUF again") from None
+    record = _stored_record(raw, path)
+    cfg, original = record["cfg"], record["original"]
     if original.get("context_length"):
         hf_config.max_position_embeddings = int(original["context_length"])
     rp = getattr(hf_config, "rope_parameters", None)
@@ -408,23 +411,30 @@ def original_before_load(model: str, cfg: PosEncConfig) -> int | None:
     try:
         from transformers import AutoConfig
 
-        from .adapters.base import text_config
-        from .config import CONFIG_KEY
         from .models import resolve_source
 
         source = resolve_source(model)
-        hf_config = AutoConfig.from_pretrained(source.path, **source.kwargs)
-        block = getattr(hf_config, CONFIG_KEY, None)
-        if isinstance(block, dict) and block.get("original_max_position_embeddings"):
-            return int(block["original_max_position_embeddings"])
-        if "gguf_file" in source.kwargs:
-            stored = stored_patch(os.path.join(source.path, source.kwargs["gguf_file"]), hf_config)
-            if stored is not None:
-                return stored.original_max_position_embeddings
-        n = getattr(text_config(hf_config)[0], "max_position_embeddings", None)
-        return int(n) if n else None
+        return trained_context(AutoConfig.from_pretrained(source.path, **source.kwargs), source)
     except Exception:  # noqa: BLE001 -- only a pre-check: the load that follows reports what is wrong
         return None
+
+
+def trained_context(hf_config, source) -> int | None:
+    """The context a model (``hf_config``, loaded from ``source``) was trained for, from its config alone: a patched
+    checkpoint's stored original (its config advertises the extended one), a GGUF written by :func:`patch_gguf`'s
+    record (``hf_config`` gets the original values back), else ``max_position_embeddings``; None if none is stated."""
+    from .adapters.base import text_config
+    from .config import CONFIG_KEY
+
+    block = getattr(hf_config, CONFIG_KEY, None)
+    if isinstance(block, dict) and block.get("original_max_position_embeddings"):
+        return int(block["original_max_position_embeddings"])
+    if "gguf_file" in source.kwargs:
+        stored = stored_patch(os.path.join(source.path, source.kwargs["gguf_file"]), hf_config)
+        if stored is not None:
+            return stored.original_max_position_embeddings
+    n = getattr(text_config(hf_config)[0], "max_position_embeddings", None)
+    return int(n) if n else None
 
 
 FULL_PRECISION = ("F32", "F16", "BF16")  # weight types llama.cpp multiplies without rounding them to integers
@@ -442,26 +452,20 @@ def served_facts(path: str) -> dict[str, Any]:
     reader = _reader(path)
     arch = _architecture(reader, path, "loads and checks")
     keys = _keys(arch)
-    raw, context = _value(reader, OWN_KEY), _value(reader, keys["context"])
+    raw, meta = _value(reader, OWN_KEY), _file_metadata(reader, keys, path)
     quantized = dict(Counter(t.tensor_type.name for t in reader.tensors if t.tensor_type.name not in FULL_PRECISION))
+    context = int(meta["context"] or 0)
     if raw is None:
-        kind = str(_value(reader, keys["type"], "") or "")
-        factor = float(_value(reader, keys["factor"], 0.0) or 0.0)
-        if (kind not in ("", "none") and factor not in (0.0, 1.0)) or ROPE_FREQS in {t.name for t in reader.tensors}:
-            what = f"a {kind} RoPE scaling (factor {factor:g})" if kind not in ("", "none") else f"a {ROPE_FREQS} tensor"
+        factor = float(meta.get("factor") or 0.0)
+        if (meta["type"] != "none" and factor not in (0.0, 1.0)) or meta["freqs"]:
+            what = (f"a {meta['type']} RoPE scaling (factor {factor:g})" if meta["type"] != "none"
+                    else f"a {ROPE_FREQS} tensor")
             raise ValueError(f"{path} has {what} that hf_posenc did not write: its GGUF loader (transformers') reads "
                              "no scaling from a GGUF, so it has nothing to compare llama.cpp with; serve-check takes a "
                              "GGUF written by 'hf-posenc patch --gguf', an unscaled GGUF, or the HF folder")
-        return {"method": "none", "original": int(context or 0), "context": int(context or 0), "arch": arch,
-                "quantized": quantized, "metadata": _file_metadata(reader, keys)}
-    cfg = stored_patch_config(raw, path)
-    return {"method": cfg.method, "original": int(cfg.original_max_position_embeddings or 0),
-            "context": int(context or 0), "arch": arch, "quantized": quantized,
-            "metadata": _file_metadata(reader, keys), "frozen_at": json.loads(raw).get("frozen_at")}
-
-
-def stored_patch_config(raw: str, path: str) -> PosEncConfig:
-    try:
-        return PosEncConfig.from_dict(json.loads(raw)["config"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: its {OWN_KEY} metadata is damaged ({err}); patch the source GGUF again") from None
+        return {"method": "none", "original": context, "context": context, "arch": arch, "quantized": quantized,
+                "metadata": meta}
+    record = _stored_record(raw, path)
+    return {"method": record["cfg"].method, "original": int(record["cfg"].original_max_position_embeddings or 0),
+            "context": context, "arch": arch, "quantized": quantized, "metadata": meta,
+            "frozen_at": record.get("frozen_at")}

@@ -261,7 +261,7 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
     limited = _past_what_the_engine_computes(engine, method, lengths, original)
     scored = [n for n in lengths if str(n) not in limited]
     if engine == "llama.cpp":
-        results = _llama_cpp_results(folder, tokens, scored, ref, original, rtol, setup, quantized if gguf else None)
+        results = _llama_cpp_results(folder, tokens, scored, ref, original, rtol, setup, quantized)
     else:
         with VllmEngine(folder, python=engine_python, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
                         engine_args=engine_args, allow_long=allow_long,

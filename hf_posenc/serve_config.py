@@ -11,18 +11,18 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
+from .adapters.layout import rope_geometry
 from .config import PosEncConfig
 from .engines.launch import LAUNCHERS, Launch, Served
 from .engines.launch.base import TooLong
-from .gguf_file import llama_cpp_metadata, refusal
+from .gguf_file import ARCHITECTURES, is_gguf, llama_cpp_metadata, refusal
 from .methods import resolve_method
+from .methods.remapped import REMAPPED
 from .serve_check import original_of, read_block
 
 
 def _geometry(plain: dict[str, Any], block: dict[str, Any], original: int):
     """The model's original RoPE (base, rotary dim, L), from config.json and the record's original values."""
-    from .adapters.layout import rope_geometry
-
     rp = dict((block.get("original") or {}).get("rope_parameters") or plain.get("rope_parameters") or {})
     rp.setdefault("rope_theta", plain.get("rope_theta", 10000.0))
     cfg = SimpleNamespace(**{k: plain.get(k) for k in ("head_dim", "hidden_size", "num_attention_heads",
@@ -32,7 +32,7 @@ def _geometry(plain: dict[str, Any], block: dict[str, Any], original: int):
 
 def _llama_cpp(cfg: PosEncConfig, plain: dict[str, Any], block: dict[str, Any], original: int,
                arch: str) -> tuple[dict[str, Any] | None, str | None]:
-    why = refusal(cfg, arch if arch in ("llama", "qwen2", "qwen3") else "llama")
+    why = refusal(cfg, arch if arch in ARCHITECTURES else "llama")
     if why or not plain.get("hidden_size"):
         return None, why or "the checkpoint states no attention geometry (hidden_size)"
     return llama_cpp_metadata(cfg, _geometry(plain, block, original)), None
@@ -40,8 +40,6 @@ def _llama_cpp(cfg: PosEncConfig, plain: dict[str, Any], block: dict[str, Any], 
 
 def _restored(method: str, params: dict[str, Any], original: int) -> int | None:
     """The context hf_posenc.from_pretrained restores for an attention-level method (None for the others)."""
-    from .methods.remapped import REMAPPED
-
     return REMAPPED[method].context(params, original) if method in REMAPPED and params else None
 
 
@@ -50,7 +48,7 @@ def describe(path: str) -> Served:
     if not os.path.exists(path):
         raise ValueError(f"no checkpoint at {path}: give the folder 'hf-posenc patch --output' wrote, or a .gguf file")
     plain, block = read_block(path)
-    return served_of(plain, block, os.path.abspath(path), gguf="quantized" in plain)  # (read_block's GGUF answer)
+    return served_of(plain, block, os.path.abspath(path), gguf=is_gguf(path))
 
 
 def served_of(plain: dict[str, Any], block: dict[str, Any], path: str, gguf: bool = False) -> Served:
@@ -91,7 +89,7 @@ def _launch(engine: str, served: Served, max_length: int | None) -> Launch:
     try:
         return LAUNCHERS[engine](served, max_length)
     except TooLong as why:
-        return Launch(LAUNCHERS[engine](served, None).engine, "cannot", str(why))
+        return Launch(why.engine, "cannot", str(why))
 
 
 def card_launches(plain: dict[str, Any], block: dict[str, Any], repo_id: str) -> list[dict[str, Any]]:
@@ -100,9 +98,6 @@ def card_launches(plain: dict[str, Any], block: dict[str, Any], repo_id: str) ->
     if block.get("family", "rope_decoder") != "rope_decoder":
         return []
     served = served_of(plain, block, repo_id)
-    out = []
-    for name, launcher in LAUNCHERS.items():
-        launch = launcher(served, None)
-        out.append({"engine": launch.engine, "computes": launch.computes, "reason": launch.reason,
-                    "shell": "\n".join(launch.shell()), "checked": launch.checked})
-    return out
+    return [{"engine": launch.engine, "computes": launch.computes, "reason": launch.reason,
+             "shell": "\n".join(launch.shell()), "checked": launch.checked}
+            for launch in (_launch(name, served, None) for name in LAUNCHERS)]

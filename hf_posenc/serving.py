@@ -16,8 +16,9 @@ ENGINES = ("vLLM", "SGLang", "TGI", "llama.cpp")  # the names the method records
 STATUS = {"same": "same as hf_posenc", "within_original": "same up to the original context; differs past it"}
 
 
-def known_status(block: dict[str, Any]) -> list[dict[str, str]]:
-    """``[{engine, status, basis}]`` for the checkpoint whose ``hf_posenc`` block is ``block``."""
+def known_status(block: dict[str, Any], dual_chunk: dict[str, Any] | None = None) -> list[dict[str, str]]:
+    """``[{engine, status, basis}]`` for the checkpoint whose ``hf_posenc`` block is ``block``; ``dual_chunk``: its
+    config's ``dual_chunk_attention_config`` (``patch --dual-chunk-config``), which SGLang reads."""
     from .methods import resolve_method
 
     method, native = block.get("method"), bool(block.get("native"))
@@ -34,6 +35,11 @@ def known_status(block: dict[str, Any]) -> list[dict[str, str]]:
                                              "RoPE when given a longer context (a warning only): wrong there",
             "basis": basis + "; measured: a DCA checkpoint forced into llama.cpp is served wrong past L "
                              "(hf-posenc serve-check --engine llama.cpp --confirm-refusal)"}
+        if dual_chunk:
+            rows[ENGINES.index("SGLang")] = {
+                "engine": "SGLang",
+                "status": "DCA's positions, from dual_chunk_attention_config (launch settings below)",
+                "basis": "not measured: read from SGLang's DualChunkRotaryEmbedding"}
         return rows
     if block.get("family") != "rope_decoder":
         return [{"engine": e, "status": "reads the config fields and weights transformers reads",

@@ -20,8 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
-from ..config import PosEncConfig, as_config
+from ..adapters.base import text_config
+from ..adapters.layout import head_dim as head_dim_of
+from ..config import CONFIG_KEY, PosEncConfig, as_config
+from ..encodings.rope import RopeGeometry
+from ..files import atomic_write_text
+from ..gguf_file import trained_context
+from ..models import DEFAULT_MODEL, resolve_source
 from . import arrays as A
 from . import pictures as P
 
@@ -52,49 +59,25 @@ def geometry_of(model: str | None = None, head_dim: int | None = None, rope_thet
     without ``model``, the default model's, unless all three are given."""
     if model is None and None not in (head_dim, rope_theta, original):
         return Geometry(int(head_dim), float(rope_theta), int(original), num_heads=8)
-    from ..adapters.base import text_config
-    from ..adapters.layout import head_dim as head_dim_of
-    from ..models import DEFAULT_MODEL, resolve_source
-    from transformers import AutoConfig
 
     name = model or DEFAULT_MODEL
     src = resolve_source(name)
     hf_config = AutoConfig.from_pretrained(src.path, **src.kwargs)
+    trained = trained_context(hf_config, src)  # (a patched GGUF's config gets its original values back first)
     lm = text_config(hf_config)[0]
     rp = getattr(lm, "rope_parameters", None) or {}
     partial = rp.get("partial_rotary_factor") or getattr(lm, "partial_rotary_factor", None) or 1.0
     own = int(head_dim_of(lm) * partial) if getattr(lm, "num_attention_heads", None) else 64
-    trained = _trained_context(hf_config, lm, src)
     return Geometry(int(head_dim or own), float(rope_theta or _original_theta(hf_config) or rp.get("rope_theta")
                                                 or 10000.0),
-                    int(original or trained), int(getattr(lm, "num_attention_heads", None) or getattr(lm, "num_heads", 8)),
+                    int(original or trained or getattr(lm, "n_positions", None) or 512),
+                    int(getattr(lm, "num_attention_heads", None) or getattr(lm, "num_heads", 8)),
                     int(getattr(lm, "relative_attention_num_buckets", 32)),
                     int(getattr(lm, "relative_attention_max_distance", 128)), name)
 
 
-def _trained_context(hf_config, lm, src) -> int:
-    """The context the model was trained for: a patched checkpoint's recorded original (its config advertises the
-    extended one), a patched GGUF's record, else the config's."""
-    import os
-
-    from ..config import CONFIG_KEY
-
-    block = getattr(hf_config, CONFIG_KEY, None)
-    if isinstance(block, dict) and block.get("original_max_position_embeddings"):
-        return int(block["original_max_position_embeddings"])
-    if "gguf_file" in src.kwargs:
-        from ..gguf_file import stored_patch
-
-        stored = stored_patch(os.path.join(src.path, src.kwargs["gguf_file"]), lm)
-        if stored is not None and stored.original_max_position_embeddings:
-            return int(stored.original_max_position_embeddings)
-    return int(getattr(lm, "max_position_embeddings", None) or getattr(lm, "n_positions", 512))
-
-
 def _original_theta(hf_config) -> float | None:
     """A patched checkpoint's original rope_theta (ntk saves a new one)."""
-    from ..config import CONFIG_KEY
-
     block = getattr(hf_config, CONFIG_KEY, None)
     original = (block or {}).get("original", {}) if isinstance(block, dict) else {}
     rp = original.get("rope_parameters") or {}
@@ -115,8 +98,6 @@ def _target(cfg: PosEncConfig, geom: Geometry, length: int | None) -> int:
 
 
 def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[str, Any]:
-    from ..encodings.rope import RopeGeometry
-
     rg = RopeGeometry(geom.rope_theta, geom.head_dim, geom.original)
     w = A.rope_wavelengths(cfg, rg, length)
     dense = torch.arange(length, dtype=torch.float64)  # every distance (the bound oscillates from one to the next)
@@ -189,8 +170,6 @@ def _alibi(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[
 def _absolute(cfg: PosEncConfig, geom: Geometry, output: str) -> dict[str, Any]:
     from transformers import AutoModel
 
-    from ..models import resolve_source
-
     if geom.model is None:
         raise ValueError(f"{cfg.method} extends a model's learned position table: give --model (a BERT-family model)")
     src = resolve_source(geom.model)
@@ -219,8 +198,6 @@ def explain(config: Any, output: str, *, model: str | None = None, head_dim: int
     :class:`PosEncConfig`) does to positions, written into the folder ``output`` (PNGs, ``explain.md``,
     ``explain.json``); the geometry from ``model``'s config or the values given (module docstring). Returns
     ``{method, kind, length, pictures, text, data}``."""
-    from ..files import atomic_write_text
-
     cfg = PosEncConfig.parse(config) if isinstance(config, str) and ":" in config else as_config(config)
     kind = _check(cfg)
     if not isinstance(resolution, int) or not 8 <= resolution <= MAX_RESOLUTION:

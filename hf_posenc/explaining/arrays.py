@@ -10,8 +10,13 @@ from typing import Any
 
 import torch
 
+from ..adapters.learned_absolute import position_table_module
 from ..config import PosEncConfig
 from ..encodings import rope as R
+from ..encodings.alibi import alibi_slopes
+from ..methods.remapped import REMAPPED
+from ..methods.rope import SCALINGS
+from ..patching import patch, unpatch
 
 UNCHANGED, INTERPOLATED, BLENDED, FURTHER, FASTER = ("extrapolated (unchanged)", "interpolated (x factor)",
                                                      "blended", "stretched past the factor", "faster than before")
@@ -21,8 +26,6 @@ CHUNK = 1 << 15  # distances per block of the decay bound
 
 def rope_params(cfg: PosEncConfig, geom: R.RopeGeometry) -> dict[str, Any]:
     """``cfg``'s knobs with the defaults that depend on the model filled, as the RoPE adapter fills them."""
-    from ..methods.rope import SCALINGS
-
     scaling = SCALINGS[cfg.method]
     params = dict(cfg.params)
     return scaling.defaults(params, geom.dim // 2, cfg.factor or 1.0) if scaling.defaults else params
@@ -31,8 +34,6 @@ def rope_params(cfg: PosEncConfig, geom: R.RopeGeometry) -> dict[str, Any]:
 def frequencies(cfg: PosEncConfig, geom: R.RopeGeometry, length: int) -> tuple[torch.Tensor, float]:
     """(inverse frequencies, attention temperature) of ``cfg`` for an input of ``length`` tokens (the length-
     dependent methods: that length's), in float64."""
-    from ..methods.rope import SCALINGS
-
     inv, attention = SCALINGS[cfg.method].frequencies(geom, cfg.factor or 1.0, rope_params(cfg, geom), seq_len=length)
     return inv.double(), float(attention)
 
@@ -115,8 +116,6 @@ def remapped_map(cfg: PosEncConfig, original: int, length: int, resolution: int 
     """The relative position each (query, key) sees under an attention-level method, on ``resolution`` sampled
     queries and keys of a ``length``-token window (NaN above the diagonal), the last query's whole row, the largest
     position any of those takes and the scheme's query scaling."""
-    from ..methods.remapped import REMAPPED
-
     method = REMAPPED[cfg.method]
     params = method.defaults(dict(cfg.params), original)
     scheme = method.scheme(params, original)
@@ -138,8 +137,6 @@ def t5_buckets(cfg: PosEncConfig, length: int, num_buckets: int = 32, max_distan
     before and after ``cfg``, read from a T5 attention module patched by hf_posenc (a tiny random T5 with these
     bucket settings: the bucket function does not depend on the weights)."""
     from transformers import T5Config, T5EncoderModel
-
-    from ..patching import patch
 
     config = T5Config(vocab_size=8, d_model=8, d_kv=4, d_ff=8, num_layers=1, num_heads=2,
                       relative_attention_num_buckets=num_buckets, relative_attention_max_distance=max_distance)
@@ -168,8 +165,6 @@ def t5_buckets(cfg: PosEncConfig, length: int, num_buckets: int = 32, max_distan
 def alibi(num_heads: int, length: int) -> dict[str, Any]:
     """ALiBi's bias ``-slope_h * d`` per head against distance (Press et al. 2022), with the slopes the ALiBi swap
     installs (``encodings.alibi.alibi_slopes``)."""
-    from ..encodings.alibi import alibi_slopes
-
     slopes = alibi_slopes(num_heads).double()
     d = distances(length)
     return {"slopes": slopes, "distance": d, "bias": -slopes[:, None] * d[None, :]}
@@ -181,8 +176,6 @@ def cosine_similarity(table: torch.Tensor) -> torch.Tensor:
 
 
 def position_table(model) -> torch.Tensor:
-    from ..adapters.learned_absolute import position_table_module
-
     emb = position_table_module(model)
     if emb is None:
         raise ValueError(f"{type(model).__name__} has no learned position table (embeddings.position_embeddings): "
@@ -193,8 +186,6 @@ def position_table(model) -> torch.Tensor:
 def absolute_tables(model, cfg: PosEncConfig) -> dict[str, Any]:
     """A learned position table (BERT) before and after the table extension ``cfg``, patched on ``model`` by
     hf_posenc (then unpatched), and each one's cosine similarity between positions."""
-    from ..patching import patch, unpatch
-
     before = position_table(model)
     patch(model, cfg)
     try:

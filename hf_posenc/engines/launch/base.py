@@ -113,7 +113,11 @@ def not_native(served: Served, engine: str, what_it_does: str) -> Launch:
 
 
 class TooLong(ValueError):
-    """A length past what one engine computes right for a checkpoint: that engine's answer, not the command's."""
+    """A length past what one engine computes right for a checkpoint: that ``engine``'s answer, not the command's."""
+
+    def __init__(self, engine: str, message: str):
+        super().__init__(message)
+        self.engine = engine
 
 
 def length_for(served: Served, length: int | None, engine: str, limit: int | None = None) -> int:
@@ -123,7 +127,7 @@ def length_for(served: Served, length: int | None, engine: str, limit: int | Non
     if not isinstance(n, int) or n < 2:
         raise ValueError(f"--max-length must be a whole number of tokens >= 2, got {length!r}")
     if limit is not None and n > limit:
-        raise TooLong(f"{engine} computes this checkpoint up to {limit:,} tokens (the context it can be launched "
-                      f"for), not {n:,}: give --max-length {limit} or less")
+        raise TooLong(engine, f"{engine} computes this checkpoint up to {limit:,} tokens (the context it can be "
+                              f"launched for), not {n:,}: give --max-length {limit} or less")
     return n
 

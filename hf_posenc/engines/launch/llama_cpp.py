@@ -58,8 +58,12 @@ def context_override(served: Served, n: int, context: int) -> tuple[list[str], d
     return ["--override-kv", f"{key}=int:{n}"], {"kv_overrides": {key: n}}
 
 
-def gguf_name(folder: str) -> str:
-    return os.path.normpath(folder) + "-f32.gguf"
+def gguf_of(served: Served) -> tuple[str, list[list[str]]]:
+    """The GGUF llama.cpp is given, and the conversion to run first when the checkpoint is a folder."""
+    if served.gguf:
+        return served.path, []
+    gguf = os.path.normpath(served.path) + "-f32.gguf"
+    return gguf, [["python", "convert_hf_to_gguf.py", served.path, "--outfile", gguf, "--outtype", "f32"]]
 
 
 @register("llama.cpp")
@@ -76,9 +80,7 @@ def launch(served: Served, length: int | None) -> Launch:
             why += (" -- a GGUF cannot carry them; llama-server's --yarn-beta-fast / --yarn-beta-slow flags set them at "
                     "launch (not measured here)")
         return Launch(ENGINE, CANNOT, f"llama.cpp cannot compute this checkpoint from a GGUF: {why}.")
-    gguf = served.path if served.gguf else gguf_name(served.path)
-    steps = [] if served.gguf else [["python", "convert_hf_to_gguf.py", served.path, "--outfile", gguf,
-                                     "--outtype", "f32"]]
+    gguf, steps = gguf_of(served)
     notes = [] if served.gguf else ["convert_hf_to_gguf.py is llama.cpp's own converter (in its source tree); "
                                     "f32 is what was measured; a quantized type (llama-quantize) adds its rounding"]
     if support is not None and support.computes == "within_original":

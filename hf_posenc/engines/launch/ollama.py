@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from .base import CANNOT, NOT_MEASURED, Launch, Served, length_for, not_native, register
-from .llama_cpp import gguf_name
+from .llama_cpp import gguf_of
 
 ENGINE = "Ollama"
 CHECKED = ("not launched here: read from Ollama's llm/llama_server.go (llama-server, no RoPE flags), llm/server.go "
@@ -29,9 +29,7 @@ def launch(served: Served, length: int | None) -> Launch:
         return Launch(ENGINE, CANNOT, f"Ollama runs GGUFs through llama.cpp, which cannot compute this checkpoint: "
                                       f"{served.llama_cpp_refusal}.", checked=CHECKED)
     n = length_for(served, length, ENGINE, served.context)
-    gguf = served.path if served.gguf else gguf_name(served.path)
-    steps = [] if served.gguf else [["python", "convert_hf_to_gguf.py", served.path, "--outfile", gguf,
-                                     "--outtype", "f32"]]
+    gguf, steps = gguf_of(served)
     name = os.path.splitext(os.path.basename(os.path.normpath(served.path)))[0]
     steps.append(["ollama", "create", name, "-f", "Modelfile"])
     notes = ["Ollama releases before PR #16031 (2026-05-29) ran llama and qwen2 GGUFs in their own engine, which "

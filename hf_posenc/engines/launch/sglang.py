@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+from ...dual_chunk_config import FAMILIES
 from .base import CANNOT, NOT_MEASURED, Launch, Served, length_for, not_native, register
 
 ENGINE = "SGLang"
@@ -42,8 +43,6 @@ def _legacy(rope: dict) -> str:
 
 def _dual_chunk(served: Served, length: int | None) -> Launch:
     """A DCA checkpoint saved with Qwen's dual_chunk_attention_config (``patch --dual-chunk-config``)."""
-    from ...dual_chunk_config import FAMILIES
-
     if served.model_type not in FAMILIES:
         return Launch(ENGINE, CANNOT, f"SGLang reads dual_chunk_attention_config for {', '.join(FAMILIES)} models, "
                                       f"not {served.model_type!r}.", checked=CHECKED)
