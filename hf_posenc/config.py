@@ -2,6 +2,13 @@
 
 It is what ``patch`` applies and what ``save_pretrained`` records in ``config.json`` under the
 ``hf_posenc`` key, so that ``hf_posenc.from_pretrained`` can apply it again.
+
+SavedBlock: The ``hf_posenc`` block that a patched checkpoint's ``config.json`` holds: what was applied (a PosEncConfig),
+by which family adapter, whether plain transformers rebuilds it (``native``), the config fields the patch
+changed as they were (``original``), and which hf_posenc wrote it (``version``, ``schema``).
+
+Schema 1: hf_posenc 0.1.0 (no ``schema`` key). Schema 2: the same fields plus ``schema``. A reader takes every
+schema up to its own and refuses a newer one, naming it.
 """
 
 from __future__ import annotations
@@ -10,11 +17,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._version import __version__
 from .config_syntax import FIELDS, check_keys, config_error, config_text, fields_text, split_spec
 from .methods import MIN_ORIGINAL_CONTEXT, check_factor, resolve_method, resolve_params
 
 CONFIG_KEY = "hf_posenc"  # the key of the block in config.json
 BLOCK_FIELDS = {"version", "native", "original", "family", "schema"}  # what a stored block adds to a PosEncConfig
+SCHEMA = 2
+CONFIG_FIELDS = ("method", "factor", "original_max_position_embeddings", "params")
+FAMILIES: list[str] = []  # the family adapters' names: hf_posenc.adapters registers them when imported (it imports this)
 
 
 @dataclass
@@ -98,8 +109,6 @@ class PosEncConfig:
             raise ValueError(f"a PosEncConfig dict needs at least a 'method' key, got {data!r}.")
         known = {"method", "factor", "original_max_position_embeddings", "params"}
         if set(data) & BLOCK_FIELDS:  # a checkpoint's stored block (or a copy of it): checked as one, field by field
-            from .saved_block import SavedBlock
-
             return SavedBlock.from_dict(data, "this configuration", as_text).config
         extra = sorted(set(data) - known)
         if extra:
@@ -136,3 +145,48 @@ def as_config(method_or_config: Any, **kwargs: Any) -> PosEncConfig:
             raise ValueError(f"pass either a config dict or keyword arguments, not both (got {sorted(kwargs)}).")
         return PosEncConfig.from_dict(method_or_config)
     return PosEncConfig.from_kwargs(method_or_config, **kwargs)
+
+
+
+@dataclass
+class SavedBlock:
+    config: PosEncConfig
+    family: str
+    native: bool = False
+    original: dict[str, Any] = field(default_factory=dict)
+    version: str = __version__
+    schema: int = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.config.to_dict(), "family": self.family, "native": self.native, "original": dict(self.original),
+                "version": self.version, "schema": self.schema}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "this checkpoint", as_text: bool = False) -> "SavedBlock":
+        """The block read from ``source``'s config.json; a ValueError that names the checkpoint and the bad value
+        (``as_text``: a bad configuration field by the one error of the text form, see ``PosEncConfig.from_dict``)."""
+        where = f"{source}: the {CONFIG_KEY!r} block of its config.json"
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be a JSON object, got {data!r}.")
+        schema = data.get("schema", 1)
+        if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
+            raise ValueError(f"{where} has schema={schema!r}; expected an integer from 1 to {SCHEMA}.")
+        if schema > SCHEMA:
+            raise ValueError(f"{where} has schema {schema} (written by hf_posenc {data.get('version')!r}); this hf_posenc "
+                             f"({__version__}) reads schemas up to {SCHEMA}. Upgrade hf_posenc to load it.")
+        checks = {"version": str, "family": str, "native": bool, "original": dict}
+        for key, kind in checks.items():
+            if not isinstance(data.get(key), kind):
+                raise ValueError(f"{where} has {key}={data.get(key)!r}; expected a {kind.__name__}. The file was edited or "
+                                 "corrupted: save the checkpoint again from its base model.")
+        unknown = sorted(set(data) - set(CONFIG_FIELDS) - set(checks) - {"schema"})
+        if unknown:
+            raise ValueError(f"{where} has unknown field(s) {unknown}.")
+        if data["family"] not in FAMILIES:
+            raise ValueError(f"{where} names the family adapter {data['family']!r}, which this hf_posenc ({__version__}; "
+                             f"adapters: {FAMILIES}) does not have; upgrade hf_posenc, or save the checkpoint again.")
+        try:
+            config = PosEncConfig.from_dict({k: data[k] for k in CONFIG_FIELDS if k in data}, as_text)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        return cls(config, data["family"], data["native"], dict(data["original"]), data["version"], schema)

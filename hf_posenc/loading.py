@@ -10,9 +10,8 @@ from typing import Any
 import torch
 
 from .adapters import ADAPTERS
-from .config import CONFIG_KEY, PosEncConfig, as_config
+from .config import CONFIG_KEY, PosEncConfig, SavedBlock, as_config
 from .models import drop_gguf_quantizer, resolve_source
-from .saved_block import SavedBlock
 from .patching import adopt, patch
 from .weights import HUB_FILE_KWARGS, read_tensors
 
@@ -47,7 +46,7 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
     if block is not None:
         saved = SavedBlock.from_dict(block, str(path_or_id))
         stored = saved.config
-        adapter = next(a for a in ADAPTERS if a.name == saved.family)  # SavedBlock knows the families
+        adapter = next(a for a in ADAPTERS if a.name == saved.family)  # SavedBlock.from_dict refused any other family
         hf_config = adapter.prepare_load_config(hf_config, block)
         delattr(hf_config, CONFIG_KEY)
         if requested is not None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .config import CONFIG_KEY
+from .config import CONFIG_KEY, SavedBlock
 from .engines import ENGINE_NAMES, ENGINES  # (the engines serve-check starts)
 from .engines.llama_cpp_engine import LlamaCppLM, convert, converter, llama_cpp_version
 from .engines.scorer import EngineRefused
@@ -89,8 +89,6 @@ def read_block(folder: str) -> tuple[dict[str, Any], dict[str, Any]]:
     plain = config.get("text_config", config)
     block = config.get(CONFIG_KEY) or {}
     if block:
-        from .saved_block import SavedBlock
-
         SavedBlock.from_dict(block, folder)  # a malformed block is refused by name
     return plain, block
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hf_posenc
-from hf_posenc.saved_block import SCHEMA, SavedBlock
+from hf_posenc.config import SCHEMA, SavedBlock
 
 RELEASE = os.path.join(os.path.dirname(__file__), "data", "release-0.1.0")
 

@@ -13,7 +13,7 @@ import check_structure as S  # noqa: E402
 LONG_SIGNATURES = {"hf_posenc.eval.common:__init__", "hf_posenc.eval.passkey:evaluate_passkey",
                    "hf_posenc.eval.run_ppl:run_perplexity",
                    "hf_posenc.hub:push_to_hub", "hf_posenc.publish:patch_and_save", "hf_posenc.tuning.search:tune"}
-CYCLES = 1  # adapters <-> config <-> saved_block
+CYCLES = 0
 ARGPARSE_IN_EVAL = {"hf_posenc.eval.run_harness", "hf_posenc.eval.run_passkey", "hf_posenc.eval.run_ppl",
                     "hf_posenc.eval.run_retrieval", "hf_posenc.eval.tasks"}
 

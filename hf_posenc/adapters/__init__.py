@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..config import FAMILIES
 from ..methods import MethodSpec
 from .base import Adapter, PatchRecord
 from .learned_absolute import LearnedAbsoluteAdapter
@@ -11,6 +12,7 @@ from .rope_decoder import RopeDecoderAdapter
 from .t5_relative import T5RelativeAdapter
 
 ADAPTERS: list[Adapter] = [RopeDecoderAdapter(), LearnedAbsoluteAdapter(), T5RelativeAdapter()]
+FAMILIES[:] = [a.name for a in ADAPTERS]  # what a stored block may name (hf_posenc.config reads it, below this package)
 
 
 def _describe_supported() -> str:

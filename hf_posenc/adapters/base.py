@@ -14,8 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import CONFIG_KEY, PosEncConfig
-from ..saved_block import SavedBlock
+from ..config import CONFIG_KEY, PosEncConfig, SavedBlock
 
 class _Missing:
     """Marks an attribute that did not exist before a patch; one instance, kept by copy and pickle."""
