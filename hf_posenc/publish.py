@@ -22,12 +22,12 @@ def _lengths_of(lm, config: PosEncConfig, evals, given: dict[str, list[int]]) ->
     from .context import original_context
 
     original = original_context(lm)
-    unsized = sorted({task.lengths_flag for task, _ in evals if not given.get(task.lengths_flag)})
+    unsized = sorted({task.patch.lengths_flag for task, _ in evals if not given.get(task.patch.lengths_flag)})
     if original is None and unsized:  # T5: relative buckets, no context length to evaluate around
         raise ValueError(f"{type(lm).__name__} has no fixed context length to evaluate around; pass "
                          + " / ".join(f"--{flag}-lengths" for flag in unsized))
     around = default_eval_lengths(original, config.factor) if original is not None else None
-    return {task.name: given.get(task.lengths_flag) or around for task, _ in evals}
+    return {task.name: given.get(task.patch.lengths_flag) or around for task, _ in evals}
 
 
 def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list[str] | None = None,
@@ -55,14 +55,15 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
     (:mod:`hf_posenc.dual_chunk_config`)."""
     from . import runtime
     from .eval.data import gather_documents
+    from .eval.settings import LoadSettings, OutputSettings, RunSettings
     from .eval.tasks import PatchEval, parse_evals
     from .hub import UPLOAD_TIMEOUT, save_pretrained, upload
     from .patching import patch
 
     evals = parse_evals(evals)  # before the slow load
     for task, arguments in evals:
-        if task.check_lengths and (eval_lengths or {}).get(task.lengths_flag):
-            task.check_lengths(eval_lengths[task.lengths_flag], arguments)
+        if task.patch.check_lengths and (eval_lengths or {}).get(task.patch.lengths_flag):
+            task.patch.check_lengths(eval_lengths[task.patch.lengths_flag], arguments)
     check_replaced_output(output, "patch", resolve_source(model).path, text_file or [])  # before any compute
     if (private or revision) and not push_to_hub:
         raise ValueError("--private and --revision apply to an upload: add --push-to-hub USER/NAME, or drop them.")
@@ -91,14 +92,15 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
             check_dual_chunk_config("dca", getattr(lm.config, "model_type", None))
         lengths = _lengths_of(lm, config, evals, eval_lengths or {})
         methods = ["none", config] if config.method != "none" else ["none"]
-        common = dict(model=model, methods=methods, factor=config.factor, method_params={}, seed=seed, dtype=dtype,
-                      device=device, progress=progress, plots=False, loaded=(lm, tok, src), command=command)
+        common = RunSettings(LoadSettings(model, dtype, device), methods=methods, factor=config.factor, seed=seed,
+                             output=OutputSettings(progress=progress, plots=False, command=command),
+                             loaded=(lm, tok, src))
         reports = []
         for task, arguments in evals:  # each of the unpatched model beside the patched one
             given = PatchEval(lengths=lengths[task.name], docs=docs, arguments=arguments, depths=depths or [0.5],
                               trials=trials, max_windows=max_windows, limit=harness_limit,
                               max_gen_tokens=max_gen_tokens)
-            reports.append(task.run(**task.patch_keywords(given), **common))
+            reports.append(task.run(common, task.patch.params_of(given)))
         if tuned is not None:
             reports.insert(0, tuned)
         patch(lm, config)

@@ -56,7 +56,7 @@ def check_replaceable(output: str, command: str) -> None:
     present = _files(path) if os.path.isdir(path) else {}
     if not present:
         return
-    how = (f"give a new or empty folder, or move those files away yourself: hf-posenc never deletes a file it did "
+    how = ("give a new or empty folder, or move those files away yourself: hf-posenc never deletes a file it did "
            "not write")
     manifest = _read_manifest(path)
     if manifest is None:

@@ -66,6 +66,16 @@ def family(request):
 STAND_INS = {"pg84.txt": 0, "pg1342.txt": 1, "pg1513.txt": 2}  # a python-docs document for each book
 
 
+def on_loaded(task, model, tokenizer, methods=("none",), **keywords) -> dict:
+    """An eval task's report (``task``: run_perplexity, run_passkey, ...) on a model in memory, as it is for
+    ``none`` (the runner patches it for each other method and restores it), without an output folder."""
+    from hf_posenc.models import ModelSource
+
+    source = ModelSource("in-memory", {}, "in-memory")
+    return task(model="in-memory", loaded=(model, tokenizer, source), methods=list(methods), progress=False,
+                plots=False, **keywords)
+
+
 def book_path(name: str = "pg84.txt") -> str:
     """A shared book beside the checkout, else (a fresh clone) a document of the built-in python-docs corpus
     written once to a file of the same name: the book-based tests run either way."""

@@ -470,11 +470,11 @@ def test_next_token_scoring_refuses_models_that_are_not_causal_lms(family, bert_
         assert not out.exists() or not any(out.iterdir())
     else:
         assert main(passkey) == 0 and (out / "passkey.json").is_file()
-        from hf_posenc.eval.passkey import evaluate_passkey
+        from hf_posenc.eval.run_passkey import run_passkey
 
         model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = None
         with pytest.raises(ValueError, match="sets no decoder_start_token_id"):
-            evaluate_passkey(model, bert_tokenizer, [96], [0.5], trials=1, progress=False)
+            __import__("conftest").on_loaded(run_passkey, model, bert_tokenizer, lengths=[96], depths=[0.5], trials=1)
 
 
 def test_a_method_the_family_does_not_take_is_refused_before_any_cell(tiny_checkpoint, tmp_path, capsys):

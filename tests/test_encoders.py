@@ -353,25 +353,29 @@ def test_expected_rank_with_ties():
 
 def test_retrieval_truncation_loses_deep_facts(tmp_path, bert_tokenizer):
     from hf_posenc.eval.data import read_text_file
-    from hf_posenc.eval.data import corpus_stream
-    from hf_posenc.eval.retrieval import evaluate_retrieval
+    from hf_posenc.eval.run_retrieval import run_retrieval
 
     torch.manual_seed(0)
     model = AutoModel.from_config(AutoConfig.for_model(
         "bert", vocab_size=bert_tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, max_position_embeddings=N)).eval()
-    stream = corpus_stream(bert_tokenizer, [read_text_file(__import__("conftest").book_path("pg84.txt"))], 20_000)
-    deep = evaluate_retrieval(model, bert_tokenizer, stream, [2 * N], [0.95], trials=3, candidates=4, progress=False)
+    on_loaded = __import__("conftest").on_loaded
+    docs = [read_text_file(__import__("conftest").book_path("pg84.txt"))]
+
+    def results():  # the unpatched model (the cut at N) and hierarchical x2, the same documents for both
+        return on_loaded(run_retrieval, model, bert_tokenizer, methods=["none", "hierarchical"], factor=2.0,
+                         docs=docs, lengths=[2 * N], depths=[0.95], trials=3, candidates=4)["results"]
+
+    got = results()
+    deep, seen = got["none"], got["hierarchical"]
     r = deep["by_length"][str(2 * N)]
     assert deep["positions"] == N and r["truncated_to"] == N
     assert r["accuracy"] == pytest.approx(0.25)  # the fact is past the cut: four identical candidates
-    hf_posenc.patch(model, "hierarchical", factor=2.0)
-    seen = evaluate_retrieval(model, bert_tokenizer, stream, [2 * N], [0.95], trials=3, candidates=4, progress=False)
     assert seen["positions"] == 2 * N and seen["by_length"][str(2 * N)]["truncated_to"] == 2 * N
-    again = evaluate_retrieval(model, bert_tokenizer, stream, [2 * N], [0.95], trials=3, candidates=4, progress=False)
-    assert again == seen  # same seed, same documents and numbers
+    assert hf_posenc.get_config(model) is None  # the runner restored the model after each method
+    assert results() == got  # same seed, same documents and numbers
     with pytest.raises(ValueError, match="candidates must be in"):
-        evaluate_retrieval(model, bert_tokenizer, stream, [N], [0.5], trials=1, candidates=1, progress=False)
+        on_loaded(run_retrieval, model, bert_tokenizer, docs=docs, lengths=[N], depths=[0.5], trials=1, candidates=1)
 
 
 @pytest.mark.real_model

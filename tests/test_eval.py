@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from hf_posenc.cli import main
-from hf_posenc.eval.passkey import PasskeyBuilder, batches, evaluate_passkey, score_teacher_forced
+from hf_posenc.eval.passkey import PasskeyBuilder, batches, score_teacher_forced
+from hf_posenc.eval.run_passkey import run_passkey
 from hf_posenc.eval.perplexity import evaluate_perplexity, plan_windows
 from hf_posenc.eval.scoring import token_nll
 from hf_posenc.eval.stats import mean_ci95
-from conftest import book_path, ids, refused, tiny_model
+from conftest import book_path, ids, on_loaded, refused, tiny_model
 
 
 def test_chunked_nll_equals_the_naive_loss():
@@ -79,6 +80,11 @@ def test_passkey_prompt_lengths_and_depths(bert_tokenizer):
         PasskeyBuilder(bert_tokenizer, needle="no key here")
 
 
+def _passkey(model, tok, lengths, depths, **keywords) -> dict:
+    """``eval passkey``'s results for ``model`` as it is (the runner, in memory)."""
+    return on_loaded(run_passkey, model, tok, lengths=lengths, depths=depths, **keywords)["results"]["none"]
+
+
 def test_teacher_forced_scoring_agrees_with_full_logits(bert_tokenizer):
     model = tiny_model("llama", vocab_size=bert_tokenizer.vocab_size)
     b = PasskeyBuilder(bert_tokenizer)
@@ -86,11 +92,11 @@ def test_teacher_forced_scoring_agrees_with_full_logits(bert_tokenizer):
     seq = torch.cat([p.input_ids, p.answer_ids[:-1]])[None]
     full = model(seq).logits[0, -len(p.answer_ids):].argmax(-1)
     assert score_teacher_forced(model, p) == bool((full == p.answer_ids).all())
-    res = evaluate_passkey(model, bert_tokenizer, [150, 200], [0.0, 1.0], trials=2, seed=3, progress=False)
-    again = evaluate_passkey(model, bert_tokenizer, [150, 200], [0.0, 1.0], trials=2, seed=3, progress=False)
+    res = _passkey(model, bert_tokenizer, [150, 200], [0.0, 1.0], trials=2, seed=3)
+    again = _passkey(model, bert_tokenizer, [150, 200], [0.0, 1.0], trials=2, seed=3)
     assert res == again and len(res["cells"]) == 4 and len(res["samples"]) == 8
     assert len({s["key"] for s in res["samples"]}) == 8 and all(len(s["key"]) == 5 for s in res["samples"])
-    greedy = evaluate_passkey(model, bert_tokenizer, [150], [0.5], trials=1, seed=3, scoring="greedy", progress=False)
+    greedy = _passkey(model, bert_tokenizer, [150], [0.5], trials=1, seed=3, scoring="greedy")
     assert "output" in greedy["samples"][0] and 0.0 <= greedy["accuracy"] <= 1.0
 
 
@@ -150,10 +156,8 @@ def test_cli_errors_are_clear(tiny_checkpoint, capsys):
 def test_passkey_batches_give_the_same_results(bert_tokenizer):
     model = tiny_model("mistral", vocab_size=bert_tokenizer.vocab_size)
     for scoring in ("teacher_forced", "greedy"):
-        one = evaluate_passkey(model, bert_tokenizer, [160], [0.0, 0.5], trials=5, seed=1, scoring=scoring,
-                               progress=False)
-        many = evaluate_passkey(model, bert_tokenizer, [160], [0.0, 0.5], trials=5, seed=1, scoring=scoring,
-                                progress=False, batch_size=4)
+        one = _passkey(model, bert_tokenizer, [160], [0.0, 0.5], trials=5, seed=1, scoring=scoring)
+        many = _passkey(model, bert_tokenizer, [160], [0.0, 0.5], trials=5, seed=1, scoring=scoring, batch_size=4)
         assert one == many
     b = PasskeyBuilder(bert_tokenizer)
     prompts = [b.build(160, 0.5, k) for k in ("11111", "22222", "33333", "1234567")]
@@ -161,7 +165,7 @@ def test_passkey_batches_give_the_same_results(bert_tokenizer):
     assert sorted(len(g) for g in groups) == [1, 1, 2]  # the 7-digit key has a longer prompt: its own group
     assert all(len({len(p.input_ids) for p in g}) == 1 for g in groups)
     with pytest.raises(ValueError, match="batch_size must be >= 1|batch_size=0"):
-        evaluate_passkey(model, bert_tokenizer, [160], [0.5], trials=1, progress=False, batch_size=0)
+        _passkey(model, bert_tokenizer, [160], [0.5], trials=1, batch_size=0)
 
 
 def test_builtin_corpus_exists_without_files(monkeypatch, tmp_path):

@@ -1,9 +1,15 @@
-"""Adding a RoPE scaling is one record (README, "Adding a method"): this test writes one -- its frequency function
-and its MethodSpec with the tune grid and what the engines compute -- and runs it through everything that reads the
-record: patch, save and load, tune's grid, the serving table of the card, hf-posenc methods and hf-posenc eval."""
+"""Extending hf_posenc is one file and one test each (docs/contributing.md):
+
+- a RoPE scaling is one record: this file writes one -- its frequency function and its MethodSpec with the tune grid
+  and what the engines compute -- and runs it through everything that reads the record: patch, save and load, tune's
+  grid, the serving table of the card, hf-posenc methods and hf-posenc eval;
+- an eval task is one Params dataclass, one runner and one EvalTask record: this file writes one (prefix perplexity)
+  and runs it through hf-posenc eval (its flags made from the Params fields, resumed from its cells), the Python
+  API, hf-posenc patch --eval and the model card."""
 
 import json
 import math
+from dataclasses import dataclass
 
 import pytest
 
@@ -11,7 +17,14 @@ import hf_posenc
 from hf_posenc.encodings.rope import default_inv_freq
 from hf_posenc.methods import _ALIASES, METHODS, EngineSupport, MethodSpec, factor_grid
 from hf_posenc.methods import rope as rope_records
-from conftest import ORIGINAL, ids, logits, tiny_model
+from conftest import ORIGINAL, ids, logits, refused, tiny_model
+from hf_posenc.cli import main
+from hf_posenc.eval.cells import NUMBER
+from hf_posenc.eval.common import Run
+from hf_posenc.eval.params import ints, param
+from hf_posenc.eval.report import markdown_table
+from hf_posenc.eval.scoring import token_nll
+from hf_posenc.eval.tasks import Defaults, EvalTask, PatchUse, per_length_entries, register_task, unregister_task
 
 NAME = "sqrt_pi"
 
@@ -77,3 +90,89 @@ def test_a_method_without_a_grid_is_not_tuned_and_the_error_lists_those_with_one
     assert {n for n, s in METHODS.items() if s.tune_grid} >= {"pi", "ntk", "yarn", "self_extend", "dca", "string"}
     with pytest.raises(ValueError, match="EngineSupport.computes must be one of"):
         EngineSupport("maybe", "")
+
+
+# -- an eval task in one file ------------------------------------------------------------------------------------
+TEXT = "the quick brown fox jumps over the lazy dog. " * 40
+
+
+@dataclass(frozen=True)
+class PrefixParams:
+    lengths: list[int] = param([16, 32], "prefix lengths in tokens.", read=ints)
+    text: str = param(TEXT, "the text whose first tokens are scored.")
+
+
+def run_prefix_nll(settings, params: PrefixParams) -> dict:
+    """The toy task: per length, the mean NLL of the first ``length`` tokens of ``text``, one cell per length."""
+    lengths = params.lengths
+    with Run(settings) as job:
+        _, tok, _ = job.load()
+        ids = tok(params.text, return_tensors="pt").input_ids[0]
+        if max(lengths) > len(ids):
+            raise ValueError(f"--lengths: the text has {len(ids)} tokens, got {max(lengths)}")
+        keys = [[n] for n in lengths]
+
+        def compute(variant, key):
+            model = job.model_for(variant, max(lengths))
+            return {"nll": token_nll(model, ids[None, : key[0]])[0].mean().item()}
+
+        done = job.cells("prefix_nll", {"text": params.text}, {v.label: keys for v in job.variants}, compute,
+                         fields={"nll": NUMBER})
+        results = {label: {str(k[0]): math.exp(c["nll"]) for k, c in zip(keys, cells)} for label, cells in done.items()}
+        return job.report("prefix_nll", {"lengths": lengths}, results, prefix_table, None)
+
+
+def prefix_table(report) -> str:
+    lengths = report["setup"]["lengths"]
+    rows = [[label, *(r[str(n)] for n in lengths)] for label, r in report["results"].items()]
+    return "Prefix perplexity.\n\n" + markdown_table(["method", *(f"{n} tokens" for n in lengths)], rows)
+
+
+PREFIX = EvalTask(
+    name="prefix_nll", report="prefix_nll", summary="perplexity of the text's first tokens (a test task).",
+    title="Prefix perplexity (test task)", params=PrefixParams, run=run_prefix_nll,
+    defaults=Defaults(methods=("none", "pi")),
+    model_index=per_length_entries(dict(task_type="text-generation", task_name="Prefix perplexity",
+                                        dataset_type="text", dataset_name="fox", metric_type="perplexity"),
+                                   "prefix perplexity @ {n} tokens", lambda res, n: res.get(n)),
+    patch=PatchUse(lambda e: PrefixParams(lengths=[16, 32])))
+
+
+@pytest.fixture
+def prefix_task():
+    register_task(PREFIX)
+    yield PREFIX
+    unregister_task(PREFIX.name)
+
+
+def test_a_task_in_one_file_runs_in_eval_resumes_and_goes_into_patch_and_the_card(prefix_task, tiny_checkpoint,
+                                                                                 tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "prefix_nll", "--help"])
+    shown = capsys.readouterr().out  # its flags, made from the Params fields, with their defaults
+    assert "--lengths LENGTHS" in shown and "prefix lengths in tokens. (default: 16,32)" in shown
+    assert "expected comma-separated integers, got 'x'" in refused(["eval", "prefix_nll", "--lengths", "x"], capsys)
+    python = PREFIX(lengths=[16], model=tiny_checkpoint, methods=["none"], progress=False)  # the Python API
+    assert set(python["results"]["none"]) == {"16"}
+    with pytest.raises(ValueError, match="eval task 'prefix_nll' got unknown keyword\\(s\\) length; it takes lengths, text"):
+        PREFIX(length=[16], model=tiny_checkpoint)
+    out = tmp_path / "eval"
+    argv = ["eval", "prefix_nll", "--model", tiny_checkpoint, "--output", str(out), "--no-progress", "--no-plots"]
+    assert main(argv) == 0
+    report = json.loads((out / "prefix_nll.json").read_text())
+    assert set(report["results"]) == {"none", "pi"} and set(report["results"]["none"]) == {"16", "32"}
+    assert report["results"]["none"]["16"] != report["results"]["pi"]["16"]  # pi (factor 2) changes the positions
+    assert report["setup"]["compute"]["cells"] == 4
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "resumed 4 of 4 cells" in capsys.readouterr().err
+    again = json.loads((out / "prefix_nll.json").read_text())
+    assert again["results"] == report["results"]
+
+    saved = tmp_path / "patched"
+    assert main(["patch", "--model", tiny_checkpoint, "--method", "pi", "--factor", "2", "--output", str(saved),
+                 "--eval", "prefix_nll", "--no-progress"]) == 0
+    card = (saved / "README.md").read_text()
+    assert "Prefix perplexity (test task)" in card and "prefix perplexity @ 16 tokens" in card
+    patched = json.loads((saved / "hf_posenc_eval" / "prefix_nll.json").read_text())
+    assert patched["results"]["pi"]["32"] == pytest.approx(report["results"]["pi"]["32"], rel=1e-6)

@@ -75,22 +75,21 @@ def test_patched_gguf_model_saves_and_plain_transformers_reloads(smollm2, book_i
 
 
 @torch.no_grad()
-def test_short_real_evaluation_run(smollm2, book_ids):
+def test_short_real_evaluation_run(smollm2):
     """The evaluation on the real model: sane perplexities, and real passkey retrieval inside its context."""
-    from hf_posenc.eval.common import for_each_method
-    from hf_posenc.eval.passkey import evaluate_passkey
-    from hf_posenc.eval.perplexity import evaluate_perplexity
-    from hf_posenc.config import PosEncConfig
+    from hf_posenc.eval.run_passkey import run_passkey
+    from hf_posenc.eval.run_ppl import run_perplexity
+    from conftest import book_path, on_loaded
+    from hf_posenc.eval.data import read_text_file
 
     model, tok = smollm2
-    configs = [PosEncConfig("none"), PosEncConfig("yarn", 2.0)]
-    ppl = for_each_method(model, configs, lambda c: evaluate_perplexity(model, [book_ids[0]], [512, 1024],
-                                                                       max_windows=1, progress=False))
+    ppl = on_loaded(run_perplexity, model, tok, methods=["none", "yarn"], factor=2.0, lengths=[512, 1024],
+                    docs=[read_text_file(book_path("pg84.txt"))], max_windows=1)["results"]
     for method in ("none", "yarn"):
         for n in ("512", "1024"):
             assert 3.0 < ppl[method][n]["ppl"] < 100.0, (method, n, ppl[method][n]["ppl"])
     assert ppl["none"]["1024"]["ppl"] != ppl["yarn"]["1024"]["ppl"]
     assert hf_posenc.get_config(model) is None  # every method was undone
-    keys = evaluate_passkey(model, tok, [512], [0.0, 0.5, 1.0], trials=2, seed=0, progress=False)
+    keys = on_loaded(run_passkey, model, tok, lengths=[512], depths=[0.0, 0.5, 1.0], trials=2)["results"]["none"]
     # 5-digit keys: a correct teacher-forced answer by chance is ~1e-5; the real model retrieves most of them
     assert keys["accuracy"] >= 0.5, keys["cells"]

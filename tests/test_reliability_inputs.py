@@ -216,21 +216,20 @@ def test_a_dataset_folder_that_is_not_there_is_refused_by_path(command, where, t
 
 
 # -- 13. eval-task plugins that fail: skipped with a warning naming them ----------------------------------------
+_TASK = ("from dataclasses import dataclass, field\n"
+         "from hf_posenc.eval.tasks import EvalTask, register_task\n"
+         "@dataclass(frozen=True)\nclass Params:\n    lengths: list = field(default_factory=list)\n")
 PLUGINS = {
     "raises_plugin": "raise ImportError('no module named torch_nightly_extra')\n",
-    "duplicate_plugin": ("from hf_posenc.eval.tasks import EvalTask, register_task\n"
-                         "register_task(EvalTask(name='ppl', report='other_ppl', summary='s', title='t', "
-                         "run=lambda **k: {}, flags=lambda p: None, keywords=lambda a: {}))\n"),
-    "malformed_plugin": ("from hf_posenc.eval.tasks import EvalTask, register_task\n"
-                         "register_task(EvalTask(name='broken', report='broken', summary='s', title='t', run=None, "
-                         "flags=lambda p: None, keywords=lambda a: {}))\n"),
-    "bad_flags_plugin": ("from hf_posenc.eval.tasks import EvalTask, register_task\n"
-                         "def flags(p):\n    p.add_argument('--model')\n"
-                         "register_task(EvalTask(name='clash', report='clash', summary='s', title='t', "
-                         "run=lambda **k: {}, flags=flags, keywords=lambda a: {}))\n"),
-    "good_plugin": ("from hf_posenc.eval.tasks import EvalTask, register_task\n"
-                    "register_task(EvalTask(name='fine', report='fine', summary='a plugin task that works', "
-                    "title='t', run=lambda **k: {}, flags=lambda p: None, keywords=lambda a: {}))\n"),
+    "duplicate_plugin": _TASK + ("register_task(EvalTask(name='ppl', report='other_ppl', summary='s', title='t', "
+                                 "params=Params, run=lambda s, p: {}))\n"),
+    "malformed_plugin": _TASK + ("register_task(EvalTask(name='broken', report='broken', summary='s', title='t', "
+                                 "params=Params, run=None))\n"),
+    "bad_flags_plugin": _TASK + ("@dataclass(frozen=True)\nclass Clashing:\n    model: str = 'x'\n"
+                                 "register_task(EvalTask(name='clash', report='clash', summary='s', title='t', "
+                                 "params=Clashing, run=lambda s, p: {}))\n"),
+    "good_plugin": _TASK + ("register_task(EvalTask(name='fine', report='fine', summary='a plugin task that works', "
+                            "title='t', params=Params, run=lambda s, p: {}))\n"),
 }
 
 
@@ -263,7 +262,7 @@ def test_failing_plugins_are_skipped_with_a_warning_naming_each(plugins, capsys)
         assert main(["methods"]) == 0
     said = _skipped(recorded)
     for name, why in (("raises", "no module named torch_nightly_extra"), ("duplicate", "'ppl' is already registered"),
-                      ("malformed", "run"), ("bad_flags", "--model")):
+                      ("malformed", "run"), ("bad_flags", "['model'] are the run's own")):
         assert f"'{name}' ({name}_plugin)" in said and why in said, said
     assert "'good'" not in said
     assert set(tasks.registered()) >= {"ppl", "passkey", "fine"}
@@ -280,10 +279,17 @@ def test_help_works_with_failing_plugins(plugins, capsys):
     assert "fine" in out and "ppl" in out
 
 
-def test_a_task_without_a_runner_is_refused_when_made():
+def test_a_task_without_a_runner_or_params_is_refused_when_made():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Params:
+        lengths: tuple = (16,)
+
     with pytest.raises(ValueError, match=r"eval task 'x': run must be callable, got None"):
-        tasks.EvalTask(name="x", report="x", summary="s", title="t", run=None, flags=lambda p: None,
-                       keywords=lambda a: {})
+        tasks.EvalTask(name="x", report="x", summary="s", title="t", params=Params, run=None)
+    with pytest.raises(ValueError, match=r"eval task 'x': params must be a dataclass, got \{'lengths': 16\}"):
+        tasks.EvalTask(name="x", report="x", summary="s", title="t", params={"lengths": 16}, run=lambda s, p: {})
 
 
 # -- a model folder that is not one: refused by what is wrong with it, before the tokenizer and the weights -------

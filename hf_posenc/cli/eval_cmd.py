@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..flags import eval_task_flags
+from .eval_flags import add_params_flags, add_run_flags, params_from_args, run_settings
 
 
 def add_parser(sub) -> None:
@@ -18,9 +18,8 @@ def add_parser(sub) -> None:
     for task in tasks.values():
         p = evsub.add_parser(task.name, allow_abbrev=False, help=task.summary, description=task.summary,
                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        eval_task_flags(p, task)
-        task.flags(p)
-        p.set_defaults(**task.parser_defaults)
+        add_run_flags(p, task)
+        add_params_flags(p, task.params)
 
 
 def relaunch(argv: list[str], processes: int) -> int:
@@ -43,7 +42,6 @@ def relaunch(argv: list[str], processes: int) -> int:
 
 
 def run(args, command: str) -> int:
-    from ..config_syntax import parse_method_params
     from ..eval.tasks import get_task
 
     if getattr(args, "data_parallel_size", 1) > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
@@ -53,17 +51,8 @@ def run(args, command: str) -> int:
         return relaunch(args.argv, args.data_parallel_size)
 
     task = get_task(args.task)
-    params = parse_method_params(args.method_param)
-    methods = args.methods if args.methods is not None else ([] if args.variant else list(task.default_methods))
-    common = dict(model=args.model, methods=methods, variants=args.variant, factor=args.factor,
-                  method_params=params, overwrite=args.overwrite, device_map=args.device_map,
-                  max_memory=args.max_memory, seed=args.seed, dtype=args.dtype, device=args.device,
-                  attn_implementation=args.attn_implementation, tokenizer=args.tokenizer, output=args.output,
-                  progress=not args.no_progress, plots=not args.no_plots, command=command)
-    if task.engines:
-        common.update(engine=args.engine, engine_python=args.engine_python,
-                      tensor_parallel_size=args.tensor_parallel_size, engine_args=dict(args.engine_arg))
-    report = task.run(**task.keywords(args), **common)
+    params = params_from_args(task, args)  # documents are named, not read, here: the task reads them first
+    report = task.run(run_settings(args, task, command), params)
     if report.get("written_by_another_process"):  # the main process prints it
         return 0
     print(report["table"])

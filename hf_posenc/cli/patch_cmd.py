@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
     e.add_argument("--eval", type=names, default=[], help=f"comma-separated eval tasks: {eval_names(tasks)}; each "
                    "compares the patched model with the unpatched one (see 'hf-posenc eval TASK --help').")
     for flag in lengths_flags():
-        users = ", ".join(t.name for t in tasks if t.lengths_flag == flag)
+        users = ", ".join(t.name for t in tasks if t.patch.lengths_flag == flag)
         e.add_argument(f"--{flag}-lengths", type=ints, default=None, help=f"lengths of {users} (default: the original "
                        "context and original x factor).")
     e.add_argument("--harness-limit", type=positive, default=50, help="lm-eval prompts per task and length.")

@@ -7,8 +7,6 @@ import os
 import time
 from typing import Any
 
-from ..config import PosEncConfig
-from ..patching import patch, trying
 from ..context import original_context
 from ..digests import file_digests
 from ..files import OutputLock, check_output_folder
@@ -18,18 +16,8 @@ from .cells import CellStore, run_cells
 from .processes import Processes, device_name
 from .report import finish_report
 from .engine_choice import EngineChoice
+from .settings import RunSettings
 from .variants import build_variants
-
-
-def for_each_method(model, configs: list[PosEncConfig], evaluate) -> dict[str, Any]:
-    """Patch ``model`` with each config in turn, run ``evaluate(config)``, and restore the model after each
-    (to the patch it had before, if any)."""
-    results = {}
-    with trying(model, configs):
-        for cfg in configs:
-            patch(model, cfg)
-            results[cfg.method] = evaluate(cfg)
-    return results
 
 
 WEIGHT_FILES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".index.json")
@@ -63,42 +51,34 @@ def model_identity(model: str, lm, src) -> dict[str, Any]:
 
 
 class Run:
-    """One evaluation run: its variants, its model (loaded once, per process), its processes and cells.
+    """One evaluation run: its variants, its model (loaded once, per process), its processes and cells, as
+    ``settings`` (:class:`settings.RunSettings`) say. Its engine: transformers, or vLLM (every variant computed by
+    vLLM, one refused by name where vLLM does not compute it as hf_posenc does, or ``auto``: those on transformers;
+    see :mod:`hf_posenc.engines.vllm_engine`)."""
 
-    Keywords shared by every runner: model, methods (names, PosEncConfigs or Variants), factor,
-    method_params, variants (``LABEL=METHOD:K=V,...`` strings), seed, dtype, device, attn_implementation,
-    tokenizer, device_map, max_memory, output, overwrite, progress, plots, command, loaded (a model,
-    tokenizer and source already in memory); engine (``transformers``, ``vllm``: every variant computed by vLLM,
-    one refused by name where vLLM does not compute it as hf_posenc does, or ``auto``: those on transformers) with
-    engine_python, tensor_parallel_size and engine_args (see :mod:`hf_posenc.engines.vllm_engine`)."""
-
-    def __init__(self, *, model: str, methods: list[Any] | None = None, factor: float | None = None,
-                 method_params: dict[str, dict[str, Any]] | None = None, variants: list[Any] | None = None,
-                 seed: int = 0, dtype: str = "float32", device: str = "cpu", attn_implementation: str | None = None,
-                 tokenizer: str | None = None, device_map: str | None = None, max_memory: dict | None = None,
-                 output: str | None = None, overwrite: bool = False, progress: bool = True, plots: bool = True,
-                 command: str | None = None, loaded: tuple | None = None, engine: str = "transformers",
-                 engine_python: str | None = None, tensor_parallel_size: int = 1,
-                 engine_args: dict[str, Any] | None = None):
-        self.variants = build_variants(methods, factor, method_params or {}, variants)  # before the slow load
-        self.engine = EngineChoice(engine, self.variants, engine_python, tensor_parallel_size, engine_args)
-        if output:
-            check_output_folder(output)  # an unwritable --output is found before the compute, not after
-        self.processes = Processes(device)
-        if self.engine.served and device_map:
+    def __init__(self, settings: RunSettings):
+        s, load, out, engine = settings, settings.load, settings.output, settings.engine
+        self.settings = settings
+        self.variants = build_variants(s.methods, s.factor, s.method_params or {}, s.variants)  # before the slow load
+        self.engine = EngineChoice(engine.name, self.variants, engine.python, engine.tensor_parallel_size, engine.args)
+        if out.output:
+            check_output_folder(out.output)  # an unwritable --output is found before the compute, not after
+        self.processes = Processes(load.device)
+        if self.engine.served and load.device_map:
             raise ValueError("--engine vllm: vLLM places the model itself (--tensor-parallel-size spreads it over "
                              "GPUs): drop --device-map")
-        if device_map and self.processes.world > 1:
+        if load.device_map and self.processes.world > 1:
             raise ValueError("--device-map spreads one model over the devices of one process; with several "
                              "processes each holds a whole model on its own device: use one or the other")
-        self.model, self.seed, self.dtype, self.tokenizer = model, seed, dtype, tokenizer
-        self.device = self.processes.device(device)
-        self.attn_implementation, self.device_map, self.max_memory = attn_implementation, device_map, max_memory
-        self.output, self.overwrite, self.progress, self.plots = output, overwrite, progress, plots
-        self.command, self.loaded = command, loaded
+        self.model, self.seed, self.dtype, self.tokenizer = load.model, s.seed, load.dtype, load.tokenizer
+        self.device = self.processes.device(load.device)
+        self.attn_implementation, self.device_map, self.max_memory = (load.attn_implementation, load.device_map,
+                                                                      load.max_memory)
+        self.output, self.overwrite, self.progress, self.plots = out.output, out.overwrite, out.progress, out.plots
+        self.command, self.loaded = out.command, s.loaded
         self._stores: dict[str, CellStore] = {}
         # one run per output folder: a second one is refused here, before the slow load
-        self._lock = OutputLock(output) if output and self.processes.is_main else None
+        self._lock = OutputLock(out.output) if out.output and self.processes.is_main else None
 
     def __enter__(self) -> "Run":
         return self

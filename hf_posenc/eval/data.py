@@ -191,6 +191,45 @@ def gather_documents(text_file=None, text_dir=None, dataset=None, dataset_config
     return docs[:limit] if limit else docs
 
 
+@dataclass(frozen=True)
+class DocumentSource:
+    """Where a task's documents come from, as the data flags say (``--text-file``, ``--text-dir``, ``--dataset``
+    ..., ``--corpus``, ``--limit``): read by :meth:`gather` (nothing chosen: the default corpus)."""
+
+    text_file: list[str] | None = None
+    text_dir: list[str] | None = None
+    dataset: str | None = None
+    dataset_config: str | None = None
+    split: str = "test"
+    column: str = "text"
+    limit: int | None = None
+    corpus: str | None = None
+    encoding: str = "utf-8"
+
+    @property
+    def chosen(self) -> bool:
+        """Whether a file, folder, dataset or corpus was named (else the default corpus is read)."""
+        return bool(self.text_file or self.text_dir or self.dataset or self.corpus)
+
+    def gather(self) -> list[Document]:
+        return gather_documents(self.text_file, self.text_dir, self.dataset, self.dataset_config, self.split,
+                                self.column, self.limit, self.corpus, self.encoding)
+
+
+def documents_of(value: "list[Document] | DocumentSource | None") -> list[Document]:
+    """A task's documents field read: a list as it is, a source gathered, None the default corpus."""
+    if value is None:
+        return default_corpus()
+    if isinstance(value, DocumentSource):
+        return value.gather()
+    return list(value)
+
+
+def given_documents(value: "list[Document] | DocumentSource | None") -> bool:
+    """Whether a documents field names documents (a non-empty list, or a source that chose some)."""
+    return value.chosen if isinstance(value, DocumentSource) else bool(value)
+
+
 # -- held-out text that is training text, compared by content ----------------------------------------------------
 PASSAGE_WORDS = 32  # a run of this many words (case and spacing aside) found in both is shared text, not chance
 OVERLAP_SHARE, OVERLAP_WORDS = 0.02, 500  # a held-out document sharing more of its words than either is refused

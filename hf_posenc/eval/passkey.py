@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .scoring import as_scorer, input_device, require_answering_lm
+from .scoring import as_scorer, input_device
 
 PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
           "I will quiz you about the important information there.")
@@ -218,21 +218,3 @@ def beyond_reach(samples: list[dict], original: int) -> dict | None:
     out = [s for s in samples if s["needle"][1] <= s["tokens"] - original]
     hits = sum(s["correct"] for s in out)
     return {"hits": hits, "trials": len(out), "accuracy": hits / len(out) if out else None}
-
-
-def evaluate_passkey(model, tokenizer, lengths: list[int], depths: list[float], trials: int, seed: int = 0,
-                     digits: int = 5, scoring: str = "teacher_forced", builder: PasskeyBuilder | None = None,
-                     progress: bool = True, desc: str = "", batch_size: int = 1, original: int | None = None) -> dict:
-    """Accuracy per (length, depth) cell and overall, for ``model`` as it is. Keys come from ``seed``: every
-    method sees the same keys; ``original`` (the original context L) adds the accuracy beyond truncation's reach
-    per longer length (:func:`beyond_reach`). (``hf-posenc eval passkey`` computes the same cells resumably, see
-    ``run_passkey``.)"""
-    from tqdm.auto import tqdm
-
-    check_scoring(scoring, trials, digits, batch_size)
-    require_answering_lm(model)
-    builder = builder or PasskeyBuilder(tokenizer)
-    cells = [(n, d, passkey_cell(model, tokenizer, builder, n, d, s, trials, digits, scoring, batch_size))
-             for n, d, s in tqdm(grid(lengths, depths, seed), desc=f"{desc} passkey".strip(), disable=not progress,
-                                 leave=False)]
-    return aggregate_passkey(lengths, cells, original)

@@ -134,18 +134,3 @@ def aggregate_retrieval(lengths: list[int], cells: list[tuple[int, float, dict]]
             "mrr": sum(c["mrr"] for c in per.values()) / len(per), "truncated_to": min(limit, n), "depths": per,
         }
     return out
-
-
-def evaluate_retrieval(model, tokenizer, stream: list[int], lengths: list[int], depths: list[float], trials: int,
-                       candidates: int = 5, seed: int = 0, progress: bool = True, desc: str = "",
-                       filler: str = "same") -> dict[str, Any]:
-    """Top-1 accuracy and MRR per length (and per depth); the same documents for every method (from ``seed``).
-    (``hf-posenc eval retrieval`` computes the same cells resumably, see ``run_retrieval``.)"""
-    from tqdm.auto import tqdm
-
-    check_retrieval(depths, trials, candidates, filler)
-    builder = NeedleDocs(tokenizer, stream)
-    cells = [(n, d, retrieval_cell(model, tokenizer, builder, n, d, s, trials, candidates, filler))
-             for n, d, s in tqdm(grid(lengths, depths, seed), desc=f"{desc} retrieval".strip(), disable=not progress,
-                                 leave=False)]
-    return aggregate_retrieval(lengths, cells)

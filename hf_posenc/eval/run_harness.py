@@ -4,28 +4,54 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 from .common import Run
 from .harness import (RULER_THRESHOLD, aggregate_harness, check_lengths, check_tasks, harness_cell, require_lm_eval,
                       saved_tokenizer)
 from .report import markdown_table, plot_lines
-from .tasks import EvalTask, register_task
-from ..flags import ints, names, positive, positive_float
+from .params import ints, names, param, positive, positive_float
+from .settings import RunSettings
+from .tasks import EvalTask, PatchUse, register_task
 
 
-def run_harness(*, tasks: list[str], lengths: list[int], limit: int | None = None, max_gen_tokens: int | None = None,
-                batch_size: int = 1, threshold: float = RULER_THRESHOLD, **run: Any) -> dict[str, Any]:
-    """lm-eval ``tasks`` at each length for each variant; ``run``: the keywords of :class:`common.Run`. Each
-    (task, length) of a variant is a cell: resumable, and shared between processes."""
-    if not 0 < threshold <= 1:
-        raise ValueError(f"--threshold is a mean score in (0, 1], got {threshold}")
-    if limit is not None and limit < 1:
-        raise ValueError(f"--limit must be >= 1 (prompts per task and length), got {limit}")
+@dataclass(frozen=True)
+class HarnessParams:
+    """What ``eval harness`` runs (its flags: ``--tasks``, ``--lengths``, ...; checked when made, lm-eval's tasks
+    by lm-eval)."""
+
+    tasks: list[str] = param(["niah_single_1", "niah_multikey_2", "ruler_vt", "ruler_cwe"],
+                             "comma-separated lm-eval tasks, groups or tags; RULER's niah_single_1, niah_multikey_2, "
+                             "niah_multikey_3, ruler_vt, ruler_cwe and ruler_fwe (vt, cwe, fwe for short) build their "
+                             "prompts locally (the essay- and QA-based ones, and the ruler group, download data).",
+                             read=names)
+    lengths: list[int] = param([4096, 8192], "comma-separated lengths in tokens; RULER sizes every prompt (with 128 "
+                               "tokens for the answer) to each.", read=ints)
+    limit: int | None = param(None, "prompts per task and length (default: all; RULER builds 500).", read=positive)
+    max_gen_tokens: int | None = param(None, "tokens generated per answer (default: the task's, 128 for RULER).",
+                                       read=positive)
+    batch_size: int = param(1, "prompts generated together.", read=positive)
+    threshold: float = param(RULER_THRESHOLD, "mean score (0..1) a length must reach to count towards the effective "
+                             "length (RULER: 0.856).", read=positive_float)
+
+    def __post_init__(self):
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"--threshold is a mean score in (0, 1], got {self.threshold}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"--limit must be >= 1 (prompts per task and length), got {self.limit}")
+
+
+def harness_run(settings: RunSettings, params: HarnessParams) -> dict[str, Any]:
+    """lm-eval's tasks at each length for each variant. Each (task, length) of a variant is a cell: resumable, and
+    shared between processes."""
+    p = params
+    lengths, limit, max_gen_tokens, batch_size, threshold = (p.lengths, p.limit, p.max_gen_tokens, p.batch_size,
+                                                             p.threshold)
     version = require_lm_eval()
-    tasks = check_tasks(tasks)
+    tasks = check_tasks(p.tasks)
     check_lengths(lengths, tasks)
-    with Run(**run) as job:
+    with Run(settings) as job:
         _, tok, _ = job.load()
         settings = {"tasks": tasks, "limit": limit, "max_gen_tokens": max_gen_tokens, "lm_eval": version,
                     "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
@@ -72,28 +98,6 @@ def harness_plots(report: dict[str, Any], output: str) -> list[str]:
                        hline=(s["threshold"], "effective-length threshold"))]
 
 
-def harness_flags(p) -> None:
-    e = p.add_argument_group("evaluation")
-    e.add_argument("--tasks", type=names, default=["niah_single_1", "niah_multikey_2", "ruler_vt", "ruler_cwe"],
-                   help="comma-separated lm-eval tasks, groups or tags; RULER's niah_single_1, niah_multikey_2, "
-                        "niah_multikey_3, ruler_vt, ruler_cwe and ruler_fwe (vt, cwe, fwe for short) build their "
-                        "prompts locally (the essay- and QA-based ones, and the ruler group, download data).")
-    e.add_argument("--lengths", type=ints, default=[4096, 8192], help="comma-separated lengths in tokens; RULER "
-                   "sizes every prompt (with 128 tokens for the answer) to each.")
-    e.add_argument("--limit", type=positive, default=None, help="prompts per task and length (default: all; "
-                   "RULER builds 500).")
-    e.add_argument("--max-gen-tokens", type=positive, default=None,
-                   help="tokens generated per answer (default: the task's, 128 for RULER).")
-    e.add_argument("--batch-size", type=positive, default=1, help="prompts generated together.")
-    e.add_argument("--threshold", type=positive_float, default=0.856,
-                   help="mean score (0..1) a length must reach to count towards the effective length (RULER: 0.856).")
-
-
-def harness_keywords(args) -> dict[str, Any]:
-    return dict(tasks=args.tasks, lengths=args.lengths, limit=args.limit, max_gen_tokens=args.max_gen_tokens,
-                batch_size=args.batch_size, threshold=args.threshold)
-
-
 def _harness_entries(report: dict[str, Any], res: dict[str, Any]) -> list:
     """lm-eval scores: one entry per task and length (RULER's tasks are synthetic: the dataset is the task)."""
     version = report["setup"]["lm_eval"]
@@ -107,9 +111,14 @@ def _harness_entries(report: dict[str, Any], res: dict[str, Any]) -> list:
 
 HARNESS = register_task(EvalTask(
     name="harness", report="harness", summary="lm-evaluation-harness tasks (RULER: niah_single_1, vt, cwe, ...) per "
-    "length on each patched model (needs the harness extra).", title="lm-evaluation-harness (RULER)", run=run_harness,
-    flags=harness_flags, keywords=harness_keywords, default_methods=("none", "yarn"), engines=True,
-    model_index=_harness_entries, lengths_flag="harness", check_arguments=check_tasks, check_lengths=check_lengths,
-    argument=("TASK", "an lm-eval task, e.g. harness:niah_single_1; repeatable"),
-    patch_keywords=lambda e: dict(tasks=e.arguments, lengths=e.lengths, limit=e.limit,
-                                  max_gen_tokens=e.max_gen_tokens)))
+    "length on each patched model (needs the harness extra).", title="lm-evaluation-harness (RULER)",
+    params=HarnessParams, run=harness_run, engines=True, model_index=_harness_entries,
+    patch=PatchUse(lambda e: HarnessParams(tasks=e.arguments, lengths=e.lengths, limit=e.limit,
+                                           max_gen_tokens=e.max_gen_tokens),
+                   lengths_flag="harness", argument=("TASK", "an lm-eval task, e.g. harness:niah_single_1; repeatable"),
+                   check_arguments=check_tasks, check_lengths=check_lengths)))
+
+
+def run_harness(**keywords: Any) -> dict[str, Any]:
+    """``eval harness`` from Python: :class:`HarnessParams`' keywords and the run's (:data:`settings.KEYWORDS`)."""
+    return HARNESS(**keywords)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from ..context import original_context
@@ -11,36 +12,70 @@ from .common import Run
 from .haystack import TEXT_NEEDLE, TextHaystack
 from .passkey import FILLER, NEEDLE, PasskeyBuilder, aggregate_passkey, check_needle, check_scoring, grid, passkey_cell
 from .report import markdown_table, plot_heatmap, plot_lines
-from .tasks import EvalTask, Objective, per_length_entries, register_task
+from .params import depths, documents, ints, param, positive
+from .settings import RunSettings
+from .tasks import EvalTask, Objective, PatchUse, per_length_entries, register_task
 from .scoring import require_answering_lm
-from ..flags import data_flags, depths, documents_of, ints, positive
+from .data import documents_of, given_documents
 
 
-def run_passkey(*, lengths: list[int], depths: list[float], trials: int = 5, digits: int = 5,
-                scoring: str = "teacher_forced", batch_size: int = 1, filler: str = FILLER, needle: str = NEEDLE,
-                haystack: str = "filler", docs: list | None = None, needles: int = 1, **run: Any) -> dict[str, Any]:
-    """Passkey accuracy of each variant per (length, depth); ``run``: the keywords of :class:`common.Run`
-    (model, methods or variants, seed, output, ...). Each (length, depth) is a cell: resumable, and shared
-    between processes under ``accelerate launch``. ``haystack="text"``: the needles hide in ``docs``' prose
+@dataclass(frozen=True)
+class PasskeyParams:
+    """What ``eval passkey`` measures (its flags: ``--lengths``, ``--depths``, ...; checked when made)."""
+
+    lengths: list[int] = param([2048, 4096, 8192], "prompt lengths in tokens.", read=ints)
+    depths: list[float] = param([0.0, 0.25, 0.5, 0.75, 1.0], "needle depths, 0 = start of the filler, 1 = end.",
+                                read=depths)
+    trials: int = param(5, "random keys per (length, depth) cell.", read=positive)
+    digits: int = param(5, "digits of each key.", read=positive)
+    scoring: str = param("teacher_forced", "teacher_forced: every key token must be the argmax (one forward pass); "
+                         "greedy: decode and parse the first number.", choices=("teacher_forced", "greedy"))
+    batch_size: int = param(1, "prompts of one token length scored together (same results, more memory; helps on "
+                            "GPU).", read=positive)
+    filler: str = param(FILLER, "filler text repeated around the needle (default: the landmark-attention filler).")
+    needle: str = param(NEEDLE, "needle template with {key} (default: 'The pass key is {key}. Remember it. ...').")
+    haystack: str = param("filler", "filler: the key in repeated filler sentences; text: in real prose from the data "
+                          "flags (or the default corpus), with RULER's needle and question wording.",
+                          choices=("filler", "text"))
+    needles: int = param(1, "with --haystack text: needles per prompt, each with its own word and key; one is asked, "
+                         "the others are distractors (RULER's multi-key).", read=positive)
+    docs: Any = documents("haystack ")
+
+    def __post_init__(self):
+        if self.haystack not in ("filler", "text"):
+            raise ValueError(f"--haystack must be 'filler' or 'text', got {self.haystack!r}")
+        if self.haystack == "text" and (self.filler != FILLER or self.needle != NEEDLE):
+            raise ValueError("--filler and --needle shape the filler haystack; --haystack text uses documents and "
+                             "RULER's needle wording (drop them, or use --haystack filler)")
+        if self.haystack == "filler" and given_documents(self.docs):
+            raise ValueError("the data flags give the haystack of --haystack text; add it (the filler haystack reads "
+                             "no documents)")
+        if self.haystack == "filler" and self.needles != 1:
+            raise ValueError("--needles applies to --haystack text (add it, or drop --needles)")
+        if not self.lengths or any(n < 1 for n in self.lengths):
+            raise ValueError(f"--lengths must be token counts >= 1, got {self.lengths}")
+        if any(not 0 <= d <= 1 for d in self.depths):
+            raise ValueError(f"--depths must lie in [0, 1], got {self.depths}")
+        check_needle(self.needle)
+        check_scoring(self.scoring, self.trials, self.digits, self.batch_size)
+
+
+def passkey_run(settings: RunSettings, params: PasskeyParams) -> dict[str, Any]:
+    """Passkey accuracy of each variant per (length, depth). Each (length, depth) is a cell: resumable, and shared
+    between processes under ``accelerate launch``. ``haystack="text"``: the needles hide in the documents' prose
     (:mod:`eval.haystack`, RULER's wording, ``needles`` of them: one asked, the rest distractors) instead of the
     repeated filler."""
-    if haystack not in ("filler", "text"):
-        raise ValueError(f"--haystack must be 'filler' or 'text', got {haystack!r}")
-    if haystack == "text" and (filler != FILLER or needle != NEEDLE):
-        raise ValueError("--filler and --needle shape the filler haystack; --haystack text uses documents and RULER's "
-                         "needle wording (drop them, or use --haystack filler)")
-    if haystack == "filler" and (docs or needles != 1):
-        raise ValueError("documents and --needles apply to --haystack text (add it, or drop them)")
-    with Run(**run) as job:
-        if any(not 0 <= d <= 1 for d in depths):
-            raise ValueError(f"--depths must lie in [0, 1], got {depths}")
-        check_needle(needle)
-        check_scoring(scoring, trials, digits, batch_size)
+    p = params
+    lengths, depths, trials, digits, scoring, batch_size = (p.lengths, p.depths, p.trials, p.digits, p.scoring,
+                                                            p.batch_size)
+    filler, needle, needles = p.filler, p.needle, p.needles
+    with Run(settings) as job:
+        docs = documents_of(p.docs) if p.haystack == "text" else None  # read before the slow load
         lm, tok, _ = job.load()
         require_answering_lm(lm)
         settings = {"trials": trials, "digits": digits, "scoring": scoring, "filler": filler, "needle": needle,
                     "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
-        if haystack == "text":
+        if p.haystack == "text":
             builder = text_haystack(tok, docs, needles, settings)
         else:
             builder = PasskeyBuilder(tok, filler=filler, needle=needle)
@@ -104,44 +139,6 @@ def passkey_plots(report: dict[str, Any], output: str) -> list[str]:
     return paths
 
 
-def passkey_flags(p) -> None:
-    e = p.add_argument_group("evaluation")
-    e.add_argument("--lengths", type=ints, default=[2048, 4096, 8192], help="prompt lengths in tokens.")
-    e.add_argument("--depths", type=depths, default=[0.0, 0.25, 0.5, 0.75, 1.0],
-                   help="needle depths, 0 = start of the filler, 1 = end.")
-    e.add_argument("--trials", type=positive, default=5, help="random keys per (length, depth) cell.")
-    e.add_argument("--digits", type=positive, default=5, help="digits of each key.")
-    e.add_argument("--scoring", choices=["teacher_forced", "greedy"], default="teacher_forced",
-                   help="teacher_forced: every key token must be the argmax (one forward pass); greedy: decode and "
-                        "parse the first number.")
-    e.add_argument("--batch-size", type=positive, default=1,
-                   help="prompts of one token length scored together (same results, more memory; helps on GPU).")
-    e.add_argument("--filler", default=None, help="filler text repeated around the needle (default: the landmark-attention filler).")
-    e.add_argument("--needle", default=None, help="needle template with {key} (default: 'The pass key is {key}. Remember it. ...').")
-    e.add_argument("--haystack", choices=["filler", "text"], default="filler",
-                   help="filler: the key in repeated filler sentences; text: in real prose from the data flags (or the "
-                        "default corpus), with RULER's needle and question wording.")
-    e.add_argument("--needles", type=positive, default=1,
-                   help="with --haystack text: needles per prompt, each with its own word and key; one is asked, the "
-                        "others are distractors (RULER's multi-key).")
-    d = data_flags(p, "test", "haystack ")
-    d.add_argument("--corpus", choices=["python-docs"], default=None,
-                   help="with --haystack text: a built-in corpus (python-docs: the Python Language Reference topics).")
-    d.add_argument("--limit", type=positive, help="use at most this many documents.")
-
-
-def passkey_keywords(args) -> dict[str, Any]:
-    docs = None
-    if args.haystack == "text":  # documents are read (and refused) before the model loads
-        docs = documents_of(args)
-    elif any([args.text_file, args.text_dir, args.dataset, args.corpus]):
-        raise ValueError("the data flags give the haystack of --haystack text; add it (the filler haystack reads "
-                         "no documents)")
-    return dict(lengths=args.lengths, depths=args.depths, trials=args.trials, digits=args.digits, scoring=args.scoring,
-                batch_size=args.batch_size, filler=args.filler or FILLER, needle=args.needle or NEEDLE,
-                haystack=args.haystack, docs=docs, needles=args.needles)
-
-
 def _passkey_entries(report: dict[str, Any], res: dict[str, Any]) -> list:
     text = report["setup"].get("haystack") == "text"
     fields = dict(task_type="text-generation", task_name="Needle in text" if text else "Passkey retrieval",
@@ -154,7 +151,13 @@ def _passkey_entries(report: dict[str, Any], res: dict[str, Any]) -> list:
 
 PASSKEY = register_task(EvalTask(
     name="passkey", report="passkey", summary="passkey retrieval accuracy per length and depth (a key in repeated "
-    "filler, or needles in real text).", title="Passkey retrieval", run=run_passkey, flags=passkey_flags,
-    keywords=passkey_keywords, default_methods=("none", "yarn"), engines=True, model_index=_passkey_entries,
-    patch_keywords=lambda e: dict(lengths=e.lengths, depths=e.depths, trials=e.trials), lengths_flag="passkey",
+    "filler, or needles in real text).", title="Passkey retrieval", params=PasskeyParams, run=passkey_run,
+    engines=True, model_index=_passkey_entries,
+    patch=PatchUse(lambda e: PasskeyParams(lengths=e.lengths, depths=e.depths, trials=e.trials),
+                   lengths_flag="passkey"),
     objective=Objective("passkey", higher_is_better=True)))
+
+
+def run_passkey(**keywords: Any) -> dict[str, Any]:
+    """``eval passkey`` from Python: :class:`PasskeyParams`' keywords and the run's (:data:`settings.KEYWORDS`)."""
+    return PASSKEY(**keywords)

@@ -19,19 +19,69 @@ from .cells import NUMBER
 from .key_tokens import (ALPHA, BETA, KEY_FIELDS, POSITION_FIELDS, aggregate_key_positions, aggregate_key_tokens,
                          evaluator_config, key_positions_cell, key_token_cell, load_evaluator, scored_key_cell)
 from .report import markdown_table, plot_lines
-from .tasks import EvalTask, Objective, per_length_entries, register_task
-from ..flags import data_flags, documents_of, ints, positive
+from .params import documents, ints, param, positive
+from .settings import RunSettings
+from .tasks import Defaults, EvalTask, Objective, PatchUse, per_length_entries, register_task
 
 WINDOW_FIELDS = {"tokens": NUMBER, "nll_sum": NUMBER, "bucket_sum": list, "bucket_cnt": list}
 
 
-def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "windows", stride: int | None = None,
-                   max_windows: int | None = None, buckets: int = 32, chunk_size: int = 1024,
-                   truncated_stride: int | None = None, truncated_baseline: bool = True, key_tokens: bool = False,
-                   evaluator: str | None = None, evaluator_method: str | None = None, key_alpha: float = ALPHA,
-                   key_beta: float = BETA, **run: Any) -> dict[str, Any]:
-    """Perplexity of each variant at each of ``lengths`` over ``docs``; ``run``: the keywords of
-    :class:`common.Run` (model, methods or variants, output, ...). Each window is a cell: resumable, and
+@dataclass(frozen=True)
+class PplParams:
+    """What ``eval ppl`` measures (its flags: ``--lengths``, ``--mode``, ...; checked when made)."""
+
+    lengths: list[int] = param([2048, 4096, 8192], "comma-separated context lengths in tokens.", read=ints)
+    docs: Any = documents()
+    mode: str = param("windows", "windows: non-overlapping windows of each length; sliding: windows moved by "
+                      "--stride, loss on the new tokens only.", choices=("windows", "sliding"))
+    stride: int | None = param(None, "sliding-window stride in tokens (default: the length, i.e. no overlap).",
+                               read=positive)
+    max_windows: int | None = param(None, "at most this many windows per document and length.", read=positive)
+    buckets: int = param(32, "position buckets of the loss-by-position curve.", read=positive)
+    chunk_size: int = param(1024, "tokens per LM-head chunk: the full [length x vocab] logits are never "
+                            "materialised.", read=positive)
+    truncated_stride: int | None = param(
+        None, "for lengths past the original context L: the unpatched model also scores the same tokens with at "
+        "most L tokens before each (forwards of L tokens moved by this many; default L/4), the baseline of each "
+        "method's context gain.", read=positive)
+    truncated_baseline: bool = param(True, "skip that baseline (its forwards cost about (length - L) / stride "
+                                     "forwards of L tokens per window).")
+    key_tokens: bool = param(False, "also each method's perplexity over its key tokens (LongPPL: tokens the context "
+                             "past L makes more than e^alpha times likelier and whose log-probability exceeds beta; "
+                             "judged by the method's own model, or --evaluator); costs the truncated forwards again, "
+                             "per method.")
+    key_alpha: float = param(ALPHA, "with --key-tokens: the long-short difference (nats) a key token exceeds "
+                             "(LongPPL: 2).", read=float)
+    key_beta: float = param(BETA, "with --key-tokens: the long-context log-probability (nats) a key token exceeds "
+                            "(LongPPL: -2).", read=float)
+    evaluator: str | None = param(
+        None, "with --key-tokens: the model that judges key tokens, the same for every method (Hub id, folder or "
+        "alias sharing the tokenizer of --model; a strong long-context model is best); default: each method's own "
+        "model.", metavar="MODEL")
+    evaluator_method: str | None = param(
+        None, "with --key-tokens: the evaluator patched by this method, e.g. self_extend:group_size=4 (without "
+        "--evaluator: the model under test so patched judges for every method).", metavar="METHOD[:KEY=VALUE,...]")
+
+    def __post_init__(self):
+        if not self.lengths or any(n < 2 for n in self.lengths):
+            raise ValueError(f"--lengths must be token counts >= 2, got {self.lengths}")
+        if self.stride is not None and self.mode != "sliding":
+            raise ValueError(f"--stride {self.stride} applies to --mode sliding; windows mode scores non-overlapping "
+                             "windows (drop --stride, or add --mode sliding)")
+        if self.mode not in ("windows", "sliding"):
+            raise ValueError(f"--mode must be 'windows' or 'sliding', got {self.mode!r}")
+        if (self.evaluator or self.evaluator_method or (self.key_alpha, self.key_beta) != (ALPHA, BETA)) \
+                and not self.key_tokens:
+            raise ValueError("--evaluator, --evaluator-method, --key-alpha and --key-beta choose how key tokens are "
+                             "judged: add --key-tokens")
+        evaluator_config(self.evaluator_method)  # a bad one is refused before the slow load
+        if not (math.isfinite(self.key_alpha) and math.isfinite(self.key_beta)):
+            raise ValueError(f"--key-alpha and --key-beta are finite numbers (nats), got {self.key_alpha} and "
+                             f"{self.key_beta}")
+
+
+def ppl_run(settings: RunSettings, params: PplParams) -> dict[str, Any]:
+    """Perplexity of each variant at each of the lengths over the documents. Each window is a cell: resumable, and
     shared between processes under ``accelerate launch``. Where a length exceeds the model's original context L
     (and ``truncated_baseline``), the unpatched model also scores the same tokens with at most L tokens before
     each (:func:`perplexity.truncated_nll`, moved by ``truncated_stride``, default L / 4): the baseline of every
@@ -39,22 +89,17 @@ def run_perplexity(*, lengths: list[int], docs: list[D.Document], mode: str = "w
     (:mod:`eval.key_tokens`, LongPPL), in cells of their own: judged by each method's own model, or with
     ``evaluator`` (a model sharing the tokenizer) and/or ``evaluator_method`` (its patch) by that one evaluator, the
     same key tokens for every method; ``key_alpha``/``key_beta``: the LongPPL thresholds (default the paper's)."""
-    if (evaluator or evaluator_method or (key_alpha, key_beta) != (ALPHA, BETA)) and not key_tokens:
-        raise ValueError("--evaluator, --evaluator-method, --key-alpha and --key-beta choose how key tokens are judged: "
-                         "add --key-tokens")
-    evaluator_config(evaluator_method)  # a bad one is refused before the slow load
-    if not (math.isfinite(key_alpha) and math.isfinite(key_beta)):
-        raise ValueError(f"--key-alpha and --key-beta are finite numbers (nats), got {key_alpha} and {key_beta}")
-    with Run(**run) as job:
-        if not lengths or any(n < 2 for n in lengths):
-            raise ValueError(f"--lengths must be token counts >= 2, got {lengths}")
-        if stride is not None and mode != "sliding":
-            raise ValueError(f"--stride {stride} applies to --mode sliding; windows mode scores non-overlapping windows "
-                             "(drop --stride, or add --mode sliding)")
+    p = params
+    lengths, mode, stride, max_windows, buckets, chunk_size = (p.lengths, p.mode, p.stride, p.max_windows, p.buckets,
+                                                               p.chunk_size)
+    key_tokens, evaluator, evaluator_method = p.key_tokens, p.evaluator, p.evaluator_method
+    truncated_baseline, key_alpha, key_beta = p.truncated_baseline, p.key_alpha, p.key_beta
+    with Run(settings) as job:
+        docs = D.documents_of(p.docs)  # read (and a bad file refused) before the slow load
         lm, tok, _ = job.load()
         require_causal_lm(lm)  # before the documents are read and tokenized
         original = original_context(lm)
-        baseline = truncated_variant(original, truncated_stride, lengths) if truncated_baseline or key_tokens else None
+        baseline = truncated_variant(original, p.truncated_stride, lengths) if truncated_baseline or key_tokens else None
         if key_tokens and baseline is None:
             raise ValueError(f"--key-tokens needs a length past the original context ({original}), got {lengths}")
         need = None
@@ -252,62 +297,18 @@ def ppl_plots(report: dict[str, Any], output: str) -> list[str]:
     return paths
 
 
-def ppl_flags(p) -> None:
-    d = data_flags(p, "test", "")
-    d.add_argument("--corpus", choices=["python-docs"], default=None,
-                   help="a built-in corpus that needs no file or network: python-docs = the Python Language "
-                        "Reference topics shipped with CPython, in 4 documents. With no data flag at all, the "
-                        "default is $HF_POSENC_CORPUS, else ../shared/data/books beside a checkout, else python-docs.")
-    d.add_argument("--limit", type=positive, help="use at most this many documents.")
-    e = p.add_argument_group("evaluation")
-    e.add_argument("--lengths", type=ints, default=[2048, 4096, 8192], help="comma-separated context lengths in tokens.")
-    e.add_argument("--mode", choices=["windows", "sliding"], default="windows",
-                   help="windows: non-overlapping windows of each length; sliding: windows moved by --stride, "
-                        "loss on the new tokens only.")
-    e.add_argument("--stride", type=positive, help="sliding-window stride in tokens (default: the length, i.e. no overlap).")
-    e.add_argument("--max-windows", type=positive, default=None, help="at most this many windows per document and length.")
-    e.add_argument("--buckets", type=positive, default=32, help="position buckets of the loss-by-position curve.")
-    e.add_argument("--chunk-size", type=positive, default=1024,
-                   help="tokens per LM-head chunk: the full [length x vocab] logits are never materialised.")
-    e.add_argument("--truncated-stride", type=positive, default=None,
-                   help="for lengths past the original context L: the unpatched model also scores the same tokens "
-                        "with at most L tokens before each (forwards of L tokens moved by this many; default L/4), "
-                        "the baseline of each method's context gain.")
-    e.add_argument("--key-tokens", action="store_true",
-                   help="also each method's perplexity over its key tokens (LongPPL: tokens the context past L makes "
-                        "more than e^alpha times likelier and whose log-probability exceeds beta; judged by the "
-                        "method's own model, or --evaluator); costs the truncated forwards again, per method.")
-    e.add_argument("--key-alpha", type=float, default=ALPHA,
-                   help="with --key-tokens: the long-short difference (nats) a key token exceeds (LongPPL: 2).")
-    e.add_argument("--key-beta", type=float, default=BETA,
-                   help="with --key-tokens: the long-context log-probability (nats) a key token exceeds (LongPPL: -2).")
-    e.add_argument("--evaluator", default=None, metavar="MODEL",
-                   help="with --key-tokens: the model that judges key tokens, the same for every method (Hub id, "
-                        "folder or alias sharing the tokenizer of --model; a strong long-context model is best); "
-                        "default: each method's own model.")
-    e.add_argument("--evaluator-method", default=None, metavar="METHOD[:KEY=VALUE,...]",
-                   help="with --key-tokens: the evaluator patched by this method, e.g. self_extend:group_size=4 "
-                        "(without --evaluator: the model under test so patched judges for every method).")
-    e.add_argument("--no-truncated-baseline", action="store_true",
-                   help="skip that baseline (its forwards cost about (length - L) / stride forwards of L tokens per "
-                        "window).")
-
-
-def ppl_keywords(args) -> dict[str, Any]:
-    return dict(lengths=args.lengths, docs=documents_of(args), mode=args.mode, stride=args.stride,
-                max_windows=args.max_windows, buckets=args.buckets, chunk_size=args.chunk_size,
-                truncated_stride=args.truncated_stride, truncated_baseline=not args.no_truncated_baseline,
-                key_tokens=args.key_tokens,
-                evaluator=args.evaluator, evaluator_method=args.evaluator_method, key_alpha=args.key_alpha,
-                key_beta=args.key_beta)
-
-
 PPL = register_task(EvalTask(
     name="ppl", report="perplexity", summary="perplexity at several context lengths, methods side by side.",
-    title="Perplexity", run=run_perplexity, flags=ppl_flags, keywords=ppl_keywords,
-    default_methods=("none", "pi", "ntk", "yarn"), engines=True, reads_documents=True,
+    title="Perplexity", params=PplParams, run=ppl_run, defaults=Defaults(methods=("none", "pi", "ntk", "yarn")),
+    engines=True,
     model_index=per_length_entries(dict(task_type="text-generation", task_name="Long-context language modeling",
                                         dataset_type="text", metric_type="perplexity"),
                                    "perplexity @ {n} tokens", lambda res, n: (res.get(n) or {}).get("ppl")),
-    patch_keywords=lambda e: dict(lengths=e.lengths, docs=e.docs, max_windows=e.max_windows),
+    patch=PatchUse(lambda e: PplParams(lengths=e.lengths, docs=e.docs, max_windows=e.max_windows)),
     objective=Objective("ppl_beyond", higher_is_better=False)))
+
+
+def run_perplexity(**keywords: Any) -> dict[str, Any]:
+    """``eval ppl`` from Python: :class:`PplParams`' keywords and the run's (``model``, ``methods``, ``output``, ...:
+    :data:`settings.KEYWORDS`)."""
+    return PPL(**keywords)

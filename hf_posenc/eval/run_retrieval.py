@@ -4,22 +4,41 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from . import data as D
 from .cells import NUMBER
 from .common import Run
 from .report import markdown_table, plot_lines
-from .tasks import EvalTask, per_length_entries, register_task
-from ..flags import depths, encoding_flag, ints, positive
+from .params import depths, documents, ints, param, positive
+from .settings import RunSettings
+from .tasks import Defaults, EvalTask, PatchUse, per_length_entries, register_task
 from .retrieval import NeedleDocs, aggregate_retrieval, check_retrieval, grid, retrieval_cell
 
 
-def run_retrieval(*, lengths: list[int], docs: list[D.Document], depths: list[float], trials: int = 10,
-                  candidates: int = 5, filler: str = "same", **run: Any) -> dict[str, Any]:
-    """Needle retrieval of each variant per (length, depth); ``run``: the keywords of :class:`common.Run`."""
-    with Run(**run) as job:
-        check_retrieval(depths, trials, candidates, filler)
+@dataclass(frozen=True)
+class RetrievalParams:
+    """What ``eval retrieval`` measures (its flags: ``--lengths``, ``--depths``, ...; checked when made)."""
+
+    lengths: list[int] = param([512, 1024, 2048], "document lengths in tokens.", read=ints)
+    docs: Any = documents("filler ")
+    depths: list[float] = param([0.1, 0.5, 0.9], "where the fact sits in each document (0..1).", read=depths)
+    trials: int = param(10, "queries per (length, depth).", read=positive)
+    candidates: int = param(5, "documents ranked per query (one holds the fact).", read=positive)
+    filler: str = param("same", "same: all candidates share one passage, only their facts differ; different: a "
+                        "passage each.", choices=("same", "different"))
+
+    def __post_init__(self):
+        check_retrieval(self.depths, self.trials, self.candidates, self.filler)
+
+
+def retrieval_run(settings: RunSettings, params: RetrievalParams) -> dict[str, Any]:
+    """Needle retrieval of each variant per (length, depth)."""
+    p = params
+    lengths, depths, trials, candidates, filler = p.lengths, p.depths, p.trials, p.candidates, p.filler
+    with Run(settings) as job:
+        docs = D.documents_of(p.docs)  # read before the slow load
         lm, tok, _ = job.load()
         if lm.get_output_embeddings() is not None:  # an LM head: not an encoder giving token states to pool
             raise ValueError(f"retrieval evaluates sentence-embedding encoders (e.g. BertModel); {type(lm).__name__} "
@@ -60,34 +79,17 @@ def retrieval_plots(report: dict[str, Any], output: str) -> list[str]:
                        vline=s["original_context"])]
 
 
-def retrieval_flags(p) -> None:
-    d = p.add_argument_group("data")
-    d.add_argument("--text-file", action="append", help="text the documents' filler is cut from; repeatable "
-                   "(default: the default corpus, see 'eval ppl --help').")
-    d.add_argument("--text-dir", action="append", help="a folder of .txt/.md files for the filler; repeatable.")
-    encoding_flag(d)
-    e = p.add_argument_group("evaluation")
-    e.add_argument("--lengths", type=ints, default=[512, 1024, 2048], help="document lengths in tokens.")
-    e.add_argument("--depths", type=depths, default=[0.1, 0.5, 0.9], help="where the fact sits in each document (0..1).")
-    e.add_argument("--trials", type=positive, default=10, help="queries per (length, depth).")
-    e.add_argument("--candidates", type=positive, default=5, help="documents ranked per query (one holds the fact).")
-    e.add_argument("--filler", choices=["same", "different"], default="same",
-                   help="same: all candidates share one passage, only their facts differ; different: a passage each.")
-
-
-def retrieval_keywords(args) -> dict[str, Any]:
-    docs = D.gather_documents(args.text_file, args.text_dir, encoding=args.encoding)
-    return dict(lengths=args.lengths, docs=docs, depths=args.depths, trials=args.trials, candidates=args.candidates,
-                filler=args.filler)
-
-
 RETRIEVAL = register_task(EvalTask(
     name="retrieval", report="retrieval", summary="long-document needle retrieval with sentence embeddings (BERT "
-    "family).", title="Needle retrieval", run=run_retrieval, flags=retrieval_flags, keywords=retrieval_keywords,
-    default_methods=("none", "interpolate", "hierarchical"), parser_defaults=dict(model="all-minilm-l6-v2", factor=4.0),
+    "family).", title="Needle retrieval", params=RetrievalParams, run=retrieval_run,
+    defaults=Defaults(methods=("none", "interpolate", "hierarchical"), model="all-minilm-l6-v2", factor=4.0),
     model_index=per_length_entries(dict(task_type="sentence-similarity", task_name="Long-document needle retrieval",
                                         dataset_type="needle-retrieval", dataset_name="synthetic needle retrieval",
                                         metric_type="accuracy"), "needle retrieval top-1 @ {n} tokens",
                                    lambda res, n: (res["by_length"].get(n) or {}).get("accuracy")),
-    patch_keywords=lambda e: dict(lengths=e.lengths, docs=e.docs, depths=e.depths, trials=e.trials),
-    reads_documents=True))
+    patch=PatchUse(lambda e: RetrievalParams(lengths=e.lengths, docs=e.docs, depths=e.depths, trials=e.trials))))
+
+
+def run_retrieval(**keywords: Any) -> dict[str, Any]:
+    """``eval retrieval`` from Python: :class:`RetrievalParams`' keywords and the run's (:data:`settings.KEYWORDS`)."""
+    return RETRIEVAL(**keywords)

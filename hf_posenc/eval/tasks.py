@@ -1,23 +1,25 @@
 """Evaluation tasks, one registered record each: ``hf-posenc eval NAME``, ``hf-posenc patch --eval NAME``, the model
 card (its sections and ``model-index`` entries) and ``hf-posenc tune``'s objective iterate :func:`registered`.
 
-A task is one module: its cells and their aggregation (a runner built on :class:`common.Run`, which gives
-``Run.model_for`` the model or engine of each variant), its table and plots, and at its end one
-``register_task(EvalTask(...))`` naming all of that with its CLI flags, default methods, model-index entries and
-card title. The built-in ones are the ``run_*`` modules listed in ``BUILTIN``; a package adds its own through the
+A task is one module: a frozen ``Params`` dataclass (its fields are the task's keywords, and its flags: see
+:mod:`eval.params`), a ``run(settings, params)`` built on :class:`common.Run` (which gives ``Run.model_for`` the
+model or engine of each variant), its table and plots, and at its end one ``register_task(EvalTask(...))``. The
+built-in ones are the ``run_*`` modules listed in ``BUILTIN``; a package adds its own through the
 ``hf_posenc.eval_tasks`` entry-point group (a module imported once, which registers), or by importing its module
-before it builds the parser (README: "Adding an eval task").
+before it builds the parser (docs/contributing.md: "Adding an eval task").
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import importlib
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..wording import first_names
+from .params import build, documents_field
+from .settings import KEYWORDS, RunSettings
 
 BUILTIN = ("run_ppl", "run_passkey", "run_retrieval", "run_harness")
 ENTRY_POINTS = "hf_posenc.eval_tasks"
@@ -44,6 +46,33 @@ class PatchEval:
 
 
 @dataclass(frozen=True)
+class PatchUse:
+    """How ``hf-posenc patch --eval NAME`` runs a task: ``params_of(PatchEval)`` -> its Params; its lengths from
+    ``--<lengths_flag>-lengths``; ``argument``: (ARG, what it is) of a task named ``NAME:ARG`` (``harness:TASK``),
+    ``check_arguments`` reading those, ``check_lengths(lengths, arguments)``: both checked before anything loads."""
+
+    params_of: Callable[[PatchEval], Any]
+    lengths_flag: str = "ppl"
+    argument: tuple[str, str] | None = None
+    check_arguments: Callable[[list[str]], list[str]] | None = None
+    check_lengths: Callable[[list[int], list[str]], None] | None = None
+
+    def __post_init__(self):
+        if (self.argument is None) != (self.check_arguments is None):
+            raise ValueError("PatchUse: argument and check_arguments go together (a task named NAME:ARG reads ARG)")
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What ``hf-posenc eval NAME`` compares and loads when not told: ``methods``, ``model`` and ``factor`` (None:
+    the command's)."""
+
+    methods: tuple[str, ...] = ("none", "yarn")
+    model: str | None = None
+    factor: float | None = None
+
+
+@dataclass(frozen=True)
 class Objective:
     """A number of ``hf-posenc tune``'s measurements this task ranks candidates by (``--rank-by NAME``)."""
 
@@ -53,42 +82,55 @@ class Objective:
 
 @dataclass(frozen=True)
 class EvalTask:
-    """One evaluation task. ``run(**keywords, **run)`` -> report, where ``run`` are :class:`common.Run`'s keywords;
-    ``flags(parser)`` adds the task's own flags to ``eval NAME`` (``--lengths`` among them) and ``keywords(args)``
-    reads them back into the runner's keywords; ``patch_keywords(PatchEval)`` gives them for ``patch --eval NAME``
-    (None: not offered there); ``model_index(report, results_of_one_method)`` -> the card's :data:`Entry` list."""
+    """One evaluation task. ``run(settings, params)`` -> report (``settings``: a :class:`settings.RunSettings`,
+    ``params``: an instance of ``params``, the task's frozen dataclass whose fields are its keywords and flags);
+    ``report``: the "task" of the reports (and of the cells' fingerprint) it writes; ``title``: its section of the
+    model card, ``model_index(report, results_of_one_method)`` its :data:`Entry` list there; ``engines``: computed by
+    ``--engine vllm`` too; ``patch``: how ``patch --eval`` runs it (None: not offered there)."""
 
     name: str
-    report: str  # the "task" of the reports (and of the cells' fingerprint) its runner writes
+    report: str
     summary: str
     title: str
-    run: Callable[..., dict[str, Any]]
-    flags: Callable[[argparse.ArgumentParser], None]
-    keywords: Callable[[argparse.Namespace], dict[str, Any]]
-    default_methods: tuple[str, ...] = ("none", "yarn")
-    engines: bool = False  # computed by --engine vllm too
-    parser_defaults: dict[str, Any] = field(default_factory=dict)  # Run's flags it defaults otherwise (model, factor)
+    params: type
+    run: Callable[[RunSettings, Any], dict[str, Any]]
+    defaults: Defaults = Defaults()
+    engines: bool = False
     model_index: Callable[[dict, dict], list[Entry]] | None = None
-    patch_keywords: Callable[[PatchEval], dict[str, Any]] | None = None
-    lengths_flag: str = "ppl"  # patch --eval takes this task's lengths from --<lengths_flag>-lengths
-    reads_documents: bool = False  # patch --eval gives it the documents of --text-file
-    check_arguments: Callable[[list[str]], list[str]] | None = None  # NAME:ARG taken (harness:TASK), checked early
-    argument: tuple[str, str] = ("ARG", "")  # that ARG's name and what it is, for --help and errors
-    check_lengths: Callable[[list[int], list[str]], None] | None = None  # given lengths (and arguments), checked early
+    patch: PatchUse | None = None
     objective: Objective | None = None
 
     def __post_init__(self):
         if not self.name.replace("_", "").replace("-", "").isalnum() or not self.name[:1].isalpha():
             raise ValueError(f"an eval task's name is a word (letters, digits, - and _), got {self.name!r}")
-        if not self.default_methods:
-            raise ValueError(f"eval task {self.name!r}: default_methods is empty")
-        for name in ("run", "flags", "keywords", *_OPTIONAL_CALLABLES):
+        if not self.defaults.methods:
+            raise ValueError(f"eval task {self.name!r}: its default methods are empty")
+        if not (isinstance(self.params, type) and dataclasses.is_dataclass(self.params)):
+            raise ValueError(f"eval task {self.name!r}: params must be a dataclass, got {self.params!r}")
+        for name in ("run", "model_index"):
             value = getattr(self, name)
-            if not callable(value) and (value is not None or name not in _OPTIONAL_CALLABLES):
+            if not callable(value) and (value is not None or name == "run"):
                 raise ValueError(f"eval task {self.name!r}: {name} must be callable, got {value!r}")
+        shared = sorted({f.name for f in dataclasses.fields(self.params)} & set(KEYWORDS))
+        if shared:
+            raise ValueError(f"eval task {self.name!r}: its parameter(s) {shared} are the run's own (model, methods, "
+                             "output, ...): name them otherwise")
 
+    @property
+    def reads_documents(self) -> bool:
+        """Whether its params hold documents (``patch --eval`` then gives it those of ``--text-file``)."""
+        return documents_field(self.params) is not None
 
-_OPTIONAL_CALLABLES = ("model_index", "patch_keywords", "check_arguments", "check_lengths")
+    def make_params(self, **keywords: Any) -> Any:
+        """Its params of ``keywords``, an unknown one refused by name."""
+        return build(self.params, keywords, f"eval task {self.name!r}")
+
+    def __call__(self, **keywords: Any) -> dict[str, Any]:
+        """The Python API: ``task(lengths=[...], model=..., methods=[...], output=...)``: the task's own keywords and
+        the run's (:data:`settings.KEYWORDS`), both refused by name when unknown, before anything loads."""
+        own = {k: v for k, v in keywords.items() if k not in KEYWORDS}
+        run = {k: v for k, v in keywords.items() if k in KEYWORDS}
+        return self.run(RunSettings.of(**run), self.make_params(**own))
 
 
 _TASKS: dict[str, EvalTask] = {}
@@ -131,32 +173,18 @@ def registered() -> dict[str, EvalTask]:
 
 
 def _load_plugin(point) -> None:
-    """Import one entry point of the eval-task group and check the tasks it registered; a plugin that fails (raises
-    on import, registers a name taken, a malformed task or flags that do not build) is skipped, its tasks taken
-    back, with a warning naming it and why: one broken package does not take the whole CLI down."""
+    """Import one entry point of the eval-task group; a plugin that fails (raises on import, registers a name taken
+    or a malformed task) is skipped, its tasks taken back, with a warning naming it and why: one broken package does
+    not take the whole CLI down."""
     before = dict(_TASKS)
     try:
         point.load()
-        for task in [t for name, t in _TASKS.items() if name not in before]:
-            _try_flags(task)
     except Exception as err:  # whatever a third-party module raises
         _TASKS.clear()
         _TASKS.update(before)
         reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
         warnings.warn(f"hf_posenc: skipping the eval-task plugin {point.name!r} ({point.value}) of the "
                       f"{ENTRY_POINTS!r} entry points: {reason}", UserWarning, stacklevel=2)
-
-
-def _try_flags(task: EvalTask) -> None:
-    """``task.flags`` on a parser with the flags ``eval NAME`` gives every task, as the CLI builds it."""
-    from ..flags import eval_task_flags
-
-    parser = argparse.ArgumentParser(prog=f"hf-posenc eval {task.name}", add_help=True, allow_abbrev=False)
-    eval_task_flags(parser, task)
-    try:
-        task.flags(parser)
-    except argparse.ArgumentError as err:
-        raise ValueError(f"eval task {task.name!r}: its flags clash with the eval command's: {err}") from None
 
 
 def get_task(name: str) -> EvalTask:
@@ -172,19 +200,19 @@ def task_of_report(report_task: str) -> EvalTask | None:
 
 
 def patch_tasks() -> list[EvalTask]:
-    """The tasks ``hf-posenc patch --eval`` offers (those with ``patch_keywords``)."""
-    return [t for t in registered().values() if t.patch_keywords is not None]
+    """The tasks ``hf-posenc patch --eval`` offers (those with ``patch``)."""
+    return [t for t in registered().values() if t.patch is not None]
 
 
 def lengths_flags() -> list[str]:
     """The ``--<flag>-lengths`` of ``hf-posenc patch``: each task's ``lengths_flag``, once, in registration order."""
-    return list(dict.fromkeys(t.lengths_flag for t in patch_tasks()))
+    return list(dict.fromkeys(t.patch.lengths_flag for t in patch_tasks()))
 
 
 def eval_names(tasks) -> str:
     """``ppl, passkey, retrieval, harness:TASK (TASK: an lm-eval task, ...)``: what ``patch --eval`` takes."""
-    return ", ".join(f"{t.name}:{t.argument[0]} ({t.argument[0]}: {t.argument[1]})" if t.check_arguments else t.name
-                     for t in tasks)
+    return ", ".join(f"{t.name}:{t.patch.argument[0]} ({t.patch.argument[0]}: {t.patch.argument[1]})"
+                     if t.patch.argument else t.name for t in tasks)
 
 
 def parse_evals(evals: list[str] | None) -> list[tuple[EvalTask, list[str]]]:
@@ -196,7 +224,7 @@ def parse_evals(evals: list[str] | None) -> list[tuple[EvalTask, list[str]]]:
     for item in evals or []:
         name, colon, arg = item.partition(":")
         task = tasks.get(name.strip())
-        if task is None or bool(colon) != bool(task.check_arguments) or (colon and not arg.strip()):
+        if task is None or bool(colon) != bool(task.patch.argument) or (colon and not arg.strip()):
             raise ValueError(f"--eval takes {eval_names(tasks.values())}, got {item!r}")
         chosen.setdefault(task.name, [])
         if colon:
@@ -204,7 +232,7 @@ def parse_evals(evals: list[str] | None) -> list[tuple[EvalTask, list[str]]]:
     out = []
     for name, args in chosen.items():
         task = tasks[name]
-        out.append((task, task.check_arguments(args) if task.check_arguments else []))
+        out.append((task, task.patch.check_arguments(args) if task.patch.check_arguments else []))
     return out
 
 

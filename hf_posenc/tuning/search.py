@@ -12,7 +12,6 @@ a resumed run takes the same decisions as the run it resumes.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -23,6 +22,7 @@ from typing import Any
 from ..config import PosEncConfig
 from ..context import original_context
 from ..eval.common import Run
+from ..eval.settings import KEYWORDS, RunSettings
 from ..eval.perplexity import doc_digest
 from ..eval.scoring import require_causal_lm
 from ..eval.variants import Variant
@@ -35,8 +35,7 @@ BASELINE = Variant("none", PosEncConfig("none"))
 # the documents, as the CLI's data flags give them (eval.data.gather_documents), and the run's keywords
 DATA_KEYWORDS = ("text_file", "text_dir", "dataset", "dataset_config", "split", "column", "limit", "corpus",
                  "encoding")
-RUN_KEYWORDS = set(inspect.signature(Run).parameters) - {"model", "methods", "factor", "method_params", "variants",
-                                                         "tokenizer", "loaded"}
+RUN_KEYWORDS = set(KEYWORDS) - {"model", "methods", "factor", "method_params", "variants", "tokenizer", "loaded"}
 
 
 @dataclass
@@ -250,10 +249,11 @@ def _check_keywords(docs, data_keys: dict[str, Any], run: dict[str, Any]) -> Non
 
 def _job(model, tokenizer, run: dict[str, Any]) -> Run:
     if isinstance(model, (str, os.PathLike)):
-        return Run(model=os.fspath(model), methods=["none"], tokenizer=tokenizer, **run)
+        return Run(RunSettings.of(model=os.fspath(model), methods=["none"], tokenizer=tokenizer, **run))
     if tokenizer is None or isinstance(tokenizer, str):
         raise ValueError("tune(model, tokenizer): a loaded model needs its loaded tokenizer")
     from ..models import ModelSource
 
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
-    return Run(model=name, methods=["none"], loaded=(model, tokenizer, ModelSource(name, {}, name)), **run)
+    return Run(RunSettings.of(model=name, methods=["none"], loaded=(model, tokenizer, ModelSource(name, {}, name)),
+                              **run))

