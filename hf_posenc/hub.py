@@ -156,15 +156,13 @@ def upload(folder: str, repo_id: str, *, private: bool | None = None, revision: 
     return str(info.commit_url)
 
 
-def push_to_hub(model, repo_id: str, tokenizer=None, *, eval_results: list[dict[str, Any]] | None = None,
-                private: bool | None = None, revision: str | None = None, commit_message: str | None = None,
-                token: str | None = None, endpoint: str | None = None, local_dir: str | None = None,
-                base_model: str | BaseModel | None = None, command: str | None = None,
-                timeout: float = UPLOAD_TIMEOUT, **save_kwargs: Any) -> str:
+def push_to_hub(model, repo_id: str, tokenizer=None, *, private: bool | None = None, revision: str | None = None,
+                commit_message: str | None = None, token: str | None = None, endpoint: str | None = None,
+                local_dir: str | None = None, timeout: float = UPLOAD_TIMEOUT, **save_kwargs: Any) -> str:
     """Save ``model`` like :func:`save_pretrained` (into ``local_dir``, or a new temporary folder that is
-    kept) and upload it to ``repo_id`` (see :func:`upload`). Returns the commit URL."""
+    kept; ``save_kwargs``: its keywords, ``eval_results``, ``base_model``, ``command``, ...) and upload it to
+    ``repo_id`` (see :func:`upload`). Returns the commit URL."""
     folder = local_dir or tempfile.mkdtemp(prefix="hf_posenc-")
-    save_pretrained(model, folder, tokenizer, eval_results=eval_results, base_model=base_model, repo_id=repo_id,
-                    command=command, **save_kwargs)
+    save_pretrained(model, folder, tokenizer, repo_id=repo_id, **save_kwargs)
     return upload(folder, repo_id, private=private, revision=revision, commit_message=commit_message, token=token,
                   endpoint=endpoint, timeout=timeout)

@@ -4,9 +4,11 @@ it complete with its model card, and optionally upload it."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 from .config import PosEncConfig
+from .eval.settings import LoadSettings, OutputSettings, RunSettings
 from .replaced_folder import ReplacedOutput, check_replaced_output
 from .models import resolve_source
 
@@ -30,42 +32,84 @@ def _lengths_of(lm, config: PosEncConfig, evals, given: dict[str, list[int]]) ->
     return {task.name: given.get(task.patch.lengths_flag) or around for task, _ in evals}
 
 
-def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list[str] | None = None,
-                   eval_lengths: dict[str, list[int]] | None = None, text_file: list[str] | None = None,
-                   encoding: str = "utf-8", max_windows: int = 1, depths: list[float] | None = None,
-                   trials: int = 2, seed: int = 0, dtype: str = "float32", device: str = "cpu",
-                   push_to_hub: str | None = None, private: bool | None = None, revision: str | None = None,
-                   commit_message: str | None = None, command: str | None = None, progress: bool = True,
-                   timeout: float | None = None, tokenizer: str | None = None,
-                   harness_limit: int | None = 50,
-                   max_gen_tokens: int | None = None, tuned: dict[str, Any] | None = None,
-                   serve_check: str | None = None, engine_python: str | None = None,
-                   serve_check_lengths: list[int] | None = None, freeze_at: int | None = None,
-                   dual_chunk_config: bool = False) -> dict[str, Any]:
-    """The whole ``hf-posenc patch`` job; returns what was done (folder, reports, commit URL). ``evals``: names of
-    registered eval tasks (:mod:`eval.tasks`: ppl, passkey, retrieval, ``harness:TASK`` with an lm-eval task, e.g.
-    ``harness:niah_single_1``; repeatable); ``eval_lengths``: lengths by a task's ``lengths_flag`` ("ppl",
-    "passkey", "harness"), default the original context and the extended one.
-    ``tuned``: the report of the ``hf-posenc tune`` run that chose ``config`` (its table goes into the card).
-    ``serve_check``: an engine (``vllm``) that the saved folder is checked in (:mod:`hf_posenc.serve_check`, at
-    ``serve_check_lengths``, with ``engine_python``) before it is moved into place; its verdicts go into the card's
-    Serving section and its report beside the others. ``freeze_at``: ``config`` (a length-dependent method) is
-    replaced by the static one equal to it at that many tokens (:mod:`hf_posenc.freezing`), evaluated and saved.
-    ``dual_chunk_config``: a DCA checkpoint of a Qwen2-family model also gets Qwen's ``dual_chunk_attention_config``
-    (:mod:`hf_posenc.dual_chunk_config`)."""
+@dataclass(frozen=True)
+class PatchEvals:
+    """What ``patch --eval`` runs on the unpatched and the patched model before the save: ``names`` of registered
+    eval tasks (:mod:`eval.tasks`: ppl, passkey, retrieval, ``harness:TASK`` with an lm-eval task, e.g.
+    ``harness:niah_single_1``); ``lengths`` by a task's ``lengths_flag`` ("ppl", "passkey", "harness"), default the
+    original context and the extended one; the documents of ``text_file`` (read as ``encoding``; default: the default
+    corpus); ``max_windows`` (ppl), ``depths`` and ``trials`` (passkey, retrieval), ``harness_limit`` and
+    ``max_gen_tokens`` (harness)."""
+
+    names: list[str] = field(default_factory=list)
+    lengths: dict[str, list[int]] = field(default_factory=dict)
+    text_file: list[str] = field(default_factory=list)
+    encoding: str = "utf-8"
+    max_windows: int = 1
+    depths: list[float] | None = None
+    trials: int = 2
+    harness_limit: int | None = 50
+    max_gen_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class UploadSettings:
+    """Where the saved folder goes on the Hub (``repo_id``) and how: ``private``, ``revision``, ``commit_message``,
+    ``timeout`` (seconds per request; default :data:`hub.UPLOAD_TIMEOUT`)."""
+
+    repo_id: str | None = None
+    private: bool | None = None
+    revision: str | None = None
+    commit_message: str | None = None
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class PatchJob:
+    """The whole ``hf-posenc patch`` job: ``config`` applied to the model of ``load`` (its ``model``, ``dtype``,
+    ``device``, ``tokenizer``), saved into ``output`` with its model card. ``evals``: what is evaluated first;
+    ``upload``: the Hub repository it is sent to after. ``serve_check``: an engine (``vllm``) that the saved folder
+    is checked in (:mod:`hf_posenc.serve_check`, at ``serve_check_lengths``, with ``engine_python``) before it is
+    moved into place; its verdicts go into the card's Serving section and its report beside the others.
+    ``freeze_at``: ``config`` (a length-dependent method) is replaced by the static one equal to it at that many
+    tokens (:mod:`hf_posenc.freezing`), evaluated and saved. ``dual_chunk_config``: a DCA checkpoint of a
+    Qwen2-family model also gets Qwen's ``dual_chunk_attention_config`` (:mod:`hf_posenc.dual_chunk_config`).
+    ``tuned``: the report of the ``hf-posenc tune`` run that chose ``config`` (its table goes into the card)."""
+
+    load: LoadSettings
+    config: PosEncConfig
+    output: str
+    evals: PatchEvals = field(default_factory=PatchEvals)
+    upload: UploadSettings = field(default_factory=UploadSettings)
+    serve_check: str | None = None
+    engine_python: str | None = None
+    serve_check_lengths: list[int] | None = None
+    freeze_at: int | None = None
+    dual_chunk_config: bool = False
+    tuned: dict[str, Any] | None = None
+    seed: int = 0
+    command: str | None = None
+    progress: bool = True
+
+
+def patch_and_save(job: PatchJob) -> dict[str, Any]:
+    """The whole ``hf-posenc patch`` job (:class:`PatchJob`); returns what was done (folder, reports, commit URL)."""
     from . import runtime
     from .eval.data import gather_documents
-    from .eval.settings import LoadSettings, OutputSettings, RunSettings
     from .eval.tasks import PatchEval, parse_evals
     from .hub import UPLOAD_TIMEOUT, save_pretrained, upload
     from .patching import patch
 
-    evals = parse_evals(evals)  # before the slow load
+    model, dtype, device, tokenizer = job.load.model, job.load.dtype, job.load.device, job.load.tokenizer
+    config, output, up, given_evals = job.config, job.output, job.upload, job.evals
+    serve_check, engine_python, dual_chunk_config = job.serve_check, job.engine_python, job.dual_chunk_config
+    progress, command = job.progress, job.command
+    evals = parse_evals(given_evals.names)  # before the slow load
     for task, arguments in evals:
-        if task.patch.check_lengths and (eval_lengths or {}).get(task.patch.lengths_flag):
-            task.patch.check_lengths(eval_lengths[task.patch.lengths_flag], arguments)
-    check_replaced_output(output, "patch", resolve_source(model).path, text_file or [])  # before any compute
-    if (private or revision) and not push_to_hub:
+        if task.patch.check_lengths and given_evals.lengths.get(task.patch.lengths_flag):
+            task.patch.check_lengths(given_evals.lengths[task.patch.lengths_flag], arguments)
+    check_replaced_output(output, "patch", resolve_source(model).path, given_evals.text_file)  # before any compute
+    if (up.private or up.revision) and not up.repo_id:
         raise ValueError("--private and --revision apply to an upload: add --push-to-hub USER/NAME, or drop them.")
     if dual_chunk_config:
         from .dual_chunk_config import check_dual_chunk_config
@@ -79,32 +123,34 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
             engine_ready(serve_check, engine_python)
     with ReplacedOutput(output, "patch") as out:  # one run per --output, from here to the save
         reads_documents = any(t.reads_documents for t, _ in evals)
-        docs = gather_documents(text_file=text_file, encoding=encoding) if reads_documents else []
+        docs = gather_documents(text_file=given_evals.text_file, encoding=given_evals.encoding) if reads_documents \
+            else []
         lm, tok, src = runtime.load_model_and_tokenizer(model, dtype, device, tokenizer=tokenizer,
                                                         need_tokenizer=bool(evals))
-        if freeze_at is not None:  # the static configuration, resolved against the model, is what follows
+        if job.freeze_at is not None:  # the static configuration, resolved against the model, is what follows
             from .freezing import freeze
             from .patching import get_config, unpatch
 
-            config = get_config(freeze(lm, config, freeze_at))
+            config = get_config(freeze(lm, config, job.freeze_at))
             unpatch(lm)
         if dual_chunk_config:  # the family, once the model is loaded, before any evaluation
             check_dual_chunk_config("dca", getattr(lm.config, "model_type", None))
-        lengths = _lengths_of(lm, config, evals, eval_lengths or {})
+        lengths = _lengths_of(lm, config, evals, given_evals.lengths)
         methods = ["none", config] if config.method != "none" else ["none"]
-        common = RunSettings(LoadSettings(model, dtype, device), methods=methods, factor=config.factor, seed=seed,
+        common = RunSettings(LoadSettings(model, dtype, device), methods=methods, factor=config.factor, seed=job.seed,
                              output=OutputSettings(progress=progress, plots=False, command=command),
                              loaded=(lm, tok, src))
         reports = []
         for task, arguments in evals:  # each of the unpatched model beside the patched one
-            given = PatchEval(lengths=lengths[task.name], docs=docs, arguments=arguments, depths=depths or [0.5],
-                              trials=trials, max_windows=max_windows, limit=harness_limit,
-                              max_gen_tokens=max_gen_tokens)
+            given = PatchEval(lengths=lengths[task.name], docs=docs, arguments=arguments,
+                              depths=given_evals.depths or [0.5], trials=given_evals.trials,
+                              max_windows=given_evals.max_windows, limit=given_evals.harness_limit,
+                              max_gen_tokens=given_evals.max_gen_tokens)
             reports.append(task.run(common, task.patch.params_of(given)))
-        if tuned is not None:
-            reports.insert(0, tuned)
+        if job.tuned is not None:
+            reports.insert(0, job.tuned)
         patch(lm, config)
-        card = dict(base_model=model, repo_id=push_to_hub, command=command)
+        card = dict(base_model=model, repo_id=up.repo_id, command=command)
         with out.staged() as staged, _dual_chunk(lm, dual_chunk_config):  # a failure leaves --output as it was
             save_pretrained(lm, staged, tok, eval_results=reports, **card)
             if serve_check:
@@ -112,7 +158,7 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
                 from .serve_check import CheckSettings, EngineSettings, serve_check as check_folder, serve_table
 
                 check = check_folder(staged, EngineSettings(serve_check, engine_python),
-                                     CheckSettings(serve_check_lengths, dtype=dtype), tokenizer=tokenizer,
+                                     CheckSettings(job.serve_check_lengths, dtype=dtype), tokenizer=tokenizer,
                                      progress=progress, command=command)
                 check["setup"]["folder"] = os.path.abspath(output)  # where it will be, not the staging folder
                 check["table"] = serve_table(check)
@@ -120,9 +166,9 @@ def patch_and_save(*, model: str, config: PosEncConfig, output: str, evals: list
                 write_model_card(lm, staged, eval_results=reports, serve_check=check, **card)
         done: dict[str, Any] = {"output": output, "reports": reports, "commit_url": None,
                                 "tokenizer_saved": tok is not None}
-        if push_to_hub:  # still under the lock: no other run replaces the folder while it is sent
-            done["commit_url"] = upload(output, push_to_hub, private=private, revision=revision,
-                                        commit_message=commit_message, timeout=timeout or UPLOAD_TIMEOUT)
+        if up.repo_id:  # still under the lock: no other run replaces the folder while it is sent
+            done["commit_url"] = upload(output, up.repo_id, private=up.private, revision=up.revision,
+                                        commit_message=up.commit_message, timeout=up.timeout or UPLOAD_TIMEOUT)
     return done
 
 

@@ -49,7 +49,8 @@ def checkpoint(label: str, out: str) -> str:
     from hf_posenc.config import PosEncConfig
     from hf_posenc.gguf_file import patch_gguf
     from hf_posenc.models import resolve_source
-    from hf_posenc.publish import patch_and_save
+    from hf_posenc.eval.settings import LoadSettings
+    from hf_posenc.publish import PatchJob, patch_and_save
 
     method, factor, freeze_at, gguf = CHECKPOINTS[label]
     if gguf:
@@ -64,8 +65,8 @@ def checkpoint(label: str, out: str) -> str:
         return path
     folder = os.path.join(out, label)
     if not os.path.isfile(os.path.join(folder, "config.json")):
-        patch_and_save(model="smollm2-135m", config=PosEncConfig(method, factor), output=folder, progress=False,
-                       freeze_at=freeze_at)
+        patch_and_save(PatchJob(LoadSettings("smollm2-135m"), PosEncConfig(method, factor), folder, progress=False,
+                                freeze_at=freeze_at))
     return folder
 
 

@@ -84,7 +84,8 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    from ..publish import patch_and_save
+    from ..eval.settings import LoadSettings
+    from ..publish import PatchEvals, PatchJob, UploadSettings, patch_and_save
 
     from ..eval.tasks import lengths_flags
 
@@ -99,17 +100,15 @@ def run(args, command: str) -> int:
     if not args.output:
         raise ValueError("give --output FOLDER (a patched checkpoint with its model card) or --gguf FILE.gguf")
     lengths = {flag: getattr(args, f"{flag}_lengths") for flag in lengths_flags() if getattr(args, f"{flag}_lengths")}
-    done = patch_and_save(model=args.model, config=config, output=args.output, evals=args.eval,
-                          eval_lengths=lengths, text_file=args.text_file,
-                          encoding=args.encoding, tokenizer=args.tokenizer,
-                          max_windows=args.max_windows, depths=args.depths, trials=args.trials, seed=args.seed,
-                          dtype=args.dtype, device=args.device, push_to_hub=args.push_to_hub, private=args.private,
-                          revision=args.revision, commit_message=args.commit_message, command=command,
-                          progress=not args.no_progress, timeout=args.timeout,
-                          harness_limit=args.harness_limit, max_gen_tokens=args.max_gen_tokens,
-                          tuned=_tune_report(args.config), serve_check=args.serve_check,
-                          engine_python=args.engine_python, serve_check_lengths=args.serve_check_lengths,
-                          freeze_at=args.freeze_at, dual_chunk_config=args.dual_chunk_config)
+    evals = PatchEvals(args.eval or [], lengths, args.text_file or [], args.encoding, args.max_windows, args.depths,
+                       args.trials, args.harness_limit, args.max_gen_tokens)
+    upload = UploadSettings(args.push_to_hub, args.private, args.revision, args.commit_message, args.timeout)
+    done = patch_and_save(PatchJob(
+        LoadSettings(args.model, args.dtype, args.device, tokenizer=args.tokenizer), config, args.output, evals,
+        upload, serve_check=args.serve_check, engine_python=args.engine_python,
+        serve_check_lengths=args.serve_check_lengths, freeze_at=args.freeze_at,
+        dual_chunk_config=args.dual_chunk_config, tuned=_tune_report(args.config), seed=args.seed, command=command,
+        progress=not args.no_progress))
     for report in done["reports"]:
         print(report["table"] + "\n")
     tokenizer = "tokenizer, " if done["tokenizer_saved"] else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..models import DEFAULT_MODEL
-from ..flags import data_flags, depths, documents_of, names, positive, positive_float
+from ..flags import data_flags, depths, document_source, names, positive, positive_float
 
 
 def add_parser(sub) -> None:
@@ -58,16 +58,15 @@ def add_parser(sub) -> None:
 
 def run(args, command: str) -> int:
     from ..config_syntax import parse_method_params
-    from ..tuning import tune
+    from ..tuning.search import TuneSettings, search
 
-    docs = documents_of(args)
-    report = tune(args.model, args.tokenizer, target_length=args.target_length, methods=args.methods,
-                  space=args.space, method_params=parse_method_params(args.method_param), docs=docs,
-                  budget_minutes=args.budget_minutes, max_short_cost=args.max_short_cost, rank_by=args.rank_by,
-                  depths=args.depths, windows=args.windows, keys=args.keys, reduction=args.reduction,
-                  chunk_size=args.chunk_size, reference=not args.no_reference, seed=args.seed, dtype=args.dtype,
-                  device=args.device, attn_implementation=args.attn_implementation, output=args.output, overwrite=args.overwrite,
-                  progress=not args.no_progress, plots=not args.no_plots, command=command)
+    settings = TuneSettings(args.target_length, args.methods, args.space, parse_method_params(args.method_param),
+                            args.budget_minutes, args.max_short_cost, args.rank_by, tuple(args.depths), args.windows,
+                            args.keys, args.reduction, args.chunk_size, not args.no_reference)
+    run = dict(seed=args.seed, dtype=args.dtype, device=args.device, attn_implementation=args.attn_implementation,
+               output=args.output, overwrite=args.overwrite, progress=not args.no_progress, plots=not args.no_plots,
+               command=command)
+    report = search(args.model, args.tokenizer, settings, document_source(args), run)
     if report.get("written_by_another_process"):
         return 0
     print(report["table"])

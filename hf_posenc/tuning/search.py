@@ -12,16 +12,18 @@ a resumed run takes the same decisions as the run it resumes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import PosEncConfig
 from ..context import original_context
 from ..eval.common import Run
+from ..eval.data import DocumentSource
 from ..eval.settings import KEYWORDS, RunSettings
 from ..eval.perplexity import doc_digest
 from ..eval.scoring import require_causal_lm
@@ -160,34 +162,77 @@ class Search:
         return same[0] if same else Variant(f"reference-yarn-factor_{config.factor:g}", config)
 
 
-def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None = None, space: str | None = None,
-         method_params: dict[str, dict[str, Any]] | None = None, docs=None, budget_minutes: float | None = None,
-         max_short_cost: float = 0.01, rank_by: str = "passkey", depths=DEPTHS, windows: int = 1, keys: int = 1,
-         reduction: int = 3, chunk_size: int = 1024, reference: bool = True, **run: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TuneSettings:
+    """What ``hf-posenc tune`` searches and how (its flags; see the module docstring): the ``target_length``, the
+    candidates (``methods``' grids, or a ``space`` file; ``method_params`` pinned for them), the ``budget_minutes``,
+    ``max_short_cost``, ``rank_by``, the passkey ``depths``, ``windows`` and ``keys`` per candidate, the successive
+    halving's ``reduction``, the LM head's ``chunk_size``, and whether YaRN's paper setting runs beside them as a
+    ``reference``. Checked when made (a bad space file or method before the slow load)."""
+
+    target_length: int
+    methods: list[str] | None = None
+    space: str | None = None
+    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    budget_minutes: float | None = None
+    max_short_cost: float = 0.01
+    rank_by: str = "passkey"
+    depths: tuple[float, ...] = DEPTHS
+    windows: int = 1
+    keys: int = 1
+    reduction: int = 3
+    chunk_size: int = 1024
+    reference: bool = True
+
+    def __post_init__(self):
+        self.plan().check()
+        if self.budget_minutes is not None and not self.budget_minutes > 0:
+            raise ValueError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
+        if self.space and self.methods:
+            raise ValueError("--space replaces the grid of --methods: give one or the other")
+        if self.methods:
+            check_methods(self.methods)
+
+    def plan(self) -> "Plan":
+        return Plan(self.target_length, self.max_short_cost, self.rank_by, tuple(self.depths), self.windows,
+                    self.keys, self.reduction, None if self.budget_minutes is None else 60 * self.budget_minutes,
+                    self.reference)
+
+
+TUNE_KEYWORDS = tuple(f.name for f in dataclasses.fields(TuneSettings))
+
+
+def tune(model, tokenizer=None, *, docs=None, **keywords: Any) -> dict[str, Any]:
     """Find the method and knobs for ``model`` at ``target_length`` (see the module docstring). ``model``: a name
-    (Hub id, folder, alias) or a loaded model (then ``tokenizer`` too); the documents: ``docs``
-    (:class:`eval.data.Document` s) or the keywords of the CLI's data flags (``text_file``, ``text_dir``,
-    ``dataset``, ``corpus``, ... see ``DATA_KEYWORDS``), else the default corpus; ``run``: the keywords of
-    :class:`eval.common.Run` (seed, output, dtype, device, ...).
+    (Hub id, folder, alias) or a loaded model (then ``tokenizer`` too); ``keywords``: :class:`TuneSettings`' (at
+    least ``target_length``), the documents' as the CLI's data flags say them (``text_file``, ``text_dir``,
+    ``dataset``, ``corpus``, ... see ``DATA_KEYWORDS``; or ``docs``, :class:`eval.data.Document` s; else the default
+    corpus), and the run's (:data:`eval.settings.KEYWORDS`: seed, output, dtype, device, ...).
     Returns the report; with ``output``, writes ``tune.json``, ``tune.md``, a plot and ``best.json`` (the winner's
     :class:`PosEncConfig`)."""
-    from ..eval.data import gather_documents, tokenize_documents
+    own = {k: keywords.pop(k) for k in TUNE_KEYWORDS if k in keywords}
+    data_keys = {k: keywords.pop(k) for k in DATA_KEYWORDS if k in keywords}
+    _check_keywords(docs, data_keys, keywords)
+    if "target_length" not in own:
+        raise ValueError("tune() needs target_length= (the context to extend the model to)")
+    settings = TuneSettings(**{**own, "method_params": own.get("method_params") or {}})
+    source = DocumentSource(**data_keys) if docs is None else docs
+    return search(model, tokenizer, settings, source, keywords)
 
-    plan = Plan(target_length, max_short_cost, rank_by, tuple(depths), windows, keys, reduction,
-                None if budget_minutes is None else 60 * budget_minutes, reference)
-    plan.check()
-    if budget_minutes is not None and not budget_minutes > 0:
-        raise ValueError(f"--budget-minutes must be > 0, got {budget_minutes}")
-    if space and methods:
-        raise ValueError("--space replaces the grid of --methods: give one or the other")
-    spaced = load_space(space) if space else None  # a bad file or method is found before the slow load
-    if methods:
-        check_methods(methods)
-    method_params, pinned = pinned_original(method_params or {})
+
+def search(model, tokenizer, settings: TuneSettings, docs, run: dict[str, Any]) -> dict[str, Any]:
+    """:func:`tune` with its settings made: ``docs`` the documents (a list, or a :class:`eval.data.DocumentSource`),
+    ``run`` the run's keywords."""
+    from ..eval.data import documents_of, tokenize_documents
+
+    target_length, plan = settings.target_length, settings.plan()
+    spaced = load_space(settings.space) if settings.space else None  # a bad file is found before the slow load
+    methods, max_short_cost, rank_by = settings.methods, settings.max_short_cost, settings.rank_by
+    windows, keys, reduction, reference = settings.windows, settings.keys, settings.reduction, settings.reference
+    method_params, pinned = pinned_original(settings.method_params)
     if not spaced:
         check_pinned(list(methods or DEFAULT_METHODS), method_params)
-    data_keys = {k: run.pop(k) for k in DATA_KEYWORDS if k in run}
-    _check_keywords(docs, data_keys, run)
+    docs = documents_of(docs)  # read (a bad file refused) before the slow load
     with _job(model, tokenizer, run) as job:
         lm, tok, _ = job.load()
         require_causal_lm(lm)  # its objective is perplexity and the teacher-forced passkey
@@ -196,17 +241,17 @@ def tune(model, tokenizer=None, *, target_length: int, methods: list[str] | None
             raise ValueError(f"{type(lm).__name__} has no fixed context length: tune extends RoPE decoders")
         candidates = spaced or grid_candidates(list(methods or DEFAULT_METHODS), original, target_length, method_params)
         job.variants = [BASELINE, *(pin_original(v, pinned) for v in candidates)]
-        docs = docs if docs is not None else gather_documents(**data_keys)
         token_docs = tokenize_documents(tok, docs)
         data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original, target_length)
-        settings = {"target_length": target_length, "max_short_cost": max_short_cost, "rank_by": rank_by,
+        recorded = {"target_length": target_length, "max_short_cost": max_short_cost, "rank_by": rank_by,
                     "depths": list(plan.depths), "windows": windows, "keys": keys, "reduction": reduction,
                     "reference": reference, "documents": data.names, "document_tokens": [len(t) for t in token_docs]}
         # the budget changes which cells are computed, never a cell: a resumed run may change it
-        results = Search(job, plan, job.variants[1:], data, settings, chunk_size, original, pinned).run()
+        results = Search(job, plan, job.variants[1:], data, recorded, settings.chunk_size, original, pinned).run()
         from .report import tune_plots, tune_table, write_best
 
-        report = job.report("tune", {**settings, "budget_minutes": budget_minutes}, results, tune_table, tune_plots)
+        report = job.report("tune", {**recorded, "budget_minutes": settings.budget_minutes}, results, tune_table,
+                            tune_plots)
         if job.output and job.processes.is_main:
             write_best(report, job.output)
         return report
