@@ -124,7 +124,7 @@ def file_config(args):
 def method_config(args):
     from .config import PosEncConfig
     from .config_syntax import parse_method_params
-    from .methods import resolve_method
+    from .methods import DEFAULT_FACTOR, resolve_method
 
     if getattr(args, "config", None):
         return file_config(args)
@@ -137,7 +137,8 @@ def method_config(args):
     if knobs:  # METHOD.KEY=VALUE for a method other than the one applied
         raise ValueError(f"--method-param names {sorted(knobs)}, but --method is {name!r}; use KEY=VALUE or "
                          f"{name}.KEY=VALUE")
-    return PosEncConfig(name, args.factor, getattr(args, "original_max_position_embeddings", None), params)
+    factor = args.factor if args.factor is not None or not resolve_method(name).uses_factor else DEFAULT_FACTOR
+    return PosEncConfig(name, factor, getattr(args, "original_max_position_embeddings", None), params)
 
 
 def engine_arg(text: str) -> tuple[str, object]:

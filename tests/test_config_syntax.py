@@ -240,3 +240,22 @@ def test_config_file_and_space_file_read_as_the_text(tmp_path):
         load_space(str(space))
     assert str(err.value) == f"--space {space}, item 0 (b): " + _one_text(
         "yarn:factor=0.5", "factor must be a number from 1 to 1024, got 0.5.")
+
+
+def test_factor_has_one_default_in_every_command(capsys):
+    """--factor not given: 2 for a method that takes one (patch, finetune and eval alike), none for one that takes
+    none; the Python API still asks for it."""
+    from hf_posenc.cli import build_parser
+    from hf_posenc.cli.eval_flags import run_settings
+    from hf_posenc.eval.tasks import get_task
+    from hf_posenc.methods import DEFAULT_FACTOR
+
+    assert method_config(_args(method="yarn")) == PosEncConfig("yarn", DEFAULT_FACTOR)
+    assert method_config(_args(method="self_extend")).factor == 1.0  # takes none: none given
+    assert method_config(_args(method="yarn", factor=4.0)).factor == 4.0
+    parser = build_parser()
+    for task, expected in (("ppl", DEFAULT_FACTOR), ("retrieval", 4.0)):
+        args = parser.parse_args(["eval", task])
+        assert run_settings(args, get_task(task), "cmd").factor == expected
+    with pytest.raises(ValueError, match="needs a factor"):
+        PosEncConfig("yarn")

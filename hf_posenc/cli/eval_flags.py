@@ -11,6 +11,7 @@ from typing import Any
 
 from ..eval import params as P
 from ..eval.settings import EngineSettings, LoadSettings, OutputSettings, RunSettings
+from ..methods import DEFAULT_FACTOR
 from ..flags import argument_type, data_flags, document_source, engine_flags, memory, names, positive
 from ..models import DEFAULT_MODEL
 
@@ -28,8 +29,9 @@ def add_run_flags(p: argparse.ArgumentParser, task) -> None:
                    help="a labelled configuration, e.g. y2=yarn:factor=2 or se=self_extend:group_size=4,window=2048 "
                         "(factor and original_max_position_embeddings among the keys; values read as JSON); "
                         "repeatable, so that one method can be compared with itself. Reports are keyed by label.")
-    g.add_argument("--factor", type=float, default=task.defaults.factor or 2.0,
-                   help="context-extension factor for every method that takes one.")
+    g.add_argument("--factor", type=float, default=None,
+                   help=f"context-extension factor for every method that takes one (default: "
+                        f"{task.defaults.factor or DEFAULT_FACTOR:g}).")
     g.add_argument("--method-param", action="append", metavar="[METHOD.]KEY=VALUE",
                    help="a method knob, e.g. beta_fast=16 (every method that takes it) or yarn.beta_fast=16; values "
                         "are read as JSON, e.g. 'layer_types=[\"full_attention\"]' (per-layer-type RoPE); repeatable.")
@@ -76,7 +78,8 @@ def run_settings(args: argparse.Namespace, task, command: str) -> RunSettings:
     return RunSettings(
         load=LoadSettings(args.model, args.dtype, args.device, args.attn_implementation, args.tokenizer,
                           args.device_map, args.max_memory),
-        methods=methods, factor=args.factor, method_params=parse_method_params(args.method_param),
+        methods=methods, factor=args.factor if args.factor is not None else task.defaults.factor or DEFAULT_FACTOR,
+        method_params=parse_method_params(args.method_param),
         variants=args.variant, seed=args.seed,
         output=OutputSettings(args.output, args.overwrite, not args.no_progress, not args.no_plots, command),
         engine=engine)

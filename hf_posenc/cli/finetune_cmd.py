@@ -16,7 +16,8 @@ def add_parser(sub) -> None:
     g = ft.add_argument_group("model and method")
     g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias of the base model.")
     g.add_argument("--method", required=True, help="the method to apply before training (see 'hf-posenc methods').")
-    g.add_argument("--factor", type=float, default=None, help="context-extension factor (methods that take one).")
+    g.add_argument("--factor", type=float, default=None, help="context-extension factor (methods that take one; "
+                   "default: 2).")
     g.add_argument("--method-param", action="append", metavar="KEY=VALUE", help="a knob of the method; repeatable.")
     g.add_argument("--output", required=True, help="folder for the trained checkpoint, its card and the training report.")
     d = data_flags(ft, "train", "training ")

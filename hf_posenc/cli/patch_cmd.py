@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
     g.add_argument("--config", default=None, metavar="FILE", help="a PosEncConfig JSON file (e.g. best.json of "
                    "'hf-posenc tune') in place of --method/--factor/--method-param; a tune.json beside it puts the "
                    "tuning table into the model card.")
-    g.add_argument("--factor", type=float, default=None, help="context-extension factor (methods that take one).")
+    g.add_argument("--factor", type=float, default=None, help="context-extension factor (methods that take one; "
+                   "default: 2).")
     g.add_argument("--original-max-position-embeddings", type=int, default=None,
                    help="the context the model was trained for, when its config does not say it right.")
     g.add_argument("--method-param", action="append", metavar="KEY=VALUE",

@@ -16,6 +16,7 @@ from .spec import (  # noqa: F401  (the records and the registry, defined once i
     resolve_method,
     MIN_ORIGINAL_CONTEXT,
     MAX_FACTOR,
+    DEFAULT_FACTOR,
     check_factor,
     resolve_params,
     check_layer_types,

@@ -88,6 +88,7 @@ def resolve_method(name: str) -> MethodSpec:
 
 MIN_ORIGINAL_CONTEXT = 16  # a trained context below this is a typo (1 divides by log 1 in longrope, yarn)
 MAX_FACTOR = 1024.0  # 4k x 1024 = 4M tokens; beyond it the frequencies underflow and lengths overflow
+DEFAULT_FACTOR = 2.0  # the commands' --factor when not given, for a method that takes one (the Python API asks)
 
 
 def check_factor(method: str, factor: Any, uses_factor: bool) -> float:
