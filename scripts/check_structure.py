@@ -3,7 +3,10 @@
 - functions and methods with more than 12 parameters (entry points should take settings objects instead);
 - import cycles between the package's modules, imports inside functions included (a cycle hidden in a function is
   still a cycle);
-- modules of ``hf_posenc/eval/`` that import argparse or ``hf_posenc.flags`` (flags belong to ``cli/``).
+- modules of ``hf_posenc/eval/`` that import argparse or ``hf_posenc.flags`` (flags belong to ``cli/``);
+- imports that point up: the package's modules sit in the layers of :data:`LAYERS` (pure math and records at the
+  bottom, the command line at the top), and a module imports from its own layer or those below; a module in no
+  layer is reported too, so that a new one is placed.
 
 ``tests/test_structure.py`` holds the counts of today as a ceiling: a change may lower them, never raise them.
 
@@ -21,6 +24,19 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "hf_posenc"
 MAX_PARAMETERS = 12
+
+# the layers, bottom first: a module (or a subpackage, by its first name under hf_posenc) imports downwards only
+LAYERS = (
+    ("basics", ("_version", "wording", "files", "figures", "provenance", "compat", "encodings", "models", "interrupts",
+                "digests", "replaced_folder", "training_settings", "training_resume")),
+    ("records", ("methods", "config_syntax", "config")),
+    ("patching", ("adapters", "patching", "context", "weights", "freezing", "dual_chunk_config", "gguf_file",
+                  "loading", "runtime", "parallel", "registry")),
+    ("engines", ("engines", "serving")),
+    ("measuring", ("eval", "tuning", "finetune_eval", "explaining")),
+    ("publishing and training", ("card", "serve_check", "serve_config", "hub", "lora", "finetune", "publish")),
+    ("interface", ("flags", "cli", "reference_docs", "__main__", "")),  # "": the package's __init__
+)
 
 
 def modules(root: str = ROOT) -> dict[str, str]:
@@ -142,11 +158,32 @@ def argparse_in_eval(found: dict[str, str], graph: dict[str, set[str]]) -> list[
     return out
 
 
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of ``module`` (by its first name under the package), None when in none."""
+    first = module.split(".")[1] if "." in module else ""
+    return next((i for i, (_, names) in enumerate(LAYERS) if first in names), None)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b (layer x -> layer y)`` for every import from a lower layer to a higher one, and ``a (no layer)``."""
+    out = []
+    for name in sorted(graph):
+        mine = layer_of(name)
+        if mine is None:
+            out.append(f"{name} (in no layer of LAYERS)")
+            continue
+        for target in sorted(graph[name]):
+            theirs = layer_of(target)
+            if theirs is not None and theirs > mine:
+                out.append(f"{name} -> {target} ({LAYERS[mine][0]} -> {LAYERS[theirs][0]})")
+    return out
+
+
 def measure(root: str = ROOT) -> dict[str, list]:
     found = modules(root)
     graph = import_graph(found)
     return {"long_signatures": long_signatures(found), "cycles": cycles(graph),
-            "argparse_in_eval": argparse_in_eval(found, graph)}
+            "argparse_in_eval": argparse_in_eval(found, graph), "upward_imports": upward_imports(graph)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     print("".join(f"  {' <-> '.join(c)}\n" for c in got["cycles"]), end="")
     print(f"eval modules importing argparse or hf_posenc.flags ({len(got['argparse_in_eval'])}):")
     print("".join(f"  {x}\n" for x in got["argparse_in_eval"]), end="")
+    print(f"Imports from a lower layer to a higher one ({len(got['upward_imports'])}):")
+    print("".join(f"  {x}\n" for x in got["upward_imports"]), end="")
     return 0
 
 

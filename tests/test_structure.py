@@ -21,6 +21,7 @@ def test_no_new_structural_debt():
     assert not new, f"functions with more than {S.MAX_PARAMETERS} parameters: take a settings object instead: {new}"
     assert len(got["cycles"]) <= CYCLES, f"a new import cycle: {got['cycles']}"
     assert set(got["argparse_in_eval"]) <= ARGPARSE_IN_EVAL, "flags belong to cli/, not eval/"
+    assert not got["upward_imports"], f"imports point down the layers of check_structure.LAYERS: {got['upward_imports']}"
 
 
 def test_the_measure_finds_cycles_inside_functions_long_signatures_and_flags(tmp_path):
@@ -37,6 +38,9 @@ def test_the_measure_finds_cycles_inside_functions_long_signatures_and_flags(tmp
         "eval/run.py": "def flags():\n    from ..flags import x\n",
         "eval/plain.py": "import argparse\n",
         "eval/clean.py": "from .run import flags\n",
+        "methods.py": "def late():\n    from .cli import main  # a record reaching up to the command line\n",
+        "cli.py": "from .config import thing\n",
+        "config.py": "thing = 1\n",
     }
     for name, text in files.items():
         (package / name).write_text(textwrap.dedent(text))
@@ -44,3 +48,6 @@ def test_the_measure_finds_cycles_inside_functions_long_signatures_and_flags(tmp
     assert got["cycles"] == [["hf_posenc.a", "hf_posenc.b"]]
     assert got["long_signatures"] == ["hf_posenc.c:wide (13)"]  # self not counted; 12 is allowed
     assert got["argparse_in_eval"] == ["hf_posenc.eval.plain", "hf_posenc.eval.run"]
+    assert "hf_posenc.methods -> hf_posenc.cli (records -> interface)" in got["upward_imports"]
+    assert not [x for x in got["upward_imports"] if x.startswith("hf_posenc.cli")]  # down: allowed
+    assert "hf_posenc.a (in no layer of LAYERS)" in got["upward_imports"]
