@@ -112,45 +112,48 @@ def ppl_run(settings: RunSettings, params: PplParams) -> dict[str, Any]:
         plans = plan_lengths(token_docs, lengths, mode, stride, max_windows)
         digests = [doc_digest(t) for t in token_docs]
         cells = [(n, w) for n in lengths for w in plans[n]]
-        keys = [[n, names[w.doc], digests[w.doc], w.begin] for n, w in cells]
+        windows = [WindowCell(n, names[w.doc], digests[w.doc], w.begin) for n, w in cells]
+        keys = [k.as_list() for k in windows]
         settings = {"mode": mode, "stride": stride, "buckets": buckets}
-        window_of = {json.dumps(k): w for k, (_, w) in zip(keys, cells)}
+        window_of = {k: w for k, (_, w) in zip(windows, cells)}
 
         judge = load_evaluator(job, evaluator, evaluator_method) if evaluator or evaluator_method else None
-        judged: dict[str, dict] = {}  # the evaluator's key tokens per window
+        judged: dict[WindowCell, dict] = {}  # the evaluator's key tokens per window
 
         def compute(variant, key):
-            w = window_of[json.dumps(key[:4])]
-            if judge is not None and variant.label == judge.variant.label:  # [..., "key_positions", stride, a, b, id]
+            cell = ppl_cell(key)
+            w = window_of[cell.window]
+            doc = token_docs[w.doc]
+            if isinstance(cell, KeyPositionsCell):  # the evaluator's own key tokens
                 model = judge.model if judge.model is not None else job.loaded[0]
-                return key_positions_cell(model, token_docs[w.doc], w, original, key[5], key[6], key[7], chunk_size)
+                return key_positions_cell(model, doc, w, original, cell.stride, cell.alpha, cell.beta, chunk_size)
             model = job.model_for(variant, max(lengths))
-            if len(key) > 8:  # [..., "key_tokens", stride, alpha, beta, "evaluator", id]
-                positions = judged[json.dumps(key[:4])]["positions"]
-                return scored_key_cell(model, token_docs[w.doc], w, positions, chunk_size)
-            if len(key) > 4:  # [..., "key_tokens", stride, alpha, beta]
-                return key_token_cell(model, token_docs[w.doc], w, original, key[5], key[6], key[7], chunk_size)
+            if isinstance(cell, KeyTokensCell) and cell.evaluator is not None:  # the evaluator's key tokens, scored
+                return scored_key_cell(model, doc, w, judged[cell.window]["positions"], chunk_size)
+            if isinstance(cell, KeyTokensCell):
+                return key_token_cell(model, doc, w, original, cell.stride, cell.alpha, cell.beta, chunk_size)
             if baseline is not None and variant.label == baseline.variant.label:
-                return truncated_window_cell(model, token_docs[w.doc], w, buckets, original, baseline.stride, chunk_size)
-            return window_cell(model, token_docs[w.doc], w, buckets, chunk_size)
+                return truncated_window_cell(model, doc, w, buckets, original, baseline.stride, chunk_size)
+            return window_cell(model, doc, w, buckets, chunk_size)
 
         def fields(key):
-            return POSITION_FIELDS if len(key) > 4 and key[4] == "key_positions" else \
-                KEY_FIELDS if len(key) > 4 else WINDOW_FIELDS
+            return CELL_FIELDS[type(ppl_cell(key))]
 
-        longer = [k for k in keys if baseline is not None and k[0] > original]
-        marks = ["key_tokens", baseline.stride, key_alpha, key_beta] if key_tokens else None
+        longer = [k for k in windows if baseline is not None and k.length > original]
+
+        def key_cell(k: WindowCell) -> KeyTokensCell:  # window k's key-token cell, of every method
+            return KeyTokensCell(k, baseline.stride, key_alpha, key_beta, judge.ident if judge is not None else None)
+
         if judge is not None:  # the evaluator's cells first: every method's key-token cell reads them
-            marks += ["evaluator", judge.ident]
-            own = [k + ["key_positions", baseline.stride, key_alpha, key_beta, judge.ident] for k in longer]
+            own = [KeyPositionsCell(k, baseline.stride, key_alpha, key_beta, judge.ident).as_list() for k in longer]
             got = job.cells("perplexity", settings, {judge.variant.label: own}, compute, variants=[judge.variant],
                             fields=fields, desc="key tokens (evaluator)")[judge.variant.label]
-            judged.update((json.dumps(k), c) for k, c in zip(longer, got))
-        variants, wanted = list(job.variants), {v.label: keys + [k + marks for k in longer if marks]
-                                                for v in job.variants}
+            judged.update(zip(longer, got))
+        scored = [key_cell(k).as_list() for k in longer] if key_tokens else []
+        variants, wanted = list(job.variants), {v.label: keys + scored for v in job.variants}
         if baseline is not None and truncated_baseline:
             variants.append(baseline.variant)
-            wanted[baseline.variant.label] = longer
+            wanted[baseline.variant.label] = [k.as_list() for k in longer]
         done = job.cells("perplexity", settings, wanted, compute, variants=grouped_by_config(variants), fields=fields)
         results = {}
         for label, values in ((v.label, done[v.label]) for v in variants):
@@ -159,18 +162,18 @@ def ppl_run(settings: RunSettings, params: PplParams) -> dict[str, Any]:
                                                                       zip(keys, cells) if m == n], names, buckets,
                                                        original)
                               for n in lengths if any(k[0] == n for k in wanted[label])}
-            if marks and label != (baseline.variant.label if truncated_baseline else None):
-                for n in {k[0] for k in longer}:
+            if key_tokens and label != (baseline.variant.label if truncated_baseline else None):
+                for n in {k.length for k in longer}:
                     results[label][str(n)]["key_tokens"] = aggregate_key_tokens(
-                        [mine[json.dumps(k + marks)] for k in longer if k[0] == n])
-        if marks:
+                        [mine[json.dumps(key_cell(k).as_list())] for k in longer if k.length == n])
+        if key_tokens:
             settings["key_tokens"] = {"evaluator": judge.description if judge else "each method's own model (the model "
                                       "under test, patched)", "alpha": key_alpha, "beta": key_beta, "short_context": original,
                                       "stride": baseline.stride, "source": "LongPPL, Fang et al. 2024, arXiv:2410.23771"}
             if judge is not None:
                 settings["key_tokens"]["evaluator_own"] = {
-                    str(n): aggregate_key_positions([judged[json.dumps(k)] for k in longer if k[0] == n])
-                    for n in sorted({k[0] for k in longer})}
+                    str(n): aggregate_key_positions([judged[k] for k in longer if k.length == n])
+                    for n in sorted({k.length for k in longer})}
         settings.update(lengths=lengths, max_windows=max_windows, documents=names,
                         document_tokens=[len(t) for t in token_docs])
         if baseline is not None and truncated_baseline:
@@ -178,6 +181,68 @@ def ppl_run(settings: RunSettings, params: PplParams) -> dict[str, Any]:
                                               "stride": baseline.stride}
             add_context_gain(results, baseline.variant.label)
         return job.report("perplexity", settings, results, ppl_table, ppl_plots)
+
+
+# -- the cells of eval ppl, by their keys (stored as the lists of ``as_list``, the same since the first release) ---
+@dataclass(frozen=True)
+class WindowCell:
+    """A window's perplexity: ``length`` tokens of document ``doc`` (its token ``digest``) from token ``begin``."""
+
+    length: int
+    doc: str
+    digest: str
+    begin: int
+
+    @property
+    def window(self) -> "WindowCell":  # as every cell of a window names it
+        return self
+
+    def as_list(self) -> list:
+        return [self.length, self.doc, self.digest, self.begin]
+
+
+@dataclass(frozen=True)
+class KeyTokensCell:
+    """A window's key-token perplexity (LongPPL): judged by the method's own model with the truncated ``stride`` and
+    thresholds ``alpha``/``beta``, or by the ``evaluator`` of that identity (its :class:`KeyPositionsCell`)."""
+
+    window: WindowCell
+    stride: int
+    alpha: float
+    beta: float
+    evaluator: str | None = None
+
+    def as_list(self) -> list:
+        tail = ["evaluator", self.evaluator] if self.evaluator is not None else []
+        return self.window.as_list() + ["key_tokens", self.stride, self.alpha, self.beta] + tail
+
+
+@dataclass(frozen=True)
+class KeyPositionsCell:
+    """The positions of a window's key tokens as the ``evaluator`` judges them (its own cell)."""
+
+    window: WindowCell
+    stride: int
+    alpha: float
+    beta: float
+    evaluator: str
+
+    def as_list(self) -> list:
+        return self.window.as_list() + ["key_positions", self.stride, self.alpha, self.beta, self.evaluator]
+
+
+def ppl_cell(key: list) -> WindowCell | KeyTokensCell | KeyPositionsCell:
+    """The cell of a stored key (the inverse of ``as_list``)."""
+    window = WindowCell(*key[:4])
+    if len(key) == 4:
+        return window
+    kind, stride, alpha, beta, *rest = key[4:]
+    if kind == "key_positions":
+        return KeyPositionsCell(window, stride, alpha, beta, *rest)
+    return KeyTokensCell(window, stride, alpha, beta, rest[1] if rest else None)
+
+
+CELL_FIELDS = {WindowCell: WINDOW_FIELDS, KeyTokensCell: KEY_FIELDS, KeyPositionsCell: POSITION_FIELDS}
 
 
 @dataclass(frozen=True)

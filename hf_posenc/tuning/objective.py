@@ -60,17 +60,50 @@ def plan_data(docs: list[torch.Tensor], names: list[str], digests: list[str], or
     return TuneData(docs, names, digests, _split(long), _split(short))
 
 
+@dataclass(frozen=True)
+class TuneWindow:
+    """A window's losses: ``kind`` "long" (the target length, split at L) or "short" (the original context),
+    ``length`` tokens of document ``doc`` (its token ``digest``) from token ``begin``."""
+
+    kind: str
+    length: int
+    doc: str
+    digest: str
+    begin: int
+
+    def as_list(self) -> list:
+        return [self.kind, self.length, self.doc, self.digest, self.begin]
+
+
+@dataclass(frozen=True)
+class TunePasskey:
+    """One passkey at ``length`` tokens and ``depth``, its key drawn from ``seed``."""
+
+    length: int
+    depth: float
+    seed: int
+
+    def as_list(self) -> list:
+        return ["passkey", self.length, self.depth, self.seed]
+
+
+def tune_cell(key: list) -> TuneWindow | TunePasskey:
+    """The cell of a stored key (the inverse of ``as_list``)."""
+    return TunePasskey(*key[1:]) if key[0] == "passkey" else TuneWindow(*key)
+
+
 def sample_keys(data: TuneData, part: str, windows: int, keys: int, depths: tuple[float, ...], seed: int,
                 target: int, original: int) -> list[list]:
     """The cells of one sample: the first ``windows`` windows of each length of ``part`` and ``keys`` passkey
     keys per depth (a larger sample holds every cell of a smaller one)."""
     def key(kind, n, w):
-        return [kind, n, data.names[w.doc], data.digests[w.doc], w.begin]
+        return TuneWindow(kind, n, data.names[w.doc], data.digests[w.doc], w.begin).as_list()
 
     out = [key("long", target, w) for w in data.long[part][:windows]]
     out += [key("short", original, w) for w in data.short[part][:windows]]
     base = seed * 1_000_003 + _PARTS[part] * 500_000
-    out += [["passkey", target, d, base + k * len(depths) + i] for k in range(keys) for i, d in enumerate(depths)]
+    out += [TunePasskey(target, d, base + k * len(depths) + i).as_list() for k in range(keys)
+            for i, d in enumerate(depths)]
     return out
 
 
@@ -83,14 +116,15 @@ class CellComputer:
         self._docs = {(n, g): i for i, (n, g) in enumerate(zip(data.names, data.digests))}
 
     def __call__(self, variant, key: list) -> dict[str, Any]:
-        if key[0] == "passkey":
-            got = passkey_cell(self.model, self.tok, self.builder, key[1], key[2], key[3], trials=1)
+        cell = tune_cell(key)
+        if isinstance(cell, TunePasskey):
+            got = passkey_cell(self.model, self.tok, self.builder, cell.length, cell.depth, cell.seed, trials=1)
             return {"hits": got["hits"], "trials": got["trials"]}
-        return self._window(key)
+        return self._window(cell)
 
-    def _window(self, key: list) -> dict[str, Any]:
-        kind, n, name, digest, begin = key
-        doc = self.data.docs[self._docs[(name, digest)]]
+    def _window(self, cell: TuneWindow) -> dict[str, Any]:
+        kind, n, begin = cell.kind, cell.length, cell.begin
+        doc = self.data.docs[self._docs[(cell.doc, cell.digest)]]
         device = next(self.model.parameters()).device
         nll = token_nll(self.model, doc[begin : begin + n][None].to(device), chunk_size=self.chunk_size)[0].double()
         if kind == "short":
@@ -106,9 +140,10 @@ class CellComputer:
 
 def result_fields(key: list) -> dict[str, Any]:
     """The fields of a tune cell's result, by the kind of its key (see :meth:`CellComputer.__call__`)."""
-    if key[0] == "passkey":
+    cell = tune_cell(key)
+    if isinstance(cell, TunePasskey):
         return {"hits": NUMBER, "trials": NUMBER}
-    if key[0] == "short":
+    if cell.kind == "short":
         return {"tokens": NUMBER, "nll_sum": NUMBER}
     return {**dict.fromkeys(("inside_sum", "inside_cnt", "beyond_sum", "beyond_cnt"), NUMBER),
             "bucket_sum": list, "bucket_cnt": list}
@@ -117,13 +152,15 @@ def result_fields(key: list) -> dict[str, Any]:
 def measure(keys: list[list], cells: list[dict[str, Any]]) -> dict[str, Any]:
     """A candidate's numbers on one sample: perplexity beyond and before L at T, perplexity of short inputs,
     passkey accuracy, and the loss by position."""
+    kinds = [getattr(tune_cell(k), "kind", "passkey") for k in keys]
+
     def total(kind, field):
-        return sum(c[field] for k, c in zip(keys, cells) if k[0] == kind)
+        return sum(c[field] for k, c in zip(kinds, cells) if k == kind)
 
     beyond, inside = total("long", "beyond_sum") / total("long", "beyond_cnt"), None
     if total("long", "inside_cnt"):
         inside = math.exp(total("long", "inside_sum") / total("long", "inside_cnt"))
-    longs = [c for k, c in zip(keys, cells) if k[0] == "long"]
+    longs = [c for k, c in zip(kinds, cells) if k == "long"]
     curve = [sum(c["bucket_sum"][i] for c in longs) / sum(c["bucket_cnt"][i] for c in longs)
              for i in range(len(longs[0]["bucket_sum"]))]
     trials = total("passkey", "trials")
