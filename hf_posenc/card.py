@@ -16,6 +16,12 @@ from .provenance import environment, recorded_command, scrub
 from .adapters import ADAPTERS
 from .adapters.base import text_config
 from .config import CONFIG_KEY
+from .eval.tasks import registered, task_of_report
+from .methods import resolve_method
+from .models import resolve_source
+from .patching import get_config
+from .serve_config import card_launches
+from .serving import known_status, measured_rows
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE_NAME = "model_card.md"
@@ -83,8 +89,6 @@ ALIAS_REPOS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
 def describe_base(name_or_path: str) -> BaseModel:
     """The base model's Hub id and license, from what is at hand: alias table, GGUF metadata, a local
     README's metadata, or (for a Hub id, best effort, never fatal) the Hub's model info."""
-    from .models import resolve_source
-
     src = resolve_source(name_or_path)
     repo = ALIAS_REPOS.get(str(name_or_path).lower())
     facts: dict[str, Any] = {}
@@ -116,8 +120,6 @@ def eval_results(reports: list[dict[str, Any]], method: str) -> list:
     """``model-index`` entries (``EvalResult``) for ``method``'s numbers in hf_posenc evaluation reports."""
     from huggingface_hub import EvalResult
 
-    from .eval.tasks import task_of_report
-
     out = []
     for report in reports:
         task = task_of_report(report["task"])  # reports of other jobs (tune, finetune) are tables in the body only
@@ -136,8 +138,6 @@ _OTHER_TITLES = {"tune": "How this configuration was chosen (hf-posenc tune)",
 
 
 def _eval_sections(reports: list[dict[str, Any]]) -> list[dict[str, str]]:
-    from .eval.tasks import registered
-
     titles = {**_OTHER_TITLES, **{t.report: t.title for t in registered().values()}}
     return [{"title": titles.get(r["task"], r["task"]), "table": r["table"], "command": r["setup"].get("command")}
             for r in reports]
@@ -157,11 +157,6 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
     """The ``huggingface_hub.ModelCard`` of a patched ``model``; ``serve_check``: the report of a serve-check of the
     saved checkpoint, whose measured verdicts replace the known status of that engine in the Serving section."""
     from huggingface_hub import ModelCard, ModelCardData
-
-    from .methods import resolve_method
-    from .patching import get_config
-    from .serve_config import card_launches
-    from .serving import known_status, measured_rows
 
     cfg = get_config(model)
     if cfg is None:

@@ -19,6 +19,8 @@ fields keep the original context, so every engine that does not read the block s
 from __future__ import annotations
 
 from typing import Any
+from .methods.remapped import REMAPPED
+from .patching import get_config
 
 KEY = "dual_chunk_attention_config"
 FAMILIES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # the model types whose SGLang/vLLM files read the block
@@ -44,9 +46,6 @@ def block_of(params: dict[str, Any], advertised: int) -> dict[str, int]:
 
 def dual_chunk_block(model) -> dict[str, int]:
     """The block of a model patched with DCA (its resolved configuration); refused for another method or family."""
-    from .methods.remapped import REMAPPED
-    from .patching import get_config
-
     cfg = get_config(model)
     check_dual_chunk_config(cfg.method if cfg else "none", getattr(model.config, "model_type", None))
     L = cfg.original_max_position_embeddings

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from typing import BinaryIO, Callable
+import fcntl
 
 
 def umask() -> int:
@@ -116,8 +117,6 @@ class OutputLock:
         os.write(self.fd, f"{os.getpid()}\n".encode())
 
     def _take(self, folder: str) -> int:
-        import fcntl
-
         try:  # never through a link planted at the lock's path (it would truncate the file it points to)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)  # the umask applies
         except OSError as err:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import dataclasses
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -29,9 +30,23 @@ from .config import PosEncConfig
 from .adapters.s2_attention import S2Training, check_group, check_s2_implementation, check_s2_method
 from .encodings.pose import check_pose, pose_batch
 
-from .finetune_eval import LongEvalSettings
+from .finetune_eval import LongEvalSettings, check_length, long_context_table, prepared_long_eval
 from .training_resume import ResumableRun, document_digests
 from .training_settings import MIXED_PRECISIONS, PACKINGS, CheckpointSettings, TrainSettings
+from .context import original_context
+from .eval.common import model_identity
+from .eval.data import check_heldout, tokenize_documents
+from .eval.perplexity import evaluate_perplexity
+from .eval.report import markdown_table, plot_lines
+from .eval.scoring import chunked_lm_loss
+from .gguf_file import original_before_load
+from .hub import EVAL_FOLDER, save_pretrained
+from .lora import apply_lora, save_lora
+from .methods import resolve_method
+from .parallel import check_context_parallel, check_engine, check_lora_engine, gathered_state_dict, parallelism_config
+from .patching import patch
+from .replaced_folder import ReplacedOutput, check_replaced_output
+from . import runtime  # (its loader looked up when called: tests replace it)
 
 if TYPE_CHECKING:
     from .lora import LoraSettings
@@ -55,8 +70,6 @@ class PoseSettings:
 def check_pose_method(config: PosEncConfig) -> None:
     """PoSE moves the position ids; a method that computes positions from key indices (the attention-level
     methods) or has none to move (the swaps) would train at positions it never uses: refused by name."""
-    from .methods import resolve_method
-
     kind = resolve_method(config.method).kind
     if kind not in POSE_KINDS:
         raise ValueError(f"--pose-window trains on position ids that skip, which {config.method!r} ({kind} method) "
@@ -128,8 +141,6 @@ def restarted_positions(blocks: torch.Tensor, eos: int) -> torch.Tensor:
 
 
 def heldout_perplexity(model, token_docs: list[torch.Tensor], seq_len: int, windows: int) -> dict[str, Any]:
-    from .eval.perplexity import evaluate_perplexity
-
     was_training = model.training
     model.eval()
     try:
@@ -158,10 +169,6 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     steps, and resuming from them (:mod:`hf_posenc.training_resume`). Under several processes every process computes
     the evaluations (the same forwards in the same order: see :mod:`hf_posenc.finetune_eval`) and the main process
     saves."""
-    from .replaced_folder import ReplacedOutput, check_replaced_output
-    from .runtime import load_model_and_tokenizer, seed_everything
-    from .eval.data import check_heldout, tokenize_documents
-    from .patching import patch
 
     t = training
     if not eval_docs:
@@ -173,8 +180,6 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     if pose is not None:
         check_pose_method(config)
     if t.s2_attn_group is not None:
-        from .methods import resolve_method
-
         check_s2_method(config.method, resolve_method(config.method).kind)
         check_group(t.s2_attn_group, pose.window if pose else t.seq_len)
     long_length = long_eval.length_for(pose.target if pose else None) if long_eval is not None else None
@@ -183,8 +188,6 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     check_heldout(train_docs, eval_docs, read)  # by content, before any compute
     check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
     if lora is not None:
-        from .parallel import check_lora_engine
-
         check_lora_engine(t.device)  # sharded weights, read from the launcher's environment
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # several: started by torchrun or accelerate launch
     run = ResumableRun(checkpoints, output, _fingerprint(model, config, train_docs, eval_docs, t, pose, lora,
@@ -192,43 +195,34 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     main_process = int(os.environ.get("RANK", "0")) == 0
     chunked_loss = t.chunked_loss
     if t.context_parallel_size != 1:  # each sequence split across processes (hf_posenc.parallel), before compute
-        from .parallel import check_context_parallel
 
         check_context_parallel(config.method, t.context_parallel_size, pose.window if pose else t.seq_len, processes,
                                t.s2_attn_group, t.device)
         chunked_loss = False  # the shards' targets: the Trainer's shift_labels, which the model's own loss reads
     longer = None
     if pose is not None or long_length:  # checked before the load where the model's config says L (else after it)
-        from .gguf_file import original_before_load
 
         declared = original_before_load(model, config)
         if pose is not None:
             _check_pose_target(declared, pose)
         if long_length:  # and its held-out text, from the tokenizer alone
-            from .finetune_eval import prepared_long_eval
 
             longer = prepared_long_eval(model, declared, eval_docs, long_eval, long_length, t.seed,
                                         progress and main_process)
     # one run per --output, from here to the save (held by the process that saves)
     with ReplacedOutput(output, "finetune") if main_process else nullcontext() as out:
-        seed_everything(t.seed)
+        runtime.seed_everything(t.seed)
         device = default_device(t.device)
-        lm, tok, _ = load_model_and_tokenizer(model, t.dtype, device)
+        lm, tok, _ = runtime.load_model_and_tokenizer(model, t.dtype, device)
         patch(lm, config)
         if pose is not None or long_length:
-            from .context import original_context
-
             original = original_context(lm)
             if pose is not None:
                 _check_pose_target(original, pose)
             if long_length:
-                from .finetune_eval import check_length
-
                 check_length(long_length, original, lm)  # before training
                 longer.bind(original)
         if lora is not None:
-            from .lora import apply_lora
-
             lm = apply_lora(lm, lora)
             if t.gradient_checkpointing and not lora.train_embeddings_and_norms:  # the frozen embedding's output
                 lm.enable_input_require_grads()  # must carry a gradient through the checkpointed layers
@@ -279,7 +273,6 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         if long_context is not None:
             report["long_context"] = long_context
         report["table"] = finetune_table(report)
-        from .parallel import gathered_state_dict
 
         state = gathered_state_dict(lm)  # ZeRO-3 / FSDP: every process gives its shards to the one that saves
         if main_process:  # one process saves (under torchrun / accelerate every process trained the same weights)
@@ -292,8 +285,6 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
 def _fingerprint(model: str, config: PosEncConfig, train_docs, eval_docs, training: TrainSettings, pose, lora,
                  long_eval, long_length) -> dict[str, Any]:
     """What a resumed run must share with the run whose checkpoints it continues."""
-    from .eval.common import model_identity  # (eval imports much; needed only here)
-
     versions = {k: v for k, v in environment().items() if k in ("hf_posenc", "torch", "transformers")}
     return {"model": model_identity(model, None, resolve_source(model)), "versions": versions,
             "method": config.to_dict(), "training": training.fingerprint(),
@@ -320,12 +311,9 @@ def _save(lm, tok, report: dict[str, Any], out, output: str, model: str, command
           state_dict: dict[str, Any] | None = None) -> str:
     """The checkpoint, its card (with the training table) and the report (JSON, Markdown) in hf_posenc_eval/,
     written into a staged folder that replaces --output only when all of it is written; returns the plot's path."""
-    from .hub import EVAL_FOLDER, save_pretrained
-
     with out.staged() as staged:
         card = dict(eval_results=[report], base_model=model, command=command, trained=True)
         if lora is not None:  # (the adapter's folder gets the card and the reports, its base/ those of the base)
-            from .lora import save_lora
 
             save_lora(lm, staged, lora.merge, tok, **card)
         else:
@@ -348,8 +336,6 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, t: TrainSet
     logged losses by step (the resumed run's earlier ones included) and the seconds of training in all."""
     from datasets import Dataset
     from transformers import Trainer, TrainerCallback, TrainingArguments
-
-    from .parallel import check_engine, parallelism_config
 
     columns = {"input_ids": blocks.tolist()}
     if positions is not None:  # PoSE: each window's own position ids
@@ -416,8 +402,6 @@ def _chunked_loss_trainer():
         (by the tokens of the whole accumulated batch, scaled across processes)."""
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            from .eval.scoring import chunked_lm_loss
-
             total, count = chunked_lm_loss(model, inputs["input_ids"], inputs.get("position_ids"))
             normalised = self.model_accepts_loss_kwargs and num_items_in_batch is not None
             loss = total / (num_items_in_batch if normalised else count)
@@ -431,15 +415,11 @@ def _chunked_loss_trainer():
 
 
 def _checkpointing_arg(training_args_cls) -> str:
-    import dataclasses
-
     names = {f.name for f in dataclasses.fields(training_args_cls)}
     return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
 def finetune_table(report: dict[str, Any]) -> str:
-    from .eval.report import markdown_table
-
     s, losses = report["setup"], report["losses"]
     first = sum(x["loss"] for x in losses[:5]) / max(1, len(losses[:5]))
     last = sum(x["loss"] for x in losses[-5:]) / max(1, len(losses[-5:]))
@@ -450,15 +430,11 @@ def finetune_table(report: dict[str, Any]) -> str:
     table = markdown_table(["method", "steps", "seq_len", "train loss (first 5)", "train loss (last 5)",
                             f"held-out ppl before (at {s['seq_len']})", "held-out ppl after"], rows)
     if report.get("long_context"):
-        from .finetune_eval import long_context_table
-
         table += "\n\n" + long_context_table(report["long_context"], s["method"]["method"])
     return table
 
 
 def plot_losses(report: dict[str, Any], path: str) -> str:
-    from .eval.report import plot_lines
-
     steps = [x["step"] for x in report["losses"]]
     values = [x["loss"] for x in report["losses"]]
     if not steps:

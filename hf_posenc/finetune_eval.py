@@ -30,6 +30,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from .config import PosEncConfig
+from .eval.data import corpus_stream, tokenize_documents
+from .eval.haystack import TextHaystack
+from .eval.perplexity import aggregate_length, plan_lengths, truncated_window_cell, window_cell
+from .eval.report import markdown_table
+from .eval.scoring import require_causal_lm
+from .methods.rope import DYNAMIC
+from .patching import get_config, patch, unpatch
+from .runtime import load_tokenizer
+from .eval.passkey import aggregate_passkey, grid, passkey_cell
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 BUCKETS = 32  # eval ppl's default --buckets: the 'past L' tokens start at the first bucket at or after L
@@ -72,8 +82,6 @@ class LongEvalSettings:
 
 def check_length(length: int, original: int | None, model) -> None:
     """The evaluated length must exceed the model's original context L (checked once the model is loaded)."""
-    from .eval.scoring import require_causal_lm
-
     require_causal_lm(model)
     if original is None:
         raise ValueError(f"{type(model).__name__} has no fixed original context, so nothing lies past it: the "
@@ -92,8 +100,6 @@ def prepared_long_eval(model: str, original: int | None, docs: list, settings: L
     """The :class:`LongEval` of a fine-tune of ``model``, checked before the model loads: ``length`` past the
     ``original`` context read from the model's config (None when it cannot be read there: checked after the load),
     the held-out text long enough for the window and the needles' haystack (from the tokenizer alone)."""
-    from .runtime import load_tokenizer
-
     _check_past(length, original)
     return LongEval(load_tokenizer(model), docs, settings, length, original, seed, progress)
 
@@ -110,10 +116,6 @@ class LongEval:
 
     def __init__(self, tok, docs: list, settings: LongEvalSettings, length: int, original: int | None, seed: int,
                  progress: bool = True):
-        from .eval.data import corpus_stream, tokenize_documents
-        from .eval.haystack import TextHaystack
-        from .eval.perplexity import plan_lengths
-
         self.tok, self.settings, self.length, self.seed = tok, settings, length, seed
         self.progress = progress
         self.bind(original)
@@ -148,11 +150,6 @@ class LongEval:
 
     def measure(self, model, desc: str) -> dict[str, Any]:
         """Perplexity past L with its truncated baseline and context gain, and the needles, of ``model`` now."""
-        from .config import PosEncConfig
-        from .eval.passkey import aggregate_passkey, grid, passkey_cell
-        from .eval.perplexity import aggregate_length, truncated_window_cell, window_cell
-        from .methods.rope import DYNAMIC
-        from .patching import get_config
         from tqdm.auto import tqdm
 
         base = unwrapped(model)
@@ -223,8 +220,6 @@ class _Weights:
     def repatch(self, config) -> None:
         """``model`` patched with ``config`` (None: unpatched); a weight the patch re-created gets its kept values
         and ``requires_grad`` (a tensor the patch left in place is the kept one itself)."""
-        from .patching import patch, unpatch
-
         if config is None:
             unpatch(self.model)
         else:
@@ -247,8 +242,6 @@ ROWS = (("before", "before training", False), ("before", "truncated to L, before
 def long_context_table(section: dict[str, Any], method: str) -> str:
     """The Markdown table of ``report["long_context"]``: the method before and after training, and the truncated
     baselines (the same weights, unpatched, at most L tokens of context)."""
-    from .eval.report import markdown_table
-
     n, L, depths = section["length"], section["original_context"], section["needle_depths"]
     untrained = (section["before"]["truncated"] or {}).get("past_original")
     rows = []

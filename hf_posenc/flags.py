@@ -7,6 +7,10 @@ import argparse
 import json
 
 from .eval import params as P
+from .config import PosEncConfig
+from .config_syntax import parse_method_params
+from .eval.data import DocumentSource, check_encoding
+from .methods import DEFAULT_FACTOR, resolve_method
 
 
 def argument_type(read):
@@ -54,8 +58,6 @@ def memory(text: str) -> dict:
 
 
 def encoding(text: str) -> str:
-    from .eval.data import check_encoding
-
     try:
         return check_encoding(text)
     except ValueError as err:
@@ -86,8 +88,6 @@ def data_flags(p: argparse.ArgumentParser, split: str, purpose: str):
 def document_source(args):
     """The documents asked for by a command with the flags of :func:`data_flags`, ``--limit`` and ``--corpus``, as
     a :class:`hf_posenc.eval.data.DocumentSource` (none of them given: the default corpus)."""
-    from .eval.data import DocumentSource
-
     return DocumentSource(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
                           getattr(args, "limit", None), getattr(args, "corpus", None), args.encoding)
 
@@ -106,8 +106,6 @@ def upload_flags(g) -> None:
 
 
 def file_config(args):
-    from .config import PosEncConfig
-
     given = [flag for flag, value in (("--method", args.method), ("--factor", args.factor),
                                       ("--method-param", args.method_param)) if value]
     if given:
@@ -122,10 +120,6 @@ def file_config(args):
 
 
 def method_config(args):
-    from .config import PosEncConfig
-    from .config_syntax import parse_method_params
-    from .methods import DEFAULT_FACTOR, resolve_method
-
     if getattr(args, "config", None):
         return file_config(args)
     if not args.method:

@@ -19,6 +19,7 @@ from typing import Any
 
 from .config import PosEncConfig, as_config
 from .encodings import rope as R
+from .patching import get_config, patch, trying
 
 FREEZABLE = ("dynamic_ntk", "dynamic_yarn", "longrope")
 
@@ -74,8 +75,6 @@ def freeze(model, method: Any, at: int, **kwargs: Any):
     """Patch ``model`` with the static configuration that equals ``method`` (a length-dependent scaling, given as
     :func:`hf_posenc.patch` takes it) at ``at`` tokens; returns the model. ``hf_posenc.get_config(model)`` then
     gives the frozen configuration, which ``save_pretrained`` writes natively where transformers has it."""
-    from .patching import get_config, patch, trying
-
     cfg = as_config(method, **kwargs)
     check_freeze(cfg, at)
     with trying(model, [cfg]):  # resolved against the model: its original context, its default lists

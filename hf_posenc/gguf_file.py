@@ -27,9 +27,14 @@ import os
 import tempfile
 from typing import Any
 
-from .config import PosEncConfig, as_config
+from .config import CONFIG_KEY, PosEncConfig, as_config
 from .encodings import rope as R
 from .files import umask
+from .adapters.base import text_config
+from .freezing import check_freeze, freeze_config
+from .methods.rope import DYNAMIC, SCALINGS
+from .models import resolve_source
+from collections import Counter
 
 # the GGUF architectures whose files hf_posenc loads (transformers' GGUF reader) and patches (a RoPE decoder)
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -164,8 +169,6 @@ def _rotary_dim(reader, keys: dict[str, str], path: str) -> int:
 
 def refusal(cfg: PosEncConfig, arch: str) -> str | None:
     """Why llama.cpp cannot compute ``cfg`` from a GGUF of ``arch`` (None: it can)."""
-    from .methods.rope import DYNAMIC
-
     name, p = cfg.method, cfg.params
     if name in DYNAMIC and name != "longrope":
         return (f"llama.cpp has no {name}: its frequencies follow the length of each input, and a GGUF holds fixed "
@@ -196,8 +199,6 @@ def refusal(cfg: PosEncConfig, arch: str) -> str | None:
 
 def _rope_metadata(cfg: PosEncConfig, geom: R.RopeGeometry) -> tuple[dict[str, Any], Any]:
     """{short key name: value} of the RoPE metadata ``cfg`` needs, and the ``rope_freqs`` tensor (or None)."""
-    from .methods.rope import SCALINGS
-
     s, L = cfg.factor, geom.original_max_position_embeddings
     out: dict[str, Any] = {"context": SCALINGS[cfg.method].max_position(s, L), "base": geom.base, "type": "none"}
     freqs = None
@@ -268,8 +269,6 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
     method into the static one equal to it at that many tokens (:func:`hf_posenc.freezing.freeze_config`).
     Returns {"output", "config" (what was written, resolved), "metadata" {key: value}, "tensors" (copied),
     "added" (rope_freqs: written or replaced), "note"}."""
-    from .freezing import check_freeze, freeze_config
-
     cfg = as_config(config)
     if freeze_at is not None:
         check_freeze(cfg, freeze_at)
@@ -411,8 +410,6 @@ def original_before_load(model: str, cfg: PosEncConfig) -> int | None:
     try:
         from transformers import AutoConfig
 
-        from .models import resolve_source
-
         source = resolve_source(model)
         return trained_context(AutoConfig.from_pretrained(source.path, **source.kwargs), source)
     except Exception:  # noqa: BLE001 -- only a pre-check: the load that follows reports what is wrong
@@ -423,9 +420,6 @@ def trained_context(hf_config, source) -> int | None:
     """The context a model (``hf_config``, loaded from ``source``) was trained for, from its config alone: a patched
     checkpoint's stored original (its config advertises the extended one), a GGUF written by :func:`patch_gguf`'s
     record (``hf_config`` gets the original values back), else ``max_position_embeddings``; None if none is stated."""
-    from .adapters.base import text_config
-    from .config import CONFIG_KEY
-
     block = getattr(hf_config, CONFIG_KEY, None)
     if isinstance(block, dict) and block.get("original_max_position_embeddings"):
         return int(block["original_max_position_embeddings"])
@@ -447,8 +441,6 @@ def served_facts(path: str) -> dict[str, Any]:
     ``metadata``: its RoPE metadata (:func:`llama_cpp_metadata`'s terms).
     A GGUF with a RoPE scaling hf_posenc did not write is refused: hf_posenc's loader would compute it unscaled
     (transformers reads no scaling key from a GGUF), so there is nothing to compare it with."""
-    from collections import Counter
-
     reader = _reader(path)
     arch = _architecture(reader, path, "loads and checks")
     keys = _keys(arch)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import pickle
+import zipfile
 from typing import Any
 
 import torch
@@ -14,6 +16,7 @@ from .config import CONFIG_KEY, PosEncConfig, SavedBlock, as_config
 from .models import drop_gguf_quantizer, resolve_source
 from .patching import adopt, patch
 from .weights import HUB_FILE_KWARGS, read_tensors
+from .gguf_file import stored_patch
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +56,6 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
             logger.info("replacing the stored patch %s by %s", stored.method, requested.method)
     written = None  # a GGUF written by ``patch --gguf``: the original values back in the config, its patch applied
     if block is None and kwargs.get("gguf_file"):
-        from .gguf_file import stored_patch
-
         written = stored_patch(os.path.join(source.path, kwargs["gguf_file"]), hf_config)
     # a checkpoint whose weights hold the patch (a resized table) is adopted, not re-derived
     adopted = stored is not None and not adapter.restores(block)
@@ -118,8 +119,6 @@ class _ReportOwnKeysQuietly(logging.Filter):
 def _load_weights(auto_class, path: str, hf_config, kwargs: dict):
     """``auto_class.from_pretrained``; a weight file that cannot be read (truncated, not a weight file) is an error
     naming it."""
-    import pickle
-
     from safetensors import SafetensorError
 
     try:
@@ -136,8 +135,6 @@ def _load_weights(auto_class, path: str, hf_config, kwargs: dict):
 
 
 def _unreadable(path: str) -> bool:
-    import zipfile
-
     from safetensors import safe_open
 
     if path.endswith(".bin"):

@@ -39,6 +39,10 @@ from typing import Any
 from torch import nn
 
 from .wording import first_names
+from .files import atomic_write_text, follow_umask
+from .hub import save_pretrained, write_model_card
+from .patching import _record
+from . import loading
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 BASE_FOLDER = "base"  # where save_lora(merged=False) puts the patched base model, inside its folder
@@ -138,8 +142,6 @@ def _patch_holds(model: nn.Module) -> dict[int, str]:
     """The modules that the model's hf_posenc patch hooks, changed an attribute of, or keeps a reference to (in a
     hook's state): ``id(module) -> what``. peft must not replace these (a LoRA layer wraps the module, a
     ``modules_to_save`` copy stands in for it): the patch would act on the frozen original."""
-    from .patching import _record
-
     record = _record(model)
     if record is None:
         return {}
@@ -262,8 +264,6 @@ def save_lora(peft_model, folder: str, merged: bool, tokenizer=None, **card_kwar
     tokenizer, card_kwargs: for ``hf_posenc.save_pretrained`` (eval_results, base_model, command, trained, ...).
     Returns ``folder``."""
     peft = require_peft()
-    from .files import atomic_write_text, follow_umask
-    from .hub import save_pretrained, write_model_card
 
     if not isinstance(peft_model, peft.PeftModel):
         raise ValueError(f"save_lora needs a peft model (apply_lora's result), got {type(peft_model).__name__}; "
@@ -291,11 +291,10 @@ def load_lora(folder: str, *, is_trainable: bool = False, **hf_kwargs: Any):
     ``folder/base``, with ``hf_kwargs``: dtype, device_map, ...), then the adapter with its trained embedding and
     norms (``peft.PeftModel.from_pretrained``). Returns the peft model (in eval mode unless ``is_trainable``)."""
     peft = require_peft()
-    from .loading import from_pretrained
 
     base_folder = os.path.join(folder, BASE_FOLDER)
     if not os.path.isfile(os.path.join(folder, "adapter_config.json")) or not os.path.isdir(base_folder):
         raise ValueError(f"{folder} is not a LoRA folder saved by save_lora(merged=False): it needs "
                          f"adapter_config.json and the base model in {base_folder}")
-    base = from_pretrained(base_folder, **hf_kwargs)
+    base = loading.from_pretrained(base_folder, **hf_kwargs)
     return peft.PeftModel.from_pretrained(base, folder, is_trainable=is_trainable)

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import os
 import sys
+import json
 from importlib.metadata import version as _version
 from typing import Any
 
 from .runtime import default_device
+from .methods import resolve_method
 
 # the positions of these depend on the length of the sequence seen (the shard's, not the whole sequence's)
 LENGTH_DEPENDENT = {
@@ -34,8 +36,6 @@ def check_context_parallel(method: str, size: int, seq_len: int, processes: int,
     """Refuses, before any compute, a context-parallel fine-tune that would not train what one process trains:
     ``size`` not dividing the processes or (twice, for torch's load-balanced split) the sequence length, a method
     whose positions are not a function of each token's global position id alone, shifted sparse attention."""
-    from .methods import resolve_method
-
     if size == 1:
         return
     if size < 1:
@@ -120,8 +120,6 @@ def launched_sharding(device: str | None) -> str | None:
     any model is loaded): ``deepspeed-zero3`` (its stage from ``ACCELERATE_DEEPSPEED_ZERO_STAGE`` or the DeepSpeed
     config file's ``zero_optimization.stage``), ``fsdp`` on accelerators (accelerate trains CPU processes as DDP
     whatever the config says), else None."""
-    import json
-
     env = os.environ
     if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
         stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")

@@ -11,6 +11,7 @@ import re
 import shlex
 import sys
 from typing import Any
+from ._version import __version__
 
 MASK = "***"
 _TOKEN_SHAPE = re.compile(r"\b(?:hf_|api_org_)[A-Za-z0-9]{20,}\b")
@@ -120,8 +121,6 @@ def command_line(argv: list[str] | None = None, program: str | None = None) -> s
 def environment() -> dict[str, str]:
     import torch
     import transformers
-
-    from ._version import __version__
 
     return {"hf_posenc": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "platform": platform.platform()}

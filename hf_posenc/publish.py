@@ -11,6 +11,19 @@ from .config import PosEncConfig
 from .eval.settings import LoadSettings, OutputSettings, RunSettings
 from .replaced_folder import ReplacedOutput, check_replaced_output
 from .models import resolve_source
+from . import runtime
+from .context import original_context
+from .dual_chunk_config import check_dual_chunk_config, written_with_block
+from .eval.data import gather_documents
+from .eval.tasks import PatchEval, parse_evals
+from .freezing import freeze
+from .hub import UPLOAD_TIMEOUT, save_pretrained, upload, write_model_card
+from .methods import resolve_method
+from .methods.rope import SCALINGS
+from .patching import get_config, patch, unpatch
+from .serve_check import (CheckSettings, EngineSettings, check_engine_flags, engine_ready,
+                          serve_check as check_folder, serve_table)
+from contextlib import nullcontext
 
 
 def default_eval_lengths(original: int, factor: float | None) -> list[int]:
@@ -21,8 +34,6 @@ def default_eval_lengths(original: int, factor: float | None) -> list[int]:
 
 def _lengths_of(lm, config: PosEncConfig, evals, given: dict[str, list[int]]) -> dict[str, list[int]]:
     """Each task's lengths: its ``--<lengths_flag>-lengths``, else the original context and the extended one."""
-    from .context import original_context
-
     original = original_context(lm)
     unsized = sorted({task.patch.lengths_flag for task, _ in evals if not given.get(task.patch.lengths_flag)})
     if original is None and unsized:  # T5: relative buckets, no context length to evaluate around
@@ -94,12 +105,6 @@ class PatchJob:
 
 def patch_and_save(job: PatchJob) -> dict[str, Any]:
     """The whole ``hf-posenc patch`` job (:class:`PatchJob`); returns what was done (folder, reports, commit URL)."""
-    from . import runtime
-    from .eval.data import gather_documents
-    from .eval.tasks import PatchEval, parse_evals
-    from .hub import UPLOAD_TIMEOUT, save_pretrained, upload
-    from .patching import patch
-
     model, dtype, device, tokenizer = job.load.model, job.load.dtype, job.load.device, job.load.tokenizer
     config, output, up, given_evals = job.config, job.output, job.upload, job.evals
     serve_check, engine_python, dual_chunk_config = job.serve_check, job.engine_python, job.dual_chunk_config
@@ -112,11 +117,8 @@ def patch_and_save(job: PatchJob) -> dict[str, Any]:
     if (up.private or up.revision) and not up.repo_id:
         raise ValueError("--private and --revision apply to an upload: add --push-to-hub USER/NAME, or drop them.")
     if dual_chunk_config:
-        from .dual_chunk_config import check_dual_chunk_config
-
         check_dual_chunk_config(config.method)
     if serve_check:  # the engine and its flags, before the load, the evaluations and the save
-        from .serve_check import check_engine_flags, engine_ready
 
         check_engine_flags(serve_check, engine_python)
         if _saved_natively(config.method):  # (a checkpoint no engine computes is reported without one)
@@ -128,8 +130,6 @@ def patch_and_save(job: PatchJob) -> dict[str, Any]:
         lm, tok, src = runtime.load_model_and_tokenizer(model, dtype, device, tokenizer=tokenizer,
                                                         need_tokenizer=bool(evals))
         if job.freeze_at is not None:  # the static configuration, resolved against the model, is what follows
-            from .freezing import freeze
-            from .patching import get_config, unpatch
 
             config = get_config(freeze(lm, config, job.freeze_at))
             unpatch(lm)
@@ -154,9 +154,6 @@ def patch_and_save(job: PatchJob) -> dict[str, Any]:
         with out.staged() as staged, _dual_chunk(lm, dual_chunk_config):  # a failure leaves --output as it was
             save_pretrained(lm, staged, tok, eval_results=reports, **card)
             if serve_check:
-                from .hub import write_model_card
-                from .serve_check import CheckSettings, EngineSettings, serve_check as check_folder, serve_table
-
                 check = check_folder(staged, EngineSettings(serve_check, engine_python),
                                      CheckSettings(job.serve_check_lengths, dtype=dtype), tokenizer=tokenizer,
                                      progress=progress, command=command)
@@ -174,19 +171,12 @@ def patch_and_save(job: PatchJob) -> dict[str, Any]:
 
 def _dual_chunk(model, wanted: bool):
     """While the checkpoint is saved: Qwen's dual_chunk_attention_config on its config (``--dual-chunk-config``)."""
-    from contextlib import nullcontext
-
-    from .dual_chunk_config import written_with_block
-
     return written_with_block(model) if wanted else nullcontext()
 
 
 def _saved_natively(method: str) -> bool:
     """Whether a checkpoint of ``method`` is saved in fields engines read (the serve-check then starts the engine):
     not the attention-level methods, the swaps, nor a scaling transformers has no type for (dynamic_yarn)."""
-    from .methods import resolve_method
-    from .methods.rope import SCALINGS
-
     spec = resolve_method(method)
     return spec.kind not in ("attention", "swap") and not (spec.name in SCALINGS and SCALINGS[spec.name].native is None)
 

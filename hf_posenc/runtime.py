@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import os
 import random
+import json
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from .models import ALIASES, resolve_source
 from .provenance import scrub
 from .wording import first_names
+from . import loading
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -87,8 +89,6 @@ def _holds(folder: str) -> str:
 
 def check_model_folder(path: str, model: str) -> None:
     """A local model folder has a config.json that is a JSON object; else an error naming what is wrong."""
-    import json
-
     if not os.path.isdir(path):
         return
     config = os.path.join(path, "config.json")
@@ -140,7 +140,6 @@ def load_model_and_tokenizer(model: str, dtype: str = "float32", device: str = "
     ``need_tokenizer`` is False and the checkpoint has none. ``device_map`` (e.g. ``"auto"``, with
     ``max_memory`` such as ``{0: "20GiB", "cpu": "64GiB"}``) spreads a model too big for one device over
     several through accelerate's big-model inference; ``device`` is then not used."""
-    from .loading import from_pretrained
 
     kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype)}
     if device_map is None:
@@ -156,7 +155,7 @@ def load_model_and_tokenizer(model: str, dtype: str = "float32", device: str = "
         check_model_folder(src.path, model)
     tok = load_tokenizer(model, tokenizer, required=need_tokenizer)
     try:
-        lm = from_pretrained(model, **kwargs)
+        lm = loading.from_pretrained(model, **kwargs)
     except OSError as err:
         raise _unloadable(model, err) from None
     return (lm if device_map is not None else lm.to(device)).eval(), tok, src

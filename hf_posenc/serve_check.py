@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 import time
+import hashlib
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +34,11 @@ from .gguf_file import is_gguf, served_facts
 from .eval.report import finish_report, markdown_table
 from .methods import resolve_method
 from .provenance import environment, recorded_command
+from .eval.data import corpus_stream, gather_documents
+from .files import check_output_folder
+from .runtime import load_tokenizer, torch_dtype
+from . import loading
+from .eval.scoring import token_nll
 
 LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU
 NOT_COMPUTABLE, SAME, DIFFERS, REFUSED, SERVED_WRONG = "not computable", "same", "differs", "refused", "served wrong"
@@ -129,11 +136,8 @@ def reference_nll(folder: str, tokens: list[int], lengths: list[int], dtype: str
     """Per length, the NLL of tokens 1 .. n-1 of the first ``n`` tokens, computed by hf_posenc's own load."""
     from tqdm.auto import tqdm
 
-    from .eval.scoring import token_nll
-    from .loading import from_pretrained
-    from .runtime import torch_dtype
 
-    lm = from_pretrained(folder, dtype=torch_dtype(dtype)).to(device).eval()
+    lm = loading.from_pretrained(folder, dtype=torch_dtype(dtype)).to(device).eval()
     out = {n: token_nll(lm, torch.tensor([tokens[:n]], device=device), chunk_size=chunk_size)[0].double()
            for n in tqdm(lengths, desc="hf_posenc", disable=not progress, leave=False)}
     return out, lm
@@ -228,8 +232,6 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
         raise ValueError(f"{folder} is a GGUF file: serve-check scores a GGUF with --engine llama.cpp (vLLM is checked "
                          "on the HF folder 'hf-posenc patch --output' writes)")
     if output:
-        from .files import check_output_folder
-
         check_output_folder(output)
     started = time.time()
     plain, block = read_block(folder)
@@ -287,8 +289,6 @@ def _llama_cpp_results(folder: str, tokens: list[int], lengths: list[int], ref, 
     """The folder converted by llama.cpp's converter (float32), or the GGUF as it is (``quantized``: its weight
     types, None for a folder), scored by llama.cpp with a context of the longest length (llama.cpp takes any
     context it is given)."""
-    import tempfile
-
     if not lengths:
         setup.update(engine_started=False)
         return {}
@@ -307,11 +307,6 @@ def _llama_cpp_results(folder: str, tokens: list[int], lengths: list[int], ref, 
 def check_text(folder: str, tokenizer: str | None, docs: list | None, lengths: list[int] | None, original: int,
                plain: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
     """The token ids every length scores a prefix of (the documents joined), and what they are."""
-    import hashlib
-
-    from .eval.data import corpus_stream, gather_documents
-    from .runtime import load_tokenizer
-
     tok = load_tokenizer(folder, tokenizer)
     docs = docs or gather_documents()
     longest = max(lengths or [min(max(int(plain.get("max_position_embeddings") or 0), original), LONGEST_DEFAULT)])

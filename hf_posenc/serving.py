@@ -11,6 +11,9 @@ documentation; ``hf-posenc patch --serve-check`` replaces the rows of the engine
 from __future__ import annotations
 
 from typing import Any
+from .adapters.base import text_config
+from .engines import ENGINE_NAMES
+from .methods import resolve_method
 
 ENGINES = ("vLLM", "SGLang", "TGI", "llama.cpp")  # the names the method records' ``engines`` use
 STATUS = {"same": "same as hf_posenc", "within_original": "same up to the original context; differs past it"}
@@ -19,8 +22,6 @@ STATUS = {"same": "same as hf_posenc", "within_original": "same up to the origin
 def known_status(block: dict[str, Any], dual_chunk: dict[str, Any] | None = None) -> list[dict[str, str]]:
     """``[{engine, status, basis}]`` for the checkpoint whose ``hf_posenc`` block is ``block``; ``dual_chunk``: its
     config's ``dual_chunk_attention_config`` (``patch --dual-chunk-config``), which SGLang reads."""
-    from .methods import resolve_method
-
     method, native = block.get("method"), bool(block.get("native"))
     if not native:
         basis = f"not computable: no engine implements `{method}`"
@@ -58,8 +59,6 @@ def known_status(block: dict[str, Any], dual_chunk: dict[str, Any] | None = None
 def vllm_refusal(method: str) -> str | None:
     """Why an evaluation cannot run ``method`` on vLLM and get hf_posenc's numbers (None: vLLM computes it the
     same way, measured: the method record's ``engines``)."""
-    from .methods import resolve_method
-
     spec = resolve_method(method)
     known = spec.engines.get("vLLM")
     if known is not None and known.computes == "same":
@@ -85,7 +84,6 @@ def measured_rows(rows: list[dict[str, str]], check: dict[str, Any] | None) -> l
     basis = (f"measured by hf-posenc serve-check: {s['engine']} {s.get('engine_version', '')}, mean NLL within "
              f"{worst:.1e} relative (same = within {s['rtol']:g})" if s.get("engine_started")
              else "hf-posenc serve-check: " + next(iter(results.values())).get("reason", ""))
-    from .engines import ENGINE_NAMES
 
     name = ENGINE_NAMES.get(s["engine"], s["engine"])
     return [{"engine": r["engine"], "status": status, "basis": basis} if r["engine"] == name else r for r in rows]
@@ -97,8 +95,6 @@ def vllm_positions(config) -> int | None:
     ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` lets the engine take it). None: plain RoPE (``rope_type: default``), whose
     table follows ``max_position_embeddings``, which its math does not depend on -- an evaluation may raise it
     (:class:`engines.vllm_engine.EnginePool`). Scaled types (linear, yarn, llama3) hold the context they advertise."""
-    from .adapters.base import text_config
-
     lm = text_config(config)[0]
     rope = getattr(lm, "rope_parameters", None) or {}
     if isinstance(rope, dict) and rope.get("rope_type", "default") == "default":

@@ -4,6 +4,8 @@
 - import cycles between the package's modules, imports inside functions included (a cycle hidden in a function is
   still a cycle);
 - modules of ``hf_posenc/eval/`` that import argparse or ``hf_posenc.flags`` (flags belong to ``cli/``);
+- imports inside functions of the package's own modules or of the standard library (they go at module top; a
+  function-level import is for a heavy or optional third-party package: vllm, peft, lm_eval, matplotlib, ...);
 - imports that point up: the package's modules sit in the layers of :data:`LAYERS` (pure math and records at the
   bottom, the command line at the top), and a module imports from its own layer or those below; a module in no
   layer is reported too, so that a new one is placed.
@@ -179,11 +181,34 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     return out
 
 
+def local_imports(found: dict[str, str]) -> list[str]:
+    """``module:line name`` for every import inside a function of the package's own modules or the standard
+    library (one inside ``try``, which a module some Pythons lack may fail, excepted)."""
+    std = set(sys.stdlib_module_names)
+    out = []
+    for name, path in sorted(found.items()):
+        for fn in ast.walk(_tree(path)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            guarded = {x for t in ast.walk(fn) if isinstance(t, ast.Try) for s in t.body for x in ast.walk(s)}
+            for node in ast.walk(fn):
+                if node in guarded:
+                    continue
+                if isinstance(node, ast.Import):
+                    out += [f"{name}:{node.lineno} {a.name}" for a in node.names
+                            if a.name.split(".")[0] in std or a.name.startswith(PACKAGE)]
+                elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(PACKAGE)
+                                                           or (node.module or "").split(".")[0] in std):
+                    out.append(f"{name}:{node.lineno} {'.' * node.level}{node.module or ''}")
+    return out
+
+
 def measure(root: str = ROOT) -> dict[str, list]:
     found = modules(root)
     graph = import_graph(found)
     return {"long_signatures": long_signatures(found), "cycles": cycles(graph),
-            "argparse_in_eval": argparse_in_eval(found, graph), "upward_imports": upward_imports(graph)}
+            "argparse_in_eval": argparse_in_eval(found, graph), "upward_imports": upward_imports(graph),
+            "local_imports": local_imports(found)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     print("".join(f"  {x}\n" for x in got["argparse_in_eval"]), end="")
     print(f"Imports from a lower layer to a higher one ({len(got['upward_imports'])}):")
     print("".join(f"  {x}\n" for x in got["upward_imports"]), end="")
+    print(f"Imports inside functions of the package or the standard library ({len(got['local_imports'])}):")
+    print("".join(f"  {x}\n" for x in got["local_imports"]), end="")
     return 0
 
 

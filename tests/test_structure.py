@@ -22,6 +22,8 @@ def test_no_new_structural_debt():
     assert len(got["cycles"]) <= CYCLES, f"a new import cycle: {got['cycles']}"
     assert set(got["argparse_in_eval"]) <= ARGPARSE_IN_EVAL, "flags belong to cli/, not eval/"
     assert not got["upward_imports"], f"imports point down the layers of check_structure.LAYERS: {got['upward_imports']}"
+    assert not got["local_imports"], f"imports of the package and the standard library go at module top: " \
+                                     f"{got['local_imports']}"
 
 
 def test_the_measure_finds_cycles_inside_functions_long_signatures_and_flags(tmp_path):
@@ -51,3 +53,4 @@ def test_the_measure_finds_cycles_inside_functions_long_signatures_and_flags(tmp
     assert "hf_posenc.methods -> hf_posenc.cli (records -> interface)" in got["upward_imports"]
     assert not [x for x in got["upward_imports"] if x.startswith("hf_posenc.cli")]  # down: allowed
     assert "hf_posenc.a (in no layer of LAYERS)" in got["upward_imports"]
+    assert got["local_imports"] == ["hf_posenc.b:2 .", "hf_posenc.eval.run:2 ..flags", "hf_posenc.methods:2 .cli"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import FAMILIES
-from ..methods import MethodSpec
+from ..methods import METHODS, MethodSpec
 from .base import Adapter, PatchRecord
 from .learned_absolute import LearnedAbsoluteAdapter
 from .rope_decoder import RopeDecoderAdapter
@@ -45,8 +45,6 @@ def find_adapter(model: nn.Module, spec: MethodSpec) -> Adapter:
 
 
 def methods_for(adapter: Adapter) -> list[str]:
-    from ..methods import METHODS
-
     return sorted(name for name, spec in METHODS.items() if adapter.accepts(spec))
 
 

@@ -27,6 +27,8 @@ from ..encodings import rope as R
 from ..encodings.alibi import alibi_bias, alibi_slopes
 from .base import PatchRecord
 from .cache_argument import passed_cache
+from .alibi_attention import AlibiState, STATE_ATTR, register
+from .attention import check_attention, select
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
@@ -74,9 +76,6 @@ def _heads(model: nn.Module) -> tuple[int, int]:
 
 def _bert_alibi(model: nn.Module, mods: list[nn.Module], heads: int, head_dim: int, cfg: PosEncConfig,
                 record: PatchRecord) -> None:
-    from .alibi_attention import STATE_ATTR, AlibiState, register
-    from .attention import check_attention, select
-
     check_attention(model, "alibi")  # eager BERT runs through the SDPA-based function too
     select(model, record, AlibiState(alibi_slopes(heads), causal=False), mods, register(), STATE_ATTR)  # both ways
 

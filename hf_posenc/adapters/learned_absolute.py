@@ -23,6 +23,7 @@ from torch import nn
 from ..config import PosEncConfig
 from ..encodings import absolute as A
 from .base import Adapter, PatchRecord
+from .encoder_swaps import apply_bert_swap
 
 # model types whose position ids start after the padding index (fairseq convention)
 OFFSET_BY_PADDING = {"roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "roberta-prelayernorm"}
@@ -127,8 +128,6 @@ class LearnedAbsoluteAdapter(Adapter):
         off = table_offset(model, emb)
         weight = emb.position_embeddings.weight.detach()
         if cfg.method in self.swaps:
-            from .encoder_swaps import apply_bert_swap
-
             rows = cfg.params.get("max_position_embeddings") or (weight.shape[0] - off)
             table = torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
             self._install(model, emb, torch.cat([weight[:off], table]), False, record)

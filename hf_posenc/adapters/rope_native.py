@@ -5,6 +5,7 @@ from the RoPE parameters (DeepSeek-style MLA models)."""
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -30,8 +31,6 @@ def softmax_rescalers(model: nn.Module) -> list[tuple[nn.Module, Any]]:
     """(attention module, its modeling file's ``yarn_apply_mscale``) for models whose attention scale depends on
     the RoPE parameters. A module with such a function but without ``qk_head_dim`` and ``scaling`` is refused:
     its scale could not be set as transformers sets it."""
-    import sys
-
     found = []
     for m in model.modules():
         fn = getattr(sys.modules.get(type(m).__module__), "yarn_apply_mscale", None)

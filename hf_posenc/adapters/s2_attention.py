@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import register_attention, repeat_heads
+from .layout import attention_modules
 
 NAME = "hf_posenc_s2_attn"
 GROUP_ATTR = "_hf_posenc_s2_group"  # per attention module, while training with S²-Attn: (G, the implementation before)
@@ -92,7 +93,6 @@ class S2Training:
     def __enter__(self):
         if self.group is None:
             return self
-        from .layout import attention_modules
 
         inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
         self.before = self.model.config._attn_implementation

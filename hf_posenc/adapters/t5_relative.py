@@ -17,6 +17,7 @@ from torch import nn
 from ..config import PosEncConfig
 from ..encodings import t5_buckets as B
 from .base import Adapter, PatchRecord
+from .encoder_swaps import apply_t5_swap
 
 
 def bucket_modules(model: nn.Module) -> list[nn.Module]:
@@ -85,8 +86,6 @@ class T5RelativeAdapter(Adapter):
     def apply(self, model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> bool:
         mods = bucket_modules(model)
         if cfg.method in self.swaps:
-            from .encoder_swaps import apply_t5_swap
-
             apply_t5_swap(model, cfg, record)
             return False
         return BUCKET_METHODS[cfg.method](model, mods, cfg, record) if cfg.spec.kind != "none" else True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 
 from ..engines.vllm_engine import EngineError
 from ..hub import UploadError
@@ -54,8 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:  # a failure nobody foresaw, on the command line (a caller of main(argv) gets the exception):
         if not from_command_line:  # its traceback, for a bug report, scrubbed of every secret
             raise
-        import traceback
-
         print(scrub(traceback.format_exc()), file=sys.stderr, end="")
         print("hf-posenc: unexpected error (traceback above); please report it", file=sys.stderr)
         return 1

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
+import sys
 
 from .eval_flags import add_params_flags, add_run_flags, params_from_args, run_settings
+from ..eval.tasks import get_task, registered
 
 
 def add_parser(sub) -> None:
-    from ..eval.tasks import registered
-
     tasks = registered()
     ev = sub.add_parser("eval", allow_abbrev=False, help="long-context evaluation: " + ", ".join(tasks) + ".")
     evsub = ev.add_subparsers(dest="task", required=True)
@@ -24,10 +26,6 @@ def add_parser(sub) -> None:
 
 def relaunch(argv: list[str], processes: int) -> int:
     """The same command under torchrun with ``processes`` processes (less the flag that asked for it)."""
-    import signal
-    import subprocess
-    import sys
-
     flag = "--data-parallel-size"
     rest = [a for i, a in enumerate(argv) if a != flag and not a.startswith(flag + "=")
             and not (i > 0 and argv[i - 1] == flag)]
@@ -42,8 +40,6 @@ def relaunch(argv: list[str], processes: int) -> int:
 
 
 def run(args, command: str) -> int:
-    from ..eval.tasks import get_task
-
     if getattr(args, "data_parallel_size", 1) > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         if args.engine == "transformers":
             raise ValueError("--data-parallel-size runs vLLM engines side by side: add --engine vllm (for transformers, "

@@ -14,6 +14,7 @@ from ..eval.settings import EngineSettings, LoadSettings, OutputSettings, RunSet
 from ..methods import DEFAULT_FACTOR
 from ..flags import argument_type, data_flags, document_source, engine_flags, memory, names, positive
 from ..models import DEFAULT_MODEL
+from ..config_syntax import parse_method_params
 
 def add_run_flags(p: argparse.ArgumentParser, task) -> None:
     """The flags every eval task takes (model, methods, output, ...; engine flags where ``task.engines``)."""
@@ -69,8 +70,6 @@ def add_run_flags(p: argparse.ArgumentParser, task) -> None:
 
 def run_settings(args: argparse.Namespace, task, command: str) -> RunSettings:
     """The :class:`RunSettings` of the flags of :func:`add_run_flags`."""
-    from ..config_syntax import parse_method_params
-
     methods = args.methods if args.methods is not None else ([] if args.variant else list(task.defaults.methods))
     engine = EngineSettings()
     if task.engines:

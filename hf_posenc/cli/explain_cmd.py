@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 
 from ..flags import positive, positive_float
+from ..config import PosEncConfig
+from ..config_syntax import parse_method_params
+from ..explaining import explain
 
 
 def add_parser(sub) -> None:
@@ -33,10 +36,6 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    from ..config import PosEncConfig
-    from ..config_syntax import parse_method_params
-    from ..explaining import explain
-
     config = args.method
     if args.factor is not None or args.method_param:
         if ":" in args.method:

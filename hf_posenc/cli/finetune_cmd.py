@@ -7,6 +7,11 @@ import argparse
 from ..models import DEFAULT_MODEL
 from ..flags import data_flags, floats, method_config, names, positive
 from ..replaced_folder import check_replaced_output
+from ..eval.data import gather_documents, read_text_file
+from ..finetune import PoseSettings, check_pose_method, finetune
+from ..finetune_eval import DEPTHS, LongEvalSettings
+from ..lora import LoraSettings, require_peft
+from ..training_settings import CheckpointSettings, TrainSettings
 
 
 def add_parser(sub) -> None:
@@ -103,10 +108,6 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    from ..eval.data import read_text_file
-    from ..eval.data import gather_documents
-    from ..finetune import finetune
-
     config = method_config(args)  # validated before the slow load
     training, checkpoints = _training(args), _checkpoints(args)
     pose, lora = _pose(args), _lora(args)
@@ -128,8 +129,6 @@ def run(args, command: str) -> int:
 
 
 def _training(args):
-    from ..training_settings import TrainSettings
-
     return TrainSettings(seq_len=args.seq_len, steps=args.steps, learning_rate=args.learning_rate,
                          batch_size=args.batch_size, grad_accum=args.grad_accum, warmup_steps=args.warmup_steps,
                          weight_decay=args.weight_decay, gradient_checkpointing=not args.no_gradient_checkpointing,
@@ -140,8 +139,6 @@ def _training(args):
 
 
 def _checkpoints(args):
-    from ..training_settings import CheckpointSettings
-
     if args.checkpoint_dir is not None and not (args.checkpoint_every or args.resume):
         raise ValueError("--checkpoint-dir is where --checkpoint-every saves and --resume reads: add one of them, or "
                          "drop it")
@@ -149,8 +146,6 @@ def _checkpoints(args):
 
 
 def _pose(args):
-    from ..finetune import PoseSettings, check_pose_method
-
     if args.pose_window is None and args.target_length is None:
         if args.pose_chunks is not None:
             raise ValueError("--pose-chunks applies to PoSE training: add --pose-window and --target-length, or "
@@ -165,8 +160,6 @@ def _pose(args):
 
 
 def _long_eval(args, pose):
-    from ..finetune_eval import DEPTHS, LongEvalSettings
-
     given = [flag for flag, value in (("--eval-length", args.eval_length), ("--eval-needle-depths",
                                                                              args.eval_needle_depths),
                                       ("--eval-needle-trials", args.eval_needle_trials)) if value is not None]
@@ -191,7 +184,6 @@ def _lora(args):
         if given:
             raise ValueError(f"{', '.join(given)} apply to LoRA training: add --lora-r RANK, or drop them")
         return None
-    from ..lora import LoraSettings, require_peft
 
     try:
         require_peft()  # said before the slow load

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from ..registry import list_methods
 
 
 def add_parser(sub) -> None:
@@ -16,8 +17,6 @@ def run(args, command: str) -> int:
 
 
 def _print_methods(as_json: bool) -> None:
-    from ..registry import list_methods
-
     methods = list_methods()
     if as_json:
         print(json.dumps(methods, indent=2))

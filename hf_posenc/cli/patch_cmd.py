@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..engines import ENGINES
-from ..models import DEFAULT_MODEL
+from ..models import DEFAULT_MODEL, resolve_source
 from ..flags import depths, encoding_flag, ints, method_config, names, positive, upload_flags
+from ..eval.settings import LoadSettings
+from ..eval.tasks import eval_names, lengths_flags, patch_tasks
+from ..freezing import check_freeze
+from ..gguf_file import original_before_load, patch_gguf
+from ..publish import PatchEvals, PatchJob, UploadSettings, patch_and_save
+from ..tuning.report import tune_report_beside
 
 
 def add_parser(sub) -> None:
-    from ..eval.tasks import eval_names, lengths_flags, patch_tasks
-
     pa = sub.add_parser("patch", allow_abbrev=False, help="patch a model, optionally evaluate it, save it with a model card, optionally "
                         "upload it to the Hub.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = pa.add_argument_group("model and method")
@@ -85,16 +90,8 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    from ..eval.settings import LoadSettings
-    from ..publish import PatchEvals, PatchJob, UploadSettings, patch_and_save
-
-    from ..eval.tasks import lengths_flags
-
     config = method_config(args)
     if args.freeze_at is not None:
-        from ..freezing import check_freeze
-        from ..gguf_file import original_before_load
-
         check_freeze(config, args.freeze_at, original_before_load(args.model, config))  # before the load
     if args.gguf is not None:
         return _run_gguf(args, config)
@@ -123,11 +120,6 @@ def run(args, command: str) -> int:
 
 def _run_gguf(args, config) -> int:
     """``--gguf``: the GGUF of ``--model`` with the method's RoPE metadata (:mod:`hf_posenc.gguf_file`)."""
-    import os
-
-    from ..gguf_file import patch_gguf
-    from ..models import resolve_source
-
     extra = [flag for flag, value in (("--output", args.output), ("--eval", args.eval),
                                       ("--serve-check", args.serve_check), ("--push-to-hub", args.push_to_hub),
                                       ("--tokenizer", args.tokenizer),
@@ -155,6 +147,4 @@ def _run_gguf(args, config) -> int:
 
 def _tune_report(config_path: str | None):
     """The tune report beside a best.json (its table goes into the model card), when there is one."""
-    from ..tuning.report import tune_report_beside
-
     return tune_report_beside(config_path) if config_path else None

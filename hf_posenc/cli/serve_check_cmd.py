@@ -6,6 +6,7 @@ import argparse
 
 from ..flags import data_flags, documents_of, engine_flags, ints, positive, positive_float
 from ..engines import ENGINES
+from ..serve_check import CheckSettings, EngineSettings, failed, serve_check
 
 
 def add_parser(sub) -> None:
@@ -47,8 +48,6 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    from ..serve_check import CheckSettings, EngineSettings, failed, serve_check
-
     docs = documents_of(args)
     engine = EngineSettings(args.engine, args.engine_python, args.tensor_parallel_size, dict(args.engine_arg),
                             args.allow_long)

@@ -8,6 +8,7 @@ import json
 
 from ..engines.launch import LAUNCHERS
 from ..flags import comma_choices, positive
+from ..serve_config import serve_config
 
 
 def add_parser(sub) -> None:
@@ -26,8 +27,6 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    from ..serve_config import serve_config
-
     launches = serve_config(args.path, args.engine, args.max_length)
     if args.json:
         print(json.dumps([launch.to_dict() for launch in launches], indent=2))

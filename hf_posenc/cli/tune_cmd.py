@@ -6,12 +6,13 @@ import argparse
 
 from ..models import DEFAULT_MODEL
 from ..flags import data_flags, depths, document_source, names, positive, positive_float
+from ..config_syntax import parse_method_params
+from ..tuning.objective import DEPTHS, objectives
+from ..tuning.search import TuneSettings, search
+from ..tuning.space import DEFAULT_METHODS
 
 
 def add_parser(sub) -> None:
-    from ..tuning.objective import DEPTHS, objectives
-    from ..tuning.space import DEFAULT_METHODS
-
     tu = sub.add_parser("tune", allow_abbrev=False, help="measure, don't guess: rank methods and knobs for a model at a target length "
                         "(successive halving, confirmed on unseen data), write best.json.",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -57,9 +58,6 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    from ..config_syntax import parse_method_params
-    from ..tuning.search import TuneSettings, search
-
     settings = TuneSettings(args.target_length, args.methods, args.space, parse_method_params(args.method_param),
                             args.budget_minutes, args.max_short_cost, args.rank_by, tuple(args.depths), args.windows,
                             args.keys, args.reduction, args.chunk_size, not args.no_reference)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..flags import upload_flags
+from ..hub import upload
 
 
 def add_parser(sub) -> None:
@@ -16,8 +17,6 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    from ..hub import upload
-
     url = upload(args.folder, args.repo_id, private=args.private, revision=args.revision,
                  commit_message=args.commit_message, timeout=args.timeout)
     print(f"uploaded {args.folder} -> {url}")

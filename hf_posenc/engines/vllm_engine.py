@@ -22,6 +22,7 @@ import torch
 from ..provenance import scrub, secret_name
 from .scorer import EngineError, EngineRefused  # noqa: F401  (raised here; importable from here as before)
 from .scorer import check_start, token_rows as _rows
+from ..models import drop_gguf_quantizer
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 PYTHON_ENV = "HF_POSENC_VLLM_PYTHON"
@@ -283,7 +284,6 @@ class EnginePool:
         key = json.dumps(config, sort_keys=True)
         if self.key != key:
             self.close()
-            from ..models import drop_gguf_quantizer
 
             print(f"hf_posenc: starting vLLM for {label} ...", file=sys.stderr)
             self.folder = tempfile.TemporaryDirectory(prefix="hf_posenc_vllm_")

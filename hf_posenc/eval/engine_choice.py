@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from ..engines.vllm_engine import EnginePool, rank_gpus, vllm_version
+from ..serving import vllm_positions, vllm_refusal
 
 
 class EngineChoice:
@@ -27,16 +29,12 @@ class EngineChoice:
         self.served = name != "transformers" and len(refused) < len(variants)
         self.version = None
         if self.served:
-            from ..engines.vllm_engine import vllm_version
-
             self.version = vllm_version(python)  # a missing vLLM is said before the slow load
         self.pool = None
         self.fallbacks: dict[str, str] = {}  # label -> why --engine auto ran it on transformers after all
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # with several processes: an engine each
 
     def refusal(self, variant) -> str | None:
-        from ..serving import vllm_refusal
-
         return None if self.name == "transformers" else vllm_refusal(variant.method)
 
     def on_vllm(self, variant) -> bool:
@@ -49,7 +47,6 @@ class EngineChoice:
     def model_for(self, variant, lm, longest: int, dtype: str, seed: int):
         if not self.on_vllm(variant):
             return lm
-        from ..serving import vllm_positions
 
         table = vllm_positions(lm.config)
         if table is not None and longest > table:
@@ -61,8 +58,6 @@ class EngineChoice:
             self.fallbacks[variant.label] = why
             return lm
         if self.pool is None:
-            from ..engines.vllm_engine import EnginePool, rank_gpus
-
             self.pool = EnginePool(python=self.python, dtype=dtype, seed=seed, max_model_len=longest,
                                    tensor_parallel_size=self.tp, engine_args=self.engine_args,
                                    gpus=rank_gpus(self.local_rank, self.tp))

@@ -29,6 +29,8 @@ import torch
 
 from ..engines.scorer import Scorer
 from .scoring import served
+from .passkey import stop_tokens
+from importlib.metadata import version
 
 RULER_THRESHOLD = 0.856
 LOCAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")  # no download
@@ -47,7 +49,6 @@ def require_lm_eval() -> str:
     except ImportError as err:
         raise ValueError(f"the harness needs lm-evaluation-harness ({err}); install it with "
                          "pip install 'hf_posenc[harness]' (lm-eval with its RULER extras)") from None
-    from importlib.metadata import version
 
     return version("lm_eval")
 
@@ -154,8 +155,6 @@ def engine_hflm(HFLM):
             self.served = served
 
         def _model_generate(self, context, attention_mask, stop, max_length, **kwargs):
-            from .passkey import stop_tokens
-
             new, eos = max_length - context.shape[1], stop_tokens(self.served.generation_config, self.tokenizer)
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
             rows = [torch.cat([ids.cpu(), torch.tensor(self.served.greedy(ids[mask.bool()][None], new, eos)[0],

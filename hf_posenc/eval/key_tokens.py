@@ -25,6 +25,8 @@ tokens past L can be key tokens.
 from __future__ import annotations
 
 import math
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,10 @@ from .cells import NUMBER
 from .perplexity import Window, truncated_nll
 from .scoring import input_device, require_causal_lm, token_nll
 from .variants import Variant
+from ..config import PosEncConfig
+from ..patching import patch
+from .common import model_identity
+from .. import runtime
 
 ALPHA, BETA = 2.0, -2.0
 KEY_FIELDS = {"key_count": NUMBER, "key_nll_sum": NUMBER, "scored": NUMBER}
@@ -115,8 +121,6 @@ class Evaluator:
 def evaluator_config(method: str | None):
     """The PosEncConfig of ``--evaluator-method METHOD[:KEY=VALUE,...]`` (none when not given), checked before any
     model loads."""
-    from ..config import PosEncConfig
-
     if not method:
         return PosEncConfig("none")
     try:
@@ -128,13 +132,6 @@ def evaluator_config(method: str | None):
 def load_evaluator(job, model: str | None, method: str | None) -> Evaluator:
     """The evaluator of ``--evaluator MODEL`` (default: the model under test) patched by ``--evaluator-method
     METHOD[:KEY=VALUE,...]`` (default: none); a model whose tokenizer differs from the one under test is refused."""
-    import hashlib
-    import json
-
-    from ..config import PosEncConfig
-    from ..patching import patch
-    from ..runtime import load_model_and_tokenizer
-    from .common import model_identity
 
     config = evaluator_config(method)
     tok = job.loaded[1]
@@ -142,7 +139,7 @@ def load_evaluator(job, model: str | None, method: str | None) -> Evaluator:
         ident = {"model": "under test", "config": config.to_dict()}
         separate, name = None, f"the model under test ({job.model})"
     else:
-        separate, ev_tok, ev_src = load_model_and_tokenizer(model, job.dtype, job.device, tokenizer=job.tokenizer)
+        separate, ev_tok, ev_src = runtime.load_model_and_tokenizer(model, job.dtype, job.device, tokenizer=job.tokenizer)
         require_causal_lm(separate)
         if ev_tok.get_vocab() != tok.get_vocab():
             raise ValueError(f"--evaluator {model}: its tokenizer differs from the model under test's ({len(ev_tok)} "

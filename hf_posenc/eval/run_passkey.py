@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from .params import depths, documents, ints, param, positive
 from .settings import RunSettings
 from .tasks import EvalTask, Objective, PatchUse, per_length_entries, register_task
 from .scoring import require_answering_lm
-from .data import documents_of, given_documents
+from .data import corpus_stream, documents_of, gather_documents, given_documents
 
 
 @dataclass(frozen=True)
@@ -93,10 +94,6 @@ def passkey_run(settings: RunSettings, params: PasskeyParams) -> dict[str, Any]:
 def text_haystack(tok, docs: list | None, needles: int, settings: dict[str, Any]) -> TextHaystack:
     """The text-haystack builder over ``docs`` (default: the default corpus); records what it reads in
     ``settings`` (the cells' fingerprint)."""
-    import hashlib
-
-    from .data import corpus_stream, gather_documents
-
     docs = docs or gather_documents()
     stream = corpus_stream(tok, docs)
     settings.update(haystack="text", needles=needles, documents=[d.name for d in docs],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -160,9 +161,7 @@ def registered() -> dict[str, EvalTask]:
         _loaded = True
         for module in BUILTIN:
             importlib.import_module(f"{__package__}.{module}")
-        from importlib.metadata import entry_points
-
-        for point in entry_points(group=ENTRY_POINTS):
+        for point in importlib.metadata.entry_points(group=ENTRY_POINTS):
             _load_plugin(point)
 
     def order(task: EvalTask) -> int:  # the built-in ones first, in BUILTIN's order, whoever imported them first

@@ -29,8 +29,7 @@ from ..encodings.rope import RopeGeometry
 from ..files import atomic_write_text
 from ..gguf_file import trained_context
 from ..models import DEFAULT_MODEL, resolve_source
-from . import arrays as A
-from . import pictures as P
+from . import arrays as A, pictures as P
 
 KINDS = ("none", "rope", "attention", "relative_bucket", "swap", "absolute")
 MAX_LENGTH = 1 << 21  # 2,097,152 tokens: the decay bound of every distance stays a few hundred MB

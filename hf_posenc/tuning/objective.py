@@ -25,6 +25,7 @@ from ..eval.cells import NUMBER
 from ..eval.passkey import PasskeyBuilder, passkey_cell
 from ..eval.perplexity import Window, bucket_edges, plan_windows
 from ..eval.scoring import token_nll
+from ..eval.tasks import registered
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 BUCKETS = 32
@@ -175,8 +176,6 @@ RANKABLE = ("ppl_beyond", "passkey")  # the numbers of measure() a task's object
 
 def objectives() -> dict[str, Any]:
     """What tune can rank by: the eval tasks with an objective among tune's measurements (``--rank-by NAME``)."""
-    from ..eval.tasks import registered
-
     return {name: t.objective for name, t in registered().items() if t.objective is not None
             and t.objective.metric in RANKABLE}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import json
 from typing import Any
 
 from ..config import PosEncConfig
@@ -106,8 +107,6 @@ def write_best(report: dict[str, Any], output: str) -> str | None:
 def tune_report_beside(config_path: str) -> dict[str, Any] | None:
     """The ``tune.json`` in the folder of ``config_path`` when its winner is that configuration (so the model card
     of a checkpoint patched from ``best.json`` says how it was chosen); else None."""
-    import json
-
     path = os.path.join(os.path.dirname(os.path.abspath(config_path)), "tune.json")
     if not os.path.isfile(path):
         return None

@@ -23,7 +23,7 @@ from typing import Any
 from ..config import PosEncConfig
 from ..context import original_context
 from ..eval.common import Run
-from ..eval.data import DocumentSource
+from ..eval.data import DocumentSource, documents_of, tokenize_documents
 from ..eval.settings import KEYWORDS, RunSettings
 from ..eval.perplexity import doc_digest
 from ..eval.scoring import require_causal_lm
@@ -32,6 +32,8 @@ from ..methods import resolve_method
 from .objective import (DEPTHS, CellComputer, TuneData, measure, plan_data, rank, ranking, result_fields,
                         sample_keys)
 from .space import DEFAULT_METHODS, check_methods, check_pinned, factors, grid_candidates, load_space
+from ..models import ModelSource
+from .report import tune_plots, tune_table, write_best
 
 BASELINE = Variant("none", PosEncConfig("none"))
 # the documents, as the CLI's data flags give them (eval.data.gather_documents), and the run's keywords
@@ -223,8 +225,6 @@ def tune(model, tokenizer=None, *, docs=None, **keywords: Any) -> dict[str, Any]
 def search(model, tokenizer, settings: TuneSettings, docs, run: dict[str, Any]) -> dict[str, Any]:
     """:func:`tune` with its settings made: ``docs`` the documents (a list, or a :class:`eval.data.DocumentSource`),
     ``run`` the run's keywords."""
-    from ..eval.data import documents_of, tokenize_documents
-
     target_length, plan = settings.target_length, settings.plan()
     spaced = load_space(settings.space) if settings.space else None  # a bad file is found before the slow load
     methods, max_short_cost, rank_by = settings.methods, settings.max_short_cost, settings.rank_by
@@ -248,7 +248,6 @@ def search(model, tokenizer, settings: TuneSettings, docs, run: dict[str, Any]) 
                     "reference": reference, "documents": data.names, "document_tokens": [len(t) for t in token_docs]}
         # the budget changes which cells are computed, never a cell: a resumed run may change it
         results = Search(job, plan, job.variants[1:], data, recorded, settings.chunk_size, original, pinned).run()
-        from .report import tune_plots, tune_table, write_best
 
         report = job.report("tune", {**recorded, "budget_minutes": settings.budget_minutes}, results, tune_table,
                             tune_plots)
@@ -297,7 +296,6 @@ def _job(model, tokenizer, run: dict[str, Any]) -> Run:
         return Run(RunSettings.of(model=os.fspath(model), methods=["none"], tokenizer=tokenizer, **run))
     if tokenizer is None or isinstance(tokenizer, str):
         raise ValueError("tune(model, tokenizer): a loaded model needs its loaded tokenizer")
-    from ..models import ModelSource
 
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
     return Run(RunSettings.of(model=name, methods=["none"], loaded=(model, tokenizer, ModelSource(name, {}, name)),
