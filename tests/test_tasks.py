@@ -64,7 +64,7 @@ def test_model_index_entries_come_from_each_task_record():
 def test_a_task_parameter_may_not_take_a_shared_or_data_flag_name_and_the_lists_stay_in_step():
     """A Params field named like a shared flag (--variant) or, beside documents, like a data flag (--limit) would
     break every command's parser: refused when the record is made (a plugin is then skipped, not fatal)."""
-    from dataclasses import dataclass, field
+    from dataclasses import dataclass
 
     from hf_posenc.cli import build_parser
     from hf_posenc.eval.params import documents
