@@ -107,7 +107,7 @@ def upload_flags(g) -> None:
 
 def file_config(args):
     given = [flag for flag, value in (("--method", args.method), ("--factor", args.factor),
-                                      ("--method-param", args.method_param)) if value]
+                                      ("--method-param", args.method_param)) if value is not None]
     if given:
         raise ValueError(f"--config {args.config} holds the whole configuration: drop {', '.join(given)}")
     try:

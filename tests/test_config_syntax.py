@@ -259,3 +259,14 @@ def test_factor_has_one_default_in_every_command(capsys):
         assert run_settings(args, get_task(task), "cmd").factor == expected
     with pytest.raises(ValueError, match="needs a factor"):
         PosEncConfig("yarn")
+
+
+def test_a_config_file_refuses_any_factor_given_beside_it(tmp_path, capsys):
+    from conftest import refused
+
+    path = tmp_path / "c.json"
+    path.write_text(PosEncConfig.parse("yarn:factor=4").to_json())
+    with pytest.raises(ValueError, match="holds the whole configuration: drop --factor"):
+        method_config(_args(config=str(path), factor=0.0))  # 0 is a value given too
+    err = refused(["explain", "yarn:factor=2", "--factor", "3", "--output", str(tmp_path / "x")], capsys)
+    assert "holds its knobs already" in err

@@ -3,7 +3,6 @@ eval task (:mod:`hf_posenc.eval.tasks`)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -11,6 +10,7 @@ import sys
 
 from .eval_flags import add_params_flags, add_run_flags, params_from_args, run_settings
 from ..eval.tasks import get_task, registered
+from .parser import DefaultsShown
 
 
 def add_parser(sub) -> None:
@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
     evsub = ev.add_subparsers(dest="task", required=True)
     for task in tasks.values():
         p = evsub.add_parser(task.name, allow_abbrev=False, help=task.summary, description=task.summary,
-                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                             formatter_class=DefaultsShown)
         add_run_flags(p, task)
         add_params_flags(p, task.params)
 

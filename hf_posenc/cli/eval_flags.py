@@ -113,7 +113,7 @@ def add_params_flags(p: argparse.ArgumentParser, params: type) -> None:
                                default=argparse.SUPPRESS, help=meta.get(P.HELP, ""))
             continue
         shown = default if not isinstance(default, list) else ",".join(map(str, default))
-        long = isinstance(shown, str) and len(shown) > 40
+        long = isinstance(default, str) and len(default) > 40  # a filler text: its help describes it
         group.add_argument(_flag(field), dest=field.name, default=argparse.SUPPRESS, metavar=meta.get(P.METAVAR),
                            type=argument_type(meta[P.READ]) if meta.get(P.READ) else None,
                            choices=meta.get(P.CHOICES),

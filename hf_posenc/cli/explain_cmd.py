@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import argparse
 
 from ..flags import positive, positive_float
 from ..config import PosEncConfig
+from ..methods import DEFAULT_FACTOR, resolve_method
 from ..config_syntax import parse_method_params
 from ..explaining import explain
+from .parser import DefaultsShown
 
 
 def add_parser(sub) -> None:
-    ex = sub.add_parser("explain", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    ex = sub.add_parser("explain", allow_abbrev=False, formatter_class=DefaultsShown,
                         help="draw what a method does to positions (wavelengths and decay for RoPE scalings, the "
                              "relative-position map of attention-level methods, T5 buckets, ALiBi biases, a BERT "
                              "table's similarity) and say it in a few sentences.")
     ex.add_argument("method", help="the method, alone or in the config syntax (yarn:factor=4,beta_fast=16); see "
                                    "'hf-posenc methods'.")
     ex.add_argument("--factor", type=positive_float, default=None, help="context-extension factor (methods that "
-                                                                        "take one; or factor= in METHOD).")
+                                                                        "take one; default: 2; or factor= in METHOD).")
     ex.add_argument("--method-param", action="append", metavar="KEY=VALUE", help="a knob of the method; repeatable.")
     g = ex.add_argument_group("geometry (default: read from --model's config; without --model, the default model's "
                               "unless all three are given)")
@@ -37,15 +38,16 @@ def add_parser(sub) -> None:
 
 def run(args, command: str) -> int:
     config = args.method
-    if args.factor is not None or args.method_param:
-        if ":" in args.method:
-            raise ValueError(f"{args.method!r} holds its knobs already: drop --factor / --method-param, or give "
-                             "them in it")
+    if ":" in args.method and (args.factor is not None or args.method_param):
+        raise ValueError(f"{args.method!r} holds its knobs already: drop --factor / --method-param, or give them in it")
+    if ":" not in args.method:  # a bare name: --factor (2 when not given, for a method that takes one), --method-param
         knobs = parse_method_params(args.method_param)
         params = {**knobs.pop("*", {}), **knobs.pop(args.method, {})}
         if knobs:
             raise ValueError(f"--method-param names {sorted(knobs)}, but the method is {args.method!r}")
-        config = PosEncConfig(args.method, args.factor, None, params)
+        takes = resolve_method(args.method).uses_factor
+        config = PosEncConfig(args.method, args.factor if args.factor is not None or not takes else DEFAULT_FACTOR,
+                              None, params)
     out = explain(config, args.output, model=args.model, head_dim=args.head_dim, rope_theta=args.rope_theta,
                   original=args.original_max_position, length=args.length, resolution=args.resolution)
     print(out["text"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 
 from ..models import DEFAULT_MODEL
 from ..flags import data_flags, floats, method_config, names, positive
@@ -12,12 +11,13 @@ from ..finetune import PoseSettings, check_pose_method, finetune
 from ..finetune_eval import DEPTHS, LongEvalSettings
 from ..lora import LoraSettings, require_peft
 from ..training_settings import CheckpointSettings, TrainSettings
+from .parser import DefaultsShown
 
 
 def add_parser(sub) -> None:
     ft = sub.add_parser("finetune", allow_abbrev=False, help="patch a model and adapt it with a short continued training on long "
                         "documents (Trainer + accelerate), measuring held-out perplexity before and after.",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        formatter_class=DefaultsShown)
     g = ft.add_argument_group("model and method")
     g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias of the base model.")
     g.add_argument("--method", required=True, help="the method to apply before training (see 'hf-posenc methods').")

@@ -13,6 +13,16 @@ from typing import NoReturn
 from ..provenance import MASK, scrub, secret_name
 
 
+class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's help ends with its default, except where there is none to show (None: the flag's help says
+    what not giving it means)."""
+
+    def _get_help_string(self, action):
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class Parser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` with ``allow_abbrev=False`` always (sub-commands are built of this class too)
     and errors scrubbed of secrets."""

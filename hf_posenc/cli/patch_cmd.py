@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 
 from ..engines import ENGINES
@@ -14,11 +13,12 @@ from ..freezing import check_freeze
 from ..gguf_file import original_before_load, patch_gguf
 from ..publish import PatchEvals, PatchJob, UploadSettings, patch_and_save
 from ..tuning.report import tune_report_beside
+from .parser import DefaultsShown
 
 
 def add_parser(sub) -> None:
     pa = sub.add_parser("patch", allow_abbrev=False, help="patch a model, optionally evaluate it, save it with a model card, optionally "
-                        "upload it to the Hub.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        "upload it to the Hub.", formatter_class=DefaultsShown)
     g = pa.add_argument_group("model and method")
     g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias of the base model.")
     g.add_argument("--method", default=None, help="the method to apply (see 'hf-posenc methods').")

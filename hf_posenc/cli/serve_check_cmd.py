@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 
 from ..flags import data_flags, documents_of, engine_flags, ints, positive, positive_float
 from ..engines import ENGINES
 from ..serve_check import CheckSettings, EngineSettings, failed, serve_check
+from .parser import DefaultsShown
 
 
 def add_parser(sub) -> None:
-    sc = sub.add_parser("serve-check", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    sc = sub.add_parser("serve-check", allow_abbrev=False, formatter_class=DefaultsShown,
                         help="score the same tokens with a saved checkpoint (or GGUF) in an engine (vLLM, llama.cpp) and "
                              "with hf_posenc.from_pretrained; "
                              "per length: same, differs (with the numbers), refused, or not computable.")

@@ -3,16 +3,16 @@ hf_posenc does, or why it cannot."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from ..engines.launch import LAUNCHERS
 from ..flags import comma_choices, positive
 from ..serve_config import serve_config
+from .parser import DefaultsShown
 
 
 def add_parser(sub) -> None:
-    sc = sub.add_parser("serve-config", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    sc = sub.add_parser("serve-config", allow_abbrev=False, formatter_class=DefaultsShown,
                         help="print the launch settings (command, environment, files, Python keywords) under which "
                              "each serving engine computes a saved checkpoint or GGUF as hf_posenc does, or why it "
                              "cannot.")

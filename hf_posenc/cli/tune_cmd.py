@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 
 from ..models import DEFAULT_MODEL
 from ..flags import data_flags, depths, document_source, names, positive, positive_float
@@ -10,12 +9,13 @@ from ..config_syntax import parse_method_params
 from ..tuning.objective import DEPTHS, objectives
 from ..tuning.search import TuneSettings, search
 from ..tuning.space import DEFAULT_METHODS
+from .parser import DefaultsShown
 
 
 def add_parser(sub) -> None:
     tu = sub.add_parser("tune", allow_abbrev=False, help="measure, don't guess: rank methods and knobs for a model at a target length "
                         "(successive halving, confirmed on unseen data), write best.json.",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        formatter_class=DefaultsShown)
     g = tu.add_argument_group("model and candidates")
     g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias.")
     g.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the model's folder has none.")

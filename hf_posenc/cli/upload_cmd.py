@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 
 from ..flags import upload_flags
 from ..hub import upload
+from .parser import DefaultsShown
 
 
 def add_parser(sub) -> None:
     up = sub.add_parser("upload", allow_abbrev=False, help="upload a folder saved by 'hf-posenc patch' (e.g. after a failed upload).",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        formatter_class=DefaultsShown)
     up.add_argument("folder", help="the saved checkpoint folder.")
     up.add_argument("repo_id", help="the Hub repo, user/name (created if missing).")
     upload_flags(up)

@@ -222,7 +222,12 @@ def documents_of(value: "list[Document] | DocumentSource | None") -> list[Docume
         return default_corpus()
     if isinstance(value, DocumentSource):
         return value.gather()
-    return list(value)
+    docs = list(value)
+    wrong = [type(d).__name__ for d in docs if not isinstance(d, Document)]
+    if wrong:
+        raise ValueError(f"docs must be Documents (hf_posenc.eval.data.read_text_file, gather_documents, ...), a "
+                         f"DocumentSource or None (the default corpus); got {', '.join(sorted(set(wrong)))}")
+    return docs
 
 
 def given_documents(value: "list[Document] | DocumentSource | None") -> bool:

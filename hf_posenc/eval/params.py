@@ -45,12 +45,14 @@ def documents_field(params: type) -> str | None:
     return next((f.name for f in fields(params) if DOCUMENTS in f.metadata), None)
 
 
-def build(params: type, keywords: dict[str, Any], what: str) -> Any:
-    """``params(**keywords)``, an unknown keyword refused by name with the ones ``what`` takes."""
+def build(params: type, keywords: dict[str, Any], what: str, also: list[str] | None = None) -> Any:
+    """``params(**keywords)``, an unknown keyword refused by name with the ones ``what`` takes (``also``: the
+    other keywords it takes, said beside them)."""
     names = [f.name for f in fields(params)]
     unknown = sorted(set(keywords) - set(names))
     if unknown:
-        raise ValueError(f"{what} got unknown keyword(s) {', '.join(unknown)}; it takes {', '.join(names)}")
+        more = f", and the run's {', '.join(also)}" if also else ""
+        raise ValueError(f"{what} got unknown keyword(s) {', '.join(unknown)}; it takes {', '.join(names)}{more}")
     return params(**keywords)
 
 
@@ -101,6 +103,13 @@ def positive_float(text: str) -> float:
     if not 0 < value < float("inf"):
         raise ValueError(f"expected a number > 0, got {text!r}")
     return value
+
+
+def number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
 
 
 def names(text: str) -> list[str]:

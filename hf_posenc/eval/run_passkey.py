@@ -45,6 +45,8 @@ class PasskeyParams:
     def __post_init__(self):
         if self.haystack not in ("filler", "text"):
             raise ValueError(f"--haystack must be 'filler' or 'text', got {self.haystack!r}")
+        if not str(self.filler).strip():
+            raise ValueError("--filler is empty: give filler text, or leave the flag out for the default filler")
         if self.haystack == "text" and (self.filler != FILLER or self.needle != NEEDLE):
             raise ValueError("--filler and --needle shape the filler haystack; --haystack text uses documents and "
                              "RULER's needle wording (drop them, or use --haystack filler)")

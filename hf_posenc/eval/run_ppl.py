@@ -19,7 +19,7 @@ from .cells import NUMBER
 from .key_tokens import (ALPHA, BETA, KEY_FIELDS, POSITION_FIELDS, aggregate_key_positions, aggregate_key_tokens,
                          evaluator_config, key_positions_cell, key_token_cell, load_evaluator, scored_key_cell)
 from .report import markdown_table, plot_lines
-from .params import documents, ints, param, positive
+from .params import documents, ints, number, param, positive
 from .settings import RunSettings
 from .tasks import Defaults, EvalTask, Objective, PatchUse, per_length_entries, register_task
 
@@ -51,9 +51,9 @@ class PplParams:
                              "judged by the method's own model, or --evaluator); costs the truncated forwards again, "
                              "per method.")
     key_alpha: float = param(ALPHA, "with --key-tokens: the long-short difference (nats) a key token exceeds "
-                             "(LongPPL: 2).", read=float)
+                             "(LongPPL: 2).", read=number)
     key_beta: float = param(BETA, "with --key-tokens: the long-context log-probability (nats) a key token exceeds "
-                            "(LongPPL: -2).", read=float)
+                            "(LongPPL: -2).", read=number)
     evaluator: str | None = param(
         None, "with --key-tokens: the model that judges key tokens, the same for every method (Hub id, folder or "
         "alias sharing the tokenizer of --model; a strong long-context model is best); default: each method's own "
@@ -65,6 +65,11 @@ class PplParams:
     def __post_init__(self):
         if not self.lengths or any(n < 2 for n in self.lengths):
             raise ValueError(f"--lengths must be token counts >= 2, got {self.lengths}")
+        for name in ("buckets", "chunk_size", "stride", "max_windows", "truncated_stride"):
+            value = getattr(self, name)
+            if (value is not None or name in ("buckets", "chunk_size")) and not (
+                    isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         if self.stride is not None and self.mode != "sliding":
             raise ValueError(f"--stride {self.stride} applies to --mode sliding; windows mode scores non-overlapping "
                              "windows (drop --stride, or add --mode sliding)")

@@ -103,3 +103,7 @@ def _keywords() -> dict[str, tuple[str, str]]:
 
 
 KEYWORDS = _keywords()  # the Python API's run keywords (run_perplexity(model=..., output=..., engine=...))
+# the shared flags of `hf-posenc eval NAME` whose names are not run keywords (hf_posenc.cli.eval_flags; its test
+# checks the two lists together): a task's parameter may not take one of these names either
+FLAG_ONLY = ("variant", "method_param", "engine_arg", "data_parallel_size", "no_progress", "no_plots", "task",
+             "command", "argv")

@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 from ..wording import first_names
 from .params import build, documents_field
-from .settings import KEYWORDS, RunSettings
+from .data import DocumentSource
+from .settings import FLAG_ONLY, KEYWORDS, RunSettings
 
 BUILTIN = ("run_ppl", "run_passkey", "run_retrieval", "run_harness")
 ENTRY_POINTS = "hf_posenc.eval_tasks"
@@ -112,10 +113,15 @@ class EvalTask:
             value = getattr(self, name)
             if not callable(value) and (value is not None or name == "run"):
                 raise ValueError(f"eval task {self.name!r}: {name} must be callable, got {value!r}")
-        shared = sorted({f.name for f in dataclasses.fields(self.params)} & set(KEYWORDS))
+        names = {f.name for f in dataclasses.fields(self.params)}
+        shared = sorted(names & (set(KEYWORDS) | set(FLAG_ONLY)))
         if shared:
             raise ValueError(f"eval task {self.name!r}: its parameter(s) {shared} are the run's own (model, methods, "
                              "output, ...): name them otherwise")
+        data = sorted(names & {f.name for f in dataclasses.fields(DocumentSource)}) if self.reads_documents else []
+        if data:
+            raise ValueError(f"eval task {self.name!r}: its parameter(s) {data} are flags of its documents (--text-file, "
+                             "--corpus, --limit, ...): name them otherwise")
 
     @property
     def reads_documents(self) -> bool:
@@ -124,14 +130,15 @@ class EvalTask:
 
     def make_params(self, **keywords: Any) -> Any:
         """Its params of ``keywords``, an unknown one refused by name."""
-        return build(self.params, keywords, f"eval task {self.name!r}")
+        return build(self.params, keywords, f"eval task {self.name!r}", also=list(KEYWORDS))
 
     def __call__(self, **keywords: Any) -> dict[str, Any]:
         """The Python API: ``task(lengths=[...], model=..., methods=[...], output=...)``: the task's own keywords and
         the run's (:data:`settings.KEYWORDS`), both refused by name when unknown, before anything loads."""
         own = {k: v for k, v in keywords.items() if k not in KEYWORDS}
         run = {k: v for k, v in keywords.items() if k in KEYWORDS}
-        return self.run(RunSettings.of(**run), self.make_params(**own))
+        params = self.make_params(**own)  # an unknown keyword is said first, with every keyword taken
+        return self.run(RunSettings.of(**run), params)
 
 
 _TASKS: dict[str, EvalTask] = {}

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AutoConfig
 
 from ..adapters.base import text_config
 from ..adapters.layout import head_dim as head_dim_of
@@ -61,6 +60,8 @@ def geometry_of(model: str | None = None, head_dim: int | None = None, rope_thet
 
     name = model or DEFAULT_MODEL
     src = resolve_source(name)
+    from transformers import AutoConfig  # (heavy: loaded when a model is named, so `import hf_posenc` stays light)
+
     hf_config = AutoConfig.from_pretrained(src.path, **src.kwargs)
     trained = trained_context(hf_config, src)  # (a patched GGUF's config gets its original values back first)
     lm = text_config(hf_config)[0]
