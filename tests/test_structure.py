@@ -54,3 +54,19 @@ def test_the_measure_finds_cycles_inside_functions_long_signatures_and_flags(tmp
     assert not [x for x in got["upward_imports"] if x.startswith("hf_posenc.cli")]  # down: allowed
     assert "hf_posenc.a (in no layer of LAYERS)" in got["upward_imports"]
     assert got["local_imports"] == ["hf_posenc.b:2 .", "hf_posenc.eval.run:2 ..flags", "hf_posenc.methods:2 .cli"]
+
+
+def test_no_environment_is_tracked():
+    """The environments setup.sh makes (.venv, .venv-vllm, .llama-cpp) are never committed, not even as a symlink
+    (a tracked symlink at .venv made a checkout replace the real, ignored environment: git treats ignored files as
+    expendable)."""
+    import subprocess
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    done = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True)
+    if done.returncode != 0:
+        import pytest
+
+        pytest.skip("not a git checkout")
+    kept = [f for f in done.stdout.splitlines() if f.split("/")[0] in (".venv", ".venv-vllm", ".llama-cpp")]
+    assert not kept, f"tracked environment files: {kept[:5]}"
