@@ -92,11 +92,6 @@ def document_source(args):
                           getattr(args, "limit", None), getattr(args, "corpus", None), args.encoding)
 
 
-def documents_of(args):
-    """The documents of :func:`document_source`, read."""
-    return document_source(args).gather()
-
-
 def upload_flags(g) -> None:
     g.add_argument("--private", action="store_true", default=None, help="create the repo private.")
     g.add_argument("--revision", default=None, help="branch to commit to (created from main if missing).")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from ..flags import data_flags, documents_of, engine_flags, ints, positive, positive_float
+from ..flags import data_flags, document_source, engine_flags, ints, positive, positive_float
 from ..engines import ENGINES
 from ..serve_check import CheckSettings, EngineSettings, failed, serve_check
 from .parser import DefaultsShown
@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    docs = documents_of(args)
+    docs = document_source(args).gather()
     engine = EngineSettings(args.engine, args.engine_python, args.tensor_parallel_size, dict(args.engine_arg),
                             args.allow_long)
     check = CheckSettings(args.lengths, args.rtol, args.confirm_refusal, args.dtype, args.device, args.chunk_size)

@@ -42,21 +42,29 @@ DATA_KEYWORDS = ("text_file", "text_dir", "dataset", "dataset_config", "split", 
 RUN_KEYWORDS = set(KEYWORDS) - {"model", "methods", "factor", "method_params", "variants", "tokenizer", "loaded"}
 
 
-@dataclass
-class Plan:
-    """The search's settings."""
+@dataclass(frozen=True)
+class TuneSettings:
+    """What ``hf-posenc tune`` searches and how (its flags; see the module docstring): the ``target_length``, the
+    candidates (``methods``' grids, or a ``space`` file; ``method_params`` pinned for them), the ``budget_minutes``,
+    ``max_short_cost``, ``rank_by``, the passkey ``depths``, ``windows`` and ``keys`` per candidate, the successive
+    halving's ``reduction``, the LM head's ``chunk_size``, and whether YaRN's paper setting runs beside them as a
+    ``reference``. Checked when made (a bad space file or method before the slow load)."""
 
-    target: int
+    target_length: int
+    methods: list[str] | None = None
+    space: str | None = None
+    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    budget_minutes: float | None = None
     max_short_cost: float = 0.01
     rank_by: str = "passkey"
     depths: tuple[float, ...] = DEPTHS
     windows: int = 1
     keys: int = 1
     reduction: int = 3
-    budget_seconds: float | None = None
+    chunk_size: int = 1024
     reference: bool = True
 
-    def check(self) -> None:
+    def __post_init__(self):
         if not 0 <= self.max_short_cost < float("inf"):
             raise ValueError(f"--max-short-cost is a fraction >= 0 (0.01 = 1%), got {self.max_short_cost}")
         ranking(self.rank_by)
@@ -65,12 +73,22 @@ class Plan:
                              f"windows={self.windows}, keys={self.keys}")
         if any(not 0 <= d <= 1 for d in self.depths):
             raise ValueError(f"--depths must lie in [0, 1], got {list(self.depths)}")
+        if self.budget_minutes is not None and not self.budget_minutes > 0:
+            raise ValueError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
+        if self.space and self.methods:
+            raise ValueError("--space replaces the grid of --methods: give one or the other")
+        if self.methods:
+            check_methods(self.methods)
+
+    @property
+    def budget_seconds(self) -> float | None:
+        return None if self.budget_minutes is None else 60 * self.budget_minutes
 
 
 class Search:
     """One tune run: the candidates, the data, the cells, the rungs."""
 
-    def __init__(self, job: Run, plan: Plan, candidates: list[Variant], data: TuneData, settings: dict[str, Any],
+    def __init__(self, job: Run, plan: TuneSettings, candidates: list[Variant], data: TuneData, settings: dict[str, Any],
                  chunk_size: int = 1024, original: int | None = None, pinned: int | None = None):
         """``original``: the context L the search extends (default: the model's; the pinned one when given);
         ``pinned``: an ``original_max_position_embeddings`` fixed for every candidate, which the reference takes too."""
@@ -88,7 +106,7 @@ class Search:
     def keys(self, part: str, windows: int, keys: int) -> list[list]:
         p = self.plan
         windows = min(windows, len(self.data.long[part]))
-        return sample_keys(self.data, part, windows, keys, p.depths, self.job.seed, p.target, self.original)
+        return sample_keys(self.data, part, windows, keys, p.depths, self.job.seed, p.target_length, self.original)
 
     def measure(self, variants: list[Variant], keys: list[list], desc: str) -> dict[str, dict[str, Any]]:
         done = self.job.cells("tune", self.settings, {v.label: keys for v in variants}, self.compute,
@@ -158,47 +176,10 @@ class Search:
     def reference(self, winner: Variant) -> Variant:
         """YaRN with its default knobs at ``winner``'s factor (or the least half-step factor reaching the target)."""
         takes_factor = resolve_method(winner.config.method).uses_factor
-        factor = winner.config.factor if takes_factor else factors(self.original, self.plan.target)[0]
+        factor = winner.config.factor if takes_factor else factors(self.original, self.plan.target_length)[0]
         config = PosEncConfig("yarn", factor, self.pinned)
         same = [v for v in self.candidates if v.config == config]
         return same[0] if same else Variant(f"reference-yarn-factor_{config.factor:g}", config)
-
-
-@dataclass(frozen=True)
-class TuneSettings:
-    """What ``hf-posenc tune`` searches and how (its flags; see the module docstring): the ``target_length``, the
-    candidates (``methods``' grids, or a ``space`` file; ``method_params`` pinned for them), the ``budget_minutes``,
-    ``max_short_cost``, ``rank_by``, the passkey ``depths``, ``windows`` and ``keys`` per candidate, the successive
-    halving's ``reduction``, the LM head's ``chunk_size``, and whether YaRN's paper setting runs beside them as a
-    ``reference``. Checked when made (a bad space file or method before the slow load)."""
-
-    target_length: int
-    methods: list[str] | None = None
-    space: str | None = None
-    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    budget_minutes: float | None = None
-    max_short_cost: float = 0.01
-    rank_by: str = "passkey"
-    depths: tuple[float, ...] = DEPTHS
-    windows: int = 1
-    keys: int = 1
-    reduction: int = 3
-    chunk_size: int = 1024
-    reference: bool = True
-
-    def __post_init__(self):
-        self.plan().check()
-        if self.budget_minutes is not None and not self.budget_minutes > 0:
-            raise ValueError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
-        if self.space and self.methods:
-            raise ValueError("--space replaces the grid of --methods: give one or the other")
-        if self.methods:
-            check_methods(self.methods)
-
-    def plan(self) -> "Plan":
-        return Plan(self.target_length, self.max_short_cost, self.rank_by, tuple(self.depths), self.windows,
-                    self.keys, self.reduction, None if self.budget_minutes is None else 60 * self.budget_minutes,
-                    self.reference)
 
 
 TUNE_KEYWORDS = tuple(f.name for f in dataclasses.fields(TuneSettings))
@@ -225,7 +206,7 @@ def tune(model, tokenizer=None, *, docs=None, **keywords: Any) -> dict[str, Any]
 def search(model, tokenizer, settings: TuneSettings, docs, run: dict[str, Any]) -> dict[str, Any]:
     """:func:`tune` with its settings made: ``docs`` the documents (a list, or a :class:`eval.data.DocumentSource`),
     ``run`` the run's keywords."""
-    target_length, plan = settings.target_length, settings.plan()
+    target_length, plan = settings.target_length, settings
     spaced = load_space(settings.space) if settings.space else None  # a bad file is found before the slow load
     methods, max_short_cost, rank_by = settings.methods, settings.max_short_cost, settings.rank_by
     windows, keys, reduction, reference = settings.windows, settings.keys, settings.reduction, settings.reference
