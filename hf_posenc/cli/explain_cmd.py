@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from ..flags import positive, positive_float
+from .flags import method_param_flag, positive, positive_float
 from ..config import PosEncConfig
 from ..methods import DEFAULT_FACTOR, resolve_method
 from ..config_syntax import parse_method_params
@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
                                    "'hf-posenc methods'.")
     ex.add_argument("--factor", type=positive_float, default=None, help="context-extension factor (methods that "
                                                                         "take one; default: 2; or factor= in METHOD).")
-    ex.add_argument("--method-param", action="append", metavar="KEY=VALUE", help="a knob of the method; repeatable.")
+    method_param_flag(ex, "a knob of the method; repeatable.")
     g = ex.add_argument_group("geometry (default: read from --model's config; without --model, the default model's "
                               "unless all three are given)")
     g.add_argument("--model", default=None, help="Hub id, local folder, .gguf file or alias whose config (no "

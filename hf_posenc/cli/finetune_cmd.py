@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from ..models import DEFAULT_MODEL
-from ..flags import data_flags, floats, method_config, names, positive
+from .flags import LoadFlags, data_flags, floats, method_config, method_flags, names, positive
 from ..replaced_folder import check_replaced_output
 from ..eval.data import gather_documents, read_text_file
 from ..finetune import PoseSettings, check_pose_method, finetune
@@ -14,16 +14,20 @@ from ..training_settings import CheckpointSettings, TrainSettings
 from .parser import DefaultsShown
 
 
+# --model goes with the method; the precision and the device with the training
+LOAD = LoadFlags(DEFAULT_MODEL, "Hub id, local folder, .gguf file or alias of the base model.", tokenizer_help=None,
+                 dtype_help="float32 or bfloat16: the precision the weights are loaded and trained in (bfloat16: the "
+                            "optimizer state too; prefer --mixed-precision bf16).",
+                 device=None, device_help="torch device (default: cuda if available, else cpu).")
+
+
 def add_parser(sub) -> None:
     ft = sub.add_parser("finetune", allow_abbrev=False, help="patch a model and adapt it with a short continued training on long "
                         "documents (Trainer + accelerate), measuring held-out perplexity before and after.",
                         formatter_class=DefaultsShown)
     g = ft.add_argument_group("model and method")
-    g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias of the base model.")
-    g.add_argument("--method", required=True, help="the method to apply before training (see 'hf-posenc methods').")
-    g.add_argument("--factor", type=float, default=None, help="context-extension factor (methods that take one; "
-                   "default: 2).")
-    g.add_argument("--method-param", action="append", metavar="KEY=VALUE", help="a knob of the method; repeatable.")
+    LOAD.add_model(g)
+    method_flags(g, required=True)
     g.add_argument("--output", required=True, help="folder for the trained checkpoint, its card and the training report.")
     d = data_flags(ft, "train", "training ")
     d.add_argument("--eval-text-file", action="append", required=True,
@@ -85,12 +89,10 @@ def add_parser(sub) -> None:
                     help="needle keys per depth in the long-context evaluation (default 5; 0: perplexity only).")
     le.add_argument("--no-long-eval", action="store_true",
                     help="skip the long-context evaluation (perplexity past L and needles before and after).")
-    t.add_argument("--dtype", default="float32", help="float32 or bfloat16: the precision the weights are loaded and "
-                   "trained in (bfloat16: the optimizer state too; prefer --mixed-precision bf16).")
+    LOAD.add_loading(t)
     t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no",
                    help="compute the forward and backward passes in bf16 (CPUs and recent GPUs) or fp16 (CUDA) "
                         "under autocast, keeping float32 weights and optimizer state.")
-    t.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu).")
     t.add_argument("--seed", type=int, default=0, help="random seed (data order, initialisation).")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
     c = ft.add_argument_group("resumable training (a run stopped by a kill, a time limit or a crash goes on)")

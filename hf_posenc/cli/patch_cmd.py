@@ -6,8 +6,7 @@ import os
 
 from ..engines import ENGINES
 from ..models import DEFAULT_MODEL, resolve_source
-from ..flags import depths, encoding_flag, ints, method_config, names, positive, upload_flags
-from ..eval.settings import LoadSettings
+from .flags import LoadFlags, depths, encoding_flag, ints, method_config, method_flags, names, positive, upload_flags
 from ..eval.tasks import eval_names, lengths_flags, patch_tasks
 from ..freezing import check_freeze
 from ..gguf_file import original_before_load, patch_gguf
@@ -16,26 +15,18 @@ from ..tuning.report import tune_report_beside
 from .parser import DefaultsShown
 
 
+LOAD = LoadFlags(DEFAULT_MODEL, "Hub id, local folder, .gguf file or alias of the base model.",
+                 "where the tokenizer comes from when the model's folder has none (needed only with --eval; saved "
+                 "with the checkpoint).", "float32, bfloat16 or float16 (also the dtype saved).",
+                 device_help="torch device for the evaluation.")
+
+
 def add_parser(sub) -> None:
     pa = sub.add_parser("patch", allow_abbrev=False, help="patch a model, optionally evaluate it, save it with a model card, optionally "
                         "upload it to the Hub.", formatter_class=DefaultsShown)
     g = pa.add_argument_group("model and method")
-    g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias of the base model.")
-    g.add_argument("--method", default=None, help="the method to apply (see 'hf-posenc methods').")
-    g.add_argument("--config", default=None, metavar="FILE", help="a PosEncConfig JSON file (e.g. best.json of "
-                   "'hf-posenc tune') in place of --method/--factor/--method-param; a tune.json beside it puts the "
-                   "tuning table into the model card.")
-    g.add_argument("--factor", type=float, default=None, help="context-extension factor (methods that take one; "
-                   "default: 2).")
-    g.add_argument("--original-max-position-embeddings", type=int, default=None,
-                   help="the context the model was trained for, when its config does not say it right.")
-    g.add_argument("--method-param", action="append", metavar="KEY=VALUE",
-                   help="a knob of the method, e.g. beta_fast=16 or 'layer_types=[\"full_attention\"]' (values are "
-                        "read as JSON); repeatable.")
-    g.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the model's folder has "
-                   "none (needed only with --eval; saved with the checkpoint).")
-    g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (also the dtype saved).")
-    g.add_argument("--device", default="cpu", help="torch device for the evaluation.")
+    LOAD.add(g)
+    method_flags(g, config_file=True)
     g.add_argument("--output", default=None, help="folder to save the patched checkpoint, tokenizer and model card in "
                    "(or --gguf).")
     g.add_argument("--gguf", default=None, metavar="OUT.gguf",
@@ -102,7 +93,7 @@ def run(args, command: str) -> int:
                        args.trials, args.harness_limit, args.max_gen_tokens)
     upload = UploadSettings(args.push_to_hub, args.private, args.revision, args.commit_message, args.timeout)
     done = patch_and_save(PatchJob(
-        LoadSettings(args.model, args.dtype, args.device, tokenizer=args.tokenizer), config, args.output, evals,
+        LOAD.settings(args), config, args.output, evals,
         upload, serve_check=args.serve_check, engine_python=args.engine_python,
         serve_check_lengths=args.serve_check_lengths, freeze_at=args.freeze_at,
         dual_chunk_config=args.dual_chunk_config, tuned=_tune_report(args.config), seed=args.seed, command=command,

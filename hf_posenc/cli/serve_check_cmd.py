@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 
-from ..flags import data_flags, document_source, engine_flags, ints, positive, positive_float
+from .flags import LoadFlags, data_flags, document_source, engine_flags, ints, positive, positive_float
 from ..engines import ENGINES
 from ..serve_check import CheckSettings, EngineSettings, failed, serve_check
 from .parser import DefaultsShown
+
+
+# the checkpoint is the positional folder; these say how the hf_posenc side loads it
+LOAD = LoadFlags(None, tokenizer_help="where the tokenizer comes from when the folder has none.",
+                 dtype_help="float32, bfloat16 or float16, both ways.", device_help="torch device of the hf_posenc side.")
 
 
 def add_parser(sub) -> None:
@@ -35,9 +40,7 @@ def add_parser(sub) -> None:
                    help="start the engine for the longest length even past the context config.json states "
                         "(VLLM_ALLOW_LONG_MAX_MODEL_LEN, as a deployment forcing --max-model-len does), to see what it "
                         "computes there.")
-    c.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the folder has none.")
-    c.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16, both ways.")
-    c.add_argument("--device", default="cpu", help="torch device of the hf_posenc side.")
+    LOAD.add(c)
     c.add_argument("--chunk-size", type=positive, default=1024, help="tokens per LM-head chunk on the hf_posenc side.")
     c.add_argument("--output", default=None, help="folder for serve_check.json and serve_check.md.")
     c.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
@@ -51,8 +54,9 @@ def run(args, command: str) -> int:
     docs = document_source(args).gather()
     engine = EngineSettings(args.engine, args.engine_python, args.tensor_parallel_size, dict(args.engine_arg),
                             args.allow_long)
-    check = CheckSettings(args.lengths, args.rtol, args.confirm_refusal, args.dtype, args.device, args.chunk_size)
-    report = serve_check(args.folder, engine, check, docs=docs, tokenizer=args.tokenizer, output=args.output,
+    load = LOAD.settings(args, args.folder)
+    check = CheckSettings(args.lengths, args.rtol, args.confirm_refusal, load.dtype, load.device, args.chunk_size)
+    report = serve_check(args.folder, engine, check, docs=docs, tokenizer=load.tokenizer, output=args.output,
                          progress=not args.no_progress, command=command)
     print(report["table"])
     if args.output:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from ..engines.launch import LAUNCHERS
-from ..flags import comma_choices, positive
+from .flags import comma_choices, positive
 from ..serve_config import serve_config
 from .parser import DefaultsShown
 

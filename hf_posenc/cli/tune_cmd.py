@@ -4,12 +4,17 @@ from __future__ import annotations
 
 
 from ..models import DEFAULT_MODEL
-from ..flags import data_flags, depths, document_source, names, positive, positive_float
+from .flags import LoadFlags, data_flags, depths, document_source, method_param_flag, names, positive, positive_float
 from ..config_syntax import parse_method_params
+from ..eval.settings import OutputSettings, RunSettings
 from ..tuning.objective import DEPTHS, objectives
 from ..tuning.search import TuneSettings, search
 from ..tuning.space import DEFAULT_METHODS
 from .parser import DefaultsShown
+
+
+LOAD = LoadFlags(DEFAULT_MODEL, tokenizer_help="where the tokenizer comes from when the model's folder has none.",
+                 attention=True)
 
 
 def add_parser(sub) -> None:
@@ -17,18 +22,14 @@ def add_parser(sub) -> None:
                         "(successive halving, confirmed on unseen data), write best.json.",
                         formatter_class=DefaultsShown)
     g = tu.add_argument_group("model and candidates")
-    g.add_argument("--model", default=DEFAULT_MODEL, help="Hub id, local folder, .gguf file or alias.")
-    g.add_argument("--tokenizer", default=None, help="where the tokenizer comes from when the model's folder has none.")
+    LOAD.add(g)
     g.add_argument("--target-length", type=positive, required=True, help="the context length to extend to (tokens).")
     g.add_argument("--methods", type=names, default=None, help="methods whose grid is searched (default: "
                    f"{','.join(DEFAULT_METHODS)}); the grid per method is in 'hf_posenc.tuning.space' and the README.")
     g.add_argument("--space", default=None, metavar="FILE", help="a JSON file of candidates that replaces the grid: a "
                    "list of 'LABEL=METHOD:K=V,...' / {label, method, factor, params}, or {METHOD: {KNOB: [values]}}.")
-    g.add_argument("--method-param", action="append", metavar="[METHOD.]KEY=VALUE",
-                   help="a knob fixed for every candidate that takes it (the grid does not vary it); repeatable.")
-    g.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16.")
-    g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda.")
-    g.add_argument("--attn-implementation", default=None, help="transformers attention implementation.")
+    method_param_flag(g, "a knob fixed for every candidate that takes it (the grid does not vary it); repeatable.",
+                      per_method=True)
     d = data_flags(tu, "test", "")
     d.add_argument("--corpus", choices=["python-docs"], default=None, help="the built-in corpus (see 'eval ppl --help').")
     d.add_argument("--limit", type=positive, help="use at most this many documents.")
@@ -61,10 +62,9 @@ def run(args, command: str) -> int:
     settings = TuneSettings(args.target_length, args.methods, args.space, parse_method_params(args.method_param),
                             args.budget_minutes, args.max_short_cost, args.rank_by, tuple(args.depths), args.windows,
                             args.keys, args.reduction, args.chunk_size, not args.no_reference)
-    run = dict(seed=args.seed, dtype=args.dtype, device=args.device, attn_implementation=args.attn_implementation,
-               output=args.output, overwrite=args.overwrite, progress=not args.no_progress, plots=not args.no_plots,
-               command=command)
-    report = search(args.model, args.tokenizer, settings, document_source(args), run)
+    run = RunSettings(LOAD.settings(args), methods=["none"], seed=args.seed,
+                      output=OutputSettings(args.output, args.overwrite, not args.no_progress, not args.no_plots, command))
+    report = search(settings, document_source(args), run)
     if report.get("written_by_another_process"):
         return 0
     print(report["table"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from ..flags import upload_flags
+from .flags import upload_flags
 from ..hub import upload
 from .parser import DefaultsShown
 

@@ -200,12 +200,13 @@ def tune(model, tokenizer=None, *, docs=None, **keywords: Any) -> dict[str, Any]
         raise ValueError("tune() needs target_length= (the context to extend the model to)")
     settings = TuneSettings(**{**own, "method_params": own.get("method_params") or {}})
     source = DocumentSource(**data_keys) if docs is None else docs
-    return search(model, tokenizer, settings, source, keywords)
+    return search(settings, source, _run_settings(model, tokenizer, keywords))
 
 
-def search(model, tokenizer, settings: TuneSettings, docs, run: dict[str, Any]) -> dict[str, Any]:
+def search(settings: TuneSettings, docs, run: RunSettings) -> dict[str, Any]:
     """:func:`tune` with its settings made: ``docs`` the documents (a list, or a :class:`eval.data.DocumentSource`),
-    ``run`` the run's keywords."""
+    ``run`` the model and how it loads, the seed and the output (its methods are not read: the search makes its
+    candidates)."""
     target_length, plan = settings.target_length, settings
     spaced = load_space(settings.space) if settings.space else None  # a bad file is found before the slow load
     methods, max_short_cost, rank_by = settings.methods, settings.max_short_cost, settings.rank_by
@@ -214,7 +215,7 @@ def search(model, tokenizer, settings: TuneSettings, docs, run: dict[str, Any]) 
     if not spaced:
         check_pinned(list(methods or DEFAULT_METHODS), method_params)
     docs = documents_of(docs)  # read (a bad file refused) before the slow load
-    with _job(model, tokenizer, run) as job:
+    with Run(dataclasses.replace(run, methods=["none"], variants=None)) as job:
         lm, tok, _ = job.load()
         require_causal_lm(lm)  # its objective is perplexity and the teacher-forced passkey
         original = pinned or original_context(lm)
@@ -272,12 +273,11 @@ def _check_keywords(docs, data_keys: dict[str, Any], run: dict[str, Any]) -> Non
         raise ValueError(f"tune(): give docs or {', '.join(data_keys)}, not both")
 
 
-def _job(model, tokenizer, run: dict[str, Any]) -> Run:
+def _run_settings(model, tokenizer, run: dict[str, Any]) -> RunSettings:
     if isinstance(model, (str, os.PathLike)):
-        return Run(RunSettings.of(model=os.fspath(model), methods=["none"], tokenizer=tokenizer, **run))
+        return RunSettings.of(model=os.fspath(model), methods=["none"], tokenizer=tokenizer, **run)
     if tokenizer is None or isinstance(tokenizer, str):
         raise ValueError("tune(model, tokenizer): a loaded model needs its loaded tokenizer")
 
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
-    return Run(RunSettings.of(model=name, methods=["none"], loaded=(model, tokenizer, ModelSource(name, {}, name)),
-                              **run))
+    return RunSettings.of(model=name, methods=["none"], loaded=(model, tokenizer, ModelSource(name, {}, name)), **run)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
-from .eval import params as P
-from .config import PosEncConfig
-from .config_syntax import parse_method_params
-from .eval.data import DocumentSource, check_encoding
-from .methods import DEFAULT_FACTOR, resolve_method
+from ..eval import params as P
+from ..config import PosEncConfig
+from ..config_syntax import parse_method_params
+from ..eval.data import DocumentSource, check_encoding
+from ..eval.settings import LoadSettings
+from ..methods import DEFAULT_FACTOR, resolve_method
+from ..models import DEFAULT_MODEL
 
 
 def argument_type(read):
@@ -152,3 +155,78 @@ def engine_flags(g) -> None:
     g.add_argument("--engine-arg", type=engine_arg, action="append", default=[], metavar="KEY=VALUE",
                    help="one more vllm.LLM keyword, e.g. gpu_memory_utilization=0.8 or max_num_batched_tokens=8192 "
                         "(values read as JSON); repeatable.")
+
+
+@dataclass(frozen=True)
+class LoadFlags:
+    """Which model and how it loads: ``--model``, ``--tokenizer``, ``--dtype``, ``--device`` (and, where a command
+    takes them, ``--attn-implementation``, ``--device-map``, ``--max-memory``), defined here once for every command.
+    A command says which of them it takes, its defaults and how its help words them; :meth:`settings` reads them
+    back as one :class:`hf_posenc.eval.settings.LoadSettings`. ``model`` None: the command takes no ``--model`` (it
+    names its checkpoint otherwise); ``device`` None: the default is cuda where there is one."""
+
+    model: str | None = DEFAULT_MODEL
+    model_help: str = "Hub id, local folder, .gguf file or alias."
+    tokenizer_help: str | None = "where the tokenizer comes from when the model's folder has none (Hub id, folder or " \
+                                 "alias)."
+    dtype_help: str = "float32, bfloat16 or float16."
+    device: str | None = "cpu"
+    device_help: str = "torch device, e.g. cpu or cuda."
+    attention: bool = False
+    placement: bool = False
+
+    def add(self, g) -> None:
+        """The flags, into the argument group (or parser) ``g``."""
+        self.add_model(g)
+        self.add_loading(g)
+
+    def add_model(self, g) -> None:
+        """``--model`` alone (a command that shows the rest elsewhere calls :meth:`add_loading` there)."""
+        if self.model is not None:
+            g.add_argument("--model", default=self.model, help=self.model_help)
+
+    def add_loading(self, g) -> None:
+        """The flags of how the model loads, all but ``--model``."""
+        if self.tokenizer_help is not None:
+            g.add_argument("--tokenizer", default=None, help=self.tokenizer_help)
+        g.add_argument("--dtype", default="float32", help=self.dtype_help)
+        g.add_argument("--device", default=self.device, help=self.device_help)
+        if self.attention:
+            g.add_argument("--attn-implementation", default=None, help="transformers attention implementation (sdpa, "
+                           "eager, flash_attention_2); default: the model's.")
+        if self.placement:
+            g.add_argument("--device-map", default=None, help="'auto': spread a model too big for one device over all "
+                           "of them (accelerate big-model inference, one process); --device is then not used.")
+            g.add_argument("--max-memory", type=memory, default=None, metavar="DEVICE=SIZE,...",
+                           help="with --device-map: how much of each device to use, e.g. 0=20GiB,1=20GiB,cpu=64GiB.")
+
+    def settings(self, args: argparse.Namespace, model: str | None = None) -> LoadSettings:
+        """The :class:`LoadSettings` of the parsed flags (``model``: the checkpoint when the command takes no
+        ``--model``)."""
+        return LoadSettings(model if self.model is None else args.model, args.dtype, args.device,
+                            getattr(args, "attn_implementation", None), getattr(args, "tokenizer", None),
+                            getattr(args, "device_map", None), getattr(args, "max_memory", None))
+
+
+def method_flags(g, *, required: bool = False, config_file: bool = False) -> None:
+    """The method a command applies: ``--method``, ``--factor``, ``--method-param`` (and ``--config FILE``, its JSON
+    form, with ``--original-max-position-embeddings`` where ``config_file``); :func:`method_config` reads them."""
+    g.add_argument("--method", required=required, default=None, help="the method to apply (see 'hf-posenc methods').")
+    if config_file:
+        g.add_argument("--config", default=None, metavar="FILE", help="a PosEncConfig JSON file (e.g. best.json of "
+                       "'hf-posenc tune') in place of --method/--factor/--method-param; a tune.json beside it puts the "
+                       "tuning table into the model card.")
+    g.add_argument("--factor", type=float, default=None, help=f"context-extension factor (methods that take one; "
+                   f"default: {DEFAULT_FACTOR:g}).")
+    if config_file:
+        g.add_argument("--original-max-position-embeddings", type=int, default=None,
+                       help="the context the model was trained for, when its config does not say it right.")
+    method_param_flag(g, "a knob of the method, e.g. beta_fast=16 or 'layer_types=[\"full_attention\"]' (values "
+                      "are read as JSON); repeatable.")
+
+
+def method_param_flag(g, help: str, per_method: bool = False) -> None:
+    """``--method-param``: one knob, ``KEY=VALUE`` (``[METHOD.]KEY=VALUE`` where a command compares several
+    methods); repeatable; :func:`hf_posenc.config_syntax.parse_method_params` reads it."""
+    g.add_argument("--method-param", action="append", metavar="[METHOD.]KEY=VALUE" if per_method else "KEY=VALUE",
+                   help=help)
