@@ -16,7 +16,7 @@ from .explaining import explain
 from .hub import push_to_hub, save_pretrained
 from .loading import from_pretrained
 from .patching import get_config, is_patched, patch, unpatch
-from .registry import list_methods
+from .method_listing import list_methods
 from .tuning import tune
 
 __all__ = [

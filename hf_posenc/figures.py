@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .files import atomic_write
+from .io.files import atomic_write
 
 
 def pyplot():

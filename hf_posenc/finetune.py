@@ -35,9 +35,9 @@ from .training_resume import ResumableRun, document_digests
 from .training_settings import MIXED_PRECISIONS, PACKINGS, CheckpointSettings, TrainSettings
 from .context import original_context
 from .eval.common import model_identity
-from .eval.data import check_heldout, tokenize_documents
+from .io.documents import check_heldout, tokenize_documents
 from .eval.perplexity import evaluate_perplexity
-from .eval.report import markdown_table, plot_lines
+from .io.reports import markdown_table, plot_lines
 from .eval.scoring import chunked_lm_loss
 from .gguf_file import original_before_load
 from .hub import EVAL_FOLDER, save_pretrained
@@ -45,7 +45,7 @@ from .lora import apply_lora, save_lora
 from .methods import resolve_method
 from .parallel import check_context_parallel, check_engine, check_lora_engine, gathered_state_dict, parallelism_config
 from .patching import patch
-from .replaced_folder import ReplacedOutput, check_replaced_output
+from .io.output_folder import ReplacedOutput, check_replaced_output
 from . import runtime  # (its loader looked up when called: tests replace it)
 
 if TYPE_CHECKING:

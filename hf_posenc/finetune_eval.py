@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 from .config import PosEncConfig
-from .eval.data import corpus_stream, tokenize_documents
+from .io.documents import corpus_stream, tokenize_documents
 from .eval.haystack import TextHaystack
 from .eval.perplexity import aggregate_length, plan_lengths, truncated_window_cell, window_cell
-from .eval.report import markdown_table
+from .io.reports import markdown_table
 from .eval.scoring import require_causal_lm
 from .methods.rope import DYNAMIC
 from .patching import get_config, patch, unpatch

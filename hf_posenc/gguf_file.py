@@ -29,7 +29,7 @@ from typing import Any
 
 from .config import CONFIG_KEY, PosEncConfig, as_config
 from .encodings import rope as R
-from .files import umask
+from .io.files import umask
 from .adapters.base import text_config
 from .freezing import check_freeze, freeze_config
 from .methods.rope import DYNAMIC, SCALINGS

@@ -17,12 +17,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from .context import context_length
-from .files import atomic_write_text, follow_umask
+from .io.files import atomic_write_text, follow_umask
 from .interrupts import sigterm_interrupts
-from .replaced_folder import OWN
+from .io.output_folder import OWN
 from .provenance import scrub
 from .card import BaseModel, build_model_card, describe_base
-from .eval.report import save_report
+from .io.reports import save_report
 from .models import drop_gguf_quantizer
 
 EVAL_FOLDER = "hf_posenc_eval"  # where the full evaluation reports go inside a saved checkpoint

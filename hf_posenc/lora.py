@@ -39,7 +39,7 @@ from typing import Any
 from torch import nn
 
 from .wording import first_names
-from .files import atomic_write_text, follow_umask
+from .io.files import atomic_write_text, follow_umask
 from .hub import save_pretrained, write_model_card
 from .patching import _record
 from . import loading

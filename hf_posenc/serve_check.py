@@ -31,11 +31,11 @@ from .engines.llama_cpp_engine import LlamaCppLM, convert, converter, llama_cpp_
 from .engines.scorer import EngineRefused
 from .engines.vllm_engine import EngineLM, VllmEngine, vllm_version
 from .gguf_file import is_gguf, served_facts
-from .eval.report import finish_report, markdown_table
+from .io.reports import finish_report, markdown_table
 from .methods import resolve_method
 from .provenance import environment, recorded_command
-from .eval.data import corpus_stream, gather_documents
-from .files import check_output_folder
+from .io.documents import corpus_stream, gather_documents
+from .io.files import check_output_folder
 from .runtime import load_tokenizer, torch_dtype
 from . import loading
 from .eval.scoring import token_nll

@@ -22,8 +22,8 @@ import re
 import shutil
 from typing import Any
 
-from .files import _can_create_in, atomic_write_text
-from .replaced_folder import MANIFEST
+from .io.files import _can_create_in, atomic_write_text
+from .io.output_folder import MANIFEST
 from .training_settings import CheckpointSettings
 
 RUN_FILE = "hf_posenc-run.json"

@@ -168,7 +168,7 @@ def memory(args, variants: list[str]) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from hf_posenc.eval.report import emit_section, markdown_table
+    from hf_posenc.io.reports import emit_section, markdown_table
 
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,

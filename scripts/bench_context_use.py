@@ -228,7 +228,7 @@ def run_length(args, length: int) -> list[str]:
 def computed_on(reports: list[dict]) -> str:
     """The cells of one length's reports counted by the device that computed them (a run resumed on another
     machine keeps each cell's own; a report older than per-cell devices counts its cells as not recorded)."""
-    from hf_posenc.eval.report import NOT_RECORDED, device_counts
+    from hf_posenc.io.reports import NOT_RECORDED, device_counts
 
     counts: dict[str, int] = {}
     for report in reports:
@@ -261,7 +261,7 @@ def section(args, length: int, chosen, argv: dict[str, list[str]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_posenc.eval.report import emit_section
+    from hf_posenc.io.reports import emit_section
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)

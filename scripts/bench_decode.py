@@ -78,7 +78,7 @@ def run_length(model, tok, n: int, args) -> dict:
 def section(args, argv, out) -> str:
     import torch
 
-    from hf_posenc.eval.report import markdown_table
+    from hf_posenc.io.reports import markdown_table
 
     lengths = list(out)
     rows = []
@@ -107,7 +107,7 @@ def section(args, argv, out) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_posenc.eval.report import emit_section
+    from hf_posenc.io.reports import emit_section
     from hf_posenc.runtime import load_model_and_tokenizer
 
     argv = sys.argv[1:] if argv is None else argv

@@ -66,7 +66,7 @@ def run(args) -> dict:
 def section(args, argv, out) -> str:
     import torch
 
-    from hf_posenc.eval.report import markdown_table
+    from hf_posenc.io.reports import markdown_table
 
     rows = []
     for method, r in out["results"].items():
@@ -85,7 +85,7 @@ def section(args, argv, out) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_posenc.eval.report import emit_section
+    from hf_posenc.io.reports import emit_section
 
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,

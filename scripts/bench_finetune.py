@@ -27,8 +27,8 @@ TITLE = "## Fine-tuning patched SmolLM2 on CPU (alibi swap, yarn)"
 
 def main(argv: list[str] | None = None) -> int:
     from hf_posenc.config import PosEncConfig
-    from hf_posenc.eval.data import read_text_file
-    from hf_posenc.eval.report import markdown_table, emit_section
+    from hf_posenc.io.documents import read_text_file
+    from hf_posenc.io.reports import markdown_table, emit_section
     from hf_posenc.finetune import finetune
     from hf_posenc.training_settings import TrainSettings
 

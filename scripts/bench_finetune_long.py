@@ -147,7 +147,7 @@ def ceiling(args) -> dict:
 
     import torch
 
-    from hf_posenc.eval.data import read_text_file, tokenize_documents
+    from hf_posenc.io.documents import read_text_file, tokenize_documents
     from hf_posenc.eval.perplexity import truncated_nll
     from hf_posenc.eval.scoring import token_nll
     from hf_posenc.runtime import load_model_and_tokenizer
@@ -361,7 +361,7 @@ def section(args, argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_posenc.eval.report import emit_section
+    from hf_posenc.io.reports import emit_section
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)

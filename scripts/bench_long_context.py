@@ -59,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_posenc.eval.report import emit_section
+    from hf_posenc.io.reports import emit_section
     from hf_posenc.eval.run_passkey import run_passkey
-    from hf_posenc.eval.data import gather_documents
+    from hf_posenc.io.documents import gather_documents
     from hf_posenc.eval.run_ppl import run_perplexity
 
     argv = sys.argv[1:] if argv is None else argv

@@ -29,8 +29,8 @@ def child(args) -> None:
     import torch
 
     from hf_posenc.runtime import load_model_and_tokenizer
-    from hf_posenc.eval.data import read_text_file
-    from hf_posenc.eval.data import tokenize_documents
+    from hf_posenc.io.documents import read_text_file
+    from hf_posenc.io.documents import tokenize_documents
     from hf_posenc.eval.scoring import token_nll
 
     torch.manual_seed(0)
@@ -91,7 +91,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.write:
-        from hf_posenc.eval.report import replace_markdown_section
+        from hf_posenc.io.reports import replace_markdown_section
 
         replace_markdown_section(os.path.join(os.path.dirname(__file__), "..", "BENCHMARKS.md"), text)
 

@@ -156,7 +156,7 @@ def compute_line(out: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_posenc.eval.report import emit_section
+    from hf_posenc.io.reports import emit_section
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)

@@ -20,8 +20,8 @@ TITLE = "## Needle retrieval with sentence embeddings (all-MiniLM-L6-v2)"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_posenc.eval.report import emit_section
-    from hf_posenc.eval.data import gather_documents
+    from hf_posenc.io.reports import emit_section
+    from hf_posenc.io.documents import gather_documents
     from hf_posenc.eval.run_retrieval import run_retrieval
 
     argv = sys.argv[1:] if argv is None else argv

@@ -50,7 +50,7 @@ def checkpoint(label: str, out: str) -> str:
     from hf_posenc.gguf_file import patch_gguf
     from hf_posenc.models import resolve_source
     from hf_posenc.eval.settings import LoadSettings
-    from hf_posenc.publish import PatchJob, patch_and_save
+    from hf_posenc.patch_job import PatchJob, patch_and_save
 
     method, factor, freeze_at, gguf = CHECKPOINTS[label]
     if gguf:
@@ -71,7 +71,7 @@ def checkpoint(label: str, out: str) -> str:
 
 
 def serve_checks(args) -> dict:
-    from hf_posenc.eval.data import gather_documents
+    from hf_posenc.io.documents import gather_documents
     from hf_posenc.serve_check import CheckSettings, EngineSettings, serve_check
 
     reports = {}
@@ -206,7 +206,7 @@ def main() -> None:
     unknown = sorted(set(args.checkpoints) - set(CHECKPOINTS))
     if unknown:
         raise SystemExit(f"--checkpoints: unknown {unknown}; choose from {list(CHECKPOINTS)}")
-    from hf_posenc.eval.report import emit_section
+    from hf_posenc.io.reports import emit_section
 
     checks = serve_checks(args)
     text = section(args, checks, engines(args)) if args.engine == "vllm" else section_llama_cpp(args, checks)

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from hf_posenc.runtime import load_model_and_tokenizer
-    from hf_posenc.eval.report import markdown_table, emit_section
+    from hf_posenc.io.reports import markdown_table, emit_section
 
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -195,7 +195,7 @@ def main() -> None:
     text = "\n".join(lines + [""])
     print(text)
     if args.write:
-        from hf_posenc.eval.report import replace_markdown_section
+        from hf_posenc.io.reports import replace_markdown_section
 
         replace_markdown_section(os.path.join(ROOT, "BENCHMARKS.md"), text)
 

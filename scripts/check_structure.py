@@ -29,14 +29,14 @@ MAX_PARAMETERS = 12
 
 # the layers, bottom first: a module (or a subpackage, by its first name under hf_posenc) imports downwards only
 LAYERS = (
-    ("basics", ("_version", "wording", "files", "figures", "provenance", "compat", "encodings", "models", "interrupts",
-                "digests", "replaced_folder", "training_settings", "training_resume")),
+    ("basics", ("_version", "wording", "io", "figures", "provenance", "compat", "encodings", "models", "interrupts",
+                "training_settings", "training_resume")),
     ("records", ("methods", "config_syntax", "config")),
     ("patching", ("adapters", "patching", "context", "weights", "freezing", "dual_chunk_config", "gguf_file",
-                  "loading", "runtime", "parallel", "registry")),
+                  "loading", "runtime", "parallel", "method_listing")),
     ("engines", ("engines", "serving")),
     ("measuring", ("eval", "tuning", "finetune_eval", "explaining")),
-    ("publishing and training", ("card", "serve_check", "serve_config", "hub", "lora", "finetune", "publish")),
+    ("publishing and training", ("card", "serve_check", "serve_config", "hub", "lora", "finetune", "patch_job")),
     ("interface", ("cli", "reference_docs", "__main__", "")),  # "": the package's __init__
 )
 

@@ -82,7 +82,7 @@ def book_path(name: str = "pg84.txt") -> str:
     path = os.path.abspath(os.path.join(BOOKS, name))
     if os.path.exists(path):
         return path
-    from hf_posenc.eval.data import builtin_corpus
+    from hf_posenc.io.documents import builtin_corpus
 
     import tempfile
 
@@ -90,7 +90,7 @@ def book_path(name: str = "pg84.txt") -> str:
     stand_in = os.path.join(folder, name)
     if not os.path.exists(stand_in):
         os.makedirs(folder, exist_ok=True)
-        from hf_posenc.files import atomic_write_text
+        from hf_posenc.io.files import atomic_write_text
 
         atomic_write_text(stand_in, builtin_corpus()[STAND_INS[name]].text)
     return stand_in

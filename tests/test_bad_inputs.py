@@ -172,7 +172,7 @@ def test_a_bad_needle_and_an_output_that_is_a_file_are_refused_before_loading(ti
 
 
 def test_text_that_is_not_utf8_is_refused_by_name_and_read_with_encoding(tiny_checkpoint, tmp_path, capsys):
-    from hf_posenc.eval.data import read_text_file
+    from hf_posenc.io.documents import read_text_file
 
     latin = tmp_path / "latin.txt"
     latin.write_bytes("Caf\u00e9 cr\u00e8me, na\u00efve fa\u00e7ade. ".encode("latin-1") * 40)

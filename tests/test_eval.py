@@ -169,7 +169,7 @@ def test_passkey_batches_give_the_same_results(bert_tokenizer):
 
 
 def test_builtin_corpus_exists_without_files(monkeypatch, tmp_path):
-    from hf_posenc.eval import data as D
+    from hf_posenc.io import documents as D
 
     docs = D.builtin_corpus()
     assert [d.name for d in docs] == [f"python-docs[{i}]" for i in range(4)]
@@ -269,9 +269,9 @@ def test_ppl_past_the_original_context_has_the_truncated_baseline_and_the_contex
 
 
 def test_text_haystack_prompts_hide_the_asked_needle_at_its_depth_among_distractors(bert_tokenizer):
-    from hf_posenc.eval.data import builtin_corpus
+    from hf_posenc.io.documents import builtin_corpus
     from hf_posenc.eval.haystack import TextHaystack
-    from hf_posenc.eval.data import corpus_stream
+    from hf_posenc.io.documents import corpus_stream
 
     stream = corpus_stream(bert_tokenizer, builtin_corpus())
     hay = TextHaystack(bert_tokenizer, stream, needles=3)

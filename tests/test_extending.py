@@ -22,7 +22,7 @@ from hf_posenc.cli import main
 from hf_posenc.eval.cells import NUMBER
 from hf_posenc.eval.common import Run
 from hf_posenc.eval.params import ints, param
-from hf_posenc.eval.report import markdown_table
+from hf_posenc.io.reports import markdown_table
 from hf_posenc.eval.scoring import token_nll
 from hf_posenc.eval.tasks import Defaults, EvalTask, PatchUse, per_length_entries, register_task, unregister_task
 

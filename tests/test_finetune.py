@@ -7,8 +7,8 @@ import torch
 
 import hf_posenc
 from hf_posenc.cli import main
-from hf_posenc.eval.data import read_text_file
-from hf_posenc.eval.data import tokenize_documents
+from hf_posenc.io.documents import read_text_file
+from hf_posenc.io.documents import tokenize_documents
 from hf_posenc.finetune import heldout_perplexity, pack
 from conftest import book_path, ids, tiny_model
 

@@ -10,7 +10,7 @@ import torch
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.config import as_config
-from hf_posenc.eval.data import read_text_file
+from hf_posenc.io.documents import read_text_file
 from hf_posenc.finetune_eval import LongEval, LongEvalSettings
 from conftest import ORIGINAL, book_path, ids, refused, tiny_model
 

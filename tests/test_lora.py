@@ -225,7 +225,7 @@ def _finetune_argv(checkpoint, out, *extra):
 @pytest.mark.parametrize("merge", [False, True])
 def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_checkpoint, tmp_path, capsys):
     from hf_posenc.cli import main
-    from hf_posenc.eval.data import read_text_file, tokenize_documents
+    from hf_posenc.io.documents import read_text_file, tokenize_documents
     from hf_posenc.finetune import heldout_perplexity
     from conftest import book_path
     from transformers import AutoTokenizer

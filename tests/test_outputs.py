@@ -12,8 +12,8 @@ import time
 import pytest
 
 from hf_posenc.cli import main
-from hf_posenc.files import LOCK_FILE
-from hf_posenc.replaced_folder import MANIFEST, ReplacedOutput
+from hf_posenc.io.files import LOCK_FILE
+from hf_posenc.io.output_folder import MANIFEST, ReplacedOutput
 from conftest import book_path, refused
 
 PATCH = ["patch", "--method", "yarn", "--factor", "2", "--no-progress"]
@@ -219,7 +219,7 @@ def test_patch_refuses_a_link_as_output_and_a_folder_an_eval_is_writing(tiny_che
     assert "is a symbolic link" in err and (tmp_path / "link").is_symlink()
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "deep")
     assert "is a symbolic link" in refused(_patch(tiny_checkpoint, tmp_path / "dangling"), capsys)
-    from hf_posenc.files import OutputLock
+    from hf_posenc.io.files import OutputLock
 
     held = OutputLock(str(tmp_path / "ev"))  # an eval running into that folder
     try:

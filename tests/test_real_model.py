@@ -80,7 +80,7 @@ def test_short_real_evaluation_run(smollm2):
     from hf_posenc.eval.run_passkey import run_passkey
     from hf_posenc.eval.run_ppl import run_perplexity
     from conftest import book_path, on_loaded
-    from hf_posenc.eval.data import read_text_file
+    from hf_posenc.io.documents import read_text_file
 
     model, tok = smollm2
     ppl = on_loaded(run_perplexity, model, tok, methods=["none", "yarn"], factor=2.0, lengths=[512, 1024],

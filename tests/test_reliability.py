@@ -79,7 +79,7 @@ def test_weights_changed_in_the_middle_are_not_resumed(own_checkpoint, tmp_path,
 
 
 def test_the_digest_cache_is_used_while_size_and_mtime_stay(tmp_path, monkeypatch):
-    from hf_posenc import digests
+    from hf_posenc.io import digests
 
     monkeypatch.setenv("HF_POSENC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(digests, "RACY_NS", 0)  # else a file written just now is hashed again (digests' guarantee)
@@ -96,7 +96,7 @@ def test_the_digest_cache_is_used_while_size_and_mtime_stay(tmp_path, monkeypatc
 
 # -- 3. one run per output folder; every cell line checked -------------------------------------------------------
 def test_a_second_run_on_the_same_output_is_refused_naming_the_lock(tiny_checkpoint, tmp_path, capsys):
-    from hf_posenc.files import LOCK_FILE, OutputLock
+    from hf_posenc.io.files import LOCK_FILE, OutputLock
 
     out = tmp_path / "busy"
     held = OutputLock(str(out))  # another run holding the folder
@@ -276,7 +276,7 @@ def test_an_advertised_context_below_the_original_is_refused_at_patch_time():
 
 
 def test_a_report_with_a_nan_is_standard_json_with_null_and_a_warning(tmp_path, capsys):
-    from hf_posenc.eval.report import write_json
+    from hf_posenc.io.reports import write_json
 
     path = tmp_path / "r.json"
     write_json({"results": {"yarn": {"ppl": float("nan"), "curve": [1.0, float("inf")]}, "none": {"ppl": 3.0}}}, path)
@@ -359,7 +359,7 @@ def test_changing_only_the_budget_resumes_a_tune(tiny_checkpoint, tmp_path, caps
 
 
 def test_a_plot_that_fails_half_way_leaves_the_old_picture(tmp_path):
-    from hf_posenc.eval import report
+    from hf_posenc.io import reports as report
 
     path = tmp_path / "p.png"
     report.plot_lines({"a": ([1, 2], [3, 4])}, "t", "x", "y", str(path))

@@ -13,7 +13,7 @@ import pytest
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.eval import tasks
-from hf_posenc.eval.data import Document, builtin_corpus
+from hf_posenc.io.documents import Document, builtin_corpus
 from conftest import refused, tiny_model
 
 STOP = "stop: the model load was reached"
@@ -96,7 +96,7 @@ def test_the_python_api_refuses_held_out_text_that_is_training_text(tiny_checkpo
 # -- 7. the digest cache: a rewritten file is hashed again, even with its old size and mtime ---------------------
 @pytest.fixture
 def digests(tmp_path, monkeypatch):
-    from hf_posenc import digests
+    from hf_posenc.io import digests
 
     monkeypatch.setenv("HF_POSENC_CACHE", str(tmp_path / "cache"))
     return digests

@@ -119,7 +119,7 @@ from test_vllm import needs_vllm, save_tiny, vllm_python  # noqa: E402
 
 
 def _tokens(tokenizer, n: int) -> torch.Tensor:
-    from hf_posenc.eval.data import builtin_corpus, corpus_stream
+    from hf_posenc.io.documents import builtin_corpus, corpus_stream
 
     return torch.tensor([corpus_stream(tokenizer, builtin_corpus(), max_tokens=n)[:n]])
 

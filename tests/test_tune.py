@@ -12,7 +12,7 @@ import torch
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.config import PosEncConfig
-from hf_posenc.eval.data import builtin_corpus, read_text_file
+from hf_posenc.io.documents import builtin_corpus, read_text_file
 from hf_posenc.eval.perplexity import Window, window_cell
 from hf_posenc.tuning import objective, space
 

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.cli import main
-from hf_posenc.eval.data import Document
+from hf_posenc.io.documents import Document
 from hf_posenc.eval.run_passkey import run_passkey
 from hf_posenc.eval.run_ppl import run_perplexity
 from hf_posenc.serve_check import CheckSettings, EngineSettings, serve_check
@@ -52,7 +52,7 @@ def save_tiny(folder, tokenizer, method: str | None = None, context: int = L, **
 
 
 def prose() -> list[Document]:
-    from hf_posenc.eval.data import builtin_corpus
+    from hf_posenc.io.documents import builtin_corpus
 
     return builtin_corpus()[:1]
 

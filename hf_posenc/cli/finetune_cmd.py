@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..models import DEFAULT_MODEL
 from .flags import LoadFlags, data_flags, floats, method_config, method_flags, names, positive
-from ..replaced_folder import check_replaced_output
-from ..eval.data import gather_documents, read_text_file
+from ..io.output_folder import check_replaced_output
+from ..io.documents import gather_documents, read_text_file
 from ..finetune import PoseSettings, check_pose_method, finetune
 from ..finetune_eval import DEPTHS, LongEvalSettings
 from ..lora import LoraSettings, require_peft

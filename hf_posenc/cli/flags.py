@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..eval import params as P
 from ..config import PosEncConfig
 from ..config_syntax import parse_method_params
-from ..eval.data import DocumentSource, check_encoding
+from ..io.documents import DocumentSource, check_encoding
 from ..eval.settings import LoadSettings
 from ..methods import DEFAULT_FACTOR, resolve_method
 from ..models import DEFAULT_MODEL
@@ -90,7 +90,7 @@ def data_flags(p: argparse.ArgumentParser, split: str, purpose: str):
 
 def document_source(args):
     """The documents asked for by a command with the flags of :func:`data_flags`, ``--limit`` and ``--corpus``, as
-    a :class:`hf_posenc.eval.data.DocumentSource` (none of them given: the default corpus)."""
+    a :class:`hf_posenc.io.documents.DocumentSource` (none of them given: the default corpus)."""
     return DocumentSource(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
                           getattr(args, "limit", None), getattr(args, "corpus", None), args.encoding)
 

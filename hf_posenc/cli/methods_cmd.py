@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from ..registry import list_methods
+from ..method_listing import list_methods
 
 
 def add_parser(sub) -> None:

@@ -10,7 +10,7 @@ from .flags import LoadFlags, depths, encoding_flag, ints, method_config, method
 from ..eval.tasks import eval_names, lengths_flags, patch_tasks
 from ..freezing import check_freeze
 from ..gguf_file import original_before_load, patch_gguf
-from ..publish import PatchEvals, PatchJob, UploadSettings, patch_and_save
+from ..patch_job import PatchEvals, PatchJob, UploadSettings, patch_and_save
 from ..tuning.report import tune_report_beside
 from .parser import DefaultsShown
 

@@ -27,11 +27,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..files import atomic_write_text
+from ..io.files import atomic_write_text
 from ..methods.rope import DYNAMIC
 from ..patching import patch, trying
 from .processes import Processes
-from .report import NOT_RECORDED
+from ..io.reports import NOT_RECORDED
 from .variants import Variant
 
 CELLS_FILE = "cells.jsonl"

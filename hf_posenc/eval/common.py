@@ -8,13 +8,13 @@ import time
 from typing import Any
 
 from ..context import original_context
-from ..digests import file_digests
-from ..files import OutputLock, check_output_folder
+from ..io.digests import file_digests
+from ..io.files import OutputLock, check_output_folder
 from ..provenance import environment, recorded_command
 from ..runtime import load_model_and_tokenizer, seed_everything
 from .cells import CellStore, run_cells
 from .processes import Processes, device_name
-from .report import finish_report
+from ..io.reports import finish_report
 from .engine_choice import EngineChoice
 from .settings import RunSettings
 from .variants import build_variants
@@ -37,7 +37,7 @@ def model_files(folder: str, gguf_file: str | None) -> list[str]:
 def model_identity(model: str, lm, src) -> dict[str, Any]:
     """What names the exact weights: the Hub revision transformers resolved (``lm``: the loaded model; None before
     the load), or for a local folder a digest of its model files (names, sizes and every byte: see
-    :mod:`hf_posenc.digests`)."""
+    :mod:`hf_posenc.io.digests`)."""
     identity = {"model": model, "revision": getattr(getattr(lm, "config", None), "_commit_hash", None)}
     folder = src.path if os.path.isdir(src.path) else None
     if folder is not None:

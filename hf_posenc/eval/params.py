@@ -31,7 +31,7 @@ def param(default: Any, help: str, *, read: Callable[[str], Any] | None = None, 
 
 def documents(purpose: str = "") -> Any:
     """The field of the documents a task reads: flags ``--text-file``, ``--text-dir``, ``--dataset``, ``--corpus``,
-    ``--limit`` ... on the command line (a :class:`hf_posenc.eval.data.DocumentSource`); a list of documents, a
+    ``--limit`` ... on the command line (a :class:`hf_posenc.io.documents.DocumentSource`); a list of documents, a
     source, or None (the default corpus) from Python. ``purpose`` words the flags' help ("haystack ")."""
     return dataclasses.field(default=None, metadata={DOCUMENTS: purpose, GROUP: "data", HELP: ""})
 

@@ -12,12 +12,12 @@ from .cells import NUMBER
 from .common import Run
 from .haystack import TEXT_NEEDLE, TextHaystack
 from .passkey import FILLER, NEEDLE, PasskeyBuilder, aggregate_passkey, check_needle, check_scoring, grid, passkey_cell
-from .report import markdown_table, plot_heatmap, plot_lines
+from ..io.reports import markdown_table, plot_heatmap, plot_lines
 from .params import depths, documents, ints, param, positive
 from .settings import RunSettings
 from .tasks import EvalTask, Objective, PatchUse, per_length_entries, register_task
 from .scoring import require_answering_lm
-from .data import corpus_stream, documents_of, gather_documents, given_documents
+from ..io.documents import corpus_stream, documents_of, gather_documents, given_documents
 
 
 @dataclass(frozen=True)

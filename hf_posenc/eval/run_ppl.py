@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import data as D
+from ..io import documents as D
 from .common import Run
 from ..config import PosEncConfig
 from ..context import original_context
@@ -18,7 +18,7 @@ from .variants import Variant, grouped_by_config
 from .cells import NUMBER
 from .key_tokens import (ALPHA, BETA, KEY_FIELDS, POSITION_FIELDS, aggregate_key_positions, aggregate_key_tokens,
                          evaluator_config, key_positions_cell, key_token_cell, load_evaluator, scored_key_cell)
-from .report import markdown_table, plot_lines
+from ..io.reports import markdown_table, plot_lines
 from .params import documents, ints, number, param, positive
 from .settings import RunSettings
 from .tasks import Defaults, EvalTask, Objective, PatchUse, per_length_entries, register_task

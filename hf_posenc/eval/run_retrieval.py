@@ -7,10 +7,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import data as D
+from ..io import documents as D
 from .cells import NUMBER
 from .common import Run
-from .report import markdown_table, plot_lines
+from ..io.reports import markdown_table, plot_lines
 from .params import depths, documents, ints, param, positive
 from .settings import RunSettings
 from .tasks import Defaults, EvalTask, PatchUse, per_length_entries, register_task

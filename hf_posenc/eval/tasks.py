@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ..wording import first_names
 from .params import build, documents_field
-from .data import DocumentSource
+from ..io.documents import DocumentSource
 from .settings import FLAG_ONLY, KEYWORDS, RunSettings
 
 BUILTIN = ("run_ppl", "run_passkey", "run_retrieval", "run_harness")

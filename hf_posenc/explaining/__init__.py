@@ -25,7 +25,7 @@ from ..adapters.base import text_config
 from ..adapters.layout import head_dim as head_dim_of
 from ..config import CONFIG_KEY, PosEncConfig, as_config
 from ..encodings.rope import RopeGeometry
-from ..files import atomic_write_text
+from ..io.files import atomic_write_text
 from ..gguf_file import trained_context
 from ..models import DEFAULT_MODEL, resolve_source
 from . import arrays as A, pictures as P

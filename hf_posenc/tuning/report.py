@@ -8,8 +8,8 @@ from typing import Any
 
 from ..config import PosEncConfig
 from ..eval.perplexity import bucket_edges
-from ..eval.report import markdown_table, plot_lines
-from ..files import atomic_write_text
+from ..io.reports import markdown_table, plot_lines
+from ..io.files import atomic_write_text
 from .objective import BUCKETS
 
 BEST_FILE = "best.json"

@@ -23,7 +23,7 @@ from typing import Any
 from ..config import PosEncConfig
 from ..context import original_context
 from ..eval.common import Run
-from ..eval.data import DocumentSource, documents_of, tokenize_documents
+from ..io.documents import DocumentSource, documents_of, tokenize_documents
 from ..eval.settings import KEYWORDS, RunSettings
 from ..eval.perplexity import doc_digest
 from ..eval.scoring import require_causal_lm
@@ -36,7 +36,7 @@ from ..models import ModelSource
 from .report import tune_plots, tune_table, write_best
 
 BASELINE = Variant("none", PosEncConfig("none"))
-# the documents, as the CLI's data flags give them (eval.data.gather_documents), and the run's keywords
+# the documents, as the CLI's data flags give them (io.documents.gather_documents), and the run's keywords
 DATA_KEYWORDS = ("text_file", "text_dir", "dataset", "dataset_config", "split", "column", "limit", "corpus",
                  "encoding")
 RUN_KEYWORDS = set(KEYWORDS) - {"model", "methods", "factor", "method_params", "variants", "tokenizer", "loaded"}
@@ -189,7 +189,7 @@ def tune(model, tokenizer=None, *, docs=None, **keywords: Any) -> dict[str, Any]
     """Find the method and knobs for ``model`` at ``target_length`` (see the module docstring). ``model``: a name
     (Hub id, folder, alias) or a loaded model (then ``tokenizer`` too); ``keywords``: :class:`TuneSettings`' (at
     least ``target_length``), the documents' as the CLI's data flags say them (``text_file``, ``text_dir``,
-    ``dataset``, ``corpus``, ... see ``DATA_KEYWORDS``; or ``docs``, :class:`eval.data.Document` s; else the default
+    ``dataset``, ``corpus``, ... see ``DATA_KEYWORDS``; or ``docs``, :class:`hf_posenc.io.documents.Document` s; else the default
     corpus), and the run's (:data:`eval.settings.KEYWORDS`: seed, output, dtype, device, ...).
     Returns the report; with ``output``, writes ``tune.json``, ``tune.md``, a plot and ``best.json`` (the winner's
     :class:`PosEncConfig`)."""
@@ -204,7 +204,7 @@ def tune(model, tokenizer=None, *, docs=None, **keywords: Any) -> dict[str, Any]
 
 
 def search(settings: TuneSettings, docs, run: RunSettings) -> dict[str, Any]:
-    """:func:`tune` with its settings made: ``docs`` the documents (a list, or a :class:`eval.data.DocumentSource`),
+    """:func:`tune` with its settings made: ``docs`` the documents (a list, or a :class:`hf_posenc.io.documents.DocumentSource`),
     ``run`` the model and how it loads, the seed and the output (its methods are not read: the search makes its
     candidates)."""
     target_length, plan = settings.target_length, settings

@@ -97,7 +97,7 @@ class OutputLock:
     the same folder is refused with the pid of the one holding it. A folder that the lock itself created and
     that holds nothing else when the run ends (it failed before writing anything) is removed too. ``path``: the lock
     file when it is not ``<folder>/.hf_posenc.lock`` (a command that replaces its folder whole locks it from beside
-    the folder: :mod:`hf_posenc.replaced_folder`)."""
+    the folder: :mod:`hf_posenc.io.output_folder`)."""
 
     def __init__(self, folder: str, path: str | None = None):
         self.folder = os.path.abspath(folder)

@@ -9,12 +9,12 @@ from typing import Any
 
 from .config import PosEncConfig
 from .eval.settings import LoadSettings, OutputSettings, RunSettings
-from .replaced_folder import ReplacedOutput, check_replaced_output
+from .io.output_folder import ReplacedOutput, check_replaced_output
 from .models import resolve_source
 from . import runtime
 from .context import original_context
 from .dual_chunk_config import check_dual_chunk_config, written_with_block
-from .eval.data import gather_documents
+from .io.documents import gather_documents
 from .eval.tasks import PatchEval, parse_evals
 from .freezing import freeze
 from .hub import UPLOAD_TIMEOUT, save_pretrained, upload, write_model_card

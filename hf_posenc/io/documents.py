@@ -225,7 +225,7 @@ def documents_of(value: "list[Document] | DocumentSource | None") -> list[Docume
     docs = list(value)
     wrong = [type(d).__name__ for d in docs if not isinstance(d, Document)]
     if wrong:
-        raise ValueError(f"docs must be Documents (hf_posenc.eval.data.read_text_file, gather_documents, ...), a "
+        raise ValueError(f"docs must be Documents (hf_posenc.io.documents.read_text_file, gather_documents, ...), a "
                          f"DocumentSource or None (the default corpus); got {', '.join(sorted(set(wrong)))}")
     return docs
 

@@ -10,7 +10,7 @@ import textwrap
 from typing import Any
 
 from ..figures import pyplot, save_figure
-from ..files import atomic_write_text
+from .files import atomic_write_text
 from ..provenance import scrub, scrub_data
 from ..wording import first_names
 

@@ -1,0 +1,1 @@
+"""Files, documents and reports: what every layer above reads and writes."""
