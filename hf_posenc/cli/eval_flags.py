@@ -10,9 +10,9 @@ import dataclasses
 from typing import Any
 
 from ..eval import params as P
-from ..eval.settings import EngineSettings, OutputSettings, RunSettings
+from ..eval.settings import EngineSettings, RunSettings
 from ..methods import DEFAULT_FACTOR
-from .flags import LoadFlags, argument_type, data_flags, document_source, engine_flags, method_param_flag, names, positive
+from .flags import LoadFlags, OutputFlags, argument_type, data_flags, document_source, engine_flags, method_param_flag, names, positive
 from ..models import DEFAULT_MODEL
 from ..config_syntax import parse_method_params
 
@@ -47,13 +47,11 @@ def add_run_flags(p: argparse.ArgumentParser, task) -> None:
                             "(tensor-parallel-size of them), sharing the cells out: the command relaunches itself "
                             "under torchrun with one process per engine (the same as launching it so yourself).")
     o = p.add_argument_group("run and output")
-    o.add_argument("--output", default=None, help="folder for the JSON results, the Markdown table and PNG plots; "
-                   "finished cells are kept in its cells.jsonl, so the same command run again resumes.")
-    o.add_argument("--overwrite", action="store_true", help="discard finished cells of another setup in --output "
-                   "instead of refusing to mix them.")
-    o.add_argument("--seed", type=int, default=0, help="random seed (keys, sampling); same seed, same numbers.")
-    o.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
-    o.add_argument("--no-plots", action="store_true", help="skip the PNG plots.")
+    OUTPUT.add(o)
+
+
+OUTPUT = OutputFlags("folder for the JSON results, the Markdown table and PNG plots; finished cells are kept in its "
+                     "cells.jsonl, so the same command run again resumes.")
 
 
 def _load_flags(task) -> LoadFlags:
@@ -73,7 +71,7 @@ def run_settings(args: argparse.Namespace, task, command: str) -> RunSettings:
         methods=methods, factor=args.factor if args.factor is not None else task.defaults.factor or DEFAULT_FACTOR,
         method_params=parse_method_params(args.method_param),
         variants=args.variant, seed=args.seed,
-        output=OutputSettings(args.output, args.overwrite, not args.no_progress, not args.no_plots, command),
+        output=OUTPUT.settings(args, command),
         engine=engine)
 
 

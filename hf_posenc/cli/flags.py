@@ -11,7 +11,7 @@ from ..eval import params as P
 from ..config import PosEncConfig
 from ..config_syntax import parse_method_params
 from ..io.documents import DocumentSource, check_encoding
-from ..eval.settings import LoadSettings
+from ..eval.settings import LoadSettings, OutputSettings
 from ..methods import DEFAULT_FACTOR, resolve_method
 from ..models import DEFAULT_MODEL
 
@@ -206,6 +206,32 @@ class LoadFlags:
         return LoadSettings(model if self.model is None else args.model, args.dtype, args.device,
                             getattr(args, "attn_implementation", None), getattr(args, "tokenizer", None),
                             getattr(args, "device_map", None), getattr(args, "max_memory", None))
+
+
+@dataclass(frozen=True)
+class OutputFlags:
+    """Where a resumable run's results go and how it shows itself: ``--output`` (its cells resume there),
+    ``--overwrite``, ``--seed``, ``--no-progress``, ``--no-plots``, defined once for the commands that keep cells
+    (eval, tune); :meth:`settings` reads them back as one :class:`hf_posenc.eval.settings.OutputSettings`."""
+
+    output_help: str
+    required: bool = False
+    seed_help: str = "random seed (keys, sampling); same seed, same numbers."
+    plots_help: str = "skip the PNG plots."
+
+    def add(self, g) -> None:
+        """The flags, into the argument group (or parser) ``g``."""
+        g.add_argument("--output", required=self.required, default=None, help=self.output_help)
+        g.add_argument("--overwrite", action="store_true", help="discard finished cells of another setup in --output "
+                       "instead of refusing to mix them.")
+        g.add_argument("--seed", type=int, default=0, help=self.seed_help)
+        g.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
+        g.add_argument("--no-plots", action="store_true", help=self.plots_help)
+
+    @staticmethod
+    def settings(args: argparse.Namespace, command: str | None) -> OutputSettings:
+        """The :class:`OutputSettings` of the parsed flags (``command``: the command line the report records)."""
+        return OutputSettings(args.output, args.overwrite, not args.no_progress, not args.no_plots, command)
 
 
 def method_flags(g, *, required: bool = False, config_file: bool = False) -> None:

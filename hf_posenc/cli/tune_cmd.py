@@ -4,9 +4,9 @@ from __future__ import annotations
 
 
 from ..models import DEFAULT_MODEL
-from .flags import LoadFlags, data_flags, depths, document_source, method_param_flag, names, positive, positive_float
+from .flags import LoadFlags, OutputFlags, data_flags, depths, document_source, method_param_flag, names, positive, positive_float
 from ..config_syntax import parse_method_params
-from ..eval.settings import OutputSettings, RunSettings
+from ..eval.settings import RunSettings
 from ..tuning.objective import DEPTHS, objectives
 from ..tuning.search import TuneSettings, search
 from ..tuning.space import DEFAULT_METHODS
@@ -15,6 +15,11 @@ from .parser import DefaultsShown
 
 LOAD = LoadFlags(DEFAULT_MODEL, tokenizer_help="where the tokenizer comes from when the model's folder has none.",
                  attention=True)
+
+
+OUTPUT = OutputFlags("folder for tune.json, tune.md, the plot, best.json and the cells (the same command run again "
+                     "resumes).", required=True, seed_help="random seed (passkey keys).",
+                     plots_help="skip the PNG plot.")
 
 
 def add_parser(sub) -> None:
@@ -50,12 +55,7 @@ def add_parser(sub) -> None:
     s.add_argument("--no-reference", action="store_true", help="confirm only the winner and the runner-up, not "
                    "also YaRN with its default knobs at the winner's factor (the reference).")
     o = tu.add_argument_group("run and output")
-    o.add_argument("--output", required=True, help="folder for tune.json, tune.md, the plot, best.json and the "
-                   "cells (the same command run again resumes).")
-    o.add_argument("--overwrite", action="store_true", help="discard finished cells of another setup in --output.")
-    o.add_argument("--seed", type=int, default=0, help="random seed (passkey keys).")
-    o.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
-    o.add_argument("--no-plots", action="store_true", help="skip the PNG plot.")
+    OUTPUT.add(o)
 
 
 def run(args, command: str) -> int:
@@ -63,7 +63,7 @@ def run(args, command: str) -> int:
                             args.budget_minutes, args.max_short_cost, args.rank_by, tuple(args.depths), args.windows,
                             args.keys, args.reduction, args.chunk_size, not args.no_reference)
     run = RunSettings(LOAD.settings(args), methods=["none"], seed=args.seed,
-                      output=OutputSettings(args.output, args.overwrite, not args.no_progress, not args.no_plots, command))
+                      output=OUTPUT.settings(args, command))
     report = search(settings, document_source(args), run)
     if report.get("written_by_another_process"):
         return 0
