@@ -10,6 +10,7 @@
     hf_posenc.explain("yarn:factor=4", "pictures/", model="smollm2-135m")  # what it does to positions
 """
 
+from ._moved import install as _install_moved
 from ._version import __version__
 from .config import PosEncConfig
 from .explaining import explain
@@ -17,9 +18,13 @@ from .hub import push_to_hub, save_pretrained
 from .loading import from_pretrained
 from .patching import get_config, is_patched, patch, unpatch
 from .method_listing import list_methods
+from .patch_job import PatchJob, patch_and_save
 from .tuning import tune
 
+_install_moved()  # the old names of moved modules keep importing (hf_posenc._moved.MOVED)
+
 __all__ = [
+    "PatchJob",
     "PosEncConfig",
     "__version__",
     "explain",
@@ -28,6 +33,7 @@ __all__ = [
     "is_patched",
     "list_methods",
     "patch",
+    "patch_and_save",
     "push_to_hub",
     "save_pretrained",
     "tune",

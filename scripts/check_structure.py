@@ -37,7 +37,7 @@ LAYERS = (
     ("engines", ("engines", "serving")),
     ("measuring", ("eval", "tuning", "finetune_eval", "explaining")),
     ("publishing and training", ("card", "serve_check", "serve_config", "hub", "lora", "finetune", "patch_job")),
-    ("interface", ("cli", "reference_docs", "__main__", "")),  # "": the package's __init__
+    ("interface", ("_moved", "cli", "reference_docs", "__main__", "")),  # "": the package's __init__
 )
 
 

@@ -147,6 +147,15 @@ def no_model_load(monkeypatch):
     monkeypatch.setattr(loading, "from_pretrained", refuse)
 
 
+def test_patch_config_file_refuses_the_flags_it_replaces(tmp_path, capsys, no_model_load):
+    config = tmp_path / "best.json"
+    config.write_text(hf_posenc.PosEncConfig("yarn", 2.0).to_json())
+    argv = ["patch", "--config", str(config), "--original-max-position-embeddings", "4096", "--output",
+            str(tmp_path / "out")]
+    assert "holds the whole configuration: drop --original-max-position-embeddings" in refused(argv, capsys)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--factor", "1e300"], "factor must be a number from 1 to 1024, got 1e+300"),
     (["--factor", "1e308"], "factor must be a number from 1 to 1024, got 1e+308"),

@@ -224,6 +224,26 @@ def test_tune_from_python_takes_the_cli_data_keywords_and_refuses_unknown_ones(b
         hf_posenc.tune(model, bert_tokenizer, docs=[read_text_file(str(book))], corpus="python-docs", **common)
 
 
+@pytest.mark.parametrize("keywords, message", [
+    (dict(target_length=0), "target_length is a whole number >= 1, got 0"),
+    (dict(target_length="128"), "target_length is a whole number >= 1, got '128'"),
+    (dict(target_length=T, methods="yarn"), "methods is a list of method names, e.g. ['yarn', 'ntk'], got 'yarn'"),
+    (dict(target_length=T, dtype="float8"), "a model already loaded is used as it is: drop dtype"),
+    (dict(target_length=T, device="cpu", attn_implementation="eager"), "drop device, attn_implementation"),
+])
+def test_tune_from_python_refuses_bad_settings_before_any_compute(keywords, message, bert_tokenizer, monkeypatch):
+    import hf_posenc.tuning.search as search_module
+
+    def refuse(*a, **k):
+        raise AssertionError("the search started before the bad input was refused")
+
+    monkeypatch.setattr(search_module, "Run", refuse)
+    model = tiny_model("llama", vocab_size=bert_tokenizer.vocab_size)
+    with pytest.raises(ValueError) as err:
+        hf_posenc.tune(model, bert_tokenizer, corpus="python-docs", progress=False, **keywords)
+    assert message in str(err.value)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--target-length", "64"], "within the model's original context (64)"),
     (["--methods", "interpolate"], "no grid for method 'interpolate'"),

@@ -105,7 +105,9 @@ def upload_flags(g) -> None:
 
 def file_config(args):
     given = [flag for flag, value in (("--method", args.method), ("--factor", args.factor),
-                                      ("--method-param", args.method_param)) if value is not None]
+                                      ("--method-param", args.method_param),
+                                      ("--original-max-position-embeddings",
+                                       getattr(args, "original_max_position_embeddings", None))) if value is not None]
     if given:
         raise ValueError(f"--config {args.config} holds the whole configuration: drop {', '.join(given)}")
     try:
@@ -163,7 +165,8 @@ class LoadFlags:
     takes them, ``--attn-implementation``, ``--device-map``, ``--max-memory``), defined here once for every command.
     A command says which of them it takes, its defaults and how its help words them; :meth:`settings` reads them
     back as one :class:`hf_posenc.eval.settings.LoadSettings`. ``model`` None: the command takes no ``--model`` (it
-    names its checkpoint otherwise); ``device`` None: the default is cuda where there is one."""
+    names its checkpoint otherwise); ``device`` None: no default, the command picks one (finetune: cuda where there
+    is one)."""
 
     model: str | None = DEFAULT_MODEL
     model_help: str = "Hub id, local folder, .gguf file or alias."
@@ -203,9 +206,12 @@ class LoadFlags:
     def settings(self, args: argparse.Namespace, model: str | None = None) -> LoadSettings:
         """The :class:`LoadSettings` of the parsed flags (``model``: the checkpoint when the command takes no
         ``--model``)."""
+        if args.device is None:
+            raise ValueError("give --device: this command picks none by itself")
         return LoadSettings(model if self.model is None else args.model, args.dtype, args.device,
-                            getattr(args, "attn_implementation", None), getattr(args, "tokenizer", None),
-                            getattr(args, "device_map", None), getattr(args, "max_memory", None))
+                            args.attn_implementation if self.attention else None,
+                            args.tokenizer if self.tokenizer_help is not None else None,
+                            args.device_map if self.placement else None, args.max_memory if self.placement else None)
 
 
 @dataclass(frozen=True)

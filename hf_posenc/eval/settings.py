@@ -75,6 +75,10 @@ class RunSettings:
             raise ValueError(f"unknown keyword(s) {', '.join(unknown)}; a run takes {', '.join(KEYWORDS)}")
         if "model" not in keywords:
             raise ValueError("a run needs model= (Hub id, folder, .gguf file or alias)")
+        unused = [k for k in LOADING if k in keywords] if keywords.get("loaded") is not None else []
+        if unused:
+            raise ValueError(f"a model already loaded is used as it is: drop {', '.join(unused)} (they say how a "
+                             "model loads from its name)")
         parts: dict[str, dict[str, Any]] = {"load": {}, "output": {}, "engine": {}, "": {}}
         for key, value in keywords.items():
             part, name = KEYWORDS[key]
@@ -102,7 +106,8 @@ def _keywords() -> dict[str, tuple[str, str]]:
     return out
 
 
-KEYWORDS = _keywords()  # the Python API's run keywords (run_perplexity(model=..., output=..., engine=...))
+KEYWORDS = _keywords()
+LOADING = tuple(f.name for f in dataclasses.fields(LoadSettings) if f.name != "model")  # how a model loads  # the Python API's run keywords (run_perplexity(model=..., output=..., engine=...))
 # the shared flags of `hf-posenc eval NAME` whose names are not run keywords (hf_posenc.cli.eval_flags; its test
 # checks the two lists together): a task's parameter may not take one of these names either
 FLAG_ONLY = ("variant", "method_param", "engine_arg", "data_parallel_size", "no_progress", "no_plots", "task",

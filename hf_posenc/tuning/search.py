@@ -65,6 +65,13 @@ class TuneSettings:
     reference: bool = True
 
     def __post_init__(self):
+        for name in ("target_length", "windows", "keys", "reduction", "chunk_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} is a whole number >= 1, got {value!r}")
+        if self.methods is not None and (isinstance(self.methods, str) or
+                                         not all(isinstance(m, str) for m in self.methods)):
+            raise ValueError(f"methods is a list of method names, e.g. ['yarn', 'ntk'], got {self.methods!r}")
         if not 0 <= self.max_short_cost < float("inf"):
             raise ValueError(f"--max-short-cost is a fraction >= 0 (0.01 = 1%), got {self.max_short_cost}")
         ranking(self.rank_by)

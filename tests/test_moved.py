@@ -1,0 +1,46 @@
+"""Modules that moved keep importing by their old names, with a DeprecationWarning naming the new one."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from hf_posenc._moved import MOVED
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_an_old_name_is_a_view_of_the_new_module(old):
+    new = importlib.import_module(MOVED[old])
+    code = (f"import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+            f"try:\n    import {old}\nexcept DeprecationWarning as w:\n    print(w)\n")
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert f"{old} moved to {MOVED[old]}" in said  # warned, naming where it went
+    with pytest.warns(DeprecationWarning, match=MOVED[old].replace(".", r"\.")):
+        sys.modules.pop(old, None)
+        view = importlib.import_module(old)
+    public = [n for n in dir(new) if not n.startswith("_")]
+    assert public and all(getattr(view, n) is getattr(new, n) for n in public)  # the same objects, not copies
+    with pytest.raises(AttributeError):
+        getattr(view, "no_such_name_here")
+
+
+def test_the_old_import_forms_users_wrote():
+    code = ("import warnings; warnings.simplefilter('ignore', DeprecationWarning)\n"
+            "from hf_posenc.publish import PatchJob, patch_and_save\n"
+            "from hf_posenc.eval.data import read_text_file\n"
+            "from hf_posenc.eval import report\n"
+            "import hf_posenc, hf_posenc.patch_job, hf_posenc.io.documents, hf_posenc.io.reports\n"
+            "assert PatchJob is hf_posenc.patch_job.PatchJob is hf_posenc.PatchJob\n"
+            "assert read_text_file is hf_posenc.io.documents.read_text_file\n"
+            "assert report.markdown_table is hf_posenc.io.reports.markdown_table\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_name_that_never_existed_is_still_not_found():
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("hf_posenc.eval.no_such_module")
