@@ -270,3 +270,25 @@ def test_a_config_file_refuses_any_factor_given_beside_it(tmp_path, capsys):
         method_config(_args(config=str(path), factor=0.0))  # 0 is a value given too
     err = refused(["explain", "yarn:factor=2", "--factor", "3", "--output", str(tmp_path / "x")], capsys)
     assert "holds its knobs already" in err
+
+
+@pytest.mark.parametrize("command", ["patch", "finetune"])
+def test_method_takes_the_config_syntax_in_patch_and_finetune(command, tmp_path, capsys):
+    """--method yarn:factor=4,beta_fast=16 is the same configuration as --method yarn --factor 4 --method-param
+    beta_fast=16; the two forms together, or a bad text, are refused with the one text, before anything loads."""
+    from hf_posenc.cli import build_parser
+
+    parser = build_parser()
+    rest = ["--output", str(tmp_path / "o")] + (["--eval-text-file", "x.txt"] if command == "finetune" else [])
+    text = parser.parse_args([command, "--method", "yarn:factor=4,beta_fast=16", *rest])
+    flags = parser.parse_args([command, "--method", "yarn", "--factor", "4", "--method-param", "beta_fast=16", *rest])
+    assert method_config(text) == method_config(flags) == PosEncConfig.parse("yarn:factor=4,beta_fast=16")
+    mixed = parser.parse_args([command, "--method", "yarn:factor=4", "--method-param", "beta_fast=16", *rest])
+    with pytest.raises(ValueError, match="--method yarn:factor=4 holds its knobs already: drop --method-param"):
+        method_config(mixed)
+    with pytest.raises(ValueError) as one:
+        PosEncConfig.parse("yarn:factor=4,beta_fastt=3")
+    bad = parser.parse_args([command, "--method", "yarn:factor=4,beta_fastt=3", *rest])
+    with pytest.raises(ValueError) as got:
+        method_config(bad)
+    assert str(got.value) == str(one.value)

@@ -124,6 +124,15 @@ def method_config(args):
         return file_config(args)
     if not args.method:
         raise ValueError("give --method (see 'hf-posenc methods') or --config FILE")
+    if ":" in args.method:  # the config syntax holds the knobs itself
+        given = [flag for flag, value in (("--factor", args.factor), ("--method-param", args.method_param),
+                                          ("--original-max-position-embeddings",
+                                           getattr(args, "original_max_position_embeddings", None)))
+                 if value is not None]
+        if given:
+            raise ValueError(f"--method {args.method} holds its knobs already: drop {', '.join(given)}, or give "
+                             "them in it")
+        return PosEncConfig.parse(args.method)
 
     knobs = parse_method_params(args.method_param)
     name = resolve_method(args.method).name
@@ -243,7 +252,9 @@ class OutputFlags:
 def method_flags(g, *, required: bool = False, config_file: bool = False) -> None:
     """The method a command applies: ``--method``, ``--factor``, ``--method-param`` (and ``--config FILE``, its JSON
     form, with ``--original-max-position-embeddings`` where ``config_file``); :func:`method_config` reads them."""
-    g.add_argument("--method", required=required, default=None, help="the method to apply (see 'hf-posenc methods').")
+    g.add_argument("--method", required=required, default=None, metavar="METHOD[:KEY=VALUE,...]",
+                   help="the method to apply (see 'hf-posenc methods'), alone or with its knobs in the config syntax, "
+                        "e.g. yarn:factor=4,beta_fast=16.")
     if config_file:
         g.add_argument("--config", default=None, metavar="FILE", help="a PosEncConfig JSON file (e.g. best.json of "
                        "'hf-posenc tune') in place of --method/--factor/--method-param; a tune.json beside it puts the "
