@@ -12,7 +12,8 @@ from typing import Any
 from ..eval import params as P
 from ..eval.settings import EngineSettings, RunSettings
 from ..methods import DEFAULT_FACTOR
-from .flags import LoadFlags, OutputFlags, argument_type, data_flags, document_source, engine_flags, method_param_flag, names, positive
+from .flags import (LoadFlags, OutputFlags, argument_type, data_flags, document_source, engine_flags,
+                    method_param_flag, names, positive)
 from ..models import DEFAULT_MODEL
 from ..config_syntax import parse_method_params
 

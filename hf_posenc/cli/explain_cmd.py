@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 
-from .flags import method_param_flag, positive, positive_float
-from ..config import PosEncConfig
-from ..methods import DEFAULT_FACTOR, resolve_method
-from ..config_syntax import parse_method_params
+from .flags import method_config, method_param_flag, positive, positive_float
 from ..explaining import explain
 from .parser import DefaultsShown
 
@@ -37,18 +34,7 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    config = args.method
-    if ":" in args.method and (args.factor is not None or args.method_param):
-        raise ValueError(f"{args.method!r} holds its knobs already: drop --factor / --method-param, or give them in it")
-    if ":" not in args.method:  # a bare name: --factor (2 when not given, for a method that takes one), --method-param
-        knobs = parse_method_params(args.method_param)
-        params = {**knobs.pop("*", {}), **knobs.pop(args.method, {})}
-        if knobs:
-            raise ValueError(f"--method-param names {sorted(knobs)}, but the method is {args.method!r}")
-        takes = resolve_method(args.method).uses_factor
-        config = PosEncConfig(args.method, args.factor if args.factor is not None or not takes else DEFAULT_FACTOR,
-                              None, params)
-    out = explain(config, args.output, model=args.model, head_dim=args.head_dim, rope_theta=args.rope_theta,
+    out = explain(method_config(args, named="the method"), args.output, model=args.model, head_dim=args.head_dim, rope_theta=args.rope_theta,
                   original=args.original_max_position, length=args.length, resolution=args.resolution)
     print(out["text"])
     print(f"\npictures: {', '.join(out['pictures'])}\ntext: {args.output}/explain.md, explain.json")

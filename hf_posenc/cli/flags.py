@@ -103,11 +103,15 @@ def upload_flags(g) -> None:
                    help="seconds to wait for the Hub to answer one request before the upload gives up.")
 
 
+def _knob_flags_given(args) -> list[str]:
+    """Which of the flags that set a configuration's knobs a command was given."""
+    return [flag for flag, value in (("--factor", args.factor), ("--method-param", args.method_param),
+                                     ("--original-max-position-embeddings",
+                                      getattr(args, "original_max_position_embeddings", None))) if value is not None]
+
+
 def file_config(args):
-    given = [flag for flag, value in (("--method", args.method), ("--factor", args.factor),
-                                      ("--method-param", args.method_param),
-                                      ("--original-max-position-embeddings",
-                                       getattr(args, "original_max_position_embeddings", None))) if value is not None]
+    given = (["--method"] if args.method is not None else []) + _knob_flags_given(args)
     if given:
         raise ValueError(f"--config {args.config} holds the whole configuration: drop {', '.join(given)}")
     try:
@@ -119,18 +123,18 @@ def file_config(args):
         raise ValueError(f"--config {args.config}: not a PosEncConfig JSON file ({err})") from None
 
 
-def method_config(args):
+def method_config(args, named: str = "--method"):
+    """The configuration of ``--config FILE``, of ``--method`` in the config syntax, or of a bare ``--method`` with
+    ``--factor`` (2 when not given, for a method that takes one) and ``--method-param``; ``named``: what the command
+    calls its method in messages (explain's is a positional)."""
     if getattr(args, "config", None):
         return file_config(args)
     if not args.method:
         raise ValueError("give --method (see 'hf-posenc methods') or --config FILE")
     if ":" in args.method:  # the config syntax holds the knobs itself
-        given = [flag for flag, value in (("--factor", args.factor), ("--method-param", args.method_param),
-                                          ("--original-max-position-embeddings",
-                                           getattr(args, "original_max_position_embeddings", None)))
-                 if value is not None]
+        given = _knob_flags_given(args)
         if given:
-            raise ValueError(f"--method {args.method} holds its knobs already: drop {', '.join(given)}, or give "
+            raise ValueError(f"{named} {args.method} holds its knobs already: drop {', '.join(given)}, or give "
                              "them in it")
         return PosEncConfig.parse(args.method)
 
@@ -138,7 +142,7 @@ def method_config(args):
     name = resolve_method(args.method).name
     params = {**knobs.pop("*", {}), **knobs.pop(name, {})}
     if knobs:  # METHOD.KEY=VALUE for a method other than the one applied
-        raise ValueError(f"--method-param names {sorted(knobs)}, but --method is {name!r}; use KEY=VALUE or "
+        raise ValueError(f"--method-param names {sorted(knobs)}, but {named} is {name!r}; use KEY=VALUE or "
                          f"{name}.KEY=VALUE")
     factor = args.factor if args.factor is not None or not resolve_method(name).uses_factor else DEFAULT_FACTOR
     return PosEncConfig(name, factor, getattr(args, "original_max_position_embeddings", None), params)

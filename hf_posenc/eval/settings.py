@@ -106,8 +106,8 @@ def _keywords() -> dict[str, tuple[str, str]]:
     return out
 
 
-KEYWORDS = _keywords()
-LOADING = tuple(f.name for f in dataclasses.fields(LoadSettings) if f.name != "model")  # how a model loads  # the Python API's run keywords (run_perplexity(model=..., output=..., engine=...))
+KEYWORDS = _keywords()  # the Python API's run keywords (run_perplexity(model=..., output=..., engine=...))
+LOADING = tuple(f.name for f in dataclasses.fields(LoadSettings) if f.name != "model")  # how a model loads
 # the shared flags of `hf-posenc eval NAME` whose names are not run keywords (hf_posenc.cli.eval_flags; its test
 # checks the two lists together): a task's parameter may not take one of these names either
 FLAG_ONLY = ("variant", "method_param", "engine_arg", "data_parallel_size", "no_progress", "no_plots", "task",
