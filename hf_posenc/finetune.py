@@ -31,7 +31,7 @@ from .adapters.s2_attention import S2Training, check_group, check_s2_implementat
 from .encodings.pose import check_pose, pose_batch
 
 from .finetune_eval import LongEvalSettings, check_length, long_context_table, prepared_long_eval
-from .training_resume import ResumableRun, document_digests
+from .training_resume import ResumableRun, document_digests, quiet_about_tied_weights
 from .training_settings import MIXED_PRECISIONS, PACKINGS, CheckpointSettings, TrainSettings
 from .context import original_context
 from .eval.common import model_identity
@@ -384,7 +384,7 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, t: TrainSet
     trainer_class = _chunked_loss_trainer() if t.chunked_loss else Trainer
     trainer = trainer_class(model=lm, args=args, train_dataset=data, data_collator=collate, callbacks=[Record()])
     engine["name"] = check_engine(trainer, lm)  # before training
-    with scratch or nullcontext():
+    with scratch or nullcontext(), quiet_about_tied_weights(lm):
         trainer.train(resume_from_checkpoint=resume_from)
     seconds = earlier + time.time() - started
     if t.gradient_checkpointing:

@@ -15,12 +15,15 @@ Trainer's checkpoints of several processes are not resumed here (refused by name
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from .io.files import _can_create_in, atomic_write_text
 from .io.output_folder import MANIFEST
@@ -29,6 +32,41 @@ from .training_settings import CheckpointSettings
 RUN_FILE = "hf_posenc-run.json"
 STATE_FILE = "trainer_state.json"  # the Trainer writes it last in a checkpoint: its presence marks a whole one
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+_MISSING = "There were missing keys in the checkpoint model loaded: "
+
+
+class _TiedKeysFilter(logging.Filter):
+    """Drops the Trainer's 'missing keys' warning when every key it names is a tied weight: a checkpoint holds a
+    tied weight once (SmolLM2's LM head is its embedding), and loading the one loads both."""
+
+    def __init__(self, tied: set[str]):
+        super().__init__()
+        self.tied = tied
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(_MISSING):
+            return True
+        try:
+            keys = set(ast.literal_eval(message[len(_MISSING):].rstrip(".")))
+        except (ValueError, SyntaxError):
+            return True
+        return not keys <= self.tied
+
+
+@contextmanager
+def quiet_about_tied_weights(model) -> Iterator[None]:
+    """Within it, resuming a checkpoint does not warn of 'missing' weights that are tied to ones it holds
+    (``named_parameters`` lists a tied weight's second name only with ``remove_duplicate=False``)."""
+    every = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    tied = every - {name for name, _ in model.named_parameters()}
+    trainer_log = logging.getLogger("transformers.trainer")
+    quiet = _TiedKeysFilter(tied)
+    trainer_log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        trainer_log.removeFilter(quiet)
 
 
 def document_digests(docs) -> list[list[str]]:

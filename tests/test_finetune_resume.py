@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from hf_posenc.cli import main
 from hf_posenc.training_resume import RUN_FILE
@@ -54,15 +55,43 @@ def _killed_after_a_checkpoint(argv: list[str], checkpoints) -> None:
     assert child.returncode == 143 and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_a_killed_run_resumes_to_the_losses_and_weights_of_an_uninterrupted_one(lora, tiny_checkpoint, tmp_path,
-                                                                                  capsys):
+@pytest.fixture
+def trainer_warnings():
+    """What transformers' Trainer logs during the test (its own logger does not propagate to pytest's)."""
+    import logging
+
+    got: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: got.append(record.getMessage())
+    logging.getLogger("transformers.trainer").addHandler(handler)
+    yield got
+    logging.getLogger("transformers.trainer").removeHandler(handler)
+
+
+@pytest.fixture
+def tied_checkpoint(tmp_path_factory, bert_tokenizer):
+    """A tiny LLaMA whose LM head is its embedding (as SmolLM2's): a checkpoint holds the weight once."""
+    from transformers import AutoModelForCausalLM
+    from conftest import tiny_config
+
+    out = tmp_path_factory.mktemp("tiny-tied")
+    torch.manual_seed(0)
+    cfg = tiny_config("llama", vocab_size=bert_tokenizer.vocab_size, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
+    bert_tokenizer.save_pretrained(out)
+    return str(out)
+
+
+@pytest.mark.parametrize("lora,tied", [(False, False), (True, False), (False, True)], ids=["full", "lora", "tied"])
+def test_a_killed_run_resumes_to_the_losses_and_weights_of_an_uninterrupted_one(lora, tied, request, tmp_path,
+                                                                                  capsys, trainer_warnings):
+    model = request.getfixturevalue("tied_checkpoint" if tied else "tiny_checkpoint")
     extra = ["--lora-r", "4", "--lora-merge"] if lora else []
-    assert main(_argv(tiny_checkpoint, tmp_path / "whole", *extra)) == 0
+    assert main(_argv(model, tmp_path / "whole", *extra)) == 0
     whole = _report(tmp_path / "whole")
 
     out, checkpoints = tmp_path / "cut", tmp_path / "cut.checkpoints"
-    argv = _argv(tiny_checkpoint, out, *extra, "--checkpoint-every", "2")
+    argv = _argv(model, out, *extra, "--checkpoint-every", "2")
     _killed_after_a_checkpoint(argv, checkpoints)
     assert not out.exists() and (checkpoints / RUN_FILE).exists()  # nothing half-written; the checkpoints stay
     capsys.readouterr()
@@ -73,7 +102,9 @@ def test_a_killed_run_resumes_to_the_losses_and_weights_of_an_uninterrupted_one(
     err = refused([*changed, "--resume"], capsys)  # other settings
     assert "belong to a run with other settings" in err and "training.learning_rate: 0.003 then, 0.001 now" in err
 
+    trainer_warnings.clear()
     assert main([*argv, "--resume"]) == 0
+    assert not [m for m in trainer_warnings if "missing keys" in m], trainer_warnings  # a tied LM head is not 'missing'
     resumed = _report(out)
     assert resumed["setup"]["resumed_from_step"] >= 2
     assert [x["step"] for x in resumed["losses"]] == list(range(1, STEPS + 1))
