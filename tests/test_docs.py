@@ -1,6 +1,7 @@
 """The documentation (issue 42): the README's first screen, its table of what is supported generated from the method
 records, the reference pages generated from the parsers and the records, and the site built with mkdocs --strict."""
 
+import html
 import os
 import re
 import shutil
@@ -63,6 +64,18 @@ def test_the_site_builds_strictly(tmp_path):
     assert "hf-posenc finetune" in cli and "--checkpoint-every" in cli
     assert "dynamic_ntk" in (tmp_path / "site" / "methods" / "index.html").read_text()
     assert (tmp_path / "site" / "fine-tuning" / "index.html").exists()
+    index = (tmp_path / "site" / "index.html").read_text()  # the README's sections, as the README has them now
+    assert "<table>" in index and "| `yarn` |" not in index and "<code>dca</code>" in index  # the support table
+    found = re.search(r"^## What it found\n\n.*?(\d+\.\d\d)", _readme(), re.M | re.S).group(1)
+    assert found in index and 'href="benchmarks/"' in index and 'href="docs/' not in index
+    assert "What it found" not in open(os.path.join(ROOT, "docs", "index.md"), encoding="utf-8").read().replace(
+        "<!-- README: What it found -->", "")  # included, never copied
+    # the benchmarks page is BENCHMARKS.md as it is when the site is built, never a copy of it left to go stale
+    assert "\n## " not in open(os.path.join(ROOT, "docs", "benchmarks.md"), encoding="utf-8").read()
+    benchmarks = (tmp_path / "site" / "benchmarks" / "index.html").read_text()
+    sections = [line[3:].split("`")[0].strip() for line in open(os.path.join(ROOT, "BENCHMARKS.md"), encoding="utf-8")
+                if line.startswith("## ")]
+    assert len(sections) > 10 and all(html.escape(s, quote=False) in benchmarks for s in sections)
     gallery = (tmp_path / "site" / "explain" / "index.html").read_text()  # hf-posenc explain's pictures, drawn
     assert "yarn:factor=2" in gallery and (tmp_path / "site" / "explain" / "yarn" / "wavelengths.png").exists()
     assert (tmp_path / "site" / "explain" / "dca" / "positions.png").exists()
