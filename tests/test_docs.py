@@ -70,6 +70,9 @@ def test_the_site_builds_strictly(tmp_path):
     assert found in index and 'href="benchmarks/"' in index and 'href="docs/' not in index
     assert "What it found" not in open(os.path.join(ROOT, "docs", "index.md"), encoding="utf-8").read().replace(
         "<!-- README: What it found -->", "")  # included, never copied
+    started = html.unescape(re.sub(r"<[^>]+>", "", (tmp_path / "site" / "getting-started" / "index.html").read_text()))
+    assert all(command.strip() in started for command in re.findall(r"```bash\n(.*?)```", _readme(), re.S)[:3])
+    assert "PosEncConfig.parse" in started
     # the benchmarks page is BENCHMARKS.md as it is when the site is built, never a copy of it left to go stale
     assert "\n## " not in open(os.path.join(ROOT, "docs", "benchmarks.md"), encoding="utf-8").read()
     benchmarks = (tmp_path / "site" / "benchmarks" / "index.html").read_text()

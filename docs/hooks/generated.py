@@ -1,7 +1,7 @@
 """mkdocs hook: what the site shows from elsewhere, put in when it is built, so that each fact has one home --
 the reference pages from the code (hf_posenc.reference_docs), the benchmarks page from the repository's
 BENCHMARKS.md, and in any page a ``<!-- README: NAME -->`` line replaced by README.md's section NAME (``pitch``: its
-first paragraph), its links made the site's."""
+first paragraph; ``first commands``: the two commands under it), its links made the site's."""
 
 import os
 import re
@@ -18,10 +18,14 @@ def _root_file(config, name: str) -> str:
 
 
 def readme_section(readme: str, name: str) -> str:
-    """README.md's section ``name`` (its heading line included; ``pitch``: the paragraph under the title), with
-    links into docs/ and to BENCHMARKS.md written as the site's."""
+    """README.md's section ``name`` (its heading line included; ``pitch``: the paragraph under the title; ``first
+    commands``: what follows it up to the first section), with links into docs/ and to BENCHMARKS.md written as the
+    site's."""
+    top = readme.split("\n## ")[0].split("\n\n")
     if name == "pitch":
-        text = readme.split("\n\n")[1]
+        text = top[1]
+    elif name == "first commands":
+        text = "\n\n".join(top[2:])
     else:
         found = re.search(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", readme, re.M | re.S)
         if found is None:
