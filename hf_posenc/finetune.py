@@ -171,17 +171,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     saves."""
 
     t = training
-    if not eval_docs:
-        raise ValueError("held-out evaluation needs at least one document that is not trained on")
-    check_mixed_precision(t.mixed_precision, t.dtype, t.device)
-    if pose is not None and t.packing == "stream-restart":
-        raise ValueError("--packing stream-restart gives each document its own position ids, and PoSE draws them for "
-                         "the whole window: use one or the other")
-    if pose is not None:
-        check_pose_method(config)
-    if t.s2_attn_group is not None:
-        check_s2_method(config.method, resolve_method(config.method).kind)
-        check_group(t.s2_attn_group, pose.window if pose else t.seq_len)
+    _check_settings(config, eval_docs, t, pose)
     long_length = long_eval.length_for(pose.target if pose else None) if long_eval is not None else None
     read = t.seq_len * t.eval_windows  # the held-out tokens scored (the needles' haystack: every document whole)
     read = None if long_length and long_eval.needle_trials else max(read, long_length or 0)
@@ -193,85 +183,42 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     run = ResumableRun(checkpoints, output, _fingerprint(model, config, train_docs, eval_docs, t, pose, lora,
                                                          long_eval, long_length), processes)
     main_process = int(os.environ.get("RANK", "0")) == 0
-    chunked_loss = t.chunked_loss
     if t.context_parallel_size != 1:  # each sequence split across processes (hf_posenc.parallel), before compute
-
         check_context_parallel(config.method, t.context_parallel_size, pose.window if pose else t.seq_len, processes,
                                t.s2_attn_group, t.device)
-        chunked_loss = False  # the shards' targets: the Trainer's shift_labels, which the model's own loss reads
-    longer = None
-    if pose is not None or long_length:  # checked before the load where the model's config says L (else after it)
-
-        declared = original_before_load(model, config)
-        if pose is not None:
-            _check_pose_target(declared, pose)
-        if long_length:  # and its held-out text, from the tokenizer alone
-
-            longer = prepared_long_eval(model, declared, eval_docs, long_eval, long_length, t.seed,
-                                        progress and main_process)
+        # the shards' targets: the Trainer's shift_labels, which the model's own loss reads
+        t = replace(t, chunked_loss=False)
+    longer = _checked_before_load(model, config, pose, eval_docs, long_eval, long_length, t.seed,
+                                  progress and main_process)
     # one run per --output, from here to the save (held by the process that saves)
     with ReplacedOutput(output, "finetune") if main_process else nullcontext() as out:
-        runtime.seed_everything(t.seed)
-        device = default_device(t.device)
-        lm, tok, _ = runtime.load_model_and_tokenizer(model, t.dtype, device)
-        patch(lm, config)
-        if pose is not None or long_length:
-            original = original_context(lm)
-            if pose is not None:
-                _check_pose_target(original, pose)
-            if long_length:
-                check_length(long_length, original, lm)  # before training
-                longer.bind(original)
-        if lora is not None:
-            lm = apply_lora(lm, lora)
-            if t.gradient_checkpointing and not lora.train_embeddings_and_norms:  # the frozen embedding's output
-                lm.enable_input_require_grads()  # must carry a gradient through the checkpointed layers
-        blocks = pack(tokenize_documents(tok, train_docs), pose.window if pose else t.seq_len, tok.eos_token_id,
-                      t.packing)
-        positions = pose_batch(blocks.shape[0], pose.window, pose.target, pose.chunks, t.seed) if pose else None
-        if t.packing == "stream-restart":
-            if tok.eos_token_id is None:
-                raise ValueError(f"--packing stream-restart starts positions again after each EOS token, and the "
-                                 f"tokenizer of {model} has none: use --packing document")
-            positions = restarted_positions(blocks, tok.eos_token_id)
-        heldout = tokenize_documents(tok, eval_docs, t.seq_len * t.eval_windows)
-        if max(len(x) for x in heldout) < t.seq_len:
-            raise ValueError(f"too little held-out text for seq_len={t.seq_len}: the longest held-out document has "
-                             f"{max(len(x) for x in heldout)} tokens")
+        lm, tok, device = _patched(model, config, t, pose, longer, lora)
+        data = _training_data(tok, model, train_docs, eval_docs, t, pose)
         measured = run.before()  # a resumed run measured these before its first step
         if measured is None:
-            measured = {"heldout": heldout_perplexity(lm, heldout, t.seq_len, t.eval_windows)}
+            measured = {"heldout": heldout_perplexity(lm, data.heldout, t.seq_len, t.eval_windows)}
             if longer is not None:
                 measured["long_context"] = longer.measure(lm, "before training")
             run.start(measured)  # for the run file, written when training begins
-        long_context = None if longer is None else {**longer.describe(), "before": measured["long_context"]}
-
         if t.s2_attn_group is not None:
             check_s2_implementation(getattr(lm.config, "_attn_implementation", None))
         engine: dict[str, str] = {}
         with S2Training(lm, t.s2_attn_group):
-            losses, seconds = _train(lm, blocks, positions, replace(t, chunked_loss=chunked_loss), run,
-                                     progress=progress, engine=engine, main_process=main_process)
+            losses, seconds = _train(lm, data.blocks, data.positions, t, run, progress=progress, engine=engine,
+                                     main_process=main_process)
         lm.eval()
-        after = heldout_perplexity(lm, heldout, t.seq_len, t.eval_windows)
-        if long_context is not None:
-            long_context["after"] = longer.measure(lm, "after training")
-        report = {
-            "task": "finetune",
-            "setup": {"model": model, "method": config.to_dict(), **_setup(t), "chunked_loss": chunked_loss,
-                      "train_blocks": int(blocks.shape[0]), "blocks_seen": t.steps * t.batch_size * t.grad_accum,
-                      "train_documents": [d.name for d in train_docs], "eval_documents": [d.name for d in eval_docs],
-                      "device": device, "processes": processes, "command": recorded_command(command),
-                      "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None,
-                      "lora": _lora_setup(lora), "engine": engine.get("name"),
-                      "resumed_from_step": run.resumed_step,
-                      "long_eval": dict(asdict(long_eval), length=long_length) if long_length else None},
-            "losses": losses,
-            "heldout_before": measured["heldout"],
-            "heldout_after": after,
-        }
-        if long_context is not None:
-            report["long_context"] = long_context
+        setup = {"model": model, "method": config.to_dict(), **_setup(t), "chunked_loss": t.chunked_loss,
+                 "train_blocks": int(data.blocks.shape[0]), "blocks_seen": t.steps * t.batch_size * t.grad_accum,
+                 "train_documents": [d.name for d in train_docs], "eval_documents": [d.name for d in eval_docs],
+                 "device": device, "processes": processes, "command": recorded_command(command),
+                 "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None,
+                 "lora": _lora_setup(lora), "engine": engine.get("name"), "resumed_from_step": run.resumed_step,
+                 "long_eval": dict(asdict(long_eval), length=long_length) if long_length else None}
+        report = {"task": "finetune", "setup": setup, "losses": losses, "heldout_before": measured["heldout"],
+                  "heldout_after": heldout_perplexity(lm, data.heldout, t.seq_len, t.eval_windows)}
+        if longer is not None:
+            report["long_context"] = {**longer.describe(), "before": measured["long_context"],
+                                      "after": longer.measure(lm, "after training")}
         report["table"] = finetune_table(report)
 
         state = gathered_state_dict(lm)  # ZeRO-3 / FSDP: every process gives its shards to the one that saves
@@ -280,6 +227,81 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     if main_process and run.active:
         run.finish()  # the trained model is saved: its checkpoints go
     return report
+
+
+def _check_settings(config: PosEncConfig, eval_docs, t: TrainSettings, pose: PoseSettings | None) -> None:
+    """What the settings alone refuse, before anything is read or loaded."""
+    if not eval_docs:
+        raise ValueError("held-out evaluation needs at least one document that is not trained on")
+    check_mixed_precision(t.mixed_precision, t.dtype, t.device)
+    if pose is not None and t.packing == "stream-restart":
+        raise ValueError("--packing stream-restart gives each document its own position ids, and PoSE draws them for "
+                         "the whole window: use one or the other")
+    if pose is not None:
+        check_pose_method(config)
+    if t.s2_attn_group is not None:
+        check_s2_method(config.method, resolve_method(config.method).kind)
+        check_group(t.s2_attn_group, pose.window if pose else t.seq_len)
+
+
+def _checked_before_load(model: str, config: PosEncConfig, pose: PoseSettings | None, eval_docs,
+                         long_eval: LongEvalSettings | None, long_length: int | None, seed: int, progress: bool):
+    """PoSE's target and the long evaluation's length checked against the original context L where the model's
+    config says it (else after the load), and the long evaluation's held-out text prepared from the tokenizer
+    alone: its :class:`finetune_eval.LongEval`, None without one."""
+    if pose is None and not long_length:
+        return None
+    declared = original_before_load(model, config)
+    if pose is not None:
+        _check_pose_target(declared, pose)
+    return prepared_long_eval(model, declared, eval_docs, long_eval, long_length, seed, progress) if long_length \
+        else None
+
+
+def _patched(model: str, config: PosEncConfig, t: TrainSettings, pose: PoseSettings | None, longer,
+             lora: "LoraSettings | None"):
+    """The model loaded (after seeding), patched, its original context checked against PoSE's target and the
+    long evaluation's length, wrapped in LoRA adapters when asked: ``(model, tokenizer, device)``."""
+    runtime.seed_everything(t.seed)
+    device = default_device(t.device)
+    lm, tok, _ = runtime.load_model_and_tokenizer(model, t.dtype, device)
+    patch(lm, config)
+    if pose is not None or longer is not None:
+        original = original_context(lm)
+        if pose is not None:
+            _check_pose_target(original, pose)
+        if longer is not None:
+            check_length(longer.length, original, lm)  # before training
+            longer.bind(original)
+    if lora is not None:
+        lm = apply_lora(lm, lora)
+        if t.gradient_checkpointing and not lora.train_embeddings_and_norms:  # the frozen embedding's output
+            lm.enable_input_require_grads()  # must carry a gradient through the checkpointed layers
+    return lm, tok, device
+
+
+@dataclass(frozen=True)
+class _TrainingData:
+    blocks: torch.Tensor  # [n, window] token ids
+    positions: torch.Tensor | None  # [n, window] position ids (PoSE's, or restarted per document); None: 0..window-1
+    heldout: list[torch.Tensor]  # the held-out documents' tokens
+
+
+def _training_data(tok, model: str, train_docs, eval_docs, t: TrainSettings, pose: PoseSettings | None):
+    """The training blocks and their position ids, and the held-out tokens."""
+    blocks = pack(tokenize_documents(tok, train_docs), pose.window if pose else t.seq_len, tok.eos_token_id,
+                  t.packing)
+    positions = pose_batch(blocks.shape[0], pose.window, pose.target, pose.chunks, t.seed) if pose else None
+    if t.packing == "stream-restart":
+        if tok.eos_token_id is None:
+            raise ValueError(f"--packing stream-restart starts positions again after each EOS token, and the "
+                             f"tokenizer of {model} has none: use --packing document")
+        positions = restarted_positions(blocks, tok.eos_token_id)
+    heldout = tokenize_documents(tok, eval_docs, t.seq_len * t.eval_windows)
+    if max(len(x) for x in heldout) < t.seq_len:
+        raise ValueError(f"too little held-out text for seq_len={t.seq_len}: the longest held-out document has "
+                         f"{max(len(x) for x in heldout)} tokens")
+    return _TrainingData(blocks, positions, heldout)
 
 
 def _fingerprint(model: str, config: PosEncConfig, train_docs, eval_docs, training: TrainSettings, pose, lora,
