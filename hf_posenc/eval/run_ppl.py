@@ -10,21 +10,18 @@ from typing import Any
 
 from ..io import documents as D
 from .common import Run
-from ..config import PosEncConfig
 from ..context import original_context
 from .perplexity import aggregate_length, doc_digest, plan_lengths, truncated_window_cell, window_cell
 from .scoring import require_causal_lm
-from .variants import Variant, grouped_by_config
-from .cells import NUMBER
-from .key_tokens import (ALPHA, BETA, KEY_FIELDS, POSITION_FIELDS, aggregate_key_positions, aggregate_key_tokens,
-                         evaluator_config, key_positions_cell, key_token_cell, load_evaluator, scored_key_cell)
+from .variants import grouped_by_config
+from .key_tokens import (ALPHA, BETA, aggregate_key_positions, aggregate_key_tokens, evaluator_config,
+                         key_positions_cell, key_token_cell, load_evaluator, scored_key_cell)
+from .ppl_cells import (CELL_FIELDS, Baseline, KeyPositionsCell, KeyTokensCell, WindowCell, add_context_gain,
+                        ppl_cell, truncated_variant)
 from ..io.reports import markdown_table, plot_lines
 from .params import documents, ints, number, param, positive
 from .settings import RunSettings
 from .tasks import Defaults, EvalTask, Objective, PatchUse, per_length_entries, register_task
-
-WINDOW_FIELDS = {"tokens": NUMBER, "nll_sum": NUMBER, "bucket_sum": list, "bucket_cnt": list}
-
 
 @dataclass(frozen=True)
 class PplParams:
@@ -95,187 +92,145 @@ def ppl_run(settings: RunSettings, params: PplParams) -> dict[str, Any]:
     ``evaluator`` (a model sharing the tokenizer) and/or ``evaluator_method`` (its patch) by that one evaluator, the
     same key tokens for every method; ``key_alpha``/``key_beta``: the LongPPL thresholds (default the paper's)."""
     p = params
-    lengths, mode, stride, max_windows, buckets, chunk_size = (p.lengths, p.mode, p.stride, p.max_windows, p.buckets,
-                                                               p.chunk_size)
-    key_tokens, evaluator, evaluator_method = p.key_tokens, p.evaluator, p.evaluator_method
-    truncated_baseline, key_alpha, key_beta = p.truncated_baseline, p.key_alpha, p.key_beta
     with Run(settings) as job:
         docs = D.documents_of(p.docs)  # read (and a bad file refused) before the slow load
         lm, tok, _ = job.load()
         require_causal_lm(lm)  # before the documents are read and tokenized
         original = original_context(lm)
-        baseline = truncated_variant(original, p.truncated_stride, lengths) if truncated_baseline or key_tokens else None
-        if key_tokens and baseline is None:
-            raise ValueError(f"--key-tokens needs a length past the original context ({original}), got {lengths}")
-        need = None
-        if max_windows and mode == "windows":
-            need = max(lengths) * max_windows
-        elif max_windows:
-            need = max(lengths) + (stride or max(lengths)) * max_windows
-        token_docs = D.tokenize_documents(tok, docs, need)
-        names = [d.name for d in docs]
-        plans = plan_lengths(token_docs, lengths, mode, stride, max_windows)
-        digests = [doc_digest(t) for t in token_docs]
-        cells = [(n, w) for n in lengths for w in plans[n]]
-        windows = [WindowCell(n, names[w.doc], digests[w.doc], w.begin) for n, w in cells]
-        keys = [k.as_list() for k in windows]
-        settings = {"mode": mode, "stride": stride, "buckets": buckets}
-        window_of = {k: w for k, (_, w) in zip(windows, cells)}
-
-        judge = load_evaluator(job, evaluator, evaluator_method) if evaluator or evaluator_method else None
-        judged: dict[WindowCell, dict] = {}  # the evaluator's key tokens per window
-
-        def compute(variant, key):
-            cell = ppl_cell(key)
-            w = window_of[cell.window]
-            doc = token_docs[w.doc]
-            if isinstance(cell, KeyPositionsCell):  # the evaluator's own key tokens
-                model = judge.model if judge.model is not None else job.loaded[0]
-                return key_positions_cell(model, doc, w, original, cell.stride, cell.alpha, cell.beta, chunk_size)
-            model = job.model_for(variant, max(lengths))
-            if isinstance(cell, KeyTokensCell) and cell.evaluator is not None:  # the evaluator's key tokens, scored
-                return scored_key_cell(model, doc, w, judged[cell.window]["positions"], chunk_size)
-            if isinstance(cell, KeyTokensCell):
-                return key_token_cell(model, doc, w, original, cell.stride, cell.alpha, cell.beta, chunk_size)
-            if baseline is not None and variant.label == baseline.variant.label:
-                return truncated_window_cell(model, doc, w, buckets, original, baseline.stride, chunk_size)
-            return window_cell(model, doc, w, buckets, chunk_size)
-
-        def fields(key):
-            return CELL_FIELDS[type(ppl_cell(key))]
-
-        longer = [k for k in windows if baseline is not None and k.length > original]
-
-        def key_cell(k: WindowCell) -> KeyTokensCell:  # window k's key-token cell, of every method
-            return KeyTokensCell(k, baseline.stride, key_alpha, key_beta, judge.ident if judge is not None else None)
-
+        baseline = truncated_variant(original, p.truncated_stride, p.lengths) \
+            if p.truncated_baseline or p.key_tokens else None
+        if p.key_tokens and baseline is None:
+            raise ValueError(f"--key-tokens needs a length past the original context ({original}), got {p.lengths}")
+        windows = PlannedWindows.of(tok, docs, p)
+        judge = load_evaluator(job, p.evaluator, p.evaluator_method) if p.evaluator or p.evaluator_method else None
+        run = _PplCells(job, p, windows, original, baseline, judge)
+        cell_settings = {"mode": p.mode, "stride": p.stride, "buckets": p.buckets}  # the cells' fingerprint
         if judge is not None:  # the evaluator's cells first: every method's key-token cell reads them
-            own = [KeyPositionsCell(k, baseline.stride, key_alpha, key_beta, judge.ident).as_list() for k in longer]
-            got = job.cells("perplexity", settings, {judge.variant.label: own}, compute, variants=[judge.variant],
-                            fields=fields, desc="key tokens (evaluator)")[judge.variant.label]
-            judged.update(zip(longer, got))
-        scored = [key_cell(k).as_list() for k in longer] if key_tokens else []
-        variants, wanted = list(job.variants), {v.label: keys + scored for v in job.variants}
-        if baseline is not None and truncated_baseline:
-            variants.append(baseline.variant)
-            wanted[baseline.variant.label] = [k.as_list() for k in longer]
-        done = job.cells("perplexity", settings, wanted, compute, variants=grouped_by_config(variants), fields=fields)
-        results = {}
-        for label, values in ((v.label, done[v.label]) for v in variants):
-            mine = dict(zip(map(json.dumps, wanted[label]), values))
-            results[label] = {str(n): aggregate_length(n, plans[n], [mine[json.dumps(k)] for k, (m, _) in
-                                                                      zip(keys, cells) if m == n], names, buckets,
-                                                       original)
-                              for n in lengths if any(k[0] == n for k in wanted[label])}
-            if key_tokens and label != (baseline.variant.label if truncated_baseline else None):
-                for n in {k.length for k in longer}:
-                    results[label][str(n)]["key_tokens"] = aggregate_key_tokens(
-                        [mine[json.dumps(key_cell(k).as_list())] for k in longer if k.length == n])
-        if key_tokens:
-            settings["key_tokens"] = {"evaluator": judge.description if judge else "each method's own model (the model "
-                                      "under test, patched)", "alpha": key_alpha, "beta": key_beta, "short_context": original,
-                                      "stride": baseline.stride, "source": "LongPPL, Fang et al. 2024, arXiv:2410.23771"}
+            run.judge_key_tokens(cell_settings)
+        variants, wanted = run.wanted()
+        done = job.cells("perplexity", cell_settings, wanted, run.compute, variants=grouped_by_config(variants),
+                         fields=run.fields)
+        results = {v.label: run.results_of(v.label, wanted[v.label], done[v.label]) for v in variants}
+        return job.report("perplexity", {**cell_settings, **run.settings(results)}, results, ppl_table, ppl_plots)
+
+
+@dataclass(frozen=True)
+class PlannedWindows:
+    """The documents' tokens (as many as the windows read) and the windows of each length: ``cells`` pairs
+    (length, window), ``keys`` their :class:`ppl_cells.WindowCell`, in the same order."""
+
+    tokens: list
+    names: list[str]
+    plans: dict
+    cells: list
+    keys: list
+
+    @classmethod
+    def of(cls, tok, docs, p: PplParams) -> "PlannedWindows":
+        need = None
+        if p.max_windows and p.mode == "windows":
+            need = max(p.lengths) * p.max_windows
+        elif p.max_windows:
+            need = max(p.lengths) + (p.stride or max(p.lengths)) * p.max_windows
+        tokens = D.tokenize_documents(tok, docs, need)
+        names = [d.name for d in docs]
+        plans = plan_lengths(tokens, p.lengths, p.mode, p.stride, p.max_windows)
+        digests = [doc_digest(t) for t in tokens]
+        cells = [(n, w) for n in p.lengths for w in plans[n]]
+        keys = [WindowCell(n, names[w.doc], digests[w.doc], w.begin) for n, w in cells]
+        return cls(tokens, names, plans, cells, keys)
+
+
+class _PplCells:
+    """What one ``eval ppl`` run computes: each variant's window cells, the truncated baseline's cells past L and,
+    with key tokens, each method's key-token cells (and the evaluator's key positions); then the results."""
+
+    def __init__(self, job: Run, p: PplParams, windows: PlannedWindows, original: int | None,
+                 baseline: Baseline | None, judge):
+        self.job, self.p, self.windows, self.original, self.baseline, self.judge = job, p, windows, original, baseline, judge
+        self.window_of = {k: w for k, (_, w) in zip(windows.keys, windows.cells)}
+        self.longer = [k for k in windows.keys if baseline is not None and k.length > original]
+        self.judged: dict[WindowCell, dict] = {}  # the evaluator's key tokens per window
+
+    def compute(self, variant, key: list) -> dict[str, Any]:
+        p, cell = self.p, ppl_cell(key)
+        w = self.window_of[cell.window]
+        doc = self.windows.tokens[w.doc]
+        if isinstance(cell, KeyPositionsCell):  # the evaluator's own key tokens
+            model = self.judge.model if self.judge.model is not None else self.job.loaded[0]
+            return key_positions_cell(model, doc, w, self.original, cell.stride, cell.alpha, cell.beta, p.chunk_size)
+        model = self.job.model_for(variant, max(p.lengths))
+        if isinstance(cell, KeyTokensCell) and cell.evaluator is not None:  # the evaluator's key tokens, scored
+            return scored_key_cell(model, doc, w, self.judged[cell.window]["positions"], p.chunk_size)
+        if isinstance(cell, KeyTokensCell):
+            return key_token_cell(model, doc, w, self.original, cell.stride, cell.alpha, cell.beta, p.chunk_size)
+        if self.baseline is not None and variant.label == self.baseline.variant.label:
+            return truncated_window_cell(model, doc, w, p.buckets, self.original, self.baseline.stride, p.chunk_size)
+        return window_cell(model, doc, w, p.buckets, p.chunk_size)
+
+    @staticmethod
+    def fields(key: list) -> dict:
+        return CELL_FIELDS[type(ppl_cell(key))]
+
+    def key_cell(self, k: WindowCell) -> KeyTokensCell:
+        """Window k's key-token cell, of every method."""
+        return KeyTokensCell(k, self.baseline.stride, self.p.key_alpha, self.p.key_beta,
+                             self.judge.ident if self.judge is not None else None)
+
+    def judge_key_tokens(self, cell_settings: dict) -> None:
+        """The evaluator's key positions in every window past L (its cells, computed first)."""
+        judge, p = self.judge, self.p
+        own = [KeyPositionsCell(k, self.baseline.stride, p.key_alpha, p.key_beta, judge.ident).as_list()
+               for k in self.longer]
+        got = self.job.cells("perplexity", cell_settings, {judge.variant.label: own}, self.compute,
+                             variants=[judge.variant], fields=self.fields,
+                             desc="key tokens (evaluator)")[judge.variant.label]
+        self.judged.update(zip(self.longer, got))
+
+    def wanted(self) -> tuple[list, dict[str, list]]:
+        """The variants and the cell keys of each: the run's variants every window (and key-token cells), the
+        truncated baseline the windows past L."""
+        keys = [k.as_list() for k in self.windows.keys]
+        scored = [self.key_cell(k).as_list() for k in self.longer] if self.p.key_tokens else []
+        variants, wanted = list(self.job.variants), {v.label: keys + scored for v in self.job.variants}
+        if self.baseline is not None and self.p.truncated_baseline:
+            variants.append(self.baseline.variant)
+            wanted[self.baseline.variant.label] = [k.as_list() for k in self.longer]
+        return variants, wanted
+
+    def results_of(self, label: str, wanted: list[list], values: list) -> dict[str, Any]:
+        """One variant's results per length (with its key-token perplexity past L)."""
+        p, w = self.p, self.windows
+        mine = dict(zip(map(json.dumps, wanted), values))
+        got = {str(n): aggregate_length(n, w.plans[n], [mine[json.dumps(k.as_list())] for k, (m, _) in
+                                                        zip(w.keys, w.cells) if m == n], w.names, p.buckets,
+                                        self.original)
+               for n in p.lengths if any(k[0] == n for k in wanted)}
+        if p.key_tokens and label != (self.baseline.variant.label if p.truncated_baseline else None):
+            for n in {k.length for k in self.longer}:
+                got[str(n)]["key_tokens"] = aggregate_key_tokens(
+                    [mine[json.dumps(self.key_cell(k).as_list())] for k in self.longer if k.length == n])
+        return got
+
+    def settings(self, results: dict[str, dict]) -> dict[str, Any]:
+        """The report's settings beside the cells' (and the context gains added to ``results``)."""
+        p, judge, out = self.p, self.judge, {}
+        if p.key_tokens:
+            out["key_tokens"] = {"evaluator": judge.description if judge else "each method's own model (the model "
+                                 "under test, patched)", "alpha": p.key_alpha, "beta": p.key_beta,
+                                 "short_context": self.original, "stride": self.baseline.stride,
+                                 "source": "LongPPL, Fang et al. 2024, arXiv:2410.23771"}
             if judge is not None:
-                settings["key_tokens"]["evaluator_own"] = {
-                    str(n): aggregate_key_positions([judged[k] for k in longer if k.length == n])
-                    for n in sorted({k.length for k in longer})}
-        settings.update(lengths=lengths, max_windows=max_windows, documents=names,
-                        document_tokens=[len(t) for t in token_docs])
-        if baseline is not None and truncated_baseline:
-            settings["truncated_baseline"] = {"label": baseline.variant.label, "context": original,
-                                              "stride": baseline.stride}
-            add_context_gain(results, baseline.variant.label)
-        return job.report("perplexity", settings, results, ppl_table, ppl_plots)
-
-
-# -- the cells of eval ppl, by their keys (stored as the lists of ``as_list``, the same since the first release) ---
-@dataclass(frozen=True)
-class WindowCell:
-    """A window's perplexity: ``length`` tokens of document ``doc`` (its token ``digest``) from token ``begin``."""
-
-    length: int
-    doc: str
-    digest: str
-    begin: int
-
-    @property
-    def window(self) -> "WindowCell":  # as every cell of a window names it
-        return self
-
-    def as_list(self) -> list:
-        return [self.length, self.doc, self.digest, self.begin]
-
-
-@dataclass(frozen=True)
-class KeyTokensCell:
-    """A window's key-token perplexity (LongPPL): judged by the method's own model with the truncated ``stride`` and
-    thresholds ``alpha``/``beta``, or by the ``evaluator`` of that identity (its :class:`KeyPositionsCell`)."""
-
-    window: WindowCell
-    stride: int
-    alpha: float
-    beta: float
-    evaluator: str | None = None
-
-    def as_list(self) -> list:
-        tail = ["evaluator", self.evaluator] if self.evaluator is not None else []
-        return self.window.as_list() + ["key_tokens", self.stride, self.alpha, self.beta] + tail
-
-
-@dataclass(frozen=True)
-class KeyPositionsCell:
-    """The positions of a window's key tokens as the ``evaluator`` judges them (its own cell)."""
-
-    window: WindowCell
-    stride: int
-    alpha: float
-    beta: float
-    evaluator: str
-
-    def as_list(self) -> list:
-        return self.window.as_list() + ["key_positions", self.stride, self.alpha, self.beta, self.evaluator]
-
-
-def ppl_cell(key: list) -> WindowCell | KeyTokensCell | KeyPositionsCell:
-    """The cell of a stored key (the inverse of ``as_list``)."""
-    window = WindowCell(*key[:4])
-    if len(key) == 4:
-        return window
-    kind, stride, alpha, beta, *rest = key[4:]
-    if kind == "key_positions":
-        return KeyPositionsCell(window, stride, alpha, beta, *rest)
-    return KeyTokensCell(window, stride, alpha, beta, rest[1] if rest else None)
-
-
-CELL_FIELDS = {WindowCell: WINDOW_FIELDS, KeyTokensCell: KEY_FIELDS, KeyPositionsCell: POSITION_FIELDS}
-
-
-@dataclass(frozen=True)
-class Baseline:
-    variant: Variant
-    stride: int
-
-
-def truncated_variant(original: int | None, stride: int | None, lengths: list[int]) -> Baseline | None:
-    """The truncated-context baseline of a run (None when no length exceeds the original context): the unpatched
-    model, labelled with its context and stride (a cell computed with another stride is another cell)."""
-    if original is None or max(lengths) <= original:
-        return None
-    stride = stride or max(1, original // 4)
-    if not 1 <= stride < original:
-        raise ValueError(f"--truncated-stride must be from 1 to the original context - 1 ({original - 1}: every "
-                         f"scored token keeps at least one token before it), got {stride}")
-    return Baseline(Variant(f"none-truncated-{original}-stride-{stride}", PosEncConfig("none")), stride)
-
-
-def add_context_gain(results: dict[str, dict], baseline: str) -> None:
-    """Per variant and length past the original context: ``context_gain`` = the baseline's perplexity of the tokens
-    past L over the variant's (> 1: the longer context helped; < 1: it hurt)."""
-    for label, per_len in results.items():
-        for n, r in per_len.items():
-            base = results[baseline].get(n, {}).get("past_original")
-            if r.get("past_original") and base and label != baseline:
-                r["context_gain"] = base["ppl"] / r["past_original"]["ppl"]
+                out["key_tokens"]["evaluator_own"] = {
+                    str(n): aggregate_key_positions([self.judged[k] for k in self.longer if k.length == n])
+                    for n in sorted({k.length for k in self.longer})}
+        out.update(lengths=p.lengths, max_windows=p.max_windows, documents=self.windows.names,
+                   document_tokens=[len(t) for t in self.windows.tokens])
+        if self.baseline is not None and p.truncated_baseline:
+            out["truncated_baseline"] = {"label": self.baseline.variant.label, "context": self.original,
+                                         "stride": self.baseline.stride}
+            add_context_gain(results, self.baseline.variant.label)
+        return out
 
 
 def _past(r: dict[str, Any] | None) -> str:
