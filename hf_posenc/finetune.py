@@ -357,7 +357,7 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, t: TrainSet
     checkpoint when it resumes one and saving one every ``run.every`` steps (None: no checkpoints); returns the
     logged losses by step (the resumed run's earlier ones included) and the seconds of training in all."""
     from datasets import Dataset
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainerCallback
 
     columns = {"input_ids": blocks.tolist()}
     if positions is not None:  # PoSE: each window's own position ids
@@ -379,20 +379,8 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, t: TrainSet
                 run.saved(state.global_step, earlier + time.time() - started)
 
     scratch = None if run.active else tempfile.TemporaryDirectory(prefix="hf_posenc-trainer-")  # never in --output
-    saving = {"save_strategy": "steps", "save_steps": run.every, "save_total_limit": 2} if run.active else \
-        {"save_strategy": "no"}
-    args = TrainingArguments(
-        output_dir=run.folder if run.active else scratch.name, max_steps=t.steps,
-        per_device_train_batch_size=t.batch_size, gradient_accumulation_steps=t.grad_accum,
-        learning_rate=t.learning_rate, warmup_steps=t.warmup_steps, weight_decay=t.weight_decay,
-        lr_scheduler_type="cosine", logging_steps=1, **saving, report_to=[], seed=t.seed, data_seed=t.seed,
-        use_cpu=default_device(t.device) == "cpu", disable_tqdm=not progress,
-        remove_unused_columns=False, dataloader_drop_last=True,
-        bf16=t.mixed_precision == "bf16", fp16=t.mixed_precision == "fp16",
-        parallelism_config=parallelism_config(t.context_parallel_size, int(os.environ.get("WORLD_SIZE", "1"))),
-        # transformers >= 5.x renamed gradient checkpointing to activation checkpointing
-        **{_checkpointing_arg(TrainingArguments): t.gradient_checkpointing},
-    )
+    args = _training_arguments(t, run.folder if run.active else scratch.name, run.every if run.active else None,
+                               progress)
 
     def collate(rows):
         ids = torch.stack([r["input_ids"] for r in rows])
@@ -413,6 +401,27 @@ def _train(lm, blocks: torch.Tensor, positions: torch.Tensor | None, t: TrainSet
         (getattr(lm, "activation_checkpointing_disable", None) or lm.gradient_checkpointing_disable)()
     losses = [{"step": h["step"], "loss": float(h["loss"])} for h in trainer.state.log_history if "loss" in h]
     return losses, seconds
+
+
+def _training_arguments(t: TrainSettings, folder: str, save_every: int | None, progress: bool):
+    """The Trainer's arguments of ``t``: a cosine schedule, a loss logged every step, a checkpoint in ``folder``
+    every ``save_every`` steps (the last two kept; None: none)."""
+    from transformers import TrainingArguments
+
+    saving = {"save_strategy": "steps", "save_steps": save_every, "save_total_limit": 2} if save_every else \
+        {"save_strategy": "no"}
+    return TrainingArguments(
+        output_dir=folder, max_steps=t.steps,
+        per_device_train_batch_size=t.batch_size, gradient_accumulation_steps=t.grad_accum,
+        learning_rate=t.learning_rate, warmup_steps=t.warmup_steps, weight_decay=t.weight_decay,
+        lr_scheduler_type="cosine", logging_steps=1, **saving, report_to=[], seed=t.seed, data_seed=t.seed,
+        use_cpu=default_device(t.device) == "cpu", disable_tqdm=not progress,
+        remove_unused_columns=False, dataloader_drop_last=True,
+        bf16=t.mixed_precision == "bf16", fp16=t.mixed_precision == "fp16",
+        parallelism_config=parallelism_config(t.context_parallel_size, int(os.environ.get("WORLD_SIZE", "1"))),
+        # transformers >= 5.x renamed gradient checkpointing to activation checkpointing
+        **{_checkpointing_arg(TrainingArguments): t.gradient_checkpointing},
+    )
 
 
 def _chunked_loss_trainer():
