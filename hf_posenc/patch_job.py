@@ -106,57 +106,27 @@ class PatchJob:
 def patch_and_save(job: PatchJob) -> dict[str, Any]:
     """The whole ``hf-posenc patch`` job (:class:`PatchJob`); returns what was done (folder, reports, commit URL)."""
     model, dtype, device, tokenizer = job.load.model, job.load.dtype, job.load.device, job.load.tokenizer
-    config, output, up, given_evals = job.config, job.output, job.upload, job.evals
-    serve_check, engine_python, dual_chunk_config = job.serve_check, job.engine_python, job.dual_chunk_config
-    progress, command = job.progress, job.command
-    evals = parse_evals(given_evals.names)  # before the slow load
-    for task, arguments in evals:
-        if task.patch.check_lengths and given_evals.lengths.get(task.patch.lengths_flag):
-            task.patch.check_lengths(given_evals.lengths[task.patch.lengths_flag], arguments)
-    check_replaced_output(output, "patch", resolve_source(model).path, given_evals.text_file)  # before any compute
-    if (up.private or up.revision) and not up.repo_id:
-        raise ValueError("--private and --revision apply to an upload: add --push-to-hub USER/NAME, or drop them.")
-    if dual_chunk_config:
-        check_dual_chunk_config(config.method)
-    if serve_check:  # the engine and its flags, before the load, the evaluations and the save
-
-        check_engine_flags(serve_check, engine_python)
-        if _saved_natively(config.method):  # (a checkpoint no engine computes is reported without one)
-            engine_ready(serve_check, engine_python)
+    config, output, up, dual_chunk_config = job.config, job.output, job.upload, job.dual_chunk_config
+    evals = _checked_before_load(job)
     with ReplacedOutput(output, "patch") as out:  # one run per --output, from here to the save
-        reads_documents = any(t.reads_documents for t, _ in evals)
-        docs = gather_documents(text_file=given_evals.text_file, encoding=given_evals.encoding) if reads_documents \
-            else []
+        docs = gather_documents(text_file=job.evals.text_file, encoding=job.evals.encoding) \
+            if any(t.reads_documents for t, _ in evals) else []
         lm, tok, src = runtime.load_model_and_tokenizer(model, dtype, device, tokenizer=tokenizer,
                                                         need_tokenizer=bool(evals))
         if job.freeze_at is not None:  # the static configuration, resolved against the model, is what follows
-
             config = get_config(freeze(lm, config, job.freeze_at))
             unpatch(lm)
         if dual_chunk_config:  # the family, once the model is loaded, before any evaluation
             check_dual_chunk_config("dca", getattr(lm.config, "model_type", None))
-        lengths = _lengths_of(lm, config, evals, given_evals.lengths)
-        methods = ["none", config] if config.method != "none" else ["none"]
-        common = RunSettings(LoadSettings(model, dtype, device), methods=methods, factor=config.factor, seed=job.seed,
-                             output=OutputSettings(progress=progress, plots=False, command=command),
-                             loaded=(lm, tok, src))
-        reports = []
-        for task, arguments in evals:  # each of the unpatched model beside the patched one
-            given = PatchEval(lengths=lengths[task.name], docs=docs, arguments=arguments,
-                              depths=given_evals.depths or [0.5], trials=given_evals.trials,
-                              max_windows=given_evals.max_windows, limit=given_evals.harness_limit,
-                              max_gen_tokens=given_evals.max_gen_tokens)
-            reports.append(task.run(common, task.patch.params_of(given)))
-        if job.tuned is not None:
-            reports.insert(0, job.tuned)
+        reports = _evaluations(job, config, evals, docs, (lm, tok, src))
         patch(lm, config)
-        card = dict(base_model=model, repo_id=up.repo_id, command=command)
+        card = dict(base_model=model, repo_id=up.repo_id, command=job.command)
         with out.staged() as staged, _dual_chunk(lm, dual_chunk_config):  # a failure leaves --output as it was
             save_pretrained(lm, staged, tok, eval_results=reports, **card)
-            if serve_check:
-                check = check_folder(staged, EngineSettings(serve_check, engine_python),
+            if job.serve_check:
+                check = check_folder(staged, EngineSettings(job.serve_check, job.engine_python),
                                      CheckSettings(job.serve_check_lengths, dtype=dtype), tokenizer=tokenizer,
-                                     progress=progress, command=command)
+                                     progress=job.progress, command=job.command)
                 check["setup"]["folder"] = os.path.abspath(output)  # where it will be, not the staging folder
                 check["table"] = serve_table(check)
                 reports.append(check)
@@ -167,6 +137,47 @@ def patch_and_save(job: PatchJob) -> dict[str, Any]:
             done["commit_url"] = upload(output, up.repo_id, private=up.private, revision=up.revision,
                                         commit_message=up.commit_message, timeout=up.timeout or UPLOAD_TIMEOUT)
     return done
+
+
+def _checked_before_load(job: PatchJob) -> list:
+    """What the job's flags alone refuse, and the serving engine readied, before the slow load: the parsed
+    ``(task, arguments)`` of ``--eval``."""
+    up, given = job.upload, job.evals
+    evals = parse_evals(given.names)
+    for task, arguments in evals:
+        if task.patch.check_lengths and given.lengths.get(task.patch.lengths_flag):
+            task.patch.check_lengths(given.lengths[task.patch.lengths_flag], arguments)
+    check_replaced_output(job.output, "patch", resolve_source(job.load.model).path, given.text_file)
+    if (up.private or up.revision) and not up.repo_id:
+        raise ValueError("--private and --revision apply to an upload: add --push-to-hub USER/NAME, or drop them.")
+    if job.dual_chunk_config:
+        check_dual_chunk_config(job.config.method)
+    if job.serve_check:  # the engine and its flags, before the load, the evaluations and the save
+        check_engine_flags(job.serve_check, job.engine_python)
+        if _saved_natively(job.config.method):  # (a checkpoint no engine computes is reported without one)
+            engine_ready(job.serve_check, job.engine_python)
+    return evals
+
+
+def _evaluations(job: PatchJob, config: PosEncConfig, evals: list, docs: list, loaded: tuple) -> list[dict]:
+    """The reports of ``--eval``'s tasks, each of the unpatched model beside the patched one (and ``tune``'s first,
+    when the job comes from it)."""
+    lm, given = loaded[0], job.evals
+    lengths = _lengths_of(lm, config, evals, given.lengths)
+    methods = ["none", config] if config.method != "none" else ["none"]
+    common = RunSettings(LoadSettings(job.load.model, job.load.dtype, job.load.device), methods=methods,
+                         factor=config.factor, seed=job.seed,
+                         output=OutputSettings(progress=job.progress, plots=False, command=job.command),
+                         loaded=loaded)
+    reports = []
+    for task, arguments in evals:
+        settings = PatchEval(lengths=lengths[task.name], docs=docs, arguments=arguments, depths=given.depths or [0.5],
+                             trials=given.trials, max_windows=given.max_windows, limit=given.harness_limit,
+                             max_gen_tokens=given.max_gen_tokens)
+        reports.append(task.run(common, task.patch.params_of(settings)))
+    if job.tuned is not None:
+        reports.insert(0, job.tuned)
+    return reports
 
 
 def _dual_chunk(model, wanted: bool):
