@@ -25,6 +25,7 @@ import shutil
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from .io.digests import comparable_identity
 from .io.files import _can_create_in, atomic_write_text
 from .io.output_folder import MANIFEST
 from .training_settings import CheckpointSettings
@@ -164,7 +165,8 @@ class ResumableRun:
             raise ValueError(f"{self.folder} holds the checkpoints of an earlier run of this output (trained to step "
                              f"{self.latest_step()} of {stored['fingerprint']['training']['steps']}): pass --resume "
                              "to continue it, or remove that folder to train again from the start")
-        then, now = _leaves(stored["fingerprint"]), _leaves(self.fingerprint)
+        then, now = (_leaves({**f, "model": comparable_identity(f.get("model"))})
+                     for f in (stored["fingerprint"], self.fingerprint))
         differ = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
         if differ:
             detail = "; ".join(f"{k}: {_shown(then.get(k))} then, {_shown(now.get(k))} now" for k in differ[:6])

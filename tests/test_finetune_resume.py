@@ -203,3 +203,23 @@ def test_what_the_checkpoint_folder_holds_decides_what_is_resumed(tmp_path, caps
     with pytest.raises(ValueError, match="under 2 processes"):
         ResumableRun(CheckpointSettings(every=2), out, {}, processes=2)
     ResumableRun(CheckpointSettings(), out, {})  # without checkpoint flags the folder is not even looked at
+
+
+def test_a_run_resumes_with_its_base_model_given_by_another_path_but_not_with_other_weights(tmp_path):
+    """The base model is named by its files' digest: a relative path from another folder (or the folder moved)
+    resumes the run; other files at the path do not."""
+    from hf_posenc.training_resume import ResumableRun
+
+    def fingerprint(path, files):
+        return {"model": {"model": path, "revision": None, "files": files}, "training": {"steps": 60}}
+
+    folder = tmp_path / "ft.checkpoints"
+    (folder / "checkpoint-2").mkdir(parents=True)
+    (folder / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
+    (folder / RUN_FILE).write_text(json.dumps({"fingerprint": fingerprint("runs/base", "sha256:aa"), "every": 2,
+                                               "before": {}, "seconds": {}}))
+    settings = CheckpointSettings(every=2, resume=True)
+    run = ResumableRun(settings, str(tmp_path / "ft"), fingerprint("../elsewhere/runs/base", "sha256:aa"))
+    assert run.resume_from().endswith("checkpoint-2")
+    with pytest.raises(ValueError, match="model.files: 'sha256:aa' then, 'sha256:bb' now"):
+        ResumableRun(settings, str(tmp_path / "ft"), fingerprint("runs/base", "sha256:bb"))

@@ -78,6 +78,30 @@ def test_weights_changed_in_the_middle_are_not_resumed(own_checkpoint, tmp_path,
     assert main(_ppl(own_checkpoint, out, "--overwrite")) == 0
 
 
+def test_the_same_weights_by_another_path_resume_and_other_weights_there_do_not(own_checkpoint, bert_tokenizer,
+                                                                                    tmp_path, capsys, monkeypatch):
+    """A local model is its files: the cells resume when its folder is given by a relative path from another
+    working folder, or moved (the benchmarks' checkpoints, read from another worktree), and not when the files
+    at the path are others."""
+    import shutil
+
+    import hf_posenc.eval.run_ppl as run_ppl
+
+    out = tmp_path / "ppl"
+    assert main(_ppl(own_checkpoint, out)) == 0
+    first = json.loads((out / "perplexity.json").read_text())["results"]
+    moved = tmp_path / "elsewhere" / "model"
+    shutil.copytree(own_checkpoint, moved)
+    shutil.rmtree(own_checkpoint)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.setattr(run_ppl, "window_cell", lambda *a, **k: pytest.fail("a cell was computed again"))
+    assert main(_ppl("model", out)) == 0  # relative, from another folder: the very cells
+    assert json.loads((out / "perplexity.json").read_text())["results"] == first
+    tiny_model("llama", seed=1, vocab_size=bert_tokenizer.vocab_size).save_pretrained(moved)  # other weights at that path
+    err = refused(_ppl("model", out), capsys)
+    assert "holds the cells of another setup (model.files: 'sha256:" in err
+
+
 def test_the_digest_cache_is_used_while_size_and_mtime_stay(tmp_path, monkeypatch):
     from hf_posenc.io import digests
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..io.digests import comparable_identity
 from ..io.files import atomic_write_text
 from ..methods.rope import DYNAMIC
 from ..patching import patch, trying
@@ -56,7 +57,10 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def resumable(fingerprint: dict[str, Any]) -> dict[str, Any]:
     """The fingerprint as a resume compares it: torch's version without its build tag (``2.13.0+cpu`` and
     ``2.13.0+cu130`` are one release built for other devices; each cell records the device it was computed on,
-    and a report counts its cells by device). Every other field, transformers' version included, must match."""
+    and a report counts its cells by device), a local model by its files (:func:`comparable_identity`). Every other
+    field, transformers' version included, must match."""
+    fingerprint = {**fingerprint, "model": comparable_identity(fingerprint["model"])} if "model" in fingerprint \
+        else fingerprint
     torch_version = fingerprint.get("versions", {}).get("torch")
     if not isinstance(torch_version, str):
         return fingerprint

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import time
+from typing import Any
 
 from .files import atomic_write_text
 from ..models import cache_dir
@@ -83,3 +84,12 @@ def file_digests(paths: list[str]) -> list[str]:
         except OSError:  # a read-only home: the digests are simply computed again next time
             pass
     return out
+
+
+def comparable_identity(identity: Any) -> Any:
+    """A model's identity (``eval.common.model_identity``) as a resume compares it: a local folder by the digest of
+    its files alone, not by the path it was given as -- a relative path from another working folder, or the folder
+    moved, is the same weights (and a path whose files changed is not)."""
+    if isinstance(identity, dict) and "files" in identity:
+        return {k: v for k, v in identity.items() if k != "model"}
+    return identity
