@@ -87,15 +87,22 @@ def test_the_same_weights_by_another_path_resume_and_other_weights_there_do_not(
 
     import hf_posenc.eval.run_ppl as run_ppl
 
+    import hf_posenc.eval.run_passkey as run_passkey
+
+    def passkey(model):  # its settings name the tokenizer, here the model folder's own
+        return ["eval", "passkey", "--model", str(model), "--methods", "none", "--lengths", "64", "--depths", "0.5",
+                "--trials", "1", "--output", str(tmp_path / "passkey"), "--no-plots", "--no-progress"]
+
     out = tmp_path / "ppl"
-    assert main(_ppl(own_checkpoint, out)) == 0
+    assert main(_ppl(own_checkpoint, out)) == 0 and main(passkey(own_checkpoint)) == 0
     first = json.loads((out / "perplexity.json").read_text())["results"]
     moved = tmp_path / "elsewhere" / "model"
     shutil.copytree(own_checkpoint, moved)
     shutil.rmtree(own_checkpoint)
     monkeypatch.chdir(tmp_path / "elsewhere")
     monkeypatch.setattr(run_ppl, "window_cell", lambda *a, **k: pytest.fail("a cell was computed again"))
-    assert main(_ppl("model", out)) == 0  # relative, from another folder: the very cells
+    monkeypatch.setattr(run_passkey, "passkey_cell", lambda *a, **k: pytest.fail("a cell was computed again"))
+    assert main(_ppl("model", out)) == 0 and main(passkey("model")) == 0  # relative, from elsewhere: the very cells
     assert json.loads((out / "perplexity.json").read_text())["results"] == first
     tiny_model("llama", seed=1, vocab_size=bert_tokenizer.vocab_size).save_pretrained(moved)  # other weights at that path
     err = refused(_ppl("model", out), capsys)

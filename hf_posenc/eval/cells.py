@@ -54,13 +54,25 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             if a.get(k, "<absent>") != b.get(k, "<absent>")]
 
 
+def _tokenizer_by_files(fingerprint: dict[str, Any]) -> Any:
+    """The settings without the tokenizer's path when the tokenizer is the model folder's own: the folder's files
+    digest covers its tokenizer files (a tokenizer from elsewhere is still compared by its path)."""
+    model, settings = fingerprint["model"], fingerprint.get("settings")
+    if not (isinstance(model, dict) and "files" in model and isinstance(settings, dict)):
+        return settings
+    tokenizer, folder = settings.get("tokenizer"), model.get("model")
+    if isinstance(tokenizer, str) and isinstance(folder, str) and os.path.normpath(tokenizer) == os.path.normpath(folder):
+        return {k: v for k, v in settings.items() if k != "tokenizer"}
+    return settings
+
+
 def resumable(fingerprint: dict[str, Any]) -> dict[str, Any]:
     """The fingerprint as a resume compares it: torch's version without its build tag (``2.13.0+cpu`` and
     ``2.13.0+cu130`` are one release built for other devices; each cell records the device it was computed on,
     and a report counts its cells by device), a local model by its files (:func:`comparable_identity`). Every other
     field, transformers' version included, must match."""
-    fingerprint = {**fingerprint, "model": comparable_identity(fingerprint["model"])} if "model" in fingerprint \
-        else fingerprint
+    fingerprint = {**fingerprint, "model": comparable_identity(fingerprint["model"]),
+                   "settings": _tokenizer_by_files(fingerprint)} if "model" in fingerprint else fingerprint
     torch_version = fingerprint.get("versions", {}).get("torch")
     if not isinstance(torch_version, str):
         return fingerprint
