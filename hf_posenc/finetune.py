@@ -298,9 +298,10 @@ def _training_data(tok, model: str, train_docs, eval_docs, t: TrainSettings, pos
                              f"tokenizer of {model} has none: use --packing document")
         positions = restarted_positions(blocks, tok.eos_token_id)
     heldout = tokenize_documents(tok, eval_docs, t.seq_len * t.eval_windows)
-    if max(len(x) for x in heldout) < t.seq_len:
+    longest = max(len(x) for x in heldout)
+    if longest < t.seq_len:
         raise ValueError(f"too little held-out text for seq_len={t.seq_len}: the longest held-out document has "
-                         f"{max(len(x) for x in heldout)} tokens")
+                         f"{longest} tokens")
     return _TrainingData(blocks, positions, heldout)
 
 

@@ -170,8 +170,9 @@ class ResumableRun:
         differ = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
         if differ:
             detail = "; ".join(f"{k}: {_shown(then.get(k))} then, {_shown(now.get(k))} now" for k in differ[:6])
-            raise ValueError(f"--resume: the checkpoints in {self.folder} belong to a run with other settings ({detail}); "
-                             "resume it with the same ones, or remove that folder to train again from the start")
+            raise ValueError(f"--resume: the checkpoints in {self.folder} belong to a run with other settings "
+                             f"({detail}); resume it with the same ones, or remove that folder to train again from "
+                             "the start")
         self.stored = stored
         self.every = self.every or stored["every"]
 

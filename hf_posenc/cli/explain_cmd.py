@@ -34,8 +34,9 @@ def add_parser(sub) -> None:
 
 
 def run(args, command: str) -> int:
-    out = explain(method_config(args, named="the method"), args.output, model=args.model, head_dim=args.head_dim, rope_theta=args.rope_theta,
-                  original=args.original_max_position, length=args.length, resolution=args.resolution)
+    out = explain(method_config(args, named="the method"), args.output, model=args.model, head_dim=args.head_dim,
+                  rope_theta=args.rope_theta, original=args.original_max_position, length=args.length,
+                  resolution=args.resolution)
     print(out["text"])
     print(f"\npictures: {', '.join(out['pictures'])}\ntext: {args.output}/explain.md, explain.json")
     return 0

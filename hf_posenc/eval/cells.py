@@ -61,7 +61,8 @@ def _tokenizer_by_files(fingerprint: dict[str, Any]) -> Any:
     if not (isinstance(model, dict) and "files" in model and isinstance(settings, dict)):
         return settings
     tokenizer, folder = settings.get("tokenizer"), model.get("model")
-    if isinstance(tokenizer, str) and isinstance(folder, str) and os.path.normpath(tokenizer) == os.path.normpath(folder):
+    if isinstance(tokenizer, str) and isinstance(folder, str) \
+            and os.path.normpath(tokenizer) == os.path.normpath(folder):
         return {k: v for k, v in settings.items() if k != "tokenizer"}
     return settings
 

@@ -111,7 +111,9 @@ def ppl_run(settings: RunSettings, params: PplParams) -> dict[str, Any]:
         done = job.cells("perplexity", cell_settings, wanted, run.compute, variants=grouped_by_config(variants),
                          fields=run.fields)
         results = {v.label: run.results_of(v.label, wanted[v.label], done[v.label]) for v in variants}
-        return job.report("perplexity", {**cell_settings, **run.settings(results)}, results, ppl_table, ppl_plots)
+        if baseline is not None and p.truncated_baseline:
+            add_context_gain(results, baseline.variant.label)
+        return job.report("perplexity", {**cell_settings, **run.settings()}, results, ppl_table, ppl_plots)
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,8 @@ class _PplCells:
 
     def __init__(self, job: Run, p: PplParams, windows: PlannedWindows, original: int | None,
                  baseline: Baseline | None, judge):
-        self.job, self.p, self.windows, self.original, self.baseline, self.judge = job, p, windows, original, baseline, judge
+        self.job, self.p, self.windows = job, p, windows
+        self.original, self.baseline, self.judge = original, baseline, judge
         self.window_of = {k: w for k, (_, w) in zip(windows.keys, windows.cells)}
         self.longer = [k for k in windows.keys if baseline is not None and k.length > original]
         self.judged: dict[WindowCell, dict] = {}  # the evaluator's key tokens per window
@@ -212,8 +215,8 @@ class _PplCells:
                     [mine[json.dumps(self.key_cell(k).as_list())] for k in self.longer if k.length == n])
         return got
 
-    def settings(self, results: dict[str, dict]) -> dict[str, Any]:
-        """The report's settings beside the cells' (and the context gains added to ``results``)."""
+    def settings(self) -> dict[str, Any]:
+        """The report's settings beside the cells'."""
         p, judge, out = self.p, self.judge, {}
         if p.key_tokens:
             out["key_tokens"] = {"evaluator": judge.description if judge else "each method's own model (the model "
@@ -229,7 +232,6 @@ class _PplCells:
         if self.baseline is not None and p.truncated_baseline:
             out["truncated_baseline"] = {"label": self.baseline.variant.label, "context": self.original,
                                          "stride": self.baseline.stride}
-            add_context_gain(results, self.baseline.variant.label)
         return out
 
 
