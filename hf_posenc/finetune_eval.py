@@ -170,7 +170,7 @@ class LongEval:
                 cells = []
                 for w in self.windows:
                     fresh()
-                    cells.append(window_cell(base, self.tokens[w.doc], w, BUCKETS, CHUNK))
+                    cells.append(window_cell(base, self.tokens[w.doc], w, BUCKETS, CHUNK, self.original))
                     bar.update(1)
                 found = []
                 for length, depth, key_seed in needles:

@@ -13,7 +13,7 @@ from hf_posenc.eval.run_passkey import run_passkey
 from hf_posenc.eval.perplexity import evaluate_perplexity, plan_windows
 from hf_posenc.eval.scoring import token_nll
 from hf_posenc.eval.stats import mean_ci95
-from conftest import book_path, ids, on_loaded, refused, tiny_model
+from conftest import ORIGINAL, book_path, ids, on_loaded, refused, tiny_model
 
 
 def test_chunked_nll_equals_the_naive_loss():
@@ -266,6 +266,44 @@ def test_ppl_past_the_original_context_has_the_truncated_baseline_and_the_contex
         "--truncated-stride", "64"], capsys)
     assert main(argv + ["--no-truncated-baseline", "--no-plots"]) == 0
     assert "truncated_baseline" not in json.loads((out / "perplexity.json").read_text())["setup"]
+
+
+def test_past_l_is_every_token_from_position_l_on_wherever_the_position_buckets_fall(tiny_checkpoint, tmp_path):
+    """Length 72, L = 64, 32 buckets: no bucket edge at 64 (63, 65). Past L is positions 64..71, exactly, for the
+    run's methods and its truncated baseline, by the written-out NLL; cells of an older release (no exact count)
+    fall back to the buckets, every variant alike, so the context gain compares the same tokens."""
+    from hf_posenc.eval.perplexity import Window, aggregate_length, truncated_nll, truncated_window_cell, window_cell
+
+    model, x, w = tiny_model("llama"), ids(72)[0], Window(0, 0, 72, 1)
+    for cell, nll in ((window_cell(model, x, w, 32, original=ORIGINAL), token_nll(model, x[None])[0]),
+                      (truncated_window_cell(model, x, w, 32, ORIGINAL, 16), truncated_nll(model, x[None], 64, 16)[0])):
+        past = aggregate_length(72, [w], [cell], ["d"], 32, ORIGINAL)["past_original"]
+        assert (past["from"], past["tokens"]) == (64, 8)  # nll[p - 1] is the loss of the token at position p
+        assert past["nll"] == pytest.approx(nll[63:].double().mean().item(), abs=1e-6)
+        old = {k: v for k, v in cell.items() if not k.startswith("past_")}
+        legacy = aggregate_length(72, [w], [old], ["d"], 32, ORIGINAL)["past_original"]
+        assert (legacy["from"], legacy["tokens"]) == (65, 7)
+        assert legacy["nll"] == pytest.approx(nll[64:].double().mean().item(), abs=1e-6)
+        assert aggregate_length(72, [w], [cell], ["d"], 32, ORIGINAL, exact_past=False)["past_original"] == legacy
+    sliding = Window(0, 0, 72, 68)  # scored from position 68: past L is the 4 scored tokens
+    got = aggregate_length(72, [sliding], [window_cell(model, x, sliding, 32, original=ORIGINAL)], ["d"], 32, ORIGINAL)
+    assert (got["past_original"]["from"], got["past_original"]["tokens"]) == (64, 4)
+
+    out = tmp_path / "ppl"
+    argv = ["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none,yarn", "--factor", "2", "--lengths", "72",
+            "--max-windows", "1", "--corpus", "python-docs", "--limit", "2", "--output", str(out), "--no-progress"]
+    assert main(argv) == 0
+    res = json.loads((out / "perplexity.json").read_text())["results"]
+    assert {(r["72"]["past_original"]["from"], r["72"]["past_original"]["tokens"]) for r in res.values()} == {(64, 16)}
+    lines = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    for line in lines:  # the yarn cells as an older release wrote them
+        if line.get("kind") == "cell" and line["variant"] == "yarn":
+            line["result"] = {k: v for k, v in line["result"].items() if not k.startswith("past_")}
+    (out / "cells.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(argv) == 0
+    again = json.loads((out / "perplexity.json").read_text())["results"]
+    assert {(r["72"]["past_original"]["from"], r["72"]["past_original"]["tokens"]) for r in again.values()} == {(65, 14)}
+    assert again["none"]["72"]["ppl"] == res["none"]["72"]["ppl"]  # nothing recomputed, only summed otherwise
 
 
 def test_text_haystack_prompts_hide_the_asked_needle_at_its_depth_among_distractors(bert_tokenizer):

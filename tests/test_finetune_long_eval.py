@@ -174,6 +174,8 @@ def test_the_evaluation_leaves_the_patch_the_weights_and_the_mode_as_they_were(m
     long_eval = LongEval(bert_tokenizer, [read_text_file(book_path("pg84.txt"))], settings, 128, ORIGINAL, 0, False)
     got = long_eval.measure(model, "test")
     assert got["truncated"]["past_original"]["ppl"] > 0 and got["needles"]["by_depth"]["0.5"]["trials"] == 1
+    for past in (got["past_original"], got["truncated"]["past_original"]):  # every token from position L on
+        assert (past["from"], past["tokens"]) == (ORIGINAL, 128 - ORIGINAL)
     assert model.training and hf_posenc.get_config(model) == config
     now = model.state_dict()
     assert now.keys() == weights.keys() and all(torch.equal(now[k], v) for k, v in weights.items())

@@ -87,12 +87,14 @@ def doc_digest(doc: torch.Tensor) -> str:
     return hashlib.sha256(doc.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
 
 
-def window_cell(model, doc: torch.Tensor, window: Window, buckets: int = 32, chunk_size: int = 1024) -> dict:
-    """One window's scored tokens: their count, NLL sum, and NLL sum and count per position bucket."""
+def window_cell(model, doc: torch.Tensor, window: Window, buckets: int = 32, chunk_size: int = 1024,
+                original: int | None = None) -> dict:
+    """One window's scored tokens: their count, NLL sum, and NLL sum and count per position bucket; with
+    ``original`` (the model's original context L), also those of the tokens at positions >= L."""
     device = input_device(model)
     ids = doc[window.begin : window.end][None].to(device)
     nll = token_nll(model, ids, chunk_size=chunk_size, start=window.score_from)[0].double().cpu()
-    return _window_result(nll, window, buckets)
+    return _window_result(nll, window, buckets, original)
 
 
 def truncated_nll(model, ids: torch.Tensor, context: int, stride: int, chunk_size: int = 1024) -> torch.Tensor:
@@ -115,23 +117,36 @@ def truncated_window_cell(model, doc: torch.Tensor, window: Window, buckets: int
     device = input_device(model)
     ids = doc[window.begin : window.end][None].to(device)
     nll = truncated_nll(model, ids, original, stride, chunk_size)[0, window.score_from - 1 :].double().cpu()
-    return _window_result(nll, window, buckets)
+    return _window_result(nll, window, buckets, original)
 
 
-def _window_result(nll: torch.Tensor, window: Window, buckets: int) -> dict:
-    """The cell of a window from the NLL of its scored tokens (``window.score_from`` on)."""
+def _window_result(nll: torch.Tensor, window: Window, buckets: int, original: int | None = None) -> dict:
+    """The cell of a window from the NLL of its scored tokens (``window.score_from`` on); with ``original``, the
+    NLL sum and count of those at positions >= ``original`` (``past_from``, ``past_sum``, ``past_cnt``: the tokens
+    past L exactly, wherever the position buckets' edges fall)."""
     sums, counts = [], []
     edges = bucket_edges(window.end - window.begin, buckets)
     for a, b in zip(edges[:-1], edges[1:]):
         part = nll[max(a, window.score_from) - window.score_from : max(b, window.score_from) - window.score_from]
         sums.append(part.sum().item())
         counts.append(part.numel())
-    return {"tokens": nll.numel(), "nll_sum": nll.sum().item(), "bucket_sum": sums, "bucket_cnt": counts}
+    got = {"tokens": nll.numel(), "nll_sum": nll.sum().item(), "bucket_sum": sums, "bucket_cnt": counts}
+    if original is not None:
+        past = nll[max(original, window.score_from) - window.score_from :]
+        got.update(past_from=original, past_sum=past.sum().item(), past_cnt=past.numel())
+    return got
 
 
-def past_original(curve_sum: list[float], curve_cnt: list[int], edges: list[int], original: int | None) -> dict | None:
-    """The loss of the tokens past the original context L: those of the position buckets from the first bucket edge
-    at or after L (``from``), over every window (None when no bucket starts there)."""
+def past_original(curve_sum: list[float], curve_cnt: list[int], edges: list[int], original: int | None,
+                  cells: list[dict] = ()) -> dict | None:
+    """The loss of the tokens past the original context L over every window: exactly those at positions >= L
+    (``from`` = L) when every cell counted them (cells of this release); else, for cells written before, those of the
+    position buckets from the first bucket edge at or after L (``from``: that edge). None when no token is there."""
+    if original is not None and cells and all(c.get("past_from") == original for c in cells):
+        total, count = sum(c["past_sum"] for c in cells), sum(c["past_cnt"] for c in cells)
+        if not count:
+            return None
+        return {"from": original, "tokens": count, "nll": total / count, "ppl": math.exp(total / count)}
     firsts = [k for k, a in enumerate(edges[:-1]) if original is not None and a >= original]
     if not firsts or not sum(curve_cnt[firsts[0]:]):
         return None
@@ -140,9 +155,11 @@ def past_original(curve_sum: list[float], curve_cnt: list[int], edges: list[int]
 
 
 def aggregate_length(length: int, windows: list[Window], cells: list[dict], names: list[str], buckets: int,
-                     original: int | None = None) -> dict:
+                     original: int | None = None, exact_past: bool = True) -> dict:
     """The numbers of one length from its windows' cells (in the order of ``windows``); ``original``: the model's
-    original context L, past which the loss is also given (:func:`past_original`)."""
+    original context L, past which the loss is also given (:func:`past_original`; ``exact_past=False``: from the
+    position buckets even where the cells counted the tokens past L exactly, as a run whose other cells did not
+    must, to compare the same tokens)."""
     doc_sum, doc_cnt = [0.0] * len(names), [0] * len(names)
     edges = bucket_edges(length, buckets)
     curve_sum, curve_cnt = [0.0] * (len(edges) - 1), [0] * (len(edges) - 1)
@@ -162,7 +179,7 @@ def aggregate_length(length: int, windows: list[Window], cells: list[dict], name
         "length": length, "ppl": math.exp(total_nll / total_tok), "nll": total_nll / total_tok, "tokens": total_tok,
         "windows": len(windows), "doc_mean_ppl": math.exp(m), "ci95": [math.exp(lo), math.exp(hi)] if lo is not None else None,
         "docs": per_doc, "skipped_docs": [names[i] for i in range(len(names)) if not any(w.doc == i for w in windows)],
-        "curve": curve, "past_original": past_original(curve_sum, curve_cnt, edges, original),
+        "curve": curve, "past_original": past_original(curve_sum, curve_cnt, edges, original, cells if exact_past else ()),
     }
 
 

@@ -110,7 +110,9 @@ def ppl_run(settings: RunSettings, params: PplParams) -> dict[str, Any]:
         variants, wanted = run.wanted()
         done = job.cells("perplexity", cell_settings, wanted, run.compute, variants=grouped_by_config(variants),
                          fields=run.fields)
-        results = {v.label: run.results_of(v.label, wanted[v.label], done[v.label]) for v in variants}
+        exact = all(r.get("past_from") == original for v in variants  # else cells of an older release: buckets
+                    for k, r in zip(wanted[v.label], done[v.label]) if isinstance(ppl_cell(k), WindowCell))
+        results = {v.label: run.results_of(v.label, wanted[v.label], done[v.label], exact) for v in variants}
         if baseline is not None and p.truncated_baseline:
             add_context_gain(results, baseline.variant.label)
         return job.report("perplexity", {**cell_settings, **run.settings()}, results, ppl_table, ppl_plots)
@@ -169,7 +171,7 @@ class _PplCells:
             return key_token_cell(model, doc, w, self.original, cell.stride, cell.alpha, cell.beta, p.chunk_size)
         if self.baseline is not None and variant.label == self.baseline.variant.label:
             return truncated_window_cell(model, doc, w, p.buckets, self.original, self.baseline.stride, p.chunk_size)
-        return window_cell(model, doc, w, p.buckets, p.chunk_size)
+        return window_cell(model, doc, w, p.buckets, p.chunk_size, self.original)
 
     @staticmethod
     def fields(key: list) -> dict:
@@ -201,13 +203,14 @@ class _PplCells:
             wanted[self.baseline.variant.label] = [k.as_list() for k in self.longer]
         return variants, wanted
 
-    def results_of(self, label: str, wanted: list[list], values: list) -> dict[str, Any]:
-        """One variant's results per length (with its key-token perplexity past L)."""
+    def results_of(self, label: str, wanted: list[list], values: list, exact_past: bool) -> dict[str, Any]:
+        """One variant's results per length (with its key-token perplexity past L; ``exact_past``: every variant's
+        cells counted the tokens past L exactly, see :func:`perplexity.aggregate_length`)."""
         p, w = self.p, self.windows
         mine = dict(zip(map(json.dumps, wanted), values))
         got = {str(n): aggregate_length(n, w.plans[n], [mine[json.dumps(k.as_list())] for k, (m, _) in
                                                         zip(w.keys, w.cells) if m == n], w.names, p.buckets,
-                                        self.original)
+                                        self.original, exact_past)
                for n in p.lengths if any(k[0] == n for k in wanted)}
         if p.key_tokens and label != (self.baseline.variant.label if p.truncated_baseline else None):
             for n in {k.length for k in self.longer}:
