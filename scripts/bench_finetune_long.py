@@ -317,11 +317,39 @@ def _table(head: list[str], body: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in body)]
 
 
+def command_lines(args) -> list[str]:
+    """Every command behind the section's numbers, once each, in the order they run: per run and step count, the
+    training (as it was run, when its report recorded that) and the evaluations before and after (reading the
+    checkpoint where that training wrote it)."""
+    said: dict[str, None] = {}
+    for run in args.runs:
+        for steps in sorted({k for k, _ in trained_folders(args, run)} | {args.steps}):
+            these = argparse.Namespace(**{**vars(args), "steps": steps})
+            argv = commands(these, run)
+            report = load_json(os.path.join(args.output, _folder(these, run), "training", "finetune.json"))
+            ran = (report or {}).get("setup", {}).get("command")
+            if ran and ran != f"hf-posenc {shlex.join(argv['train'])}":
+                ran_argv = shlex.split(ran)
+                folder = ran_argv[ran_argv.index("--output") + 1] if "--output" in ran_argv else None
+                for key in ("ppl_after", "needles_after") if folder else ():
+                    argv[key][argv[key].index("--model") + 1] = folder
+                said[f"`{ran}` (the training as it was run)  "] = None
+            else:
+                said[f"`hf-posenc {shlex.join(argv['train'])}`  "] = None
+            for key in ("ppl_before", "ppl_after", "needles_before", "needles_after"):
+                said[f"`hf-posenc {shlex.join(argv[key])}`  "] = None
+    return list(said)
+
+
 def section(args, argv: list[str]) -> str:
     n, depths = args.target_length, args.depths.split(",")
     top = ceiling(args)
+    table = rows(args)
+    missing = any("–" in row for row in table)
+    other_steps = re.compile(rf", (?!{args.steps} steps)\d+ steps: ")  # rows the command does not compute
+    pending = any("–" in row for row in table if not other_steps.search(row[0]))
     said = (" (this section was written with --no-run from the runs finished so far; the command resumes the rest)"
-            if args.no_run else "")
+            if args.no_run and pending else "")
     lines = [TITLE, "", f"Command: `python scripts/bench_finetune_long.py {shlex.join(argv)}`{said}", "",
              f"Machine of this call: {os.cpu_count()} CPU cores, device {args.device}. Trained on "
              f"{', '.join(args.train)}; measured on {os.path.basename(args.text_file)} (never trained on), its first "
@@ -333,7 +361,7 @@ def section(args, argv: list[str]) -> str:
              f"At {n} tokens (ppl of the tokens past L = {args.original_context}; needles: {args.trials} keys per "
              "depth in the book's prose):", "",
              *_table(["model", "ppl past L", "context gain vs the original truncated", "gain vs its own truncated",
-                      *[f"needle @ {d}" for d in depths], "needles before the last L tokens (hits)"], rows(args)), ""]
+                      *[f"needle @ {d}" for d in depths], "needles before the last L tokens (hits)"], table), ""]
     lines += [*verdicts(args), ""] if verdicts(args) else []
     if top:
         lines += [f"The ceiling for this model, inside L, on {top['book']}: given 8192 tokens instead of 4096, the "
@@ -345,18 +373,11 @@ def section(args, argv: list[str]) -> str:
                      f"**{top['past_l']['context_gain']:.4f}**)" if "past_l" in top else "")
                   + ". Doubling the context inside L gains this much on this book: a gain near that past L is what "
                   "using the context would look like for SmolLM2-135M.", ""]
-    lines += ["–: not run yet (the runs resume in the order of the command). "
-              "Context gain vs the original truncated: the original model's ppl past L with at most L tokens of "
+    lines += [("–: not measured (the command measures every depth of the runs of its --steps; a row of another step "
+               "count keeps the depths it was measured at). " if missing else "")
+              + "Context gain vs the original truncated: the original model's ppl past L with at most L tokens of "
               "context, over the row's (> 1: better than simply truncating). Own truncated: the same weights, "
-              "unpatched, truncated to L (what `hf-posenc eval ppl` reports).", ""]
-    for run in args.runs:
-        for steps in sorted({k for k, _ in trained_folders(args, run)} | {args.steps}):
-            these = argparse.Namespace(**{**vars(args), "steps": steps})
-            said = [f"`hf-posenc {shlex.join(a)}`  " for a in commands(these, run).values()]
-            report = load_json(os.path.join(args.output, _folder(these, run), "training", "finetune.json"))
-            if report and report["setup"].get("command") and report["setup"]["command"] != said[0][1:-3]:
-                said[0] = f"`{report['setup']['command']}` (the training as it was run; the evaluations read its output)  "
-            lines += said
+              "unpatched, truncated to L (what `hf-posenc eval ppl` reports).", "", *command_lines(args)]
     return "\n".join(lines).rstrip() + "\n"
 
 
