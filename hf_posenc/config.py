@@ -135,7 +135,8 @@ def checked(text: str, method: Any, factor: Any, original_max_position_embedding
 
 
 def as_config(method_or_config: Any, **kwargs: Any) -> PosEncConfig:
-    """Accept a PosEncConfig, a dict, or a method name plus keywords."""
+    """Accept a PosEncConfig, a dict, a method name plus keywords, or the text form ``METHOD:KEY=VALUE,...``
+    (:meth:`PosEncConfig.parse`: ``patch(model, "yarn:factor=4")``)."""
     if isinstance(method_or_config, PosEncConfig):
         if kwargs:
             raise ValueError(f"pass either a PosEncConfig or keyword arguments, not both (got {sorted(kwargs)}).")
@@ -144,6 +145,11 @@ def as_config(method_or_config: Any, **kwargs: Any) -> PosEncConfig:
         if kwargs:
             raise ValueError(f"pass either a config dict or keyword arguments, not both (got {sorted(kwargs)}).")
         return PosEncConfig.from_dict(method_or_config)
+    if isinstance(method_or_config, str) and ":" in method_or_config:
+        if kwargs:
+            raise ValueError(f"pass either the text form {method_or_config!r} or keyword arguments, not both (got "
+                             f"{sorted(kwargs)}).")
+        return PosEncConfig.parse(method_or_config)
     return PosEncConfig.from_kwargs(method_or_config, **kwargs)
 
 

@@ -19,14 +19,14 @@ import time
 import dataclasses
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .models import resolve_source
 from .provenance import environment, recorded_command
 from .runtime import default_device
-from .config import PosEncConfig
+from .config import PosEncConfig, as_config
 from .adapters.s2_attention import S2Training, check_group, check_s2_implementation, check_s2_method
 from .encodings.pose import check_pose, pose_batch
 
@@ -35,21 +35,20 @@ from .training_resume import ResumableRun, document_digests, quiet_about_tied_we
 from .training_settings import MIXED_PRECISIONS, PACKINGS, CheckpointSettings, TrainSettings
 from .context import original_context
 from .eval.common import model_identity
-from .io.documents import check_heldout, tokenize_documents
+from .io.documents import Document, check_heldout, documents_of, tokenize_documents
 from .eval.perplexity import evaluate_perplexity
 from .io.reports import markdown_table, plot_lines
 from .eval.scoring import chunked_lm_loss
 from .gguf_file import original_before_load
 from .hub import EVAL_FOLDER, save_pretrained
-from .lora import apply_lora, save_lora
+from .lora import LoraSettings, apply_lora, check_targets_before_load, save_lora
 from .methods import resolve_method
 from .parallel import check_context_parallel, check_engine, check_lora_engine, gathered_state_dict, parallelism_config
 from .patching import patch
 from .io.output_folder import ReplacedOutput, check_replaced_output
 from . import runtime  # (its loader looked up when called: tests replace it)
 
-if TYPE_CHECKING:
-    from .lora import LoraSettings
+__all__ = ["finetune", "PoseSettings", "LoraSettings", "TrainSettings", "CheckpointSettings", "LongEvalSettings"]
 
 POSE_KINDS = ("rope", "none")  # methods whose positions come from the position ids (the RoPE scalings, plain RoPE)
 
@@ -152,16 +151,16 @@ def heldout_perplexity(model, token_docs: list[torch.Tensor], seq_len: int, wind
 
 def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output: str,
              training: TrainSettings = TrainSettings(), pose: PoseSettings | None = None,
-             lora: "LoraSettings | None" = None, long_eval: LongEvalSettings | None = LongEvalSettings(),
+             lora: LoraSettings | None = None, long_eval: LongEvalSettings | None = LongEvalSettings(),
              checkpoints: CheckpointSettings = CheckpointSettings(), command: str | None = None,
              progress: bool = True) -> dict[str, Any]:
     """Patch ``model`` with ``config``, train it as ``training`` says (:class:`TrainSettings`: ``steps`` optimizer
     steps on packed ``train_docs``), measure held-out perplexity on ``eval_docs`` before and after, save to
     ``output``; returns the report. ``pose``: train on PoSE windows (their position ids skip to cover
     ``pose.target``) instead of ``training.seq_len`` blocks. ``lora``: train LoRA adapters (:mod:`hf_posenc.lora`,
-    peft) instead of every weight; saved as the adapter beside the patched base (``hf_posenc.lora.load_lora``), or
-    merged into the weights with ``lora.merge``. ``training.s2_attn_group``: train with LongLoRA's shifted sparse
-    attention (:mod:`hf_posenc.adapters.s2_attention`); evaluation and the saved model attend in full.
+    peft) instead of every weight; saved as the adapter beside the patched base (``hf_posenc.from_pretrained``
+    loads both), or merged into the weights with ``lora.merge``. ``training.s2_attn_group``: train with LongLoRA's
+    shifted sparse attention (:mod:`hf_posenc.adapters.s2_attention`); evaluation and the saved model attend in full.
     ``training.chunked_loss``: the training loss over chunks of the LM head, as evaluation computes it.
     ``long_eval``: the long-context evaluation before and after training (:mod:`hf_posenc.finetune_eval`: perplexity
     past the original context L with the truncated baseline, needles in the held-out prose) at ``long_eval.length``,
@@ -170,7 +169,8 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     the evaluations (the same forwards in the same order: see :mod:`hf_posenc.finetune_eval`) and the main process
     saves."""
 
-    t = training
+    t, config = training, as_config(config)  # a PosEncConfig, its text form ("yarn:factor=2") or a dict
+    train_docs, eval_docs = _documents("train_docs", train_docs), _documents("eval_docs", eval_docs)
     _check_settings(config, eval_docs, t, pose)
     long_length = long_eval.length_for(pose.target if pose else None) if long_eval is not None else None
     read = t.seq_len * t.eval_windows  # the held-out tokens scored (the needles' haystack: every document whole)
@@ -179,6 +179,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
     if lora is not None:
         check_lora_engine(t.device)  # sharded weights, read from the launcher's environment
+        check_targets_before_load(model, lora)
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # several: started by torchrun or accelerate launch
     run = ResumableRun(checkpoints, output, _fingerprint(model, config, train_docs, eval_docs, t, pose, lora,
                                                          long_eval, long_length), processes)
@@ -229,6 +230,14 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     return report
 
 
+def _documents(name: str, docs) -> list[Document]:
+    """``docs`` as a list of Documents, anything else refused by name (a text is not a document: it has no name)."""
+    if isinstance(docs, (str, Document)) or docs is None:
+        raise ValueError(f"{name} must be a list of Documents (hf_posenc.io.documents.read_text_file(path), "
+                         f"gather_documents(...), or Document(name, text)), got {type(docs).__name__}")
+    return documents_of(docs)
+
+
 def _check_settings(config: PosEncConfig, eval_docs, t: TrainSettings, pose: PoseSettings | None) -> None:
     """What the settings alone refuse, before anything is read or loaded."""
     if not eval_docs:
@@ -259,7 +268,7 @@ def _checked_before_load(model: str, config: PosEncConfig, pose: PoseSettings | 
 
 
 def _patched(model: str, config: PosEncConfig, t: TrainSettings, pose: PoseSettings | None, longer,
-             lora: "LoraSettings | None"):
+             lora: LoraSettings | None):
     """The model loaded (after seeding), patched, its original context checked against PoSE's target and the
     long evaluation's length, wrapped in LoRA adapters when asked: ``(model, tokenizer, device)``."""
     runtime.seed_everything(t.seed)

@@ -6,7 +6,9 @@ import logging
 import os
 import re
 import pickle
+import warnings
 import zipfile
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -22,12 +24,32 @@ logger = logging.getLogger(__name__)
 
 # keyword arguments of from_pretrained that also matter when reading the config alone
 _CONFIG_KWARGS = (*HUB_FILE_KWARGS, "trust_remote_code", "gguf_file")
+BASE_FOLDER = "base"  # where lora.save_lora(merged=False) puts the patched base model, inside its folder
+
+
+@contextmanager
+def quiet_peft():
+    """peft asks transformers' deprecated ``is_gradient_checkpointing`` (a FutureWarning a user can do nothing about):
+    that warning, and no other, is dropped while peft wraps or loads."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
+def require_peft():
+    try:
+        import peft
+    except ImportError:
+        raise ImportError("LoRA needs peft: pip install 'hf_posenc[lora]' (or pip install 'peft>=0.18')") from None
+    return peft
 
 
 def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = None, **hf_kwargs: Any):
     """Load a model and apply a positional-encoding change.
 
-    path_or_id: Hub id, local directory, ``.gguf`` file or alias (``smollm2-135m``, ``qwen2.5-coder-0.5b``, ``all-minilm-l6-v2``).
+    path_or_id: Hub id, local directory, ``.gguf`` file or alias (``smollm2-135m``, ``qwen2.5-coder-0.5b``,
+        ``all-minilm-l6-v2``); a folder of a LoRA adapter saved by ``hf-posenc finetune --lora-r``
+        (``lora.save_lora(merged=False)``) loads as a peft model (:func:`load_lora`; needs peft).
     posenc: a PosEncConfig, a dict (``{"method": "yarn", "factor": 4}``) or a method name; when None,
         the ``hf_posenc`` block stored in the checkpoint's ``config.json`` (by ``save_pretrained`` of a
         patched model) is applied again. A given ``posenc`` replaces a stored one.
@@ -37,6 +59,8 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
     """
     from transformers import AutoConfig
 
+    if is_lora_folder(str(path_or_id)):  # save_lora(merged=False): the patched base, then the adapter
+        return load_lora(str(path_or_id), posenc, auto_class=auto_class, **hf_kwargs)
     requested = as_config(posenc) if posenc is not None else None
     source = resolve_source(path_or_id)
     kwargs = {**source.kwargs, **hf_kwargs}
@@ -189,3 +213,29 @@ def model_class_for(hf_config: Any):
                              "not a model class; the file was edited or corrupted (e.g. [\"LlamaForCausalLM\"])")
         return cls
     return transformers.AutoModelForCausalLM
+
+
+def is_lora_folder(path: str) -> bool:
+    """Whether ``path`` is a local folder of a peft adapter (``adapter_config.json``) and no full model."""
+    return (os.path.isdir(path) and os.path.isfile(os.path.join(path, "adapter_config.json"))
+            and not os.path.isfile(os.path.join(path, "config.json")))
+
+
+def load_lora(folder: str, posenc: Any = None, *, is_trainable: bool = False, **hf_kwargs: Any):
+    """Load what ``lora.save_lora(..., merged=False)`` saved (``hf_posenc.from_pretrained(folder)`` calls this for
+    such a folder): the patched base (``hf_posenc.from_pretrained`` of ``folder/base``, with ``posenc`` -- None: the
+    stored patch -- and ``hf_kwargs``: dtype, device_map, auto_class, ...), then the adapter with its trained
+    embedding and norms (``peft.PeftModel.from_pretrained``). Returns the peft model (in eval mode unless
+    ``is_trainable``); ``hf_posenc.get_config`` of it names the patch."""
+    base_folder = os.path.join(folder, BASE_FOLDER)
+    if not os.path.isfile(os.path.join(folder, "adapter_config.json")):
+        raise ValueError(f"{folder} is not a LoRA folder saved by save_lora(merged=False): it has no "
+                         "adapter_config.json")
+    if not os.path.isdir(base_folder):
+        raise ValueError(f"{folder} holds a peft adapter but no patched base model in {base_folder} (save_lora("
+                         "merged=False) writes both): load the model it adapts with hf_posenc.from_pretrained, patched "
+                         "as it was trained, then peft.PeftModel.from_pretrained(model, folder)")
+    peft = require_peft()
+    base = from_pretrained(base_folder, posenc, **hf_kwargs)
+    with quiet_peft():
+        return peft.PeftModel.from_pretrained(base, folder, is_trainable=is_trainable)

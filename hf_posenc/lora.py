@@ -4,7 +4,7 @@
     lora = apply_lora(hf_posenc.patch(model, "yarn", factor=4), settings)
     ...train lora...
     save_lora(lora, "out", merged=True)            # one checkpoint: hf_posenc.from_pretrained("out")
-    save_lora(lora, "out", merged=False)           # the adapter, the patched base in out/base: load_lora("out")
+    save_lora(lora, "out", merged=False)           # the adapter, the patched base in out/base: the same call
 
 The patch stays on the model that peft wraps: its hooks sit on the rotary embedding, the decoder body and the
 attention modules (none of which peft replaces), and its record stays on the wrapped model
@@ -24,7 +24,8 @@ Saved layout of ``save_lora(..., merged=False)``::
     folder/base/                                                       the patched base model, untrained, as
                                                                        hf_posenc.save_pretrained saves it
 
-:func:`load_lora` loads it back (``hf_posenc.from_pretrained(folder/base)``, then ``PeftModel.from_pretrained``).
+:func:`load_lora` loads it back (``hf_posenc.from_pretrained(folder/base)``, then ``PeftModel.from_pretrained``);
+``hf_posenc.from_pretrained(folder)`` does the same for such a folder.
 The adapter's ``base_model_name_or_path`` names the model the base came from (provenance): loading the folder
 with plain transformers would fetch that model, without the patch; use :func:`load_lora`.
 """
@@ -42,10 +43,11 @@ from .wording import first_names
 from .io.files import atomic_write_text, follow_umask
 from .hub import save_pretrained, write_model_card
 from .patching import _record
-from . import loading
+from .loading import BASE_FOLDER, model_class_for, quiet_peft, require_peft
+from .loading import load_lora  # noqa: F401 (this module's API too: hf_posenc.lora.load_lora)
+from .models import resolve_source
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-BASE_FOLDER = "base"  # where save_lora(merged=False) puts the patched base model, inside its folder
 NORM_SUFFIXES = ("RMSNorm", "LayerNorm")
 OWN_WEIGHTS = "hf_posenc_"  # the prefix of weights a patch adds (the learned swap's table)
 LOADING_NOTE = """
@@ -53,17 +55,10 @@ LOADING_NOTE = """
 ## Loading this LoRA adapter
 
 This folder holds a LoRA adapter (peft) with its trained embedding and norms; the patched base it adapts is in
-`base/`. Load both with `hf_posenc.lora.load_lora(folder)` (which applies the patch to the base, then the adapter).
+`base/`. Load both with `hf_posenc.from_pretrained(folder)` (which applies the patch to the base, then the adapter;
+peft needed).
 """
 
-
-
-def require_peft():
-    try:
-        import peft
-    except ImportError:
-        raise ImportError("LoRA needs peft: pip install 'hf_posenc[lora]' (or pip install 'peft>=0.18')") from None
-    return peft
 
 
 @dataclass(frozen=True)
@@ -176,6 +171,33 @@ def _patch_holds(model: nn.Module) -> dict[int, str]:
     return held
 
 
+def check_targets(model: nn.Module, settings: LoraSettings) -> None:
+    """Each target names a module of ``model``, else refused with the names of its linear layers."""
+    named = [n for n, _ in model.named_modules() if n]
+    missing = [t for t in settings.targets if not any(_matches(n, t) for n in named)]
+    if missing:
+        raise ValueError(f"LoRA targets {missing} match no module of {type(model).__name__}; its linear layers are "
+                         f"named {linear_names(model)}")
+
+
+def check_targets_before_load(model: str, settings: LoraSettings) -> None:
+    """:func:`check_targets` on ``model`` (a path, Hub id or alias) built from its config alone on the meta device:
+    no weight read, seconds instead of the load. Skipped when its config cannot be read or built here (the check
+    after the load says it then); a patch adds no linear layer, so the unpatched model's names are the ones."""
+    try:
+        import torch
+        from transformers import AutoConfig
+
+        source = resolve_source(model)
+        hf_config = AutoConfig.from_pretrained(source.path, **source.kwargs)
+        cls = model_class_for(hf_config)  # an auto class builds by from_config, a model class by itself
+        with torch.device("meta"):
+            skeleton = cls.from_config(hf_config) if hasattr(cls, "from_config") else cls(hf_config)
+    except Exception:  # noqa: BLE001 -- only a pre-check: the load that follows reports what is wrong
+        return
+    check_targets(skeleton, settings)
+
+
 def lora_config(model: nn.Module, settings: LoraSettings):
     """The ``peft.LoraConfig`` for ``settings`` on ``model``, after checking, before anything changes, that each
     target names a module and that peft replaces no module the hf_posenc patch holds."""
@@ -184,11 +206,8 @@ def lora_config(model: nn.Module, settings: LoraSettings):
         raise ValueError(f"settings must be a LoraSettings, got {type(settings).__name__}")
     if isinstance(model, peft.PeftModel):
         raise ValueError("the model is already a peft model; apply_lora takes the (patched) transformers model")
+    check_targets(model, settings)
     named = dict(model.named_modules())
-    missing = [t for t in settings.targets if not any(_matches(n, t) for n in named if n)]
-    if missing:
-        raise ValueError(f"LoRA targets {missing} match no module of {type(model).__name__}; its linear layers are "
-                         f"named {linear_names(model)}")
     replaced = {n for n in named if n and any(_matches(n, t) for t in settings.targets)}
     not_linear = sorted(n for n in replaced if not isinstance(named[n], nn.Linear))
     if not_linear:
@@ -229,7 +248,8 @@ def apply_lora(model: nn.Module, settings: LoraSettings):
     lists the linear layers), a module peft would replace that the hf_posenc patch holds."""
     peft = require_peft()
     config = lora_config(model, settings)
-    wrapped = peft.get_peft_model(model, config)
+    with quiet_peft():
+        wrapped = peft.get_peft_model(model, config)
     if config.modules_to_save:  # peft matches by name suffix: exactly the modules asked, each wrapped
         got = {n.removeprefix("base_model.model.") for n, m in wrapped.named_modules()
                if isinstance(m, peft.utils.other.ModulesToSaveWrapper)}
@@ -284,17 +304,3 @@ def save_lora(peft_model, folder: str, merged: bool, tokenizer=None, **card_kwar
     atomic_write_text(os.path.join(folder, "README.md"), card.rstrip("\n") + LOADING_NOTE)
     follow_umask(folder)  # peft writes its weights as private temporary files (0600)
     return folder
-
-
-def load_lora(folder: str, *, is_trainable: bool = False, **hf_kwargs: Any):
-    """Load what ``save_lora(..., merged=False)`` saved: the patched base (``hf_posenc.from_pretrained`` of
-    ``folder/base``, with ``hf_kwargs``: dtype, device_map, ...), then the adapter with its trained embedding and
-    norms (``peft.PeftModel.from_pretrained``). Returns the peft model (in eval mode unless ``is_trainable``)."""
-    peft = require_peft()
-
-    base_folder = os.path.join(folder, BASE_FOLDER)
-    if not os.path.isfile(os.path.join(folder, "adapter_config.json")) or not os.path.isdir(base_folder):
-        raise ValueError(f"{folder} is not a LoRA folder saved by save_lora(merged=False): it needs "
-                         f"adapter_config.json and the base model in {base_folder}")
-    base = loading.from_pretrained(base_folder, **hf_kwargs)
-    return peft.PeftModel.from_pretrained(base, folder, is_trainable=is_trainable)

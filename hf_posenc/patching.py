@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from typing import Any
 
@@ -15,8 +16,17 @@ from .config import CONFIG_KEY, PosEncConfig, as_config
 _STATE = "_hf_posenc_record"
 
 
+def holder(model: nn.Module) -> nn.Module:
+    """The model a patch lives on: ``model`` itself, or the model a peft wrapper (LoRA, ...) wraps, whose record
+    and hooks the wrapper computes with (``peft_model.get_base_model()``)."""
+    peft = sys.modules.get("peft")  # not imported: no peft model exists
+    if peft is not None and isinstance(model, peft.PeftModel):
+        return model.get_base_model()
+    return model
+
+
 def _record(model: nn.Module) -> PatchRecord | None:
-    return model.__dict__.get(_STATE)
+    return holder(model).__dict__.get(_STATE)
 
 
 def get_config(model: nn.Module) -> PosEncConfig | None:
@@ -63,7 +73,7 @@ def adopt(model: nn.Module, cfg: PosEncConfig, block: dict, reapply: bool = Fals
 
 
 def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
-    """Change the positional encoding of ``model`` in place and return it.
+    """Change the positional encoding of ``model`` (or of the model a peft wrapper wraps) in place and return it.
 
     ``method`` is a method name (``hf_posenc.list_methods()``) with its knobs as keywords, a
     :class:`PosEncConfig`, or a dict of one. Only this instance changes. Patching a patched model
@@ -76,28 +86,30 @@ def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise ValueError(f"patch() needs a transformers model (a torch.nn.Module), got {type(model).__name__}.")
     cfg = as_config(method, **kwargs)
-    previous = get_config(model)
+    inner = holder(model)  # a peft model: the model it wraps
+    previous = get_config(inner)
     if previous is not None:
-        unpatch(model)
+        unpatch(inner)
     try:
-        _apply(model, cfg)
+        _apply(inner, cfg)
     except BaseException:
         if previous is not None:
-            _apply(model, previous)
+            _apply(inner, previous)
         raise
     return model
 
 
 def unpatch(model: nn.Module) -> nn.Module:
     """Restore the original positional encoding of ``model`` exactly; a no-op on an unpatched model
-    returns it unchanged."""
-    rec = model.__dict__.get(_STATE)
+    returns it unchanged. A peft model's wrapped model is unpatched."""
+    inner = holder(model)
+    rec = inner.__dict__.get(_STATE)
     if rec is not None and not rec.reversible:
         raise ValueError(
             f"this model was loaded from a checkpoint saved after {rec.config.method!r}, whose weights hold the "
             "changed position table; the original table is not in it, so it cannot be unpatched or re-patched. "
             "Load the base model to start from the original.")
-    model.__dict__.pop(_STATE, None)
+    inner.__dict__.pop(_STATE, None)
     if rec is not None:
         rec.undo()
     return model

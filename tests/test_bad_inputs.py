@@ -72,6 +72,7 @@ def test_the_cli_records_its_command_without_the_token(tiny_checkpoint, tmp_path
 @pytest.mark.parametrize("argv,message", [
     (["eval", "ppl", "--max-windows", "-1"], "argument --max-windows: expected an integer >= 1, got '-1'"),
     (["eval", "ppl", "--max-windows", "0"], "argument --max-windows: expected an integer >= 1, got '0'"),
+    (["eval", "ppl", "--max-windows", "-1e3"], "argument --max-windows: expected an integer >= 1, got '-1e3'"),
     (["eval", "ppl", "--stride", "0"], "argument --stride: expected an integer >= 1, got '0'"),
     (["eval", "ppl", "--limit", "0"], "argument --limit: expected an integer >= 1, got '0'"),
     (["eval", "ppl", "--buckets", "0"], "argument --buckets: expected an integer >= 1, got '0'"),
@@ -88,6 +89,17 @@ def test_the_cli_records_its_command_without_the_token(tiny_checkpoint, tmp_path
 ])
 def test_cli_refuses_bad_numbers_and_lists_by_name(argv, message, capsys):
     assert message in refused(argv, capsys)
+
+
+@pytest.mark.parametrize("value", ["-1e-4", "-2E+1", "-.5"])
+def test_a_negative_number_in_any_form_reaches_the_flags_own_check(value, tmp_path, capsys):
+    """argparse took "-1e-4" for a flag ("expected one argument"); it is the flag's value, refused by its check."""
+    text = tmp_path / "a.txt"
+    text.write_text("a few words of text")
+    err = refused(["finetune", "--method", "yarn", "--text-file", str(text), "--eval-text-file", str(text),
+                   "--learning-rate", value, "--output", str(tmp_path / "o")], capsys)
+    assert f"--learning-rate must be a number > 0, got {float(value)!r}" in err
+    assert not (tmp_path / "o").exists()
 
 
 def test_eval_refuses_a_knob_no_method_takes(tiny_checkpoint, tmp_path, capsys):

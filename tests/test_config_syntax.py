@@ -292,3 +292,16 @@ def test_method_takes_the_config_syntax_in_patch_and_finetune(command, tmp_path,
     with pytest.raises(ValueError) as got:
         method_config(bad)
     assert str(got.value) == str(one.value)
+
+
+@pytest.mark.parametrize("method", sorted(NON_DEFAULT))
+def test_the_python_api_takes_the_text_form_where_it_takes_a_method(method):
+    """``patch(model, "yarn:factor=4")`` and ``finetune(config="yarn:factor=4")``: the one text form, as a flag reads
+    it; a text with keywords beside it is refused (which would win is not guessed)."""
+    from hf_posenc.config import as_config
+
+    text = NON_DEFAULT[method]
+    assert as_config(text) == PosEncConfig.parse(text) and str(as_config(text)) == str(PosEncConfig.parse(text))
+    if ":" in text:
+        with pytest.raises(ValueError, match="pass either the text form .* or keyword arguments, not both"):
+            as_config(text, factor=2.0)

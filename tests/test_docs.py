@@ -82,3 +82,28 @@ def test_the_site_builds_strictly(tmp_path):
     gallery = (tmp_path / "site" / "explain" / "index.html").read_text()  # hf-posenc explain's pictures, drawn
     assert "yarn:factor=2" in gallery and (tmp_path / "site" / "explain" / "yarn" / "wavelengths.png").exists()
     assert (tmp_path / "site" / "explain" / "dca" / "positions.png").exists()
+
+
+def test_the_python_fine_tuning_example_imports_what_it_names_and_calls_finetune_with_its_keywords():
+    """docs/fine-tuning.md's Python block: its imports exist, every keyword it gives finetune() is a parameter, every
+    settings class takes the keywords given it, and its fresh-clone split of the built-in corpus passes the held-out
+    check it says it passes."""
+    import ast
+    import inspect
+
+    from hf_posenc.io.documents import builtin_corpus, check_heldout
+
+    page = open(os.path.join(ROOT, "docs", "fine-tuning.md"), encoding="utf-8").read()
+    code = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "finetune(" in b)
+    tree, names = ast.parse(code), {}
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            exec(compile(ast.Module([node], []), "docs", "exec"), names)
+    calls = [n for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names]
+    assert {c.func.id for c in calls} >= {"finetune", "TrainSettings", "PoseSettings", "LoraSettings", "builtin_corpus"}
+    for call in calls:
+        taken = inspect.signature(names[call.func.id]).parameters
+        assert {k.arg for k in call.keywords} <= set(taken), (call.func.id, [k.arg for k in call.keywords])
+    docs = builtin_corpus()
+    check_heldout(docs[1:3], docs[3:], None)  # the example's split: no held-out passage in the training documents

@@ -13,7 +13,7 @@ pytest.importorskip("peft")
 import hf_posenc  # noqa: E402
 from conftest import ORIGINAL, ids, logits, tiny_model  # noqa: E402
 from hf_posenc.lora import LoraSettings, apply_lora, load_lora, save_lora, trained_in_full  # noqa: E402
-from peft import LoraConfig, get_peft_model  # noqa: E402
+from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from peft.utils.other import ModulesToSaveWrapper  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
@@ -134,6 +134,14 @@ def test_trained_lora_saved_merged_and_as_adapter_loads_back(method, tied, tmp_p
     loaded = load_lora(str(adapter), attn_implementation="eager")
     assert hf_posenc.get_config(loaded.get_base_model()).method == method
     assert gap(logits(loaded, x), trained) <= 1e-5
+    again = hf_posenc.from_pretrained(str(adapter), attn_implementation="eager")  # the folder as any other
+    assert isinstance(again, PeftModel) and hf_posenc.get_config(again).method == method  # through the wrapper
+    assert gap(logits(again, x), trained) <= 1e-5
+    stored = hf_posenc.get_config(again)
+    hf_posenc.unpatch(again)  # the wrapped model's patch, undone and applied again through the wrapper
+    assert hf_posenc.get_config(again) is None and hf_posenc.get_config(again.get_base_model()) is None
+    assert gap(logits(again, x), trained) > 1e-3  # N > L: the unpatched model computes otherwise
+    assert hf_posenc.patch(again, stored) is again and gap(logits(again, x), trained) <= 1e-5
     assert gap(logits(lora, x), trained) == 0  # the adapter save left the trained model as it was
 
     merged = tmp_path / "merged"
@@ -208,6 +216,11 @@ def test_save_and_load_refuse_what_is_not_theirs(tmp_path):
     hf_posenc.save_pretrained(model, str(tmp_path / "plain"))
     with pytest.raises(ValueError, match="is not a LoRA folder saved by save_lora"):
         load_lora(str(tmp_path / "plain"))
+    bare = tmp_path / "bare"  # an adapter saved by peft alone: no patched base beside it
+    get_peft_model(patched("yarn"), LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(str(bare))
+    for load in (load_lora, hf_posenc.from_pretrained):
+        with pytest.raises(ValueError, match="holds a peft adapter but no patched base model in .*bare/base"):
+            load(str(bare))
     lora = apply_lora(model, LoraSettings(r=2))
     with pytest.raises(ValueError, match="already a peft model"):
         apply_lora(lora, LoraSettings(r=2))
@@ -247,11 +260,13 @@ def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_check
         x = ids(100)
         assert (logits(plain, x) - logits(model, x)).abs().max().item() <= 1e-5
     else:
-        assert "load with hf_posenc.lora.load_lora" in printed and (out / "adapter_config.json").exists()
+        assert "load with hf_posenc.from_pretrained -- a peft model" in printed
+        assert (out / "adapter_config.json").exists()
         mask = os.umask(0o022)
         os.umask(mask)
         assert (out / "adapter_model.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask  # not peft's 0600
-        model = load_lora(str(out)).eval()
+        model = hf_posenc.from_pretrained(str(out)).eval()
+        assert hf_posenc.get_config(model).method == "yarn"
     tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
     held = tokenize_documents(tok, [read_text_file(book_path("pg84.txt"))], 64 * 2)
     assert heldout_perplexity(model, held, 64, 2)["ppl"] == pytest.approx(report["heldout_after"]["ppl"], rel=1e-5)
@@ -263,11 +278,15 @@ def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_check
     (["--lora-r", "4", "--lora-targets", "qproj"], "LoRA targets \\['qproj'\\] match no module"),
     (["--lora-r", "4", "--lora-dropout", "1.5"], "dropout"),
 ])
-def test_cli_lora_input_that_means_nothing_is_refused(extra, message, tiny_checkpoint, tmp_path, capsys):
+def test_cli_lora_input_that_means_nothing_is_refused(extra, message, tiny_checkpoint, tmp_path, capsys,
+                                                     monkeypatch):
     import re
 
+    import hf_posenc.loading as loading
     from conftest import refused
 
+    # before the weights load: the targets against the model built from its config on the meta device
+    monkeypatch.setattr(loading, "from_pretrained", lambda *a, **k: pytest.fail("the model was loaded first"))
     err = refused(_finetune_argv(tiny_checkpoint, tmp_path / "ft", *extra), capsys)
     assert re.search(message, err), err
     assert not (tmp_path / "ft").exists()
@@ -321,7 +340,7 @@ def test_the_adapter_folder_carries_the_card_of_what_was_trained_and_the_base_th
     report = {"task": "finetune", "table": "| trained |", "setup": {}}
     save_lora(lora, str(tmp_path), merged=False, eval_results=[report], trained=True)
     top, base = (tmp_path / "README.md").read_text(), (tmp_path / "base" / "README.md").read_text()
-    assert "hf_posenc.lora.load_lora(folder)" in top and "Model Card for Model ID" not in top
+    assert "hf_posenc.from_pretrained(folder)" in top and "Model Card for Model ID" not in top
     assert "fine-tuned" in top and "fine-tuned" not in base
     assert (tmp_path / "hf_posenc_eval" / "finetune.json").exists()
     assert not (tmp_path / "base" / "hf_posenc_eval").exists()

@@ -93,6 +93,31 @@ def test_the_python_api_refuses_held_out_text_that_is_training_text(tiny_checkpo
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("keywords,message", [
+    ({"train_docs": "a text"}, "train_docs must be a list of Documents .*got str"),
+    ({"eval_docs": None}, "eval_docs must be a list of Documents .*got NoneType"),
+    ({"eval_docs": ["a text"]}, "docs must be Documents .*got str"),
+    ({"config": "yarn:factor=0.5"}, "factor"),
+])
+def test_the_python_api_refuses_what_is_not_documents_or_a_config_before_the_load(keywords, message, tiny_checkpoint,
+                                                                                  tmp_path, stop_at_load):
+    from hf_posenc.finetune import finetune
+
+    given = {"model": tiny_checkpoint, "config": "yarn:factor=2", "train_docs": [Document("a", _words(2, 0, 200))],
+             "eval_docs": [Document("h", _words(1, 0, 200))], "output": str(tmp_path / "o"), **keywords}
+    with pytest.raises(ValueError, match=message):
+        finetune(**given)
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_python_api_takes_the_config_in_its_text_form(tiny_checkpoint, tmp_path, stop_at_load):
+    from hf_posenc.finetune import finetune
+
+    with pytest.raises(ValueError, match=STOP):  # every check passed: stopped where the model would load
+        finetune(model=tiny_checkpoint, config="yarn:factor=2", train_docs=[Document("a", _words(2, 0, 200))],
+                 eval_docs=[Document("h", _words(1, 0, 200))], output=str(tmp_path / "o"))
+
+
 # -- 7. the digest cache: a rewritten file is hashed again, even with its old size and mtime ---------------------
 @pytest.fixture
 def digests(tmp_path, monkeypatch):

@@ -125,8 +125,10 @@ def run(args, command: str) -> int:
                       training=training, pose=pose, lora=lora, long_eval=long_eval, checkpoints=checkpoints,
                       command=command, progress=not args.no_progress)
     print(report["table"])
-    loader = "hf_posenc.lora.load_lora" if lora is not None and not lora.merge else "hf_posenc.from_pretrained"
-    print(f"\nsaved: {args.output} (load with {loader}); training report in {args.output}/hf_posenc_eval/")
+    loaded = " -- a peft model: the patched base in base/, then the adapter" if lora is not None and not lora.merge \
+        else ""
+    print(f"\nsaved: {args.output} (load with hf_posenc.from_pretrained{loaded}); training report in "
+          f"{args.output}/hf_posenc_eval/")
     return 0
 
 

@@ -13,6 +13,9 @@ from typing import NoReturn
 from ..provenance import MASK, scrub, secret_name
 
 
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
 class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
     """Each flag's help ends with its default, except where there is none to show (None: the flag's help says
     what not giving it means)."""
@@ -31,6 +34,9 @@ class Parser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
         self._words: list[str] = []
+        # a negative number in exponent form is a value too: "--learning-rate -1e-4" reaches the flag's own check
+        # ("must be > 0, got -0.0001") instead of argparse's "expected one argument"
+        self._negative_number_matcher = NEGATIVE_NUMBER
 
     def parse_known_args(self, args=None, namespace=None):
         self._words = list(sys.argv[1:] if args is None else args)
