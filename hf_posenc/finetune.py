@@ -196,6 +196,8 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
         lm, tok, device = _patched(model, config, t, pose, longer, lora)
         data = _training_data(tok, model, train_docs, eval_docs, t, pose)
         measured = run.before()  # a resumed run measured these before its first step
+        if measured is not None and longer is not None and not longer.counted_exactly(measured.get("long_context")):
+            measured = {**measured, "long_context": longer.measure(lm, "before training")}  # an older release's
         if measured is None:
             measured = {"heldout": heldout_perplexity(lm, data.heldout, t.seq_len, t.eval_windows)}
             if longer is not None:

@@ -136,6 +136,13 @@ class LongEval:
         self.original = original
         self.stride = max(1, original // 4) if original else None  # eval ppl's default --truncated-stride
 
+    def counted_exactly(self, section: dict[str, Any] | None) -> bool:
+        """Whether a stored measurement (a resumed run's, before training) counted the tokens past L from L exactly,
+        as :meth:`measure` does: one an older release wrote counted them from a position bucket's edge, and is
+        measured again so that before and after compare the same tokens."""
+        pasts = [(section or {}).get("past_original"), ((section or {}).get("truncated") or {}).get("past_original")]
+        return all(p is not None and p.get("from") == self.original for p in pasts)
+
     def describe(self) -> dict[str, Any]:
         s = self.settings
         return {"length": self.length, "original_context": self.original, "truncated_stride": self.stride,

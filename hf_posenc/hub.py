@@ -24,6 +24,7 @@ from .provenance import scrub
 from .card import BaseModel, build_model_card, describe_base
 from .io.reports import save_report
 from .models import drop_gguf_quantizer
+from .patching import holder
 
 EVAL_FOLDER = "hf_posenc_eval"  # where the full evaluation reports go inside a saved checkpoint
 UPLOAD_TIMEOUT = 60.0  # seconds without an answer before one Hub request of an upload gives up
@@ -54,8 +55,14 @@ def save_pretrained(model, save_directory: str, tokenizer=None, *, eval_results:
     Markdown) under ``hf_posenc_eval/``.
 
     base_model: the base model's Hub id, local path or alias (for the card's ``base_model`` and license);
-    default: where the model was loaded from. Returns ``save_directory``.
+    default: where the model was loaded from. Returns ``save_directory``. A peft model is refused (peft would save
+    its adapter alone, which no loader could put back together): ``hf_posenc.lora.save_lora`` saves it.
     """
+    if holder(model) is not model:
+        raise ValueError(f"hf_posenc.save_pretrained saves a whole model, and this is a peft model "
+                         f"({type(model).__name__}): save it with hf_posenc.lora.save_lora(model, folder, merged=True) "
+                         "(one checkpoint) or merged=False (the adapter beside the patched base; "
+                         "hf_posenc.from_pretrained loads either)")
     card = build_model_card(model, repo_id=repo_id, base=_base(model, base_model), eval_reports=eval_results,
                             command=command, model_name=model_name, trained=trained)
     drop_gguf_quantizer(model)

@@ -42,14 +42,13 @@ from torch import nn
 from .wording import first_names
 from .io.files import atomic_write_text, follow_umask
 from .hub import save_pretrained, write_model_card
-from .patching import _record
+from .patching import OWN_WEIGHTS, held_modules
 from .loading import BASE_FOLDER, model_class_for, quiet_peft, require_peft
 from .loading import load_lora  # noqa: F401 (this module's API too: hf_posenc.lora.load_lora)
 from .models import resolve_source
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 NORM_SUFFIXES = ("RMSNorm", "LayerNorm")
-OWN_WEIGHTS = "hf_posenc_"  # the prefix of weights a patch adds (the learned swap's table)
 LOADING_NOTE = """
 
 ## Loading this LoRA adapter
@@ -133,44 +132,6 @@ def trained_in_full(model: nn.Module) -> list[str]:
     return names
 
 
-def _patch_holds(model: nn.Module) -> dict[int, str]:
-    """The modules that the model's hf_posenc patch hooks, changed an attribute of, or keeps a reference to (in a
-    hook's state): ``id(module) -> what``. peft must not replace these (a LoRA layer wraps the module, a
-    ``modules_to_save`` copy stands in for it): the patch would act on the frozen original."""
-    record = _record(model)
-    if record is None:
-        return {}
-    method = record.config.method
-    owners = {}
-    for m in model.modules():
-        for hooks in (m._forward_hooks, m._forward_pre_hooks):
-            owners[id(hooks)] = m
-    held: dict[int, str] = {}
-    for kind, *step in record._undo:
-        if kind == "hook":
-            handle = step[0]
-            hooks = handle.hooks_dict_ref()
-            if hooks is None or handle.id not in hooks:
-                continue
-            owner = owners.get(id(hooks))
-            if owner is not None:
-                held[id(owner)] = f"{method} hooks it"
-            hook = hooks[handle.id]
-            state = getattr(hook, "__self__", hook)
-            for value in getattr(state, "__dict__", {}).values():
-                for v in value if isinstance(value, (list, tuple)) else (value,):
-                    if isinstance(v, nn.Module):
-                        held[id(v)] = f"{method} calls it from a hook"
-        elif kind in ("set", "assign"):
-            obj, name, _ = step
-            if isinstance(obj, nn.Module):
-                held.setdefault(id(obj), f"{method} changed its {name!r}")
-            value = getattr(obj, name, None)
-            if isinstance(value, nn.Module):
-                held.setdefault(id(value), f"{method} installed it")
-    return held
-
-
 def check_targets(model: nn.Module, settings: LoraSettings) -> None:
     """Each target names a module of ``model``, else refused with the names of its linear layers."""
     named = [n for n, _ in model.named_modules() if n]
@@ -225,7 +186,7 @@ def lora_config(model: nn.Module, settings: LoraSettings):
         raise ValueError("the LM head is tied to the input embedding, which LongLoRA's recipe trains in full: it "
                          "cannot also be a LoRA target. Drop it from the targets (--lora-targets), or train only the "
                          "adapters (--lora-frozen-embeddings-and-norms; train_embeddings_and_norms=False)")
-    held = _patch_holds(model)
+    held = held_modules(model)
     for name in sorted(replaced | set(full)):
         if id(named[name]) in held:
             why = "LoRA target" if name in replaced else "embedding or norm that train_embeddings_and_norms trains"

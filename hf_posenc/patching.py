@@ -16,6 +16,9 @@ from .config import CONFIG_KEY, PosEncConfig, as_config
 _STATE = "_hf_posenc_record"
 
 
+OWN_WEIGHTS = "hf_posenc_"  # the prefix of weights a patch adds (the learned swap's table)
+
+
 def holder(model: nn.Module) -> nn.Module:
     """The model a patch lives on: ``model`` itself, or the model a peft wrapper (LoRA, ...) wraps, whose record
     and hooks the wrapper computes with (``peft_model.get_base_model()``)."""
@@ -27,6 +30,44 @@ def holder(model: nn.Module) -> nn.Module:
 
 def _record(model: nn.Module) -> PatchRecord | None:
     return holder(model).__dict__.get(_STATE)
+
+
+def held_modules(model: nn.Module) -> dict[int, str]:
+    """The modules that the model's hf_posenc patch hooks, changed an attribute of, or keeps a reference to (in a
+    hook's state): ``id(module) -> what``. peft must not replace these (a LoRA layer wraps the module, a
+    ``modules_to_save`` copy stands in for it): the patch would act on the frozen original."""
+    record = _record(model)
+    if record is None:
+        return {}
+    method = record.config.method
+    owners = {}
+    for m in model.modules():
+        for hooks in (m._forward_hooks, m._forward_pre_hooks):
+            owners[id(hooks)] = m
+    held: dict[int, str] = {}
+    for kind, *step in record._undo:
+        if kind == "hook":
+            handle = step[0]
+            hooks = handle.hooks_dict_ref()
+            if hooks is None or handle.id not in hooks:
+                continue
+            owner = owners.get(id(hooks))
+            if owner is not None:
+                held[id(owner)] = f"{method} hooks it"
+            hook = hooks[handle.id]
+            state = getattr(hook, "__self__", hook)
+            for value in getattr(state, "__dict__", {}).values():
+                for v in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(v, nn.Module):
+                        held[id(v)] = f"{method} calls it from a hook"
+        elif kind in ("set", "assign"):
+            obj, name, _ = step
+            if isinstance(obj, nn.Module):
+                held.setdefault(id(obj), f"{method} changed its {name!r}")
+            value = getattr(obj, name, None)
+            if isinstance(value, nn.Module):
+                held.setdefault(id(value), f"{method} installed it")
+    return held
 
 
 def get_config(model: nn.Module) -> PosEncConfig | None:
@@ -92,11 +133,38 @@ def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
         unpatch(inner)
     try:
         _apply(inner, cfg)
+        if inner is not model:
+            _check_under_wrapper(model, inner)
     except BaseException:
+        if _record(inner) is not None:
+            unpatch(inner)
         if previous is not None:
             _apply(inner, previous)
         raise
     return model
+
+
+def _check_under_wrapper(wrapper: nn.Module, inner: nn.Module) -> None:
+    """A patch applied to the model a peft wrapper wraps must neither add weights (the wrapper would leave them
+    frozen, and save only its adapter) nor act on a module peft replaced (a LoRA layer, a trained ``modules_to_save``
+    copy): what ``lora.apply_lora`` refuses when the patch comes first, refused here by name."""
+    added = sorted(n for n, _ in inner.named_parameters() if OWN_WEIGHTS in n)
+    method = _record(inner).config.method
+    if added:
+        raise ValueError(f"{method!r} adds weights ({', '.join(added[:3])}) that this peft model would leave frozen "
+                         "and not save: patch the model before wrapping it (hf_posenc.lora.apply_lora checks the pair)")
+    peft = sys.modules["peft"]
+    layers = (peft.tuners.tuners_utils.BaseTunerLayer,
+              getattr(peft.utils.other, "AuxiliaryTrainingWrapper", peft.utils.other.ModulesToSaveWrapper))
+    names = {id(s): f"{n}.{k}".rstrip(".") for n, m in wrapper.named_modules() if isinstance(m, layers)
+             for k, s in m.named_modules()}
+    held = [(names[i], what) for i, what in held_modules(inner).items() if i in names]
+    if held:
+        name, what = held[0]
+        raise ValueError(f"{method!r} cannot be applied under this peft model: {name} ({what}) is a module peft "
+                         "wrapped (a LoRA target, or an embedding or norm it trains in full), and the patch would act "
+                         "beside the adapter, not through it. Patch the model before wrapping it "
+                         "(hf_posenc.lora.apply_lora checks the pair)")
 
 
 def unpatch(model: nn.Module) -> nn.Module:

@@ -295,6 +295,7 @@ def test_past_l_is_every_token_from_position_l_on_wherever_the_position_buckets_
     assert main(argv) == 0
     res = json.loads((out / "perplexity.json").read_text())["results"]
     assert {(r["72"]["past_original"]["from"], r["72"]["past_original"]["tokens"]) for r in res.values()} == {(64, 16)}
+    assert "original context L = 64, every token from position L on" in (out / "perplexity.md").read_text()
     lines = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
     for line in lines:  # the yarn cells as an older release wrote them
         if line.get("kind") == "cell" and line["variant"] == "yarn":
@@ -304,6 +305,8 @@ def test_past_l_is_every_token_from_position_l_on_wherever_the_position_buckets_
     again = json.loads((out / "perplexity.json").read_text())["results"]
     assert {(r["72"]["past_original"]["from"], r["72"]["past_original"]["tokens"]) for r in again.values()} == {(65, 14)}
     assert again["none"]["72"]["ppl"] == res["none"]["72"]["ppl"]  # nothing recomputed, only summed otherwise
+    assert "from the first position bucket starting at or after L (cells of an older release: 65 at 72)" in (
+        out / "perplexity.md").read_text()
 
 
 def test_text_haystack_prompts_hide_the_asked_needle_at_its_depth_among_distractors(bert_tokenizer):

@@ -223,3 +223,25 @@ def test_a_run_resumes_with_its_base_model_given_by_another_path_but_not_with_ot
     assert run.resume_from().endswith("checkpoint-2")
     with pytest.raises(ValueError, match="model.files: 'sha256:aa' then, 'sha256:bb' now"):
         ResumableRun(settings, str(tmp_path / "ft"), fingerprint("runs/base", "sha256:bb"))
+
+
+def test_a_run_resumed_from_an_older_release_measures_before_training_again_past_l_as_after(tiny_checkpoint, tmp_path):
+    """A run file written before 'ppl past L' was exact holds a 'before' counted from a position bucket's edge (65 of
+    L = 64 on the tiny model); resumed, that part is measured again, so before and after compare the same tokens."""
+    out, checkpoints = tmp_path / "cut", tmp_path / "cut.checkpoints"
+    argv = _argv(tiny_checkpoint, out, "--pose-window", "32", "--target-length", "128", "--eval-needle-trials", "0",
+                 "--checkpoint-every", "2")
+    _killed_after_a_checkpoint(argv, checkpoints)
+    stored = json.loads((checkpoints / RUN_FILE).read_text())
+    section = stored["before"]["long_context"]
+    exact = dict(section["past_original"])
+    for past in (section["past_original"], section["truncated"]["past_original"]):
+        assert (past["from"], past["tokens"]) == (64, 64)  # this release: from L exactly
+        past.update({"from": 65, "tokens": 63, "ppl": 1e9})  # as an older release counted it
+    (checkpoints / RUN_FILE).write_text(json.dumps(stored))
+    assert main([*argv, "--resume"]) == 0
+    report = _report(out)
+    before, after = report["long_context"]["before"], report["long_context"]["after"]
+    assert before["past_original"]["ppl"] == pytest.approx(exact["ppl"], rel=1e-6)  # the untrained model again
+    assert before["truncated"]["past_original"]["ppl"] < 1e9
+    assert after["past_original"]["from"] == before["past_original"]["from"] == 64

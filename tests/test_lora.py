@@ -162,6 +162,23 @@ def test_trained_lora_saved_merged_and_as_adapter_loads_back(method, tied, tmp_p
         assert gap(logits(plain, x), trained) > 1e-3
 
 
+@pytest.mark.parametrize("text,message", [
+    ("learned:factor=2", "'learned' adds weights .* that this peft model would leave frozen"),
+    ("sinusoidal:factor=2", "'sinusoidal' cannot be applied under this peft model: .*embed_tokens.* is a module peft "
+                            "wrapped"),
+])
+def test_a_patch_under_a_peft_model_that_lora_would_refuse_is_refused_and_the_one_before_stays(text, message):
+    """apply_lora refuses these pairs when the patch comes first; a patch applied through the wrapper is refused the
+    same (it reloaded wrong: the learned table frozen and not saved, the embedding hooked beside its trained copy)."""
+    x = ids(N)
+    lora = apply_lora(patched("yarn"), LoraSettings(r=2))
+    before = logits(lora, x)
+    with pytest.raises(ValueError, match=message):
+        hf_posenc.patch(lora, text)
+    assert hf_posenc.get_config(lora).method == "yarn" and gap(logits(lora, x), before) == 0
+    assert not any("hf_posenc_" in n for n, _ in lora.named_parameters())
+
+
 def test_peft_used_directly_then_hf_posenc_save_keeps_the_patch(tmp_path):
     x = ids(N)
     model = patched("self_extend")
@@ -224,6 +241,10 @@ def test_save_and_load_refuse_what_is_not_theirs(tmp_path):
     lora = apply_lora(model, LoraSettings(r=2))
     with pytest.raises(ValueError, match="already a peft model"):
         apply_lora(lora, LoraSettings(r=2))
+    with pytest.raises(ValueError, match="hf_posenc.save_pretrained saves a whole model, and this is a peft model "
+                                         "\\(PeftModelForCausalLM\\): save it with hf_posenc.lora.save_lora"):
+        hf_posenc.save_pretrained(lora, str(tmp_path / "whole"))
+    assert not (tmp_path / "whole").exists()
 
 
 # -- hf-posenc finetune --lora-r ---------------------------------------------------------------------------------
@@ -240,7 +261,7 @@ def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_check
     from hf_posenc.cli import main
     from hf_posenc.io.documents import read_text_file, tokenize_documents
     from hf_posenc.finetune import heldout_perplexity
-    from conftest import book_path
+    from conftest import book_path, refused
     from transformers import AutoTokenizer
 
     out = tmp_path / "ft"
@@ -267,6 +288,12 @@ def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_check
         assert (out / "adapter_model.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask  # not peft's 0600
         model = hf_posenc.from_pretrained(str(out)).eval()
         assert hf_posenc.get_config(model).method == "yarn"
+        err = refused(["eval", "ppl", "--model", str(out), "--lengths", "32", "--corpus", "python-docs", "--output",
+                       str(tmp_path / "ppl")], capsys)  # the commands evaluate whole models: merge it, as it says
+        assert f"model folder '{out}' holds a LoRA adapter" in err and "merged=True" in err
+        line = err.split("merge it once, e.g. ")[1].split(", then pass")[0]
+        exec(line.replace("'merged'", repr(str(tmp_path / "m"))), {"hf_posenc": hf_posenc, "AutoTokenizer": AutoTokenizer})
+        assert hf_posenc.get_config(hf_posenc.from_pretrained(str(tmp_path / "m"))).method == "yarn"
     tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
     held = tokenize_documents(tok, [read_text_file(book_path("pg84.txt"))], 64 * 2)
     assert heldout_perplexity(model, held, 64, 2)["ppl"] == pytest.approx(report["heldout_after"]["ppl"], rel=1e-5)

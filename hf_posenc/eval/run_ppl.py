@@ -285,8 +285,10 @@ def ppl_table(report: dict[str, Any]) -> str:
     if longer:
         pasts = {n: (report["results"][next(iter(report["results"]))].get(str(n)) or {}).get("past_original") for n in longer}
         starts = ", ".join(f"{e['from']} at {n}" for n, e in pasts.items() if e)
-        note += (f" 'past L': perplexity of the tokens past the original context, from the first position bucket "
-                 f"starting at or after L = {L} ({starts})"
+        exact = all(e is None or e["from"] == L for e in pasts.values())
+        note += (f" 'past L': perplexity of the tokens past the original context L = {L}, "
+                 + ("every token from position L on" if exact else "from the first position bucket starting at or "
+                    f"after L (cells of an older release: {starts})")
                  + (f", and (xG) the context gain: the truncated baseline's perplexity of the same tokens over the "
                     f"method's (> 1: the context past L helped; < 1: it hurt; about 1: the method only avoids breaking). "
                     f"Baseline {base['label']}: the unpatched model scoring each token with at most {base['context']} "
