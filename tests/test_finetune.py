@@ -142,3 +142,30 @@ def test_cli_finetune_with_restarted_positions_feeds_them(tiny_checkpoint, tmp_p
     blocks, positions = fed[0]
     assert torch.equal(positions, ft.restarted_positions(blocks, tok.sep_token_id)) and int(positions.max()) < 64
     assert json.loads((out / "hf_posenc_eval" / "finetune.json").read_text())["setup"]["packing"] == "stream-restart"
+
+
+def test_cli_finetune_on_the_builtin_corpus_needs_nothing_outside_the_package(tiny_checkpoint, tmp_path, capsys):
+    """A fresh clone fine-tunes with --corpus python-docs: documents 1-2 trained on, 3 held out (or the files of
+    --eval-text-file); a second training source, or no held-out text at all, refused by name before anything."""
+    from hf_posenc.io.documents import builtin_corpus
+    from conftest import refused
+
+    out = tmp_path / "ft"
+    argv = ["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--corpus", "python-docs", "--seq-len", "64",
+            "--steps", "2", "--eval-windows", "1", "--output", str(out), "--no-progress"]
+    assert main(argv) == 0
+    setup = json.loads((out / "hf_posenc_eval" / "finetune.json").read_text())["setup"]
+    assert (setup["train_documents"], setup["eval_documents"]) == (["python-docs[1]", "python-docs[2]"],
+                                                                   ["python-docs[3]"])
+    held = tmp_path / "held.txt"
+    held.write_text(builtin_corpus()[3].text)
+    assert main(argv[:-3] + ["--eval-text-file", str(held), "--output", str(tmp_path / "files"), "--no-progress"]) == 0
+    setup = json.loads((tmp_path / "files" / "hf_posenc_eval" / "finetune.json").read_text())["setup"]
+    assert setup["eval_documents"] == ["held.txt"]
+    capsys.readouterr()
+    err = refused(argv[:-3] + ["--text-file", str(held), "--output", str(tmp_path / "both")], capsys)
+    assert "--corpus python-docs is the training text; --text-file too: give one or the other" in err
+    err = refused(["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--text-file", str(held), "--output",
+                   str(tmp_path / "none")], capsys)
+    assert "finetune needs held-out text (never trained on): --eval-text-file FILE" in err
+    assert not (tmp_path / "both").exists() and not (tmp_path / "none").exists()

@@ -6,13 +6,16 @@ from __future__ import annotations
 from ..models import DEFAULT_MODEL
 from .flags import LoadFlags, data_flags, floats, method_config, method_flags, names, positive
 from ..io.output_folder import check_replaced_output
-from ..io.documents import gather_documents, read_text_file
+from ..io.documents import BUILTIN_CORPORA, builtin_corpus, gather_documents, read_text_file
 from ..finetune import PoseSettings, check_pose_method, finetune
 from ..finetune_eval import DEPTHS, LongEvalSettings
 from ..lora import LoraSettings, require_peft
 from ..training_settings import CheckpointSettings, TrainSettings
 from .parser import DefaultsShown
 
+
+# the built-in corpus's 4 documents: these trained on, that one held out (document 0 shares passages with 3)
+CORPUS_TRAIN, CORPUS_HELD_OUT = (1, 2), 3
 
 # --model goes with the method; the precision and the device with the training
 LOAD = LoadFlags(DEFAULT_MODEL, "Hub id, local folder, .gguf file or alias of the base model.", tokenizer_help=None,
@@ -30,8 +33,13 @@ def add_parser(sub) -> None:
     method_flags(g, required=True)
     g.add_argument("--output", required=True, help="folder for the trained checkpoint, its card and the training report.")
     d = data_flags(ft, "train", "training ")
-    d.add_argument("--eval-text-file", action="append", required=True,
-                   help="held-out text (never trained on) for perplexity before/after; repeatable.")
+    d.add_argument("--corpus", choices=BUILTIN_CORPORA, default=None,
+                   help="train on a built-in corpus, nothing outside the package read (python-docs: CPython's "
+                        f"Language Reference in 4 documents): documents {CORPUS_TRAIN} trained on, document "
+                        f"{CORPUS_HELD_OUT} held out unless --eval-text-file is given.")
+    d.add_argument("--eval-text-file", action="append", default=None,
+                   help="held-out text (never trained on) for perplexity before/after; repeatable (required unless "
+                        "--corpus holds out its own).")
     t = ft.add_argument_group("training")
     t.add_argument("--seq-len", type=positive, default=1024, help="tokens per packed training sequence (and eval window).")
     t.add_argument("--steps", type=positive, default=40, help="optimizer steps.")
@@ -114,13 +122,7 @@ def run(args, command: str) -> int:
     training, checkpoints = _training(args), _checkpoints(args)
     pose, lora = _pose(args), _lora(args)
     long_eval = _long_eval(args, pose)
-    reads = [*(args.text_file or []), args.text_dir, args.dataset, *args.eval_text_file]
-    check_replaced_output(args.output, "finetune", reads=reads)  # before reading any of them
-    if not (args.text_file or args.text_dir or args.dataset):
-        raise ValueError("finetune needs training text: --text-file, --text-dir or --dataset")
-    train = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
-                             encoding=args.encoding)
-    held = [read_text_file(p, args.encoding) for p in args.eval_text_file]
+    train, held = _documents(args)
     report = finetune(model=args.model, config=config, train_docs=train, eval_docs=held, output=args.output,
                       training=training, pose=pose, lora=lora, long_eval=long_eval, checkpoints=checkpoints,
                       command=command, progress=not args.no_progress)
@@ -130,6 +132,31 @@ def run(args, command: str) -> int:
     print(f"\nsaved: {args.output} (load with hf_posenc.from_pretrained{loaded}); training report in "
           f"{args.output}/hf_posenc_eval/")
     return 0
+
+
+def _documents(args):
+    """The training and held-out documents of the data flags, each source checked (and the output folder against
+    them) before any is read: files, folders, a dataset or the built-in corpus to train on; files, or the corpus's
+    own held-out document, to measure on."""
+    given = [flag for flag, value in (("--text-file", args.text_file), ("--text-dir", args.text_dir),
+                                      ("--dataset", args.dataset)) if value]
+    if args.corpus and given:
+        raise ValueError(f"--corpus {args.corpus} is the training text; {', '.join(given)} too: give one or the other")
+    if not (given or args.corpus):
+        raise ValueError("finetune needs training text: --text-file, --text-dir, --dataset or --corpus python-docs")
+    if not (args.eval_text_file or args.corpus):
+        raise ValueError("finetune needs held-out text (never trained on): --eval-text-file FILE (repeatable)")
+    reads = [*(args.text_file or []), args.text_dir, args.dataset, *(args.eval_text_file or [])]
+    check_replaced_output(args.output, "finetune", reads=reads)  # before reading any of them
+    if args.corpus:
+        docs = builtin_corpus(args.corpus)
+        train = [docs[i] for i in CORPUS_TRAIN]
+        held = [read_text_file(p, args.encoding) for p in args.eval_text_file] if args.eval_text_file \
+            else [docs[CORPUS_HELD_OUT]]
+        return train, held
+    train = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
+                             encoding=args.encoding)
+    return train, [read_text_file(p, args.encoding) for p in args.eval_text_file]
 
 
 def _training(args):
