@@ -506,3 +506,13 @@ def test_a_method_the_family_does_not_take_is_refused_before_any_cell(tiny_check
                    "--depths", "0.5", "--trials", "1", "--no-progress", "--output", str(out)], capsys)
     assert "method 'bucket_scale' (relative_bucket) does not apply to model_type='llama'" in err
     assert not out.exists()
+
+
+def test_an_error_of_a_command_with_many_flags_is_one_usage_line_and_the_error(capsys):
+    """The usage of finetune is 30+ lines: above an error it is one line pointing to --help; a short one is kept."""
+    err = refused(["finetune", "--steps", "-3"], capsys)
+    assert err.splitlines() == ["usage: hf-posenc finetune [options] (every option: hf-posenc finetune --help)",
+                                "hf-posenc finetune: error: argument --steps: expected an integer >= 1, got '-3' "
+                                "(leave the flag out for the default)"]
+    err = refused(["bogus"], capsys)
+    assert err.startswith("usage: hf-posenc [-h]") and "{methods,eval," in err  # the command list, in full

@@ -51,7 +51,10 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         for word in self._hidden():
             message = message.replace(repr(word), f"'{MASK}'")
-        self.print_usage(sys.stderr)
+        usage = self.format_usage()
+        if usage.count("\n") > 3:  # a command of many flags: one line, not a screen above the error
+            usage = f"usage: {self.prog} [options] (every option: {self.prog} --help)\n"
+        self._print_message(usage, sys.stderr)
         self.exit(2, f"{self.prog}: error: {scrub(message)}\n")
 
     def _hidden(self) -> list[str]:
