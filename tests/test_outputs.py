@@ -246,3 +246,39 @@ def test_a_failed_final_rename_keeps_the_old_output_and_the_new_one(tmp_path, mo
             open(os.path.join(staged, "config.json"), "w").write("new")
     kept = str(err.value).rsplit("kept in ", 1)[1]
     assert (out / "config.json").read_text() == "old" and open(os.path.join(kept, "config.json")).read() == "new"
+
+
+class _Finalizer:
+    """Sends SIGTERM from its ``__del__`` and runs on there: the handler's exception is raised inside the finalizer,
+    where Python drops it ("Exception ignored in ..."), as when a kill lands in a regex object's __del__."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):
+            pass
+
+
+def test_a_sigterm_dropped_in_a_finalizer_still_interrupts_and_nothing_stays_armed():
+    from hf_posenc.interrupts import Terminated, sigterm_interrupts
+
+    seen = []
+    hook, before = sys.unraisablehook, signal.getsignal(signal.SIGTERM)
+    sys.unraisablehook = seen.append  # another unraisable exception still reaches the hook that was there
+    try:
+        start = time.time()
+        with pytest.raises(Terminated, match="signal 15"):
+            with sigterm_interrupts():
+                _Finalizer()
+                while time.time() - start < 10:
+                    time.sleep(0.01)
+        assert time.time() - start < 5  # raised again at once, in ordinary code, not after the block ran on
+        with sigterm_interrupts():
+            class Fails:
+                def __del__(self):
+                    raise ValueError("not ours")
+            Fails()
+        assert [type(u.exc_value) for u in seen] == [ValueError]
+        assert sys.unraisablehook == seen.append and signal.getsignal(signal.SIGTERM) == before
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    finally:
+        sys.unraisablehook = hook
