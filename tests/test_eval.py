@@ -303,7 +303,8 @@ def test_past_l_is_every_token_from_position_l_on_wherever_the_position_buckets_
     (out / "cells.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert main(argv) == 0
     again = json.loads((out / "perplexity.json").read_text())["results"]
-    assert {(r["72"]["past_original"]["from"], r["72"]["past_original"]["tokens"]) for r in again.values()} == {(65, 14)}
+    assert {(r["72"]["past_original"]["from"], r["72"]["past_original"]["tokens"])
+            for r in again.values()} == {(65, 14)}
     assert again["none"]["72"]["ppl"] == res["none"]["72"]["ppl"]  # nothing recomputed, only summed otherwise
     assert "from the first position bucket starting at or after L (cells of an older release: 65 at 72)" in (
         out / "perplexity.md").read_text()

@@ -292,7 +292,8 @@ def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_check
                        str(tmp_path / "ppl")], capsys)  # the commands evaluate whole models: merge it, as it says
         assert f"model folder '{out}' holds a LoRA adapter" in err and "merged=True" in err
         line = err.split("merge it once, e.g. ")[1].split(", then pass")[0]
-        exec(line.replace("'merged'", repr(str(tmp_path / "m"))), {"hf_posenc": hf_posenc, "AutoTokenizer": AutoTokenizer})
+        exec(line.replace("'merged'", repr(str(tmp_path / "m"))),
+             {"hf_posenc": hf_posenc, "AutoTokenizer": AutoTokenizer})
         assert hf_posenc.get_config(hf_posenc.from_pretrained(str(tmp_path / "m"))).method == "yarn"
     tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
     held = tokenize_documents(tok, [read_text_file(book_path("pg84.txt"))], 64 * 2)

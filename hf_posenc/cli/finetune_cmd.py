@@ -148,15 +148,11 @@ def _documents(args):
         raise ValueError("finetune needs held-out text (never trained on): --eval-text-file FILE (repeatable)")
     reads = [*(args.text_file or []), args.text_dir, args.dataset, *(args.eval_text_file or [])]
     check_replaced_output(args.output, "finetune", reads=reads)  # before reading any of them
-    if args.corpus:
-        docs = builtin_corpus(args.corpus)
-        train = [docs[i] for i in CORPUS_TRAIN]
-        held = [read_text_file(p, args.encoding) for p in args.eval_text_file] if args.eval_text_file \
-            else [docs[CORPUS_HELD_OUT]]
-        return train, held
-    train = gather_documents(args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
-                             encoding=args.encoding)
-    return train, [read_text_file(p, args.encoding) for p in args.eval_text_file]
+    corpus = builtin_corpus(args.corpus) if args.corpus else None
+    train = [corpus[i] for i in CORPUS_TRAIN] if corpus else gather_documents(
+        args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column, encoding=args.encoding)
+    held = [read_text_file(p, args.encoding) for p in args.eval_text_file or []]
+    return train, held or [corpus[CORPUS_HELD_OUT]]  # (no files: --corpus was given, checked above)
 
 
 def _training(args):

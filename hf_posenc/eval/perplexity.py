@@ -137,12 +137,18 @@ def _window_result(nll: torch.Tensor, window: Window, buckets: int, original: in
     return got
 
 
+def counted_past_exactly(cells: list[dict], original: int | None) -> bool:
+    """Whether every cell counted its tokens past ``original`` exactly (``past_from``: cells of this release; those
+    written before hold only the position buckets)."""
+    return original is not None and all(c.get("past_from") == original for c in cells)
+
+
 def past_original(curve_sum: list[float], curve_cnt: list[int], edges: list[int], original: int | None,
                   cells: list[dict] = ()) -> dict | None:
     """The loss of the tokens past the original context L over every window: exactly those at positions >= L
     (``from`` = L) when every cell counted them (cells of this release); else, for cells written before, those of the
     position buckets from the first bucket edge at or after L (``from``: that edge). None when no token is there."""
-    if original is not None and cells and all(c.get("past_from") == original for c in cells):
+    if cells and counted_past_exactly(cells, original):
         total, count = sum(c["past_sum"] for c in cells), sum(c["past_cnt"] for c in cells)
         if not count:
             return None
@@ -179,7 +185,8 @@ def aggregate_length(length: int, windows: list[Window], cells: list[dict], name
         "length": length, "ppl": math.exp(total_nll / total_tok), "nll": total_nll / total_tok, "tokens": total_tok,
         "windows": len(windows), "doc_mean_ppl": math.exp(m), "ci95": [math.exp(lo), math.exp(hi)] if lo is not None else None,
         "docs": per_doc, "skipped_docs": [names[i] for i in range(len(names)) if not any(w.doc == i for w in windows)],
-        "curve": curve, "past_original": past_original(curve_sum, curve_cnt, edges, original, cells if exact_past else ()),
+        "curve": curve,
+        "past_original": past_original(curve_sum, curve_cnt, edges, original, cells if exact_past else ()),
     }
 
 

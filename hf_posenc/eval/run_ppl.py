@@ -11,7 +11,8 @@ from typing import Any
 from ..io import documents as D
 from .common import Run
 from ..context import original_context
-from .perplexity import aggregate_length, doc_digest, plan_lengths, truncated_window_cell, window_cell
+from .perplexity import (aggregate_length, counted_past_exactly, doc_digest, plan_lengths, truncated_window_cell,
+                         window_cell)
 from .scoring import require_causal_lm
 from .variants import grouped_by_config
 from .key_tokens import (ALPHA, BETA, aggregate_key_positions, aggregate_key_tokens, evaluator_config,
@@ -110,8 +111,8 @@ def ppl_run(settings: RunSettings, params: PplParams) -> dict[str, Any]:
         variants, wanted = run.wanted()
         done = job.cells("perplexity", cell_settings, wanted, run.compute, variants=grouped_by_config(variants),
                          fields=run.fields)
-        exact = all(r.get("past_from") == original for v in variants  # else cells of an older release: buckets
-                    for k, r in zip(wanted[v.label], done[v.label]) if isinstance(ppl_cell(k), WindowCell))
+        exact = counted_past_exactly([r for v in variants for k, r in zip(wanted[v.label], done[v.label])
+                                      if isinstance(ppl_cell(k), WindowCell)], original)  # else buckets, for all
         results = {v.label: run.results_of(v.label, wanted[v.label], done[v.label], exact) for v in variants}
         if baseline is not None and p.truncated_baseline:
             add_context_gain(results, baseline.variant.label)
