@@ -23,6 +23,46 @@ MOVED = {
 }
 
 
+class _View(types.ModuleType):
+    """An old module name: every attribute read, written or deleted through it is the new module's, and
+    ``from OLD import *`` gives the names ``from NEW import *`` gives."""
+
+    def __init__(self, name: str, target: types.ModuleType):
+        super().__init__(name, target.__doc__)
+        object.__setattr__(self, "_target", target)
+
+    def __getattr__(self, attribute):  # called for what the view itself does not hold
+        return getattr(self._target, attribute)
+
+    def __setattr__(self, attribute, value):
+        if _own(attribute):  # what the import system sets on the view (__spec__, __loader__, ...)
+            object.__setattr__(self, attribute, value)
+        else:
+            setattr(self._target, attribute, value)
+
+    def __delattr__(self, attribute):
+        if _own(attribute):
+            object.__delattr__(self, attribute)
+        else:
+            delattr(self._target, attribute)
+
+    def __dir__(self):
+        return dir(self._target)
+
+    @property
+    def __all__(self):
+        return list(getattr(self._target, "__all__", None) or _public(self._target))
+
+
+def _own(attribute: str) -> bool:
+    return attribute.startswith("__") and attribute.endswith("__")
+
+
+def _public(module: types.ModuleType) -> list[str]:
+    """What ``from MODULE import *`` takes from a module without ``__all__``: every name not starting with _."""
+    return [n for n in vars(module) if not n.startswith("_")]
+
+
 class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Answers only for the old names of :data:`MOVED` (after every other finder found no file for them)."""
 
@@ -33,11 +73,7 @@ class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         new = MOVED[spec.name]
         warnings.warn(f"{spec.name} moved to {new}; import it from there (the old name goes in a later release)",
                       DeprecationWarning, stacklevel=2)
-        target = importlib.import_module(new)
-        view = types.ModuleType(spec.name, target.__doc__)
-        view.__getattr__ = lambda attribute: getattr(target, attribute)  # PEP 562: every name the new module has
-        view.__dir__ = lambda: dir(target)
-        return view
+        return _View(spec.name, importlib.import_module(new))
 
     def exec_module(self, module) -> None:
         pass

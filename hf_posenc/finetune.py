@@ -211,7 +211,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
                                      main_process=main_process)
         lm.eval()
         setup = {"model": model, "method": config.to_dict(), **_setup(t), "chunked_loss": t.chunked_loss,
-                 "train_blocks": int(data.blocks.shape[0]), "blocks_seen": t.steps * t.batch_size * t.grad_accum,
+                 "train_blocks": int(data.blocks.shape[0]), "blocks_seen": blocks_seen(t, processes),
                  "train_documents": [d.name for d in train_docs], "eval_documents": [d.name for d in eval_docs],
                  "device": device, "processes": processes, "command": recorded_command(command),
                  "seconds": round(seconds, 1), "pose": asdict(pose) if pose else None,
@@ -331,6 +331,13 @@ def _fingerprint(model: str, config: PosEncConfig, train_docs, eval_docs, traini
 def _setup(t: TrainSettings) -> dict[str, Any]:
     """The training settings as the report has always named them."""
     return {k: v for k, v in asdict(t).items() if k not in ("device", "chunked_loss")}
+
+
+def blocks_seen(t: TrainSettings, processes: int) -> int:
+    """The training blocks every process together went through: each optimizer step takes ``batch_size`` x
+    ``grad_accum`` blocks on each data-parallel rank (the processes over the context-parallel size; the processes
+    that split one sequence see the same block)."""
+    return t.steps * t.batch_size * t.grad_accum * (processes // t.context_parallel_size)
 
 
 def _lora_setup(lora) -> dict[str, Any] | None:

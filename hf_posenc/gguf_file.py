@@ -21,6 +21,7 @@ dependent ones can be frozen first: ``--freeze-at``, :mod:`hf_posenc.freezing`).
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -29,7 +30,7 @@ from typing import Any
 
 from .config import CONFIG_KEY, PosEncConfig, as_config
 from .encodings import rope as R
-from .io.files import umask
+from .io.files import OutputLock, umask
 from .adapters.base import text_config
 from .freezing import check_freeze, freeze_config
 from .methods.rope import DYNAMIC, SCALINGS
@@ -120,9 +121,20 @@ def _stored_record(raw: str, path: str) -> dict[str, Any]:
     into ``cfg``), ``original`` values and, for a frozen method, ``frozen_at``; a damaged one refused by name."""
     try:
         record = json.loads(raw)
-        return {**record, "cfg": PosEncConfig.from_dict(record["config"]), "original": dict(record["original"])}
-    except (ValueError, KeyError, TypeError) as err:
+        for key in ("config", "original"):
+            if not isinstance(record.get(key), dict):
+                raise ValueError(f"{key} is {record.get(key)!r}, not a JSON object")
+        cfg = PosEncConfig.from_dict(record["config"])
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{path}: its {OWN_KEY} metadata is damaged ({err}); patch the source GGUF again") from None
+    numbers = {f"original.{k}": record["original"].get(k) for k in ("context_length", "freq_base")}
+    numbers["frozen_at"] = record.get("frozen_at")
+    for key, value in numbers.items():  # None: not stated (a source without the key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"{path}: its {OWN_KEY} metadata is damaged ({key} is {value!r}, not a positive "
+                             "number); patch the source GGUF again")
+    return {**record, "cfg": cfg, "original": dict(record["original"])}
 
 
 def _geometry(reader, keys: dict[str, str], cfg: PosEncConfig, path: str) -> tuple[R.RopeGeometry, str]:
@@ -326,12 +338,31 @@ def _write(reader, path: str, arch: str, metadata: dict[str, Any], scaling: list
            record: str | None) -> None:
     """Copy ``reader``'s file to ``path`` with ``metadata`` set (in the source's order where it had the key),
     the other ``scaling`` keys dropped, ``freqs`` as ``rope_freqs.weight`` and ``record`` under :data:`OWN_KEY`;
-    through a temporary file beside ``path`` that replaces it only when complete."""
+    through a temporary file beside ``path`` that replaces it only when complete, under the lock
+    ``.NAME.hf_posenc.lock`` beside it (a second run on the same output is refused), after removing what a killed
+    run left there."""
+    prefix = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.")
+    lock = OutputLock(path, path=f"{prefix}hf_posenc.lock", flag="--gguf")
+    try:
+        _remove_leftovers(prefix)
+        _write_locked(reader, path, arch, metadata, scaling, freqs, record)
+    finally:
+        lock.release()
+
+
+def _remove_leftovers(prefix: str) -> None:
+    """The temporary files a run killed while writing the same output left (only such a run writes these names;
+    the caller holds the output's lock, so none is being written now)."""
+    for leftover in glob.glob(glob.escape(prefix) + "[a-z0-9_]" * 8 + ".tmp"):
+        os.unlink(leftover)
+
+
+def _write_locked(reader, path: str, arch: str, metadata: dict[str, Any], scaling: list[str], freqs,
+                  record: str | None) -> None:
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, Keys
 
-    folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     os.close(fd)
     try:
         writer = GGUFWriter(tmp, arch=arch, endianess=reader.endianess)

@@ -20,7 +20,11 @@ _FLAG = re.compile(rf"(?<![\w-])(--?[A-Za-z][\w.-]*)(=|\s+)(?!-)({_VALUE})")
 _ASSIGNED = re.compile(r"""(?<![\w.-])([A-Za-z_][\w.-]*)=((?:'[^']*'|"[^"]*"|[^\s,;)}\]])+)""")
 _MAPPED = re.compile(r"""(["'])([A-Za-z_][\w.-]*)\1(\s*:\s*)('[^']*'|"[^"]*"|[^\s,}\]]+)""")
 _BEARER = re.compile(r"\b(Bearer)(\s+)([A-Za-z0-9._~+/=-]{8,})")
-_URL_PASSWORD = re.compile(r"(\b[a-z][\w+.-]*://[^/\s:@]*:)([^/\s@]+)@", re.IGNORECASE)
+# a URL's user:password@ whatever became of its slashes (``https://``, ``https:/`` as a path library leaves it, none),
+# with or without a scheme, and percent-encoded (``https%3A%2F%2Fuser%3Apassword%40host``)
+_URL_PASSWORD = re.compile(r"((?:\b[a-z][\w+.-]*:/*)?(?<![\w.~%+-])[\w.~%+-]*:)([^/\s@'\"]+)@(?=[\w\[])",
+                           re.IGNORECASE)
+_ENCODED_URL_PASSWORD = re.compile(r"((?:%3A|%2F|[:/])+[\w.~+-]*%3A)((?:(?!%40|%2F)[^/\s@'\"])+)%40", re.IGNORECASE)
 _SECRET_WORDS = ("secret", "passw", "passphrase", "credential")
 
 
@@ -75,6 +79,7 @@ def _scrub_known(text: str, secrets: list[str]) -> str:
                        else m[0], text)
     text = _BEARER.sub(lambda m: f"{m[1]}{m[2]}{MASK}", text)
     text = _URL_PASSWORD.sub(lambda m: f"{m[1]}{MASK}@", text)
+    text = _ENCODED_URL_PASSWORD.sub(lambda m: f"{m[1]}{MASK}%40", text)
     return _TOKEN_SHAPE.sub(MASK, text)
 
 

@@ -285,7 +285,7 @@ def training_rows(args) -> list[list[str]]:
         k = min(5, len(losses))
         tokens = s["blocks_seen"] * s["pose"]["window"]
         lora = f"r={s['lora']['r']}, embeddings and norms" if s.get("lora") else "every weight"
-        got.append([run, lora, f"{s['steps']} x {s['pose']['window']} = {tokens:,}", f"{s['learning_rate']:g}",
+        got.append([run, lora, f"{s['blocks_seen']} x {s['pose']['window']} = {tokens:,}", f"{s['learning_rate']:g}",
                     f"{sum(losses[:k]) / k:.3f} -> {sum(losses[-k:]) / k:.3f}",
                     f"{rep['heldout_before']['ppl']:.2f} -> {rep['heldout_after']['ppl']:.2f}",
                     f"{s['seconds'] / 60:.0f}"])
@@ -355,7 +355,7 @@ def section(args, argv: list[str]) -> str:
              f"{', '.join(args.train)}; measured on {os.path.basename(args.text_file)} (never trained on), its first "
              f"{n} tokens.", "", "Training (one PoSE window per step, AdamW, cosine schedule, activation "
              "checkpointing, chunked loss; held-out perplexity at the window length):", "",
-             *_table(["run", "trained", "steps x tokens = tokens seen", "learning rate",
+             *_table(["run", "trained", "blocks x tokens = tokens seen", "learning rate",
                       "train loss (first 5 -> last 5)", f"held-out ppl at {args.pose_window}", "minutes"],
                      training_rows(args)), "",
              f"At {n} tokens (ppl of the tokens past L = {args.original_context}; needles: {args.trials} keys per "

@@ -181,8 +181,10 @@ def test_bad_input_is_refused_by_name(tmp_path, capsys):
                                                  "10000", "--original-max-position", "512", "--output",
                                                  str(tmp_path / "b")], capsys)
     (tmp_path / "file").write_text("x")
-    assert "is a file; give a folder" in refused(["explain", "pi", "--factor", "2", *common, "--output",
-                                                  str(tmp_path / "file")], capsys)
+    assert "is an existing file; give a folder" in refused(["explain", "pi", "--factor", "2", *common, "--output",
+                                                            str(tmp_path / "file")], capsys)
+    assert "--output '/dev/null' is an existing file; give a folder" in refused(
+        ["explain", "pi", "--factor", "2", *common, "--output", "/dev/null"], capsys)
     assert "holds its knobs already" in refused(["explain", "yarn:factor=2", "--factor", "2", *common, "--output",
                                                  str(tmp_path / "c")], capsys)
     assert "give --model" in refused(["explain", "interpolate", "--factor", "2", *common, "--output",

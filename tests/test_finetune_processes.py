@@ -29,6 +29,7 @@ def test_two_processes_train_as_one_with_the_same_global_batch(tiny_checkpoint, 
          _argv(tiny_checkpoint, two, 1), tmp_path)
     a, b = (json.loads((o / "hf_posenc_eval" / "finetune.json").read_text()) for o in (one, two))
     assert a["setup"]["processes"] == 1 and b["setup"]["processes"] == 2
+    assert a["setup"]["blocks_seen"] == b["setup"]["blocks_seen"] == 4 * 2  # global: steps x batch x processes
     assert [x["step"] for x in a["losses"]] == [x["step"] for x in b["losses"]] == [1, 2, 3, 4]
     for x, y in zip(a["losses"], b["losses"]):  # measured: equal to 1e-6
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5)

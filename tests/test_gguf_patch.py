@@ -361,3 +361,47 @@ def test_serve_check_and_serve_config_read_a_patched_gguf_and_refuse_another_arc
     assert "GGUF architecture 'gpt2' is not one hf_posenc loads and checks" in err
     err = refused(["serve-config", other], capsys)
     assert "GGUF architecture 'gpt2'" in err
+
+
+def test_a_run_killed_while_writing_leaves_a_temporary_file_the_next_run_removes(tiny_gguf, tmp_path):
+    """A SIGKILL during the write leaves ``.OUT.gguf.XXXXXXXX.tmp``: the next run on the same output removes it (and
+    no file of another name); a run while another holds the output's lock is refused by name."""
+    from hf_posenc.io.files import OutputLock
+
+    out = tmp_path / "out.gguf"
+    left = tmp_path / ".out.gguf.k1ll3d_x.tmp"  # the name tempfile.mkstemp gives the killed run's file
+    left.write_bytes(b"GGUF" + b"\0" * 20)
+    kept = tmp_path / ".out.gguf.notours.tmp"
+    kept.write_text("another program's")
+    patch_gguf(tiny_gguf, str(out), PosEncConfig("yarn", 2.0))
+    assert sorted(os.listdir(tmp_path)) == [".out.gguf.notours.tmp", "out.gguf", "tiny.gguf"]
+    held = OutputLock(str(out), path=str(tmp_path / ".out.gguf.hf_posenc.lock"), flag="--gguf")
+    try:
+        with pytest.raises(ValueError, match=r"--gguf '.*out\.gguf' is in use by another hf-posenc run"):
+            patch_gguf(tiny_gguf, str(out), PosEncConfig("pi", 2.0))
+    finally:
+        held.release()
+    assert metadata(str(out))["llama.rope.scaling.type"] == "yarn"
+
+
+@pytest.mark.parametrize("damage, named", [({"original": {"context_length": 64, "freq_base": "x"}},
+                                            "original.freq_base is 'x'"),
+                                           ({"original": {"context_length": -5, "freq_base": 10000.0}},
+                                            "original.context_length is -5"),
+                                           ({"frozen_at": "later"}, "frozen_at is 'later'"),
+                                           ({"original": "64"}, "original is '64', not a JSON object")])
+def test_a_damaged_record_in_a_gguf_is_named_by_every_command(tiny_gguf, tmp_path, capsys, damage, named):
+    import json
+
+    from hf_posenc.gguf_file import _reader, _write
+
+    good = str(tmp_path / "good.gguf")
+    patch_gguf(tiny_gguf, good, PosEncConfig("yarn", 2.0))
+    record = {**json.loads(metadata(good)[OWN_KEY]), **damage}
+    bad = str(tmp_path / "bad.gguf")
+    _write(_reader(good), bad, "llama", {}, [], None, json.dumps(record))
+    for argv in (["patch", "--model", bad, "--method", "pi", "--factor", "2", "--gguf", str(tmp_path / "c.gguf")],
+                 ["serve-config", bad], ["serve-check", bad, "--engine", "llama.cpp", "--lengths", "16"]):
+        err = refused(argv, capsys)
+        assert f"{bad}: its {OWN_KEY} metadata is damaged ({named}" in err, (argv, err)
+    assert not os.path.exists(tmp_path / "c.gguf")

@@ -44,3 +44,24 @@ def test_the_old_import_forms_users_wrote():
 def test_a_name_that_never_existed_is_still_not_found():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("hf_posenc.eval.no_such_module")
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_star_import_and_assignment_through_an_old_name_reach_the_new_module(old):
+    new = MOVED[old]
+    code = ("import warnings; warnings.simplefilter('ignore', DeprecationWarning)\n"
+            f"import importlib, {new} as new\n"
+            "before, after = {}, {}\n"
+            f"exec('from {new} import *', before)\n"
+            f"exec('from {old} import *', after)\n"
+            "names = sorted(n for n in before if not n.startswith('__'))\n"
+            "assert names and names == sorted(n for n in after if not n.startswith('__')), names\n"
+            "assert all(after[n] is before[n] for n in names)\n"
+            f"view = importlib.import_module('{old}')\n"
+            "view.set_through_the_old_name = 42\n"
+            "assert new.set_through_the_old_name == 42\n"
+            "del view.set_through_the_old_name\n"
+            "assert not hasattr(new, 'set_through_the_old_name')\n"
+            "print(len(names))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and int(done.stdout) > 0, done.stderr

@@ -86,6 +86,31 @@ def test_scrub_masks_the_password_of_a_url():
     assert SECRET not in clean and "http://me:***@proxy.example:3128" in clean and "https://huggingface.co/x" in clean
 
 
+@pytest.mark.parametrize("text, masked", [
+    (f"no data file at /tmp/https:/user:{SECRET}@example.com/d.", "https:/user:***@example.com/d"),  # a path's
+    (f"'git+ssh:user:{SECRET}@host/x'", "git+ssh:user:***@host/x"),
+    (f"remote user:{SECRET}@example.com/d", "user:***@example.com/d"),
+    (f"GET https%3A%2F%2Fuser%3A{SECRET}%40example.com%2Fd", "https%3A%2F%2Fuser%3A***%40example.com%2Fd"),
+    (f"s3://AKIAEXAMPLE:{SECRET}@bucket/key", "s3://AKIAEXAMPLE:***@bucket/key"),
+])
+def test_scrub_masks_a_urls_password_whatever_became_of_its_slashes(text, masked):
+    clean = scrub(text)
+    assert SECRET not in clean and masked in clean
+    assert scrub("at 10:30:45 see http://host:8000/v1 or mail me@example.com") == \
+        "at 10:30:45 see http://host:8000/v1 or mail me@example.com"  # no password there: kept as it is
+
+
+def test_a_dataset_urls_password_never_comes_back_in_the_error(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    """datasets quotes the URL as a path (``https:/user:PASSWORD@...``) in its error; the CLI's error masks it."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "held.txt").write_text("held-out text, never trained on")
+    err = refused(["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--dataset",
+                   f"https://user:{SECRET}@example.com/d", "--eval-text-file", "held.txt", "--output", "out"], capsys)
+    assert "--dataset 'https://user:***@example.com/d'" in err and SECRET not in err
+    assert sorted(os.listdir(tmp_path)) == ["held.txt"]
+
+
 # -- argparse never echoes a secret ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flag", ["--token", "--use-auth-token", "--hub-token", "--hub_token", "--auth-token",

@@ -25,7 +25,7 @@ from ..adapters.base import text_config
 from ..adapters.layout import head_dim as head_dim_of
 from ..config import CONFIG_KEY, PosEncConfig, as_config
 from ..encodings.rope import RopeGeometry
-from ..io.files import atomic_write_text
+from ..io.files import atomic_write_text, check_output_folder
 from ..gguf_file import trained_context
 from ..models import DEFAULT_MODEL, resolve_source
 from . import arrays as A, pictures as P
@@ -235,8 +235,7 @@ def explain(config: Any, output: str, *, model: str | None = None, head_dim: int
 
 def _check_output(output: str) -> None:
     """A new folder, or one an earlier explain wrote (its explain.json): never someone else's files."""
-    if os.path.isfile(output):
-        raise ValueError(f"--output {output} is a file; give a folder")
+    check_output_folder(output)  # an existing file, a device (/dev/null), a folder that cannot be written
     if os.path.isdir(output) and os.listdir(output) and not os.path.isfile(os.path.join(output, "explain.json")):
         raise ValueError(f"--output {output} holds files explain did not write; give a new or empty folder (or one an "
                          "earlier explain wrote, which is replaced)")

@@ -99,8 +99,8 @@ class OutputLock:
     file when it is not ``<folder>/.hf_posenc.lock`` (a command that replaces its folder whole locks it from beside
     the folder: :mod:`hf_posenc.io.output_folder`)."""
 
-    def __init__(self, folder: str, path: str | None = None):
-        self.folder = os.path.abspath(folder)
+    def __init__(self, folder: str, path: str | None = None, flag: str = "--output"):
+        self.folder, self.flag = os.path.abspath(folder), flag
         self.created = path is None and not os.path.exists(self.folder)
         if path is None:
             os.makedirs(self.folder, exist_ok=True)
@@ -127,8 +127,8 @@ class OutputLock:
         except OSError:
             holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
-            raise ValueError(f"--output {folder!r} is in use by another hf-posenc run (pid {holder}, lock "
-                             f"{self.path}); wait for it to finish, or give another --output.") from None
+            raise ValueError(f"{self.flag} {folder!r} is in use by another hf-posenc run (pid {holder}, lock "
+                             f"{self.path}); wait for it to finish, or give another {self.flag}.") from None
         return fd
 
     def release(self) -> None:
