@@ -14,7 +14,7 @@ from typing import Any
 from .adapters.layout import rope_geometry
 from .config import PosEncConfig
 from .engines.launch import LAUNCHERS, Launch, Served
-from .engines.launch.base import TooLong
+from .engines.launch.base import TooLong, fence_for
 from .gguf_file import ARCHITECTURES, is_gguf, llama_cpp_metadata, refusal
 from .methods import resolve_method
 from .methods.remapped import REMAPPED
@@ -99,5 +99,5 @@ def card_launches(plain: dict[str, Any], block: dict[str, Any], repo_id: str) ->
         return []
     served = served_of(plain, block, repo_id)
     return [{"engine": launch.engine, "computes": launch.computes, "reason": launch.reason,
-             "shell": "\n".join(launch.shell()), "checked": launch.checked}
+             "shell": "\n".join(launch.shell()), "fence": fence_for(launch.shell()), "checked": launch.checked}
             for launch in (_launch(name, served, None) for name in LAUNCHERS)]

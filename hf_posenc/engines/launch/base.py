@@ -3,6 +3,7 @@ it answers (:class:`Launch`), and the registry its launchers join (:data:`LAUNCH
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -47,10 +48,11 @@ class Launch:
     """One engine's settings for one checkpoint. computes: ``same`` (measured on this engine), ``not measured``
     (the engine reads the fields transformers reads), ``within_original`` (the same up to L only) or ``cannot``;
     reason: why, in a sentence; steps: commands to run first (a conversion); command: the server's command line;
-    env: its environment variables; files: {name: text} to write first (an Ollama Modelfile); python: the same
-    launch as keywords of the engine's Python API (``vllm.LLM``, ``llama_cpp.Llama``) where it has one; max_length:
-    the longest input it is launched for; checked: how these settings are known (launched by a test here, or read
-    from the engine's documented reader and not launched here); notes: what else a user should know."""
+    env: its environment variables; files: {name: text ending with a line break} to write first (an Ollama
+    Modelfile); python: the same launch as keywords of the engine's Python API (``vllm.LLM``, ``llama_cpp.Llama``)
+    where it has one; max_length: the longest input it is launched for; checked: how these settings are known
+    (launched by a test here, or read from the engine's documented reader and not launched here); notes: what else
+    a user should know."""
 
     engine: str
     computes: str
@@ -67,16 +69,20 @@ class Launch:
     def __post_init__(self) -> None:
         if self.computes not in COMPUTES:
             raise ValueError(f"Launch.computes must be one of {COMPUTES}, got {self.computes!r}")
+        unended = [name for name, body in self.files.items() if body and not body.endswith("\n")]
+        if unended:
+            raise ValueError(f"Launch.files must hold text ending with a line break; {unended} do not")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def shell(self) -> list[str]:
-        """The settings as shell lines to run in order: each file written (a here-document), the steps, the command
-        with its environment."""
+        """The settings as shell lines to run in order: each file written (a quoted here-document whose delimiter
+        its text does not hold), the steps, the command with its environment; every word quoted for the shell."""
         lines = []
         for name, body in self.files.items():
-            lines += [f"cat > {shlex.quote(name)} <<'EOF'", *body.rstrip("\n").splitlines(), "EOF"]
+            end = delimiter(body)
+            lines += [f"cat > {shlex.quote(name)} <<'{end}'", *body.split("\n")[:-1], end]
         lines += [shlex.join(step) for step in self.steps]
         if self.command:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
@@ -86,12 +92,29 @@ class Launch:
     def text(self, level: int = 2) -> str:
         """The settings as a user reads them: the verdict, then what to run (a heading of ``level``)."""
         lines = [f"{'#' * level} {self.engine}: {self.computes}", "", self.reason]
-        if self.shell():
-            lines += ["", *("    " + line for line in self.shell())]
+        shell = self.shell()
+        if shell:  # as a shell runs it: unindented, in a fenced block
+            fence = fence_for(shell)
+            lines += ["", fence + "bash", *shell, fence]
         if self.python:
             lines += ["", "Python: " + ", ".join(f"{k}={v!r}" for k, v in self.python.items())]
         lines += [""] + [f"- {note}" for note in self.notes] + ([f"- {self.checked}"] if self.checked else [])
         return "\n".join(lines).rstrip() + "\n"
+
+
+def delimiter(body: str) -> str:
+    """A here-document delimiter that ``body`` does not hold anywhere (so no line of it ends the document early)."""
+    end, n = "EOF", 0
+    while end in body:
+        n += 1
+        end = f"EOF_{n}"
+    return end
+
+
+def fence_for(lines: list[str]) -> str:
+    """A Markdown code fence for ``lines``: backticks, more of them than any run of backticks the lines hold."""
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    return "`" * max(3, longest + 1)
 
 
 LAUNCHERS: dict[str, Callable[[Served, int | None], Launch]] = {}
@@ -120,14 +143,29 @@ class TooLong(ValueError):
         self.engine = engine
 
 
-def length_for(served: Served, length: int | None, engine: str, limit: int | None = None) -> int:
+@dataclass(frozen=True)
+class Most:
+    """The longest context an engine's own settings hold, ``tokens``, and ``why`` (the type that holds it)."""
+
+    tokens: int
+    why: str
+
+
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+
+
+def length_for(served: Served, length: int | None, engine: str, limit: int | None = None, *, most: Most) -> int:
     """The input length to launch for: ``length`` or the checkpoint's advertised context; past ``limit`` (the most
-    the engine computes right for it) refused with the reason."""
+    the engine computes right for it) or past ``most`` (the most its settings hold) refused with the reason."""
     n = served.context if length is None else length
     if not isinstance(n, int) or n < 2:
         raise ValueError(f"--max-length must be a whole number of tokens >= 2, got {length!r}")
-    if limit is not None and n > limit:
+    if limit is not None and n > limit and limit <= most.tokens:
         raise TooLong(engine, f"{engine} computes this checkpoint up to {limit:,} tokens (the context it can be "
                               f"launched for), not {n:,}: give --max-length {limit} or less")
+    if n > most.tokens:
+        raise TooLong(engine, f"{engine} takes a context of at most {most.tokens:,} tokens ({most.why}), not {n:,}: "
+                              f"give --max-length {most.tokens} or less")
     return n
 

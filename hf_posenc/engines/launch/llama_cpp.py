@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 
-from .base import CANNOT, NOT_MEASURED, SAME, WITHIN, Launch, Served, length_for, not_native, register
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, SAME, WITHIN, Launch, Most, Served, length_for, not_native, register
 
 ENGINE = "llama.cpp"
 CHECKED = ("launched with these keywords of llama_cpp.Llama by tests/test_serve_config.py (llama-cpp-python 0.3.36, "
            "the llama.cpp it vendors); llama-server, which takes them as the flags shown, not launched here")
+MOST = Most(INT32_MAX, "llama-server reads --ctx-size as a C int into common_params.n_ctx, an int32_t; "
+            "llama_cpp.Llama's n_ctx reaches the same field")
 GGUF_BASIS = ("llama.cpp reads the method from the file's metadata, which 'hf-posenc patch --gguf' wrote: "
               "tests/test_gguf_patch.py checks the frequencies llama.cpp derives from it against hf_posenc's, and "
               "tests/test_llama_cpp.py serve-checks SmolLM2's Q4_1 GGUF patched with yarn x2 (same within the "
@@ -84,11 +86,11 @@ def launch(served: Served, length: int | None) -> Launch:
     notes = [] if served.gguf else ["convert_hf_to_gguf.py is llama.cpp's own converter (in its source tree); "
                                     "f32 is what was measured; a quantized type (llama-quantize) adds its rounding"]
     if support is not None and support.computes == "within_original":
-        n = length_for(served, length if length is not None else served.original, ENGINE, served.original)
+        n = length_for(served, length if length is not None else served.original, ENGINE, served.original, most=MOST)
         return Launch(ENGINE, WITHIN, f"The same as hf_posenc up to the original context only: {support.caveat}.",
                       steps=steps, command=["llama-server", "-m", gguf, "--ctx-size", str(n)],
                       python={"model_path": gguf, "n_ctx": n}, max_length=n, checked=CHECKED, notes=notes)
-    n = length_for(served, length, ENGINE)
+    n = length_for(served, length, ENGINE, most=MOST)
     over_cli, over_kw = context_override(served, n, served.context)
     if n > served.context:
         notes.append(f"past the {served.context} tokens the checkpoint advertises: llama.cpp and hf_posenc compute "

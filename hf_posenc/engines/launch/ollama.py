@@ -5,19 +5,43 @@ Read from Ollama's source (ollama/ollama): since PR #16031 (2026-05-29) it runs 
 read by llama.cpp's loader (:mod:`.llama_cpp`); ``num_ctx`` is clamped to the GGUF's ``context_length``
 (``llm/server.go``), which ``hf-posenc patch --gguf`` sets to the extended context. Before it, Ollama's own engine
 read only ``rope.scaling.factor`` for llama and qwen2 and applied it as linear scaling whatever the type.
+The Modelfile names the GGUF double-quoted; a path it cannot hold (a double quote, a line break) is refused by name.
 The Modelfile's ``rope_frequency_base`` / ``rope_frequency_scale`` were removed in 2024 (PR #1983).
 """
 
 from __future__ import annotations
 
 import os
+import re
 
-from .base import CANNOT, NOT_MEASURED, Launch, Served, length_for, not_native, register
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native, register
 from .llama_cpp import gguf_of
 
 ENGINE = "Ollama"
 CHECKED = ("not launched here: read from Ollama's llm/llama_server.go (llama-server, no RoPE flags), llm/server.go "
            "(num_ctx clamped to the GGUF's context_length) and docs/modelfile.mdx")
+MOST = Most(INT32_MAX, "Ollama gives num_ctx to llama-server as --ctx-size, a C int")
+
+
+def model_name(path: str) -> str:
+    """The name ``ollama create`` is given for the checkpoint at ``path``: its file or folder name in lowercase
+    letters, digits and single hyphens, 2 to 80 characters (a model name Ollama's types/model/name.go takes)."""
+    stem = os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
+    name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:80].strip("-")
+    return name if len(name) >= 2 else f"hf-posenc-{name}".strip("-")
+
+
+def unwritable(gguf: str) -> list[str]:
+    """The characters of ``gguf`` a Modelfile's FROM value cannot hold: Ollama's parser (parser/parser.go) reads a
+    double-quoted value up to the last double quote, with no escapes, ends it at a line break after a closing quote
+    and drops non-printable characters other than a tab."""
+    return sorted({c for c in gguf if c == '"' or not (c.isprintable() or c == "\t")})
+
+
+def from_value(gguf: str) -> str:
+    """``gguf`` as a Modelfile's FROM value: double-quoted (a relative path starting with ~ as ./~..., which Ollama
+    would otherwise read as a home folder)."""
+    return '"' + ("./" + gguf if gguf.startswith("~") else gguf) + '"'
 
 
 @register("ollama")
@@ -28,13 +52,21 @@ def launch(served: Served, length: int | None) -> Launch:
     if served.llama_cpp is None:
         return Launch(ENGINE, CANNOT, f"Ollama runs GGUFs through llama.cpp, which cannot compute this checkpoint: "
                                       f"{served.llama_cpp_refusal}.", checked=CHECKED)
-    n = length_for(served, length, ENGINE, served.context)
+    n = length_for(served, length, ENGINE, served.context, most=MOST)
     gguf, steps = gguf_of(served)
-    name = os.path.splitext(os.path.basename(os.path.normpath(served.path)))[0]
+    bad = unwritable(gguf)
+    if bad:
+        return Launch(ENGINE, CANNOT, f"Ollama's Modelfile cannot name the GGUF {gguf!r}: it holds "
+                                      f"{', '.join(map(repr, bad))}; a FROM value is written between double quotes, "
+                                      "which Ollama's parser (parser/parser.go) reads with no escapes, and cannot "
+                                      "hold a double quote, a line break or a non-printable character. Rename the "
+                                      "file or folder, or link it (ln -s) under a name without them, and run "
+                                      "serve-config on that.", checked=CHECKED)
+    name = model_name(served.path)
     steps.append(["ollama", "create", name, "-f", "Modelfile"])
     notes = ["Ollama releases before PR #16031 (2026-05-29) ran llama and qwen2 GGUFs in their own engine, which "
              "applies rope.scaling.factor as linear scaling whatever the type: a yarn GGUF is served as pi there"]
     return Launch(ENGINE, NOT_MEASURED, "Ollama runs the GGUF with llama.cpp's llama-server, which reads the method "
                                         "from its metadata (see llama.cpp); not measured here.",
-                  files={"Modelfile": f"FROM {gguf}\nPARAMETER num_ctx {n}\n"}, steps=steps,
+                  files={"Modelfile": f"FROM {from_value(gguf)}\nPARAMETER num_ctx {n}\n"}, steps=steps,
                   command=["ollama", "run", name], max_length=n, checked=CHECKED, notes=notes)

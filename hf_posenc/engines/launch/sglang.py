@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 
 from ...dual_chunk_config import FAMILIES
-from .base import CANNOT, NOT_MEASURED, Launch, Served, length_for, not_native, register
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native, register
 
 ENGINE = "SGLang"
 CHECKED = ("not launched here: read from SGLang's get_context_length (python/sglang/srt/utils/"
            "hf_transformers_utils.py), ModelConfig._derive_context_length and get_rope (python/sglang/srt/layers/"
            "rotary_embedding/factory.py)")
+MOST = Most(INT32_MAX, "SGLang's req_to_token table holds each token's KV-cache slot as int32")
 COMPUTED = ("default", "linear", "yarn", "llama3", "longrope")
 
 
@@ -47,7 +48,7 @@ def _dual_chunk(served: Served, length: int | None) -> Launch:
         return Launch(ENGINE, CANNOT, f"SGLang reads dual_chunk_attention_config for {', '.join(FAMILIES)} models, "
                                       f"not {served.model_type!r}.", checked=CHECKED)
     limit = int(served.dual_chunk.get("original_max_position_embeddings") or served.restored or served.context)
-    n = length_for(served, length if length is not None else limit, ENGINE, limit)
+    n = length_for(served, length if length is not None else limit, ENGINE, limit, most=MOST)
     override = json.dumps({"max_position_embeddings": n}, separators=(",", ":"))
     command = ["python", "-m", "sglang.launch_server", "--model-path", served.path, "--context-length", str(n),
                "--json-model-override-args", override]
@@ -80,7 +81,7 @@ def launch(served: Served, length: int | None) -> Launch:
                if kind == "dynamic" else f"get_rope has no rope_type {kind!r}")
         return Launch(ENGINE, CANNOT, f"SGLang does not compute `{served.method}` as hf_posenc does: {why}.",
                       checked=CHECKED)
-    n = length_for(served, length, ENGINE, None if kind == "default" else served.context)
+    n = length_for(served, length, ENGINE, None if kind == "default" else served.context, most=MOST)
     env = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"} if n > derived_context(served) else {}
     command = ["python", "-m", "sglang.launch_server", "--model-path", served.path, "--context-length", str(n)]
     notes = [f"an SGLang on transformers 4 does not read config.json's rope_parameters: add "

@@ -10,11 +10,13 @@ dynamic, yarn (attn_factor 1, betas 32 / 1 fixed), llama3 and longrope, through 
 
 from __future__ import annotations
 
-from .base import CANNOT, NOT_MEASURED, Launch, Served, length_for, not_native, register
+from .base import CANNOT, NOT_MEASURED, UINT32_MAX, Launch, Most, Served, length_for, not_native, register
 
 ENGINE = "TGI"
 CHECKED = ("not launched here: read from TGI's launcher/src/main.rs (--rope-scaling, --rope-factor) and "
            "server/text_generation_server/layers/rotary.py")
+MOST = Most(UINT32_MAX, "TGI's launcher takes the batch budgets one request must fit in, "
+            "--max-batch-prefill-tokens and --max-batch-total-tokens, as u32")
 FLAGGED = {"linear": "linear", "dynamic": "dynamic"}  # rope types the launcher's flags express
 
 
@@ -35,7 +37,8 @@ def launch(served: Served, length: int | None) -> Launch:
                                       "rope_parameters, gives base 10000 and no scaling, and its launcher's flags "
                                       f"express only linear and dynamic scaling: not this model (rope_type {kind!r}, "
                                       f"rope_theta {theta:g}).", checked=CHECKED)
-    n = length_for(served, length, ENGINE, served.context)  # TGI's max_total_tokens: at most max_position_embeddings
+    # TGI's max_total_tokens: at most max_position_embeddings
+    n = length_for(served, length, ENGINE, served.context, most=MOST)
     command = ["text-generation-launcher", "--model-id", served.path, "--max-input-tokens", str(n - 1),
                "--max-total-tokens", str(n)]
     notes = ["TGI is in maintenance mode since December 2025 (its README points to vLLM, SGLang and llama.cpp)"]

@@ -9,9 +9,10 @@ not served here: vLLM takes a GGUF's configuration from transformers' GGUF reade
 
 from __future__ import annotations
 
-from .base import CANNOT, NOT_MEASURED, SAME, WITHIN, Launch, Served, length_for, not_native, register
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, SAME, WITHIN, Launch, Most, Served, length_for, not_native, register
 
 ENGINE = "vLLM"
+MOST = Most(INT32_MAX, "vLLM's model runner holds each sequence's length as int32: gpu_model_runner's seq_lens")
 CHECKED = "launched with these settings by tests/test_serve_config.py (vLLM 0.32, CPU build)"
 
 
@@ -30,13 +31,14 @@ def launch(served: Served, length: int | None) -> Launch:
                                           f"original context, {served.original}) and refuses longer inputs")
     support = served.support.get(ENGINE)
     if support is not None and support.computes == "within_original":
-        n = length_for(served, length if length is not None else served.original, ENGINE, served.original)
+        n = length_for(served, length if length is not None else served.original, ENGINE, served.original, most=MOST)
         return Launch(ENGINE, WITHIN, f"The same as hf_posenc up to the original context only: {support.caveat}. "
                                       "For longer inputs, freeze the method at the length you serve "
                                       "(hf-posenc patch --freeze-at N) and serve that folder.",
                       command=["vllm", "serve", served.path, "--max-model-len", str(n)],
                       python={"model": served.path, "max_model_len": n}, max_length=n, checked=CHECKED)
-    n = length_for(served, length, ENGINE, served.context)  # vLLM's rotary table ends there, plain RoPE included
+    # vLLM's rotary table ends at the advertised context, plain RoPE included
+    n = length_for(served, length, ENGINE, served.context, most=MOST)
     computes = SAME if support is not None else NOT_MEASURED
     reason = (f"vLLM reads the method from config.json: {support.basis}." if support is not None else
               f"vLLM reads config.json's rope_parameters as transformers does; `{served.method}` on vLLM is not "
