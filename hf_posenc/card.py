@@ -18,6 +18,7 @@ from .adapters.base import text_config
 from .config import CONFIG_KEY
 from .eval.tasks import registered, task_of_report
 from .methods import resolve_method
+from .loading import merge_line
 from .models import resolve_source
 from .patching import get_config
 from .serve_config import card_launches
@@ -153,9 +154,12 @@ def holds_patch(block: dict[str, Any]) -> bool:
 def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | None = None,
                      eval_reports: list[dict[str, Any]] | None = None, command: str | None = None,
                      model_name: str | None = None, trained: bool = False, extra_tags: list[str] | None = None,
-                     serve_check: dict[str, Any] | None = None):
+                     serve_check: dict[str, Any] | None = None, adapter: bool = False):
     """The ``huggingface_hub.ModelCard`` of a patched ``model``; ``serve_check``: the report of a serve-check of the
-    saved checkpoint, whose measured verdicts replace the known status of that engine in the Serving section."""
+    saved checkpoint, whose measured verdicts replace the known status of that engine in the Serving section.
+    ``adapter``: the card of a LoRA adapter folder (``lora.save_lora(merged=False)``) on ``model``, its patched base:
+    it loads through hf_posenc or peft on ``base/``, and its Serving section is that of the merged checkpoint
+    (:func:`hf_posenc.loading.merge_line` writes it)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     cfg = get_config(model)
@@ -177,9 +181,12 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
     lm_config, prefix = text_config(model.config)
     original = (cfg.original_max_position_embeddings
                 or block.get("original", {}).get(prefix + "max_position_embeddings"))
+    repo_id = repo_id or f"path/to/{name}"
+    checkpoint = f"{repo_id}-merged" if adapter else repo_id  # what engines and the hf-posenc commands take
     card = ModelCard.from_template(
         data, template_path=template_path(),
-        model_name=name, repo_id=repo_id or f"path/to/{name}", base_model=base.repo_id,
+        model_name=name, repo_id=repo_id, base_model=base.repo_id, adapter=adapter, checkpoint=checkpoint,
+        merge_line=merge_line(repo_id, checkpoint) if adapter else None,
         method=cfg.method, method_summary=resolve_method(cfg.method).summary, factor=cfg.factor,
         params={k: v for k, v in cfg.params.items() if v is not None},
         original_context=original, new_context=getattr(lm_config, "max_position_embeddings", None),
@@ -190,7 +197,7 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         in_model_index=bool(results),
         serving=measured_rows(known_status(block, getattr(lm_config, "dual_chunk_attention_config", None)),
                               serve_check),
-        launches=card_launches(lm_config.to_dict(), block, repo_id or f"path/to/{name}"),
+        launches=card_launches(lm_config.to_dict(), block, checkpoint),
     )
     card.content = scrub(card.content)  # the commands it quotes (the card's own and its reports') carry no secret
     return card

@@ -40,6 +40,7 @@ from .eval.perplexity import evaluate_perplexity
 from .io.reports import markdown_table, plot_lines
 from .eval.scoring import chunked_lm_loss
 from .gguf_file import original_before_load
+from .loading import BASE_FOLDER
 from .hub import EVAL_FOLDER, save_pretrained
 from .lora import LoraSettings, apply_lora, check_targets_before_load, save_lora
 from .methods import resolve_method
@@ -355,8 +356,8 @@ def _save(lm, tok, report: dict[str, Any], out, output: str, model: str, command
     with out.staged() as staged:
         card = dict(eval_results=[report], base_model=model, command=command, trained=True)
         if lora is not None:  # (the adapter's folder gets the card and the reports, its base/ those of the base)
-
-            save_lora(lm, staged, lora.merge, tok, **card)
+            base_path = os.path.join(os.path.abspath(output), BASE_FOLDER)  # where base/ is once staged is moved
+            save_lora(lm, staged, lora.merge, tok, base_path=base_path, **card)
         else:
             save_pretrained(lm, staged, tok, **card, **({"state_dict": state_dict} if state_dict else {}))
         plotted = plot_losses(report, os.path.join(staged, EVAL_FOLDER, "finetune_loss.png"))

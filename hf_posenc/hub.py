@@ -77,11 +77,13 @@ def save_pretrained(model, save_directory: str, tokenizer=None, *, eval_results:
 def write_model_card(model, save_directory: str, *, eval_results: list[dict[str, Any]] | None = None,
                      base_model: str | BaseModel | None = None, repo_id: str | None = None, command: str | None = None,
                      model_name: str | None = None, trained: bool = False,
-                     serve_check: dict[str, Any] | None = None) -> None:
+                     serve_check: dict[str, Any] | None = None, adapter: bool = False) -> None:
     """(Re)write the model card and the evaluation reports of a checkpoint :func:`save_pretrained` saved, e.g. once
-    a serve-check of the saved folder (``serve_check``, its report) has measured what an engine computes."""
+    a serve-check of the saved folder (``serve_check``, its report) has measured what an engine computes;
+    ``adapter``: the card of a LoRA adapter folder, ``model`` its patched base (:func:`build_model_card`)."""
     card = build_model_card(model, repo_id=repo_id, base=_base(model, base_model), eval_reports=eval_results,
-                            command=command, model_name=model_name, trained=trained, serve_check=serve_check)
+                            command=command, model_name=model_name, trained=trained, serve_check=serve_check,
+                            adapter=adapter)
     _write_card(save_directory, card, eval_results)
 
 

@@ -221,6 +221,25 @@ def is_lora_folder(path: str) -> bool:
             and not os.path.isfile(os.path.join(path, "config.json")))
 
 
+def merge_line(folder: str, merged: str = "merged") -> str:
+    """The one Python statement that merges the LoRA adapter folder ``folder`` (``save_lora(merged=False)``) into one
+    checkpoint at ``merged`` (``import hf_posenc.lora`` and ``from transformers import AutoTokenizer`` before it)."""
+    base = os.path.join(folder, BASE_FOLDER)
+    return (f"hf_posenc.lora.save_lora(hf_posenc.from_pretrained({folder!r}), {merged!r}, merged=True, "
+            f"tokenizer=AutoTokenizer.from_pretrained({base!r}))")
+
+
+def refuse_lora_folder(path: str, reader: str, name: str | None = None) -> None:
+    """A LoRA adapter folder (:func:`is_lora_folder`) where ``reader`` (the command) reads a whole model: an error
+    naming the folder (``name``, as the user gave it; default ``path``), the command and the line that merges it."""
+    if not is_lora_folder(path):
+        return
+    shown = path if name is None else name
+    raise ValueError(f"model folder {shown!r} holds a LoRA adapter (hf-posenc finetune --lora-r without --lora-merge), "
+                     f"not the whole model required by {reader}: merge it once, e.g. {merge_line(shown)}, then pass "
+                     "that folder")
+
+
 def load_lora(folder: str, posenc: Any = None, *, is_trainable: bool = False, **hf_kwargs: Any):
     """Load what ``lora.save_lora(..., merged=False)`` saved (``hf_posenc.from_pretrained(folder)`` calls this for
     such a folder): the patched base (``hf_posenc.from_pretrained`` of ``folder/base``, with ``posenc`` -- None: the

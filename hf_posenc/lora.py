@@ -25,13 +25,17 @@ Saved layout of ``save_lora(..., merged=False)``::
                                                                        hf_posenc.save_pretrained saves it
 
 :func:`load_lora` loads it back (``hf_posenc.from_pretrained(folder/base)``, then ``PeftModel.from_pretrained``);
-``hf_posenc.from_pretrained(folder)`` does the same for such a folder.
-The adapter's ``base_model_name_or_path`` names the model the base came from (provenance): loading the folder
-with plain transformers would fetch that model, without the patch; use :func:`load_lora`.
+``hf_posenc.from_pretrained(folder)`` does the same for such a folder. The adapter's ``base_model_name_or_path``
+is the absolute path of ``folder/base`` (where it ends up, ``base_path``): peft's ``AutoPeftModelForCausalLM`` and
+plain transformers put the adapter on the patched base there (with the change when the method is native), and fail
+on a moved copy instead of fetching the unpatched model; the model it came from is the card's ``base_model``. The
+card (README.md) says how the folder loads, and the engine launch lines it prints are those of the merged
+checkpoint, after the merge it gives (:func:`hf_posenc.loading.merge_line`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -49,15 +53,6 @@ from .models import resolve_source
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 NORM_SUFFIXES = ("RMSNorm", "LayerNorm")
-LOADING_NOTE = """
-
-## Loading this LoRA adapter
-
-This folder holds a LoRA adapter (peft) with its trained embedding and norms; the patched base it adapts is in
-`base/`. Load both with `hf_posenc.from_pretrained(folder)` (which applies the patch to the base, then the adapter;
-peft needed).
-"""
-
 
 
 @dataclass(frozen=True)
@@ -234,14 +229,17 @@ def _base_state_dict(peft_model) -> dict[str, Any]:
     return out
 
 
-def save_lora(peft_model, folder: str, merged: bool, tokenizer=None, **card_kwargs: Any) -> str:
+def save_lora(peft_model, folder: str, merged: bool, tokenizer=None, *, base_path: str | None = None,
+              **card_kwargs: Any) -> str:
     """Save a (trained) LoRA model from :func:`apply_lora` (or ``peft.get_peft_model``) of a patched model.
 
     merged=True: the adapter merged into the weights (``merge_and_unload``, in place: ``peft_model`` then computes
     with the merged weights and has no adapter left), saved by ``hf_posenc.save_pretrained`` with the patch block:
     ``hf_posenc.from_pretrained(folder)`` loads it, and plain transformers too when the method is native.
     merged=False: the adapter (peft's files) in ``folder``, the untrained patched base in ``folder/base``
-    (``hf_posenc.save_pretrained``); :func:`load_lora` loads it. ``peft_model`` is left as it was.
+    (``hf_posenc.save_pretrained``); :func:`load_lora` loads it. ``peft_model`` is left as it was. ``base_path``:
+    where ``folder/base`` will be found, written as the adapter's ``base_model_name_or_path`` (a folder staged before
+    it is moved into place gives its final path); default: ``folder/base``, made absolute.
     tokenizer, card_kwargs: for ``hf_posenc.save_pretrained`` (eval_results, base_model, command, trained, ...).
     Returns ``folder``."""
     peft = require_peft()
@@ -258,10 +256,18 @@ def save_lora(peft_model, folder: str, merged: bool, tokenizer=None, **card_kwar
     save_pretrained(peft_model.get_base_model(), os.path.join(folder, BASE_FOLDER), tokenizer,
                     state_dict=_base_state_dict(peft_model), **base)
     peft_model.save_pretrained(folder, save_embedding_layers=False)  # the base is saved beside: no Hub look-up
-    # the card of what was trained, in place of peft's blank template, with how to load it
-    write_model_card(peft_model.get_base_model(), folder, **card_kwargs)
-    with open(os.path.join(folder, "README.md"), encoding="utf-8") as f:
-        card = f.read()
-    atomic_write_text(os.path.join(folder, "README.md"), card.rstrip("\n") + LOADING_NOTE)
+    _point_at_base(folder, base_path or os.path.abspath(os.path.join(folder, BASE_FOLDER)))
+    # the card of what was trained, in place of peft's blank template: how the folder loads, how to merge it
+    write_model_card(peft_model.get_base_model(), folder, adapter=True, **card_kwargs)
     follow_umask(folder)  # peft writes its weights as private temporary files (0600)
     return folder
+
+
+def _point_at_base(folder: str, base_path: str) -> None:
+    """``adapter_config.json``'s ``base_model_name_or_path`` set to ``base_path`` (the patched base), not the model it
+    came from, which peft and transformers would load unpatched."""
+    path = os.path.join(folder, "adapter_config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["base_model_name_or_path"] = base_path
+    atomic_write_text(path, json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -92,12 +92,7 @@ def check_model_folder(path: str, model: str) -> None:
     if not os.path.isdir(path):
         return
     config = os.path.join(path, "config.json")
-    if loading.is_lora_folder(path):
-        raise ValueError(f"model folder {model!r} holds a LoRA adapter (hf-posenc finetune --lora-r without "
-                         "--lora-merge), which the hf-posenc commands do not evaluate or serve: merge it once, e.g. "
-                         f"hf_posenc.lora.save_lora(hf_posenc.from_pretrained({model!r}), 'merged', merged=True, "
-                         f"tokenizer=AutoTokenizer.from_pretrained({os.path.join(model, loading.BASE_FOLDER)!r})), "
-                         "then pass that folder")
+    loading.refuse_lora_folder(path, "hf-posenc eval, patch, tune and finetune", model)
     if not os.path.isfile(config):
         raise ValueError(f"model folder {model!r} has no config.json ({_holds(path)}); a model folder is one "
                          "written by save_pretrained, or a Hub id, .gguf file or alias")

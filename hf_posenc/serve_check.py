@@ -79,17 +79,19 @@ def engine_ready(engine: str, engine_python: str | None = None) -> str:
     return vllm_version(engine_python)
 
 
-def read_block(folder: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_block(folder: str, command: str = "hf-posenc serve-check") -> tuple[dict[str, Any], dict[str, Any]]:
     """(config.json, its hf_posenc block) of a checkpoint folder; a plain checkpoint's block is ``{}``. A GGUF file
-    (checked by llama.cpp alone): its metadata in those terms (:func:`gguf_block`)."""
+    (checked by llama.cpp alone): its metadata in those terms (:func:`gguf_block`). ``command``: the command that
+    reads it, named in the errors (a file that is neither, a folder without config.json, a LoRA adapter folder)."""
     if is_gguf(folder):
         return gguf_block(folder)
     if os.path.isfile(folder):
-        raise ValueError(f"{folder} is a file but not a GGUF one (it does not start with the 'GGUF' magic); serve-check "
+        raise ValueError(f"{folder} is a file but not a GGUF one (it does not start with the 'GGUF' magic); {command} "
                          "reads a checkpoint folder or a .gguf file")
+    loading.refuse_lora_folder(folder, command)
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
-        raise ValueError(f"{folder} is not a saved checkpoint folder (no config.json); serve-check reads the folder "
+        raise ValueError(f"{folder} is not a saved checkpoint folder (no config.json); {command} reads the folder "
                          "'hf-posenc patch --output' wrote")
     with open(path, encoding="utf-8") as f:
         config = json.load(f)

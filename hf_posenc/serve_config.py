@@ -47,7 +47,7 @@ def describe(path: str) -> Served:
     """The facts of the checkpoint at ``path`` (a folder or a ``.gguf`` file) that engines are launched from."""
     if not os.path.exists(path):
         raise ValueError(f"no checkpoint at {path}: give the folder 'hf-posenc patch --output' wrote, or a .gguf file")
-    plain, block = read_block(path)
+    plain, block = read_block(path, "hf-posenc serve-config")
     return served_of(plain, block, os.path.abspath(path), gguf=is_gguf(path))
 
 

@@ -516,3 +516,21 @@ def test_an_error_of_a_command_with_many_flags_is_one_usage_line_and_the_error(c
                                 "(leave the flag out for the default)"]
     err = refused(["bogus"], capsys)
     assert err.startswith("usage: hf-posenc [-h]") and "{methods,eval," in err  # the command list, in full
+
+
+@pytest.mark.parametrize("argv", [["serve-config", "{adapter}"],
+                                  ["serve-check", "{adapter}", "--output", "{out}"],
+                                  ["explain", "yarn", "--model", "{adapter}", "--output", "{out}"]],
+                         ids=lambda argv: argv[0])
+def test_a_lora_adapter_folder_is_refused_as_one_with_the_line_that_merges_it(argv, tmp_path, capsys):
+    """A folder of hf-posenc finetune --lora-r (the adapter, its patched base in base/), given where a whole model is
+    read: the command run names it as an adapter folder and prints the merge line, before anything is computed or
+    written."""
+    adapter, out = tmp_path / "adapter", tmp_path / "out"
+    (adapter / "base").mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": "x"}))
+    err = refused([word.format(adapter=adapter, out=out) for word in argv], capsys)
+    assert f"model folder '{adapter}' holds a LoRA adapter" in err
+    assert f"required by hf-posenc {argv[0]}" in err and "serve-check" not in err.replace(f"hf-posenc {argv[0]}", "")
+    assert f"hf_posenc.lora.save_lora(hf_posenc.from_pretrained('{adapter}'), 'merged', merged=True" in err
+    assert not out.exists()

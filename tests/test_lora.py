@@ -282,7 +282,8 @@ def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_check
         assert (logits(plain, x) - logits(model, x)).abs().max().item() <= 1e-5
     else:
         assert "load with hf_posenc.from_pretrained -- a peft model" in printed
-        assert (out / "adapter_config.json").exists()
+        adapter_config = json.loads((out / "adapter_config.json").read_text())
+        assert adapter_config["base_model_name_or_path"] == str(out / "base")  # where base/ is, not the staged folder
         mask = os.umask(0o022)
         os.umask(mask)
         assert (out / "adapter_model.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask  # not peft's 0600
@@ -368,7 +369,42 @@ def test_the_adapter_folder_carries_the_card_of_what_was_trained_and_the_base_th
     report = {"task": "finetune", "table": "| trained |", "setup": {}}
     save_lora(lora, str(tmp_path), merged=False, eval_results=[report], trained=True)
     top, base = (tmp_path / "README.md").read_text(), (tmp_path / "base" / "README.md").read_text()
-    assert "hf_posenc.from_pretrained(folder)" in top and "Model Card for Model ID" not in top
+    assert 'hf_posenc.from_pretrained("path/to/model-yarn")  # a peft model' in top
+    assert "Model Card for Model ID" not in top and "This folder holds a LoRA adapter" not in base
     assert "fine-tuned" in top and "fine-tuned" not in base
     assert (tmp_path / "hf_posenc_eval" / "finetune.json").exists()
     assert not (tmp_path / "base" / "hf_posenc_eval").exists()
+
+
+def _code_blocks(card: str, language: str) -> list[str]:
+    return [block.split("\n```", 1)[0] for block in card.split(f"```{language}\n")[1:]]
+
+
+def test_an_adapter_folders_card_loads_what_hf_posenc_loads_and_launches_only_the_merged_checkpoint(
+        tiny_checkpoint, tmp_path):
+    """The card of save_lora(merged=False): each Python block it gives, run on this folder, loads the model
+    hf_posenc.from_pretrained(folder) loads (the merge block included); no engine line names the adapter folder
+    itself; and peft's own loader of the folder puts the adapter on the patched base, not on the raw model."""
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    lora = apply_lora(hf_posenc.from_pretrained(tiny_checkpoint, {"method": "yarn", "factor": 2.0}), LoraSettings(r=4))
+    train(lora, steps=2)
+    folder, name = tmp_path / "adapter", "me/tiny-yarn-lora"
+    save_lora(lora, str(folder), merged=False, tokenizer=tok, base_model=tiny_checkpoint, repo_id=name)
+    x = ids(N)
+    want = logits(hf_posenc.from_pretrained(str(folder)), x)
+    card = (folder / "README.md").read_text()
+    blocks = _code_blocks(card, "python")
+    for code in blocks:  # the merge writes NAME-merged beside the folder
+        scope: dict = {}
+        exec(code.replace(name, str(folder)), scope)
+        assert gap(logits(scope["model"].eval(), x), want) <= 1e-5, code
+    assert len(blocks) == 3 and "merged=True" in blocks[2]
+    assert hf_posenc.get_config(hf_posenc.from_pretrained(f"{folder}-merged")).method == "yarn"
+    shell = "\n".join(_code_blocks(card, "bash"))
+    assert "vllm serve" in shell and shell.count(name) == shell.count(f"{name}-merged")  # the merged checkpoint only
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(folder / "base")
+    assert gap(logits(AutoPeftModelForCausalLM.from_pretrained(str(folder)).eval(), x), want) <= 1e-5

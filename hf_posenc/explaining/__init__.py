@@ -26,6 +26,7 @@ from ..adapters.layout import head_dim as head_dim_of
 from ..config import CONFIG_KEY, PosEncConfig, as_config
 from ..encodings.rope import RopeGeometry
 from ..io.files import atomic_write_text, check_output_folder
+from ..loading import refuse_lora_folder
 from ..gguf_file import trained_context
 from ..models import DEFAULT_MODEL, resolve_source
 from . import arrays as A, pictures as P
@@ -60,6 +61,7 @@ def geometry_of(model: str | None = None, head_dim: int | None = None, rope_thet
 
     name = model or DEFAULT_MODEL
     src = resolve_source(name)
+    refuse_lora_folder(src.path, "hf-posenc explain --model", name)
     from transformers import AutoConfig  # (heavy: loaded when a model is named, so `import hf_posenc` stays light)
 
     hf_config = AutoConfig.from_pretrained(src.path, **src.kwargs)
