@@ -34,7 +34,7 @@ from .io.files import OutputLock, umask
 from .adapters.base import text_config
 from .freezing import check_freeze, freeze_config
 from .methods.rope import DYNAMIC, SCALINGS
-from .models import resolve_source
+from .models import read_config, resolve_source
 from collections import Counter
 
 # the GGUF architectures whose files hf_posenc loads (transformers' GGUF reader) and patches (a RoPE decoder)
@@ -439,10 +439,8 @@ def original_before_load(model: str, cfg: PosEncConfig) -> int | None:
     if cfg.original_max_position_embeddings:
         return cfg.original_max_position_embeddings
     try:
-        from transformers import AutoConfig
-
         source = resolve_source(model)
-        return trained_context(AutoConfig.from_pretrained(source.path, **source.kwargs), source)
+        return trained_context(read_config(source), source)
     except Exception:  # noqa: BLE001 -- only a pre-check: the load that follows reports what is wrong
         return None
 

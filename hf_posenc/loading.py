@@ -15,7 +15,7 @@ import torch
 
 from .adapters import ADAPTERS
 from .config import CONFIG_KEY, PosEncConfig, SavedBlock, as_config
-from .models import drop_gguf_quantizer, resolve_source
+from .models import drop_gguf_quantizer, read_config, resolve_source
 from .patching import adopt, patch
 from .weights import HUB_FILE_KWARGS, read_tensors
 from .gguf_file import stored_patch
@@ -57,8 +57,6 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
         ``architectures``, else ``AutoModelForCausalLM``).
     hf_kwargs: passed to ``auto_class.from_pretrained`` (dtype, device_map, revision, ...).
     """
-    from transformers import AutoConfig
-
     if is_lora_folder(str(path_or_id)):  # save_lora(merged=False): the patched base, then the adapter
         return load_lora(str(path_or_id), posenc, auto_class=auto_class, **hf_kwargs)
     requested = as_config(posenc) if posenc is not None else None
@@ -66,7 +64,7 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
     kwargs = {**source.kwargs, **hf_kwargs}
     hf_config = kwargs.pop("config", None)
     if hf_config is None:
-        hf_config = AutoConfig.from_pretrained(source.path, **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
+        hf_config = read_config(source, **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
     auto_class = auto_class or model_class_for(hf_config)
     block = getattr(hf_config, CONFIG_KEY, None)
     stored = adapter = None

@@ -49,7 +49,7 @@ from .hub import save_pretrained, write_model_card
 from .patching import OWN_WEIGHTS, held_modules
 from .loading import BASE_FOLDER, model_class_for, quiet_peft, require_peft
 from .loading import load_lora  # noqa: F401 (this module's API too: hf_posenc.lora.load_lora)
-from .models import resolve_source
+from .models import read_config, resolve_source
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 NORM_SUFFIXES = ("RMSNorm", "LayerNorm")
@@ -142,10 +142,8 @@ def check_targets_before_load(model: str, settings: LoraSettings) -> None:
     after the load says it then); a patch adds no linear layer, so the unpatched model's names are the ones."""
     try:
         import torch
-        from transformers import AutoConfig
 
-        source = resolve_source(model)
-        hf_config = AutoConfig.from_pretrained(source.path, **source.kwargs)
+        hf_config = read_config(resolve_source(model))
         cls = model_class_for(hf_config)  # an auto class builds by from_config, a model class by itself
         with torch.device("meta"):
             skeleton = cls.from_config(hf_config) if hasattr(cls, "from_config") else cls(hf_config)

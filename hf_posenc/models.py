@@ -117,6 +117,22 @@ def resolve_source(name_or_path: str) -> ModelSource:
     return ModelSource(name, {}, name)
 
 
+def read_config(source: ModelSource, **kwargs: Any):
+    """transformers' configuration of ``source`` (its config.json, or a GGUF's metadata), ``kwargs`` passed on
+    (revision, trust_remote_code, ...). A GGUF that cannot be parsed (truncated, damaged) is refused naming the file,
+    not with the reader's own words alone."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source.path, **{**source.kwargs, **kwargs})
+    except Exception as err:  # noqa: BLE001 -- whatever the GGUF reader raises on a damaged file
+        if "gguf_file" not in source.kwargs:
+            raise
+        path = os.path.join(source.path, source.kwargs["gguf_file"])
+        raise ValueError(f"{path} cannot be read as GGUF ({' '.join(str(err).split())[:200]}); it is truncated or "
+                         "damaged") from None
+
+
 def drop_gguf_quantizer(model) -> None:
     """GGUF weights come out dequantized; forget the GGUF quantizer so that ``save_pretrained`` works."""
     if getattr(model, "hf_quantizer", None) is not None and "gguf" in type(model.hf_quantizer).__name__.lower():

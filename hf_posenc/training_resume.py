@@ -89,12 +89,26 @@ def _whole(checkpoint: str) -> bool:
     return True
 
 
+def _documents(value: Any) -> bool:
+    """Whether a fingerprint value is a list of documents (:func:`document_digests`)."""
+    return isinstance(value, list) and bool(value) and all(isinstance(v, list) and len(v) == 2 for v in value)
+
+
 def _shown(value: Any) -> str:
     """A fingerprint value as a refusal shows it: a list of documents as its length and names."""
-    if isinstance(value, list) and value and all(isinstance(v, list) and len(v) == 2 for v in value):
+    if _documents(value):
         names = [v[0] for v in value]
         return f"{len(value)} document(s) ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
     return repr(value)
+
+
+def _difference(key: str, then: Any, now: Any) -> str:
+    """How one fingerprint value changed, in words: documents of the same names whose text changed are named as
+    such (their names alone would read the same on both sides)."""
+    if _documents(then) and _documents(now) and [d[0] for d in then] == [d[0] for d in now]:
+        changed = [name for (name, a), (_, b) in zip(then, now) if a != b]
+        return f"{key}: the text of {', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''} changed (same name)"
+    return f"{key}: {_shown(then)} then, {_shown(now)} now"
 
 
 def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -169,7 +183,7 @@ class ResumableRun:
                      for f in (stored["fingerprint"], self.fingerprint))
         differ = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
         if differ:
-            detail = "; ".join(f"{k}: {_shown(then.get(k))} then, {_shown(now.get(k))} now" for k in differ[:6])
+            detail = "; ".join(_difference(k, then.get(k), now.get(k)) for k in differ[:6])
             raise ValueError(f"--resume: the checkpoints in {self.folder} belong to a run with other settings "
                              f"({detail}); resume it with the same ones, or remove that folder to train again from "
                              "the start")

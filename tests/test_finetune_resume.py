@@ -245,3 +245,17 @@ def test_a_run_resumed_from_an_older_release_measures_before_training_again_past
     assert before["past_original"]["ppl"] == pytest.approx(exact["ppl"], rel=1e-6)  # the untrained model again
     assert before["truncated"]["past_original"]["ppl"] < 1e9
     assert after["past_original"]["from"] == before["past_original"]["from"] == 64
+
+
+def test_a_training_text_edited_between_runs_is_named_as_changed_not_as_the_same_name_twice():
+    from hf_posenc.io.documents import Document
+    from hf_posenc.training_resume import _difference, document_digests
+
+    then = document_digests([Document("d11.txt", "the first text"), Document("d12.txt", "kept")])
+    now = document_digests([Document("d11.txt", "the first text, edited"), Document("d12.txt", "kept")])
+    said = _difference("train_documents", then, now)
+    assert said == "train_documents: the text of d11.txt changed (same name)"
+    other = document_digests([Document("d13.txt", "another")])
+    assert _difference("train_documents", then, other) == \
+        "train_documents: 2 document(s) (d11.txt, d12.txt) then, 1 document(s) (d13.txt) now"
+    assert _difference("training.learning_rate", 0.003, 0.001) == "training.learning_rate: 0.003 then, 0.001 now"

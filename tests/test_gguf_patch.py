@@ -405,3 +405,20 @@ def test_a_damaged_record_in_a_gguf_is_named_by_every_command(tiny_gguf, tmp_pat
         err = refused(argv, capsys)
         assert f"{bad}: its {OWN_KEY} metadata is damaged ({named}" in err, (argv, err)
     assert not os.path.exists(tmp_path / "c.gguf")
+
+
+def test_a_truncated_gguf_is_named_by_every_command_that_reads_its_config(tiny_gguf, tmp_path, capsys):
+    cut = tmp_path / "cut.gguf"
+    data = open(tiny_gguf, "rb").read()
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    for argv in (["explain", "yarn", "--factor", "2", "--model", str(cut), "--output", str(tmp_path / "e")],
+                 ["patch", "--model", str(cut), "--method", "yarn", "--factor", "2", "--output", str(tmp_path / "p")]):
+        err = refused(argv, capsys)
+        assert f"{cut} cannot be read as GGUF (" in err and "it is truncated or damaged" in err, (argv, err)
+    assert sorted(os.listdir(tmp_path)) == ["cut.gguf", "tiny.gguf"]
+
+
+def test_a_list_of_lengths_starting_with_a_negative_one_reaches_the_flags_own_check(tiny_gguf, capsys):
+    err = refused(["serve-check", tiny_gguf, "--engine", "llama.cpp", "--lengths", "-3,5"], capsys)
+    assert "argument --lengths: expected one or more comma-separated integers >= 1, got '-3,5'" in err
+    assert "expected one argument" not in err

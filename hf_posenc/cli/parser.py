@@ -13,7 +13,8 @@ from typing import NoReturn
 from ..provenance import MASK, scrub, secret_name
 
 
-NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+_NUMBER = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?"
+NEGATIVE_NUMBER = re.compile(rf"^-{_NUMBER}(,-?{_NUMBER})*$")  # -1e-4, and a list that starts with one: -3,5
 
 
 class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
@@ -34,8 +35,9 @@ class Parser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
         self._words: list[str] = []
-        # a negative number in exponent form is a value too: "--learning-rate -1e-4" reaches the flag's own check
-        # ("must be > 0, got -0.0001") instead of argparse's "expected one argument"
+        # a negative number in exponent form, or a list of numbers starting with one, is a value too:
+        # "--learning-rate -1e-4" and "--lengths -3,5" reach the flag's own check ("must be > 0, got -0.0001")
+        # instead of argparse's "expected one argument"
         self._negative_number_matcher = NEGATIVE_NUMBER
 
     def parse_known_args(self, args=None, namespace=None):

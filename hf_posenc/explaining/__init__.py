@@ -28,7 +28,7 @@ from ..encodings.rope import RopeGeometry
 from ..io.files import atomic_write_text, check_output_folder
 from ..loading import refuse_lora_folder
 from ..gguf_file import trained_context
-from ..models import DEFAULT_MODEL, resolve_source
+from ..models import DEFAULT_MODEL, read_config, resolve_source
 from . import arrays as A, pictures as P
 
 KINDS = ("none", "rope", "attention", "relative_bucket", "swap", "absolute")
@@ -62,9 +62,7 @@ def geometry_of(model: str | None = None, head_dim: int | None = None, rope_thet
     name = model or DEFAULT_MODEL
     src = resolve_source(name)
     refuse_lora_folder(src.path, "hf-posenc explain --model", name)
-    from transformers import AutoConfig  # (heavy: loaded when a model is named, so `import hf_posenc` stays light)
-
-    hf_config = AutoConfig.from_pretrained(src.path, **src.kwargs)
+    hf_config = read_config(src)
     trained = trained_context(hf_config, src)  # (a patched GGUF's config gets its original values back first)
     lm = text_config(hf_config)[0]
     rp = getattr(lm, "rope_parameters", None) or {}
