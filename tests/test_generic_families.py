@@ -44,7 +44,14 @@ def test_generic_family_saves_and_loads_back(model_type, method, tmp_path):
     model = build(model_type)
     x = ids(150) % 90 + 3
     before = out(model, x)
+    own = model.config.rope_parameters.get("rope_type", "default")
+    if own != "default" and method == "dynamic_ntk":  # already scaled (gpt_oss: yarn x32, apertus: llama3)
+        with pytest.raises(ValueError, match=f"already scaled \\(rope_type='{own}'\\), and 'dynamic_ntk' follows"):
+            hf_posenc.patch(model, method, factor=2.0)
+        return
     hf_posenc.patch(model, method, factor=2.0)
+    if own != "default":  # on top of the checkpoint's own scaling, from its current context
+        assert hf_posenc.get_config(model).method == "longrope"
     got = out(model, x)
     assert (got - before).abs().max().item() > 1e-6  # it changed the model
     model.save_pretrained(tmp_path)

@@ -191,9 +191,14 @@ def test_original_conflicting_with_recorded_scaling():
                                                  "original_max_position_embeddings": 32})
     with pytest.raises(ValueError, match="conflicts with the checkpoint, which records 32"):
         hf_posenc.patch(model, "pi", factor=2.0, original_max_position_embeddings=48)
-    hf_posenc.patch(model, "pi", factor=4.0)  # without it, the recorded 32 is used
+    hf_posenc.patch(model, "pi", factor=4.0, original_max_position_embeddings=32)  # the recorded 32: replaced
+    assert hf_posenc.get_config(model).method == "pi"
     assert hf_posenc.get_config(model).original_max_position_embeddings == 32
     assert model.config.max_position_embeddings == 128
+    hf_posenc.unpatch(model)
+    hf_posenc.patch(model, "pi", factor=4.0)  # without it: on top of the checkpoint's YaRN, from its context 64
+    assert hf_posenc.get_config(model).original_max_position_embeddings == 64
+    assert model.config.max_position_embeddings == 256
 
 
 def test_missing_original_length():

@@ -40,6 +40,7 @@ from ..methods.rope import SCALINGS, RopeScaling
 from .base import PatchRecord
 from .consistent_cache import CacheWatcher, RecomputeOnChange, layers_of_type, rerotate_cache, watch
 from .layout import Layout, RotarySlot, rope_geometry
+from .rope_compose import composed_config, scaled_type
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
 
 logger = logging.getLogger(__name__)
@@ -179,6 +180,8 @@ class Scaled:
         return True
 
     def resolve(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -> PosEncConfig:
+        if cfg.original_max_position_embeddings is None and scaled_type(lay) is not None:
+            return composed_config(cfg, lay)  # extends from the checkpoint's current scaling, never replaces it
         params = dict(cfg.params)
         if lay.layered:
             params["layer_types"] = lay.chosen_types()
@@ -195,13 +198,15 @@ class Scaled:
             if defaults is not None:
                 params = defaults(params, geom.dim // 2, cfg.factor)
             old = rp.get("rope_type", "default")
-            if old != "default":
+            if old != "default" and not (SCALINGS[cfg.method].per_dimension and L == lay.config.max_position_embeddings):
                 logger.warning(
                     "model already uses rope_type=%r%s; hf_posenc replaces it with %r computed from rope_theta=%s and "
-                    "original context %d.", old, f" for {s.layer_type}" if s.layer_type else "", cfg.method,
-                    geom.base, L,
+                    "original context %d, as original_max_position_embeddings asks.", old,
+                    f" for {s.layer_type}" if s.layer_type else "", cfg.method, geom.base, L,
                 )
-        return PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None, L, params)
+        resolved = PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None, L, params)
+        _refuse_shrink(resolved, lay)
+        return resolved
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, record: PatchRecord) -> bool:
         scaling = SCALINGS[cfg.method]
@@ -271,6 +276,22 @@ class Scaled:
             if value != getattr(config, name, None):
                 record.set_config(lay.prefix + name, value)
         return True
+
+
+def _refuse_shrink(cfg: PosEncConfig, lay: Layout) -> None:
+    """A scaling that replaces the checkpoint's own must not advertise less than the checkpoint does now."""
+    now = getattr(lay.config, "max_position_embeddings", None)
+    if scaled_type(lay) is None or not isinstance(now, int):
+        return
+    spec = SCALINGS[cfg.method]
+    after = spec.max_position(cfg.factor, cfg.original_max_position_embeddings)
+    if after < now and not spec.keeps_max_position:
+        least = now / cfg.original_max_position_embeddings
+        raise ValueError(f"{cfg.method} x{cfg.factor:g} from the original context {cfg.original_max_position_embeddings} "
+                         f"replaces the checkpoint's own scaling (rope_type={scaled_type(lay)!r}) and would advertise "
+                         f"{after:,} tokens, fewer than the {now:,} it advertises now: give a factor of at least "
+                         f"{least:g} to replace it, or drop original_max_position_embeddings to extend from its "
+                         f"current context (x{cfg.factor:g} -> {spec.max_position(cfg.factor, now):,} tokens).")
 
 
 def rescale_softmax(model: nn.Module, rope_parameters: dict[str, Any], record: PatchRecord) -> None:

@@ -249,3 +249,55 @@ def rerotate_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     keys[..., :half] = first
     keys[..., half : 2 * half] = second
     return keys
+
+
+# -- a scaling on top of a checkpoint's own --------------------------------------------------------------------------
+# A scaling applied to a checkpoint whose RoPE is already scaled (Llama 3.1's llama3 x8, gpt-oss's YaRN x32) acts on
+# the frequencies the checkpoint computes now, ``own`` (its rotary module's ``inv_freq``, ``[rot / 2]``), with L =
+# ``context``, the context the checkpoint advertises now: it extends from there, keeps what that scaling kept fast and
+# scales the rest by the method's own rule. Each returns (new inv_freq in fp32, the attention scaling the method adds,
+# multiplied into the checkpoint's own by the caller).
+
+def compose_linear(own: torch.Tensor, context: int, factor: float, params: dict[str, Any]):
+    """PI on top (Chen et al. 2023): every frequency divided by s."""
+    return (own.double() / factor).float(), 1.0
+
+
+def compose_ntk(own: torch.Tensor, context: int, factor: float, params: dict[str, Any]):
+    """NTK-aware on top: the base change theta' = theta s^(d/(d-2)) multiplies frequency i (of d/2) by
+    s^(-2i/(d-2)): the fastest kept, the slowest divided by s."""
+    half = own.shape[-1]
+    i = torch.arange(half, dtype=torch.float64, device=own.device)
+    return (own.double() * factor ** (-2 * i / max(2 * half - 2, 1))).float(), 1.0
+
+
+def yarn_gamma(own: torch.Tensor, context: int, beta_fast: float, beta_slow: float) -> torch.Tensor:
+    """YaRN's ramp gamma(r) over each frequency's turns r = L / wavelength within the context L (Peng et al. 2023,
+    eq. 18): 1 (kept) above beta_fast turns, 0 (interpolated) below beta_slow, linear in r between."""
+    turns = context * own.double() / (2 * math.pi)
+    return torch.clamp((turns - beta_slow) / (beta_fast - beta_slow), 0.0, 1.0)
+
+
+def compose_yarn(own: torch.Tensor, context: int, factor: float, params: dict[str, Any]):
+    """YaRN "NTK-by-parts" on top: theta_i ((1 - gamma_i) / s + gamma_i) with gamma of the checkpoint's own
+    wavelengths over its current context (:func:`yarn_gamma`); attention factor 0.1 ln s + 1 unless given."""
+    gamma = yarn_gamma(own, context, params["beta_fast"], params["beta_slow"])
+    attention = params.get("attention_factor")
+    return (own.double() * ((1 - gamma) / factor + gamma)).float(), yarn_mscale(factor) if attention is None else attention
+
+
+def compose_llama3(own: torch.Tensor, context: int, factor: float, params: dict[str, Any]):
+    """Llama 3.1's smoothing on top: wavelengths shorter than L / high_freq_factor kept, longer than
+    L / low_freq_factor divided by s, blended in between, L the checkpoint's current context."""
+    low, high = params["low_freq_factor"], params["high_freq_factor"]
+    inv = own.double()
+    wavelen = 2 * math.pi / inv
+    smooth = torch.clamp((context / wavelen - low) / (high - low), 0.0, 1.0)
+    return (inv * ((1 - smooth) / factor + smooth)).float(), 1.0
+
+
+def compose_longrope(own: torch.Tensor, context: int, factor: float, params: dict[str, Any]):
+    """LongRoPE's per-dimension factors on top: theta_i / lambda_i with the ``long_factor`` list."""
+    long = torch.tensor(params["long_factor"], dtype=torch.float64, device=own.device)
+    attention = params.get("attention_factor")
+    return (own.double() / long).float(), longrope_attention_factor(factor, context) if attention is None else attention

@@ -86,13 +86,20 @@ class RopeScaling:
     ``native(factor, original, params, geom) -> dict`` the transformers ``rope_parameters`` it equals (without
     ``rope_theta`` unless it rewrites it), None when transformers has no such type; ``defaults(params, half,
     factor) -> params`` fills knobs whose defaults depend on the model (``half`` = rotary dim / 2);
-    ``keeps_max_position``: ``max_position_embeddings`` stays the original length (else factor x original)."""
+    ``keeps_max_position``: ``max_position_embeddings`` stays the original length (else factor x original);
+    ``compose(own, context, factor, params) -> (inv_freq, attention)``: the method on top of a checkpoint's own
+    scaled frequencies (``encodings.rope.compose_*``), None where it is not put on top of another scaling;
+    ``per_dimension``: its knobs state each dimension's factor of the base frequencies outright, so over a scaled
+    checkpoint's current context it restates that checkpoint's frequencies (a composed configuration, re-applied on
+    load) rather than scaling them again."""
 
     frequencies: Callable[..., tuple[Any, float]]
     native: Callable[..., dict[str, Any]] | None = None
     dynamic: str | None = None
     defaults: Callable[[dict[str, Any], int, float], dict[str, Any]] | None = None
     keeps_max_position: bool = False
+    compose: Callable[..., tuple[Any, float]] | None = None
+    per_dimension: bool = False
 
     def max_position(self, factor: float, original: int) -> int:
         return original if self.keeps_max_position else int(math.ceil(factor * original))
@@ -177,10 +184,12 @@ _add(MethodSpec("none", "none", "No change: the checkpoint's own positions (a ba
      RopeScaling(R.rope_none, native=lambda s, L, p, g: {"rope_type": "default"}))
 _add(MethodSpec("pi", "rope", "Position interpolation: every frequency divided by factor (Chen et al. 2023).",
                 aliases=("linear",), tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
-     RopeScaling(R.rope_linear, native=lambda s, L, p, g: {"rope_type": "linear", "factor": s}))
+     RopeScaling(R.rope_linear, native=lambda s, L, p, g: {"rope_type": "linear", "factor": s},
+                 compose=R.compose_linear))
 _add(MethodSpec("ntk", "rope", "Static NTK-aware scaling: rope_theta' = rope_theta * factor^(d/(d-2)).",
                 aliases=("ntk_aware", "static_ntk"), tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
-     RopeScaling(R.rope_ntk, native=lambda s, L, p, g: {"rope_type": "default", "rope_theta": R.ntk_base(g.base, g.dim, s)}))
+     RopeScaling(R.rope_ntk, native=lambda s, L, p, g: {"rope_type": "default", "rope_theta": R.ntk_base(g.base, g.dim, s)},
+                 compose=R.compose_ntk))
 _add(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the current length once it exceeds the original context.",
                 aliases=("dynamic",), tune_grid=factor_grid,
                 engines={"vLLM": EngineSupport("within_original", "measured by hf-posenc serve-check on SmolLM2-135M "
@@ -202,7 +211,7 @@ _add(MethodSpec("yarn", "rope", "YaRN: NTK-by-parts interpolation plus attention
                 params={"beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None, "mscale": None,
                         "mscale_all_dim": None, "truncate": True},
                 check=_check_yarn, tune_grid=_yarn_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
-     RopeScaling(R.rope_yarn, native=_native_yarn))
+     RopeScaling(R.rope_yarn, native=_native_yarn, compose=R.compose_yarn))
 _add(MethodSpec("dynamic_yarn", "rope", "Dynamic YaRN: YaRN with scale = current length / original context (jquesnelle/yarn).",
                 params={"beta_fast": 32.0, "beta_slow": 1.0, "attn_factor": 1.0, "finetuned": False},
                 check=_check_yarn, tune_grid=_dynamic_yarn_grid),
@@ -212,8 +221,10 @@ _add(MethodSpec("llama3", "rope", "Llama 3.1 wavelength-band smoothing of PI.",
                 tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_llama3, native=lambda s, L, p, g: {"rope_type": "llama3", "factor": s,
                                                             "original_max_position_embeddings": L,
-                                                            **_floats(p, "low_freq_factor", "high_freq_factor")}))
+                                                            **_floats(p, "low_freq_factor", "high_freq_factor")},
+                 compose=R.compose_llama3))
 _add(MethodSpec("longrope", "rope", "LongRoPE per-dimension rescale factors (short/long lists; default: PI-like uniform lists).",
                 params={"short_factor": None, "long_factor": None, "attention_factor": None},
                 check=_check_longrope, tune_grid=factor_grid),
-     RopeScaling(R.rope_longrope, native=_native_longrope, dynamic="switch", defaults=_longrope_defaults))
+     RopeScaling(R.rope_longrope, native=_native_longrope, dynamic="switch", defaults=_longrope_defaults,
+                 compose=R.compose_longrope, per_dimension=True))

@@ -1,0 +1,87 @@
+"""A RoPE scaling on a checkpoint whose RoPE is already scaled (Llama 3.1's llama3 x8, gpt-oss's YaRN x32, a Qwen
+with YaRN x4): it extends from what the checkpoint is now, never from its pretraining length.
+
+The method acts on the checkpoint's own frequencies -- those its rotary module computes, for any static scaling
+transformers implements -- with L = the context the checkpoint advertises now (``max_position_embeddings``), by its
+rule in :mod:`hf_posenc.encodings.rope` (``compose_*``): ``yarn`` x2 on a 128k Llama 3.1 gives 256k, keeps the
+dimensions that turn often within 128k and halves the slowest; ``pi`` x2 halves every one. The result is one
+LongRoPE configuration, which transformers, vLLM and hf_posenc compute natively: ``short_factor`` = the checkpoint's
+own per-dimension factors (inputs up to its current context keep its frequencies), ``long_factor`` = the composed
+ones (past it), ``original_max_position_embeddings`` = its current context, ``attention_factor`` = its own times
+what the method adds (YaRN's 0.1 ln s + 1, at every length as YaRN applies it; ``attention_factor=1.0`` keeps
+inputs up to the current context exactly as the checkpoint computed them).
+
+Replacing the checkpoint's scaling instead stays possible: give ``original_max_position_embeddings`` (its
+pretraining context), and the method scales from there, as on an unscaled model.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import PosEncConfig
+from ..encodings import rope as R
+from ..methods.rope import SCALINGS
+from .layout import Layout, rope_geometry
+
+logger = logging.getLogger(__name__)
+
+# rope types whose frequencies transformers recomputes with the length: their "own frequencies" are not one set
+LENGTH_DEPENDENT_TYPES = ("dynamic", "longrope")
+
+
+def scaled_type(lay: Layout) -> str | None:
+    """The checkpoint's own scaling (its ``rope_type``) when any rotary slot the method changes is scaled, else None."""
+    types = {s.rope_parameters(lay.config).get("rope_type", "default") for s in lay.selected}
+    scaled = sorted(t for t in types if t != "default")
+    return scaled[0] if scaled else None
+
+
+def composed_config(cfg: PosEncConfig, lay: Layout) -> PosEncConfig:
+    """``cfg`` (a RoPE scaling, no original context given) on the checkpoint of ``lay``, whose RoPE is scaled: the
+    LongRoPE configuration that computes it (module doc); refused by name where it cannot be composed."""
+    own_type = scaled_type(lay)
+    context = getattr(lay.config, "max_position_embeddings", None)
+    _check_composable(cfg, lay, own_type, context)
+    slot = lay.selected[0]
+    rp = slot.rope_parameters(lay.config)
+    geom = rope_geometry(lay.config, int(context), rp)
+    half = geom.dim // 2
+    scaling = SCALINGS[cfg.method]
+    params = scaling.defaults(dict(cfg.params), half, cfg.factor) if scaling.defaults else dict(cfg.params)
+    own = slot.get("inv_freq").detach().float().cpu()
+    new, added = scaling.compose(own, int(context), cfg.factor, params)
+    base = R.default_inv_freq(geom.base, geom.dim).double()
+    attention = float(slot.get("attention_scaling")) * float(added)
+    composed = PosEncConfig("longrope", cfg.factor, int(context), {
+        "short_factor": (base / own.double()).tolist(), "long_factor": (base / new.double()).tolist(),
+        "attention_factor": attention})
+    logger.warning("the checkpoint's RoPE is already scaled (rope_type=%r, context %d): hf_posenc extends it from "
+                   "there -- %s on top gives %d tokens, computed as longrope (inputs up to %d keep the checkpoint's "
+                   "frequencies). To replace its scaling instead, give original_max_position_embeddings.",
+                   own_type, context, cfg.to_text(), scaling.max_position(cfg.factor, int(context)), context)
+    return composed
+
+
+def _check_composable(cfg: PosEncConfig, lay: Layout, own_type: str, context) -> None:
+    replace = ("give original_max_position_embeddings (the context it was pretrained for) to replace its scaling "
+               "instead")
+    what = f"the checkpoint's RoPE is already scaled (rope_type={own_type!r})"
+    if SCALINGS[cfg.method].compose is None:
+        raise ValueError(f"{what}, and {cfg.method!r} follows the sequence length, which hf_posenc does not put on "
+                         f"top of another scaling; use a static one (pi, ntk, yarn, llama3, longrope), which extends "
+                         f"from the checkpoint's current context, or {replace}.")
+    if own_type in LENGTH_DEPENDENT_TYPES:
+        raise ValueError(f"{what}, whose frequencies change with the input's length: hf_posenc does not put "
+                         f"{cfg.method!r} on top of it yet; {replace}.")
+    if lay.layered:
+        raise ValueError(f"{what} on a model with per-layer-type RoPE: putting {cfg.method!r} on top of it is not "
+                         f"supported yet; {replace}.")
+    if not isinstance(context, int) or context < 1:
+        raise ValueError(f"{what}, and its config states no max_position_embeddings (the context it has now) to "
+                         f"extend from; {replace}.")
+    if cfg.params.get("attention_factor") is None and cfg.method == "yarn" and any(
+            cfg.params.get(k) for k in ("mscale", "mscale_all_dim")):
+        raise ValueError(f"{what}: yarn's mscale / mscale_all_dim are not used on top of another scaling; give "
+                         f"attention_factor, or {replace}.")
+

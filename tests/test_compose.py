@@ -1,0 +1,138 @@
+"""A RoPE scaling on a checkpoint already scaled (a tiny Llama 3.1: llama3 x8 over 64, advertising 512) extends
+from its current context and frequencies, never from its pretraining length: checked against the rules written
+out here, against plain transformers (the saved longrope), for cached decoding, and for what is refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import hf_posenc
+from hf_posenc.encodings import rope as R
+
+PRETRAINED, FACTOR, THETA, DIM = 64, 8.0, 10000.0, 16
+CONTEXT = int(PRETRAINED * FACTOR)  # 512: what the checkpoint advertises
+LLAMA3 = {"rope_type": "llama3", "rope_theta": THETA, "factor": FACTOR, "original_max_position_embeddings": PRETRAINED,
+          "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+def llama31(**rope) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("llama", vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
+                               rope_parameters={**LLAMA3, **rope})
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def logits(model, n: int, seed: int = 1) -> torch.Tensor:
+    x = torch.randint(3, 90, (1, n), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return model(x).logits
+
+
+def long_frequencies(cfg) -> torch.Tensor:
+    """The frequencies a composed (longrope) configuration gives past its switch length."""
+    geom = R.RopeGeometry(THETA, DIM, cfg.original_max_position_embeddings)
+    return R.rope_longrope(geom, cfg.factor, cfg.params, seq_len=cfg.original_max_position_embeddings + 1)[0]
+
+
+# -- the rules, written out --------------------------------------------------------------------------------------
+
+
+def reference_yarn(own: torch.Tensor, context: int, s: float, beta_fast=32.0, beta_slow=1.0) -> torch.Tensor:
+    """Peng et al. 2023, eq. 18-19 on the checkpoint's own frequencies: r = L / wavelength turns within L."""
+    out = []
+    for theta in own.double().tolist():
+        r = context / (2 * math.pi / theta)
+        gamma = 0.0 if r < beta_slow else 1.0 if r > beta_fast else (r - beta_slow) / (beta_fast - beta_slow)
+        out.append((1 - gamma) * theta / s + gamma * theta)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("method", ["pi", "yarn"])
+def test_x2_on_llama31_advertises_twice_its_context_and_halves_its_slowest_dimension(method):
+    model = llama31()
+    own = model.model.rotary_emb.inv_freq.clone()
+    hf_posenc.patch(model, method, factor=2.0)
+    cfg = hf_posenc.get_config(model)
+    assert model.config.max_position_embeddings == 2 * CONTEXT  # 1024, not 2 x 64
+    assert cfg.method == "longrope" and cfg.original_max_position_embeddings == CONTEXT
+    new = long_frequencies(cfg)
+    assert new[-1].item() == pytest.approx(own[-1].item() / 2, rel=1e-6)  # the slowest, halved again
+    if method == "pi":
+        assert torch.allclose(new, own / 2, rtol=1e-6, atol=0)  # every one halved
+    else:
+        assert new[0].item() == pytest.approx(own[0].item(), rel=1e-6)  # the fastest kept
+        assert torch.allclose(new.double(), reference_yarn(own, CONTEXT, 2.0), rtol=1e-6, atol=0)
+        assert cfg.params["attention_factor"] == pytest.approx(0.1 * math.log(2.0) + 1.0)
+    short = R.rope_longrope(R.RopeGeometry(THETA, DIM, CONTEXT), cfg.factor, cfg.params, seq_len=CONTEXT)[0]
+    assert torch.allclose(short, own, rtol=1e-6, atol=0)  # up to 512: the checkpoint's own frequencies
+
+
+def test_each_rule_on_plain_frequencies_is_the_method_itself():
+    """On an unscaled RoPE (context = its training length), composing is the plain method: the same rule."""
+    geom = R.RopeGeometry(THETA, DIM, PRETRAINED)
+    plain = R.default_inv_freq(THETA, DIM)
+    knobs = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    for compose, method, params in ((R.compose_linear, R.rope_linear, {}), (R.compose_ntk, R.rope_ntk, {}),
+                                    (R.compose_llama3, R.rope_llama3, knobs)):
+        got, attention = compose(plain, PRETRAINED, 4.0, params)
+        want, want_attention = method(geom, 4.0, params)
+        assert torch.allclose(got, want, rtol=1e-6, atol=0), compose.__name__
+        assert attention == want_attention == 1.0
+
+
+@pytest.mark.parametrize("method, knobs", [("pi", {}), ("ntk", {}), ("llama3", {}), ("yarn", {"attention_factor": 1.0}),
+                                           ("longrope", {"attention_factor": 1.0})])
+def test_inputs_up_to_the_current_context_are_the_checkpoints_and_past_it_transformers_computes_the_same(
+        method, knobs, tmp_path):
+    model = llama31()
+    own = model.model.rotary_emb.inv_freq.clone()
+    rope = dict(model.config.rope_parameters)
+    short, long = logits(model, CONTEXT), logits(model, CONTEXT + 200)
+    hf_posenc.patch(model, method, factor=2.0, **knobs)
+    assert (logits(model, CONTEXT) - short).abs().max().item() <= 1e-5  # the checkpoint, up to its context
+    patched_long = logits(model, CONTEXT + 200)
+    assert (patched_long - long).abs().max().item() > 1e-4  # past it, extended
+    model.save_pretrained(tmp_path)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert plain.config.rope_parameters["rope_type"] == "longrope" and plain.config.max_position_embeddings == 1024
+    assert (logits(plain, CONTEXT + 200) - patched_long).abs().max().item() <= 1e-5
+    assert (logits(plain, 100) - logits(model, 100)).abs().max().item() <= 1e-5
+    again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert (logits(again, CONTEXT + 200) - patched_long).abs().max().item() <= 1e-5
+    hf_posenc.unpatch(model)
+    assert torch.equal(model.model.rotary_emb.inv_freq, own) and dict(model.config.rope_parameters) == rope
+    assert model.config.max_position_embeddings == CONTEXT
+    assert torch.equal(logits(model, CONTEXT + 200), long)  # the checkpoint again, bit for bit
+
+
+def test_cached_decoding_across_the_current_context_equals_recomputing():
+    model = llama31()
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    prompt = torch.randint(3, 90, (1, CONTEXT - 4), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=10, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=0)
+        for step, got in enumerate(out.logits):  # step k: the next token after CONTEXT - 4 + k tokens, recomputed
+            want = model(out.sequences[:, : CONTEXT - 4 + step]).logits[:, -1]  # (past 512: every position's long)
+            assert (got - want).abs().max().item() <= 1e-5, step
+
+
+def test_what_cannot_be_composed_or_would_shrink_is_refused_before_anything_changes():
+    model = llama31()
+    own, rope = model.model.rotary_emb.inv_freq.clone(), dict(model.config.rope_parameters)
+    with pytest.raises(ValueError, match=r"already scaled \(rope_type='llama3'\), and 'dynamic_ntk' follows the "
+                                         r"sequence length.*give original_max_position_embeddings"):
+        hf_posenc.patch(model, "dynamic_ntk", factor=2.0)
+    with pytest.raises(ValueError, match=r"yarn x2 from the original context 64 replaces the checkpoint's own scaling "
+                                         r"\(rope_type='llama3'\) and would advertise 128 tokens, fewer than the 512 it "
+                                         r"advertises now: give a factor of at least 8"):
+        hf_posenc.patch(model, "yarn", factor=2.0, original_max_position_embeddings=PRETRAINED)
+    assert not hf_posenc.is_patched(model) and torch.equal(model.model.rotary_emb.inv_freq, own)
+    assert dict(model.config.rope_parameters) == rope and model.config.max_position_embeddings == CONTEXT
+    hf_posenc.patch(model, "yarn", factor=16.0, original_max_position_embeddings=PRETRAINED)  # replaced, as asked
+    assert hf_posenc.get_config(model).method == "yarn" and model.config.max_position_embeddings == 1024
