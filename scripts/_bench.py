@@ -20,6 +20,22 @@ def rel(path: str) -> str:
     return os.path.relpath(path, ROOT)
 
 
+def status_mb(field: str) -> float:
+    """``field`` of ``/proc/self/status`` in MB (Linux): ``VmRSS`` is the resident memory now, ``VmHWM`` its peak."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        line = next(row for row in f if row.startswith(field + ":"))
+    return int(line.split()[1]) / 1024  # kB
+
+
+def reset_peak_rss() -> float:
+    """Restarts this process's resident-memory peak (``VmHWM``) from its resident memory now (Linux
+    ``/proc/self/clear_refs``), so that what ran before (a GGUF de-quantised in memory) does not hide the peak of what
+    runs next; returns the resident memory now in MB."""
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")
+    return status_mb("VmRSS")
+
+
 BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg84.txt")
 
 

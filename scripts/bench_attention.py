@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+from _bench import reset_peak_rss, status_mb
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TITLE = "## Remapped-position attention: speed and memory vs native SDPA"
@@ -116,17 +118,9 @@ def child(args) -> None:
     """One variant at one length in this fresh process: JSON with the peak RSS increment and the time."""
     model = load(args)
     x = tokens(model, args.memory_length)
-    with open("/proc/self/clear_refs", "w") as f:  # Linux: the peak (VmHWM) restarts from the current RSS, so
-        f.write("5")  # that loading (a GGUF de-quantised in memory) does not hide the forward's own peak
-    base = _status_mb("VmRSS")
+    base = reset_peak_rss()  # loading (a GGUF de-quantised in memory) does not hide the forward's own peak
     seconds = forward(model, args.variant, x)
-    print(json.dumps({"variant": args.variant, "increment_mb": _status_mb("VmHWM") - base, "seconds": seconds}))
-
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        line = next(row for row in f if row.startswith(field + ":"))
-    return int(line.split()[1]) / 1024  # kB
+    print(json.dumps({"variant": args.variant, "increment_mb": status_mb("VmHWM") - base, "seconds": seconds}))
 
 
 def speed(args, variants: list[str]) -> dict[int, dict[str, list[float]]]:

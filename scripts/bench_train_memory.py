@@ -3,14 +3,20 @@ whole ``[tokens x vocab]`` logits vs hf_posenc's chunked LM-head loss, each with
 checkpointing, side by side in one run, on SmolLM2-135M (default) patched with YaRN to cover the length.
 
 Each cell (length x loss x checkpointing) runs in its own fresh process, which trains ``--steps`` optimizer steps
-of one sequence (AdamW, every weight) and reports its peak resident memory above the level reached after loading
-the model and the data and making the gradients' and the optimizer's state (a step on zero gradients), and the
-tokens per second of its steps.
+of one sequence (AdamW, every weight) and reports the peak of its resident memory during those steps above its
+resident memory just before them (after loading the model and the data and making the gradients' and the
+optimizer's state with a step on zero gradients; the peak restarts there, so that the setup's own peak does not hide
+it), and the tokens per second of its steps. The process runs with glibc's ``MALLOC_MMAP_THRESHOLD_`` at 128 KiB:
+every larger block (every activation) is mapped for itself and given back to the system when freed, so that
+resident memory follows what the tensors hold; with glibc's default (a threshold that grows up to 32 MiB), freed
+blocks stay in the process and are reused in an order that changes from run to run, and the same cell measured
+1,200 MB and 1,430 MB at 2,048 tokens, 2,655 MB and 3,610 MB (by the former measure) at 8,192.
 Each cell runs under a data-memory limit (``--memory-limit-gb``, default the machine's memory less 2 GiB): a cell
 that needs more is reported as out of memory at that limit instead of pushing the machine into swap or the kernel's
 OOM killer. Finished cells are kept in ``--cells`` (one JSON line each, with the settings that made them) and a rerun
-computes only the missing ones. Results are printed and, with --write, recorded in BENCHMARKS.md together with this
-command.
+computes only the missing ones; ``--variants`` measures some of the four (loss x checkpointing) only, the table
+showing a kept cell of an earlier measure, marked, for the others. Results are printed and, with --write, recorded
+in BENCHMARKS.md together with this command.
 
     python scripts/bench_train_memory.py --lengths 2048,4096,8192,16384 --write
 """
@@ -26,18 +32,17 @@ import subprocess
 import sys
 import time
 
-from _bench import ROOT, comma_list, prompt_ids, rel
+from _bench import ROOT, comma_list, prompt_ids, rel, reset_peak_rss, status_mb
 
-VARIANTS = [("full logits", False, False), ("full logits", True, False), ("chunked", False, True),
-            ("chunked", True, True)]  # (loss, activation checkpointing, chunked)
+VARIANTS = {"full": ("full logits", False, False), "full+checkpointing": ("full logits", True, False),
+            "chunked": ("chunked", False, True), "chunked+checkpointing": ("chunked", True, True)}
+# name: (loss, activation checkpointing, chunked)
+MEASURE = "rss-peak-reset, mmap threshold 128 KiB"  # in each cell's key: a cell of another measure is not reused
+MMAP_THRESHOLD = 128 * 1024  # bytes; glibc maps every block above it for itself and unmaps it when freed
 
 
 OUT_OF_MEMORY = ("can't allocate memory", "cannot allocate memory", "out of memory", "MemoryError",
                  "std::bad_alloc")
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def child(args) -> None:
@@ -76,11 +81,12 @@ def child(args) -> None:
         param.grad = torch.zeros_like(param)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    base = peak_rss_mb()
+    base = reset_peak_rss()
     start = time.time()
     losses = [step() for _ in range(args.steps)]
     seconds = time.time() - start
-    print(json.dumps({"baseline_mb": base, "increment_mb": peak_rss_mb() - base, "loss": losses[0],
+    print(json.dumps({"baseline_mb": base, "increment_mb": status_mb("VmHWM") - base,
+                      "kept_after_mb": status_mb("VmRSS") - base, "loss": losses[0],
                       "tokens_per_s": args.length * args.steps / seconds}))
 
 
@@ -93,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 allow_abbrev=False)
     p.add_argument("--model", default="smollm2-135m", help="model to train (Hub id, folder, .gguf, alias)")
     p.add_argument("--lengths", type=comma_list(int), default=[2048, 4096], help="sequence lengths in tokens")
+    p.add_argument("--variants", type=comma_list(str), default=list(VARIANTS),
+                   help=f"the (loss x checkpointing) cells to measure, of {', '.join(VARIANTS)}; the table shows "
+                        "the others from kept cells of an earlier measure where there are some")
     p.add_argument("--steps", type=int, default=1, help="timed optimizer steps per cell")
     p.add_argument("--memory-limit-gb", type=float, default=round(max(1.0, total_memory_gb() - 2), 1),
                    help="data-memory limit of each cell's process in GiB (0: none); a cell that needs more is "
@@ -112,7 +121,13 @@ def cell_key(args, length: int, checkpointing: bool, chunked: bool) -> dict:
 
     return {"model": args.model, "length": length, "checkpointing": checkpointing, "chunked": chunked,
             "steps": args.steps, "memory_limit_gb": args.memory_limit_gb, "cores": os.cpu_count(),
-            "torch": torch.__version__}
+            "torch": torch.__version__, "measure": MEASURE}
+
+
+def legacy_key(key: dict) -> dict:
+    """The key the cell of ``key`` had before the measure was in it (peak ru_maxrss above its value after the setup,
+    glibc's default allocator), which the setup's own peak hid part of."""
+    return {k: v for k, v in key.items() if k != "measure"}
 
 
 def kept_cells(path: str) -> list[dict]:
@@ -130,10 +145,11 @@ def kept_cells(path: str) -> list[dict]:
 
 def run_cell(args, length: int, checkpointing: bool, chunked: bool) -> dict:
     """One cell in a fresh process: its JSON result, or ``{"out_of_memory": True}`` when it passed the limit."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
     cmd = [sys.executable, __file__, "--model", args.model, "--length", str(length), "--steps", str(args.steps),
            "--checkpointing", str(int(checkpointing)), "--chunked", str(int(chunked)),
            "--memory-limit-gb", str(args.memory_limit_gb)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         if args.memory_limit_gb and any(m in out.stderr for m in OUT_OF_MEMORY):
             return {"out_of_memory": True}
@@ -142,13 +158,19 @@ def run_cell(args, length: int, checkpointing: bool, chunked: bool) -> dict:
 
 
 def measure(args) -> list[tuple]:
-    """Every cell of the grid, computed unless ``--cells`` has it; each new one appended there as it ends."""
+    """Every cell of the grid: of ``--variants``, computed unless ``--cells`` has it (each new one appended there as
+    it ends); of the others, the kept cell of this measure, else of the earlier one (its result marked ``legacy``),
+    else none."""
     kept, rows = kept_cells(args.cells), []
     os.makedirs(os.path.dirname(os.path.abspath(args.cells)), exist_ok=True)
     for length in args.lengths:
-        for loss, checkpointing, chunked in VARIANTS:
+        for name, (loss, checkpointing, chunked) in VARIANTS.items():
             key = cell_key(args, length, checkpointing, chunked)
             r = next((c["result"] for c in kept if c["key"] == key), None)
+            if r is None and name not in args.variants:
+                r = next(({**c["result"], "legacy": True} for c in kept if c["key"] == legacy_key(key)), None)
+                if r is None:
+                    continue
             if r is None:
                 r = run_cell(args, length, checkpointing, chunked)
                 with open(args.cells, "a", encoding="utf-8") as f:
@@ -159,21 +181,30 @@ def measure(args) -> list[tuple]:
 
 
 def row(rows: list[tuple], length: int, loss: str, checkpointing: bool, r: dict) -> str:
+    """One table row; a cell of the earlier measure is marked with a dagger, and a ratio is given only between two
+    cells of the same measure."""
+    mark = " †" if r.get("legacy") else ""
     if r.get("out_of_memory"):
-        return (f"| {length} | {loss} | {'on' if checkpointing else 'off'} | out of memory (limit reached) | – | – "
-                "| – |")
-    naive = next(x for n, lo, c, x in rows if n == length and lo == "full logits" and not c)
-    ratio = "–" if naive.get("out_of_memory") else f"{r['increment_mb'] / naive['increment_mb']:.2f}"
-    return (f"| {length} | {loss} | {'on' if checkpointing else 'off'} | {r['increment_mb']:.0f} | {ratio} | "
+        return (f"| {length} | {loss} | {'on' if checkpointing else 'off'} | out of memory (limit reached){mark} | – "
+                "| – | – |")
+    naive = next((x for n, lo, c, x in rows if n == length and lo == "full logits" and not c), None)
+    comparable = naive is not None and not naive.get("out_of_memory") and naive.get("legacy") == r.get("legacy")
+    ratio = f"{r['increment_mb'] / naive['increment_mb']:.2f}" if comparable else "–"
+    return (f"| {length} | {loss} | {'on' if checkpointing else 'off'} | {r['increment_mb']:.0f}{mark} | {ratio} | "
             f"{r['tokens_per_s']:.0f} | {r['loss']:.4f} |")
 
 
 def main() -> None:
-    args = build_parser().parse_args()
+    parser = build_parser()
+    args = parser.parse_args()
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown or not args.variants:
+        parser.error(f"--variants: {', '.join(unknown) or 'none given'}; choose among {', '.join(VARIANTS)}")
     if args.length:
         return child(args)
     rows = measure(args)
     command = "python scripts/bench_train_memory.py " + " ".join(a for a in sys.argv[1:] if a != "--write")
+    legacy = any(r.get("legacy") for *_, r in rows)
     limit = (f"each cell's process limited to {args.memory_limit_gb:g} GiB of data memory (of "
              f"{total_memory_gb():.0f} GiB); " if args.memory_limit_gb else "")
     lines = [
@@ -183,15 +214,27 @@ def main() -> None:
         f"Model {args.model} (YaRN to the length past its context), one sequence per step, AdamW on every weight, "
         f"{args.steps} timed step(s); CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores); "
         f"each cell in a fresh process; {limit}peak RSS above the level with the weights, their gradients and the "
-        "optimizer's state in memory (what the activations and the logits add). Peak memory does not depend on what "
-        "else the machine runs; tokens/s is one step's wall clock, slower in a cell that shared the cores with other "
-        f"work (a cell is measured again when its line is deleted from {rel(args.cells)}).",
+        "optimizer's state in memory (what the activations and the logits add), the peak restarted at that level "
+        "(/proc/self/clear_refs) and glibc's MALLOC_MMAP_THRESHOLD_ at 128 KiB, so that freed activations leave the "
+        "process (with glibc's default they stay, and the same cell's peak varied by up to 1 GB from run to run). "
+        "Peak memory does not depend on what else the machine runs; tokens/s is one step's wall clock, slower in a "
+        "cell that shared the cores with other work (a cell is measured again when its line is deleted from "
+        f"{rel(args.cells)}).",
         "",
         "| length | loss | activation checkpointing | peak increment (MB) | ratio to full logits, no checkpointing "
         "| tokens/s | loss (first step) |",
         "|---|---|---|---|---|---|---|",
     ]
     lines += [row(rows, *r) for r in rows]
+    if legacy:
+        lines += ["", "† measured by the earlier measure: peak ru_maxrss above its value after the setup, which the "
+                  "setup's own peak (~300 MB above the level before the step) hid part of, with glibc's default "
+                  "allocator, whose freed blocks made the same cell vary by up to 1 GB from run to run: comparable "
+                  "neither with the other rows nor with each other (by it, chunked with checkpointing gave 2,655 MB at "
+                  "8,192 tokens and 1,758 MB at 16,384, and 3,610 MB at 8,192 when run again). Their tokens/s come "
+                  "from another run, on a machine less busy. These cells need up to 21 GiB; "
+                  "`python scripts/bench_train_memory.py --lengths 2048,4096,8192,16384 --write` measures them "
+                  "again."]
     text = "\n".join(lines + [""])
     print(text)
     if args.write:
