@@ -79,9 +79,17 @@ def support_table() -> str:
     rows = ["| method | kind | model families | tune grid | engines (measured) |", "|---|---|---|---|---|"]
     for name, info in list_methods().items():
         engines = ", ".join(f"{e}: {ENGINE_WORDS[c]}" for e, c in info["engines"].items()) or "–"
-        rows.append(f"| `{name}` | {info['kind']} | {', '.join(info['families'])} | "
+        rows.append(f"| `{name}` | {info['kind']} | {_families_cell(info['families'])} | "
                     f"{'yes' if info['tuned'] else '–'} | {engines} |")
     return "\n".join(rows)
+
+
+def _families_cell(families: list[str], shown: int = 5) -> str:
+    """The families of one row, short enough for a table: the first ``shown`` (the tested ones come first), then how
+    many more (``hf-posenc methods`` lists them all)."""
+    if len(families) <= shown + 8:
+        return ", ".join(families)
+    return f"{', '.join(families[:shown])} + {len(families) - shown} more families (`hf-posenc methods`)"
 
 
 def with_support_table(readme: str) -> str:

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
+from hf_posenc.adapters.rope_decoder import ALREADY_SCALED_FAMILIES, GENERIC_FAMILIES, PROVEN_SCALINGS
 from conftest import ORIGINAL, ids
 
 SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -20,10 +21,7 @@ EXTRA = {
                         q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                         first_k_dense_replace=1, n_group=1, topk_group=1),
 }
-GENERIC = ["gemma", "gemma2", "phi", "phi3", "stablelm", "gpt_neox", "granite", "olmo", "cohere", "cohere2",
-           "starcoder2", "glm", "glm4", "qwen2_moe", "qwen3_moe", "mixtral", "falcon", "persimmon", "nemotron",
-           "smollm3", "exaone4", "ernie4_5", "seed_oss", "arcee", "apertus", "granitemoe", "gpt_oss",
-           "deepseek_v3"]
+GENERIC = list(GENERIC_FAMILIES)  # the families hf-posenc methods lists for the scalings these tests prove
 
 
 def build(model_type, seed=0, **overrides):
@@ -38,13 +36,14 @@ def out(model, x):
     return model(x).logits
 
 
-@pytest.mark.parametrize("method", ["yarn", "pi", "ntk", "dynamic_ntk", "llama3", "longrope"])
+@pytest.mark.parametrize("method", PROVEN_SCALINGS)
 @pytest.mark.parametrize("model_type", GENERIC)
 def test_generic_family_saves_and_loads_back(model_type, method, tmp_path):
     model = build(model_type)
     x = ids(150) % 90 + 3
     before = out(model, x)
     own = model.config.rope_parameters.get("rope_type", "default")
+    assert (own != "default") == (model_type in ALREADY_SCALED_FAMILIES)  # what hf-posenc methods says of them
     if own != "default" and method == "dynamic_ntk":  # already scaled (gpt_oss: yarn x32, apertus: llama3)
         with pytest.raises(ValueError, match=f"already scaled \\(rope_type='{own}'\\), and 'dynamic_ntk' follows"):
             hf_posenc.patch(model, method, factor=2.0)

@@ -51,6 +51,18 @@ class Unchanged:
 HANDLERS = {"none": Unchanged(), "swap": Swapped(), "absolute": Swapped(), ATTENTION: Remapped(), "rope": Scaled()}
 
 
+# Decoders beyond the tested list on which each scaling of PROVEN_SCALINGS is proven (tests/test_generic_families.py:
+# patched, saved, loaded back by plain transformers where the block says native, else by hf_posenc, the same logits;
+# unpatched bit for bit). Those whose own config is already scaled (gpt_oss: yarn x32, apertus: llama3) take the
+# static scalings on top of it, not the length-dependent ones.
+GENERIC_FAMILIES = ("gemma", "gemma2", "phi", "phi3", "stablelm", "gpt_neox", "granite", "olmo", "cohere", "cohere2",
+                    "starcoder2", "glm", "glm4", "qwen2_moe", "qwen3_moe", "mixtral", "falcon", "persimmon",
+                    "nemotron", "smollm3", "exaone4", "ernie4_5", "seed_oss", "arcee", "apertus", "granitemoe",
+                    "gpt_oss", "deepseek_v3")
+ALREADY_SCALED_FAMILIES = ("gpt_oss", "apertus")
+PROVEN_SCALINGS = ("yarn", "pi", "ntk", "dynamic_ntk", "llama3", "longrope")
+
+
 class RopeDecoderAdapter(Adapter):
     name = "rope_decoder"
     model_types = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
@@ -70,6 +82,9 @@ class RopeDecoderAdapter(Adapter):
         found = super().families(spec)
         if found and not HANDLERS[spec.kind].on_layered(spec):
             return [t for t in found if t not in self.layered_types]
+        if found and spec.name in PROVEN_SCALINGS:
+            composes = SCALINGS[spec.name].compose is not None
+            found += [t for t in GENERIC_FAMILIES if composes or t not in ALREADY_SCALED_FAMILIES]
         return found
 
     def matches(self, model: nn.Module) -> bool:
