@@ -151,6 +151,18 @@ def holds_patch(block: dict[str, Any]) -> bool:
     return adapter is not None and not adapter.restores(block)
 
 
+def _own_scaling(block: dict[str, Any], prefix: str, original: int | None) -> dict[str, Any]:
+    """The scaling the checkpoint had before the patch, for the card: its rope_type and pretraining context when its
+    RoPE was already scaled, and whether the patch extended it from its current context or replaced it (scaling
+    from ``original``, the pretraining context)."""
+    own = (block.get("original") or {}).get(prefix + "rope_parameters") or {}
+    if not isinstance(own, dict) or own.get("rope_type", "default") == "default":
+        return {"own_scaling": None, "pretrained_context": None, "replaced": False}
+    pretrained = own.get("original_max_position_embeddings")
+    return {"own_scaling": own["rope_type"], "pretrained_context": pretrained,
+            "replaced": pretrained is not None and pretrained == original}
+
+
 def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | None = None,
                      eval_reports: list[dict[str, Any]] | None = None, command: str | None = None,
                      model_name: str | None = None, trained: bool = False, extra_tags: list[str] | None = None,
@@ -190,6 +202,7 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         method=cfg.method, method_summary=resolve_method(cfg.method).summary, factor=cfg.factor,
         params={k: v for k, v in cfg.params.items() if v is not None},
         original_context=original, new_context=getattr(lm_config, "max_position_embeddings", None),
+        **_own_scaling(block, prefix, original),
         family=block.get("family"), native=bool(block.get("native")),
         rope_parameters=getattr(lm_config, "rope_parameters", None),
         changes_weights=holds_patch(block), trained=trained, auto_class=auto_class,

@@ -43,12 +43,21 @@ def long_frequencies(cfg) -> torch.Tensor:
 
 
 def reference_yarn(own: torch.Tensor, context: int, s: float, beta_fast=32.0, beta_slow=1.0) -> torch.Tensor:
-    """Peng et al. 2023, eq. 18-19 on the checkpoint's own frequencies: r = L / wavelength turns within L."""
+    """YaRN's NTK-by-parts (Peng et al. 2023, sec. 3.2) on the checkpoint's own frequencies: the index where the
+    turns within L cross beta (log-linear between neighbours), floored / ceiled, a linear ramp over the index."""
+    logs = [math.log(context * t / (2 * math.pi)) for t in own.double().tolist()]
+
+    def index(beta):
+        for i in range(len(logs) - 1):
+            if logs[i] >= math.log(beta) >= logs[i + 1]:
+                return i + (logs[i] - math.log(beta)) / (logs[i] - logs[i + 1])
+        raise AssertionError("beta outside the checkpoint's turns")
+
+    low, high = math.floor(index(beta_fast)), math.ceil(index(beta_slow))
     out = []
-    for theta in own.double().tolist():
-        r = context / (2 * math.pi / theta)
-        gamma = 0.0 if r < beta_slow else 1.0 if r > beta_fast else (r - beta_slow) / (beta_fast - beta_slow)
-        out.append((1 - gamma) * theta / s + gamma * theta)
+    for i, theta in enumerate(own.double().tolist()):
+        ramp = min(max((i - low) / (high - low), 0.0), 1.0)  # 0: kept, 1: interpolated
+        out.append((1 - ramp) * theta + ramp * theta / s)
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -77,12 +86,14 @@ def test_each_rule_on_plain_frequencies_is_the_method_itself():
     geom = R.RopeGeometry(THETA, DIM, PRETRAINED)
     plain = R.default_inv_freq(THETA, DIM)
     knobs = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    yarn = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}
     for compose, method, params in ((R.compose_linear, R.rope_linear, {}), (R.compose_ntk, R.rope_ntk, {}),
-                                    (R.compose_llama3, R.rope_llama3, knobs)):
+                                    (R.compose_llama3, R.rope_llama3, knobs), (R.compose_yarn, R.rope_yarn, yarn),
+                                    (R.compose_yarn, R.rope_yarn, {**yarn, "truncate": False})):
         got, attention = compose(plain, PRETRAINED, 4.0, params)
         want, want_attention = method(geom, 4.0, params)
         assert torch.allclose(got, want, rtol=1e-6, atol=0), compose.__name__
-        assert attention == want_attention == 1.0
+        assert attention == pytest.approx(want_attention)
 
 
 @pytest.mark.parametrize("method, knobs", [("pi", {}), ("ntk", {}), ("llama3", {}), ("yarn", {"attention_factor": 1.0}),
@@ -136,3 +147,47 @@ def test_what_cannot_be_composed_or_would_shrink_is_refused_before_anything_chan
     assert dict(model.config.rope_parameters) == rope and model.config.max_position_embeddings == CONTEXT
     hf_posenc.patch(model, "yarn", factor=16.0, original_max_position_embeddings=PRETRAINED)  # replaced, as asked
     assert hf_posenc.get_config(model).method == "yarn" and model.config.max_position_embeddings == 1024
+
+
+def test_a_longrope_over_the_current_context_that_does_not_restate_the_checkpoint_is_not_taken_as_one():
+    """Only the composed configuration itself (short factors = the checkpoint's own) is taken over the current
+    context; other lists there would silently drop the checkpoint's scaling."""
+    model = llama31()
+    with pytest.raises(ValueError, match="original_max_position_embeddings=512 conflicts with the checkpoint, which "
+                                         "records 64"):
+        hf_posenc.patch(model, "longrope", factor=2.0, original_max_position_embeddings=CONTEXT)
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    composed = hf_posenc.get_config(model)
+    hf_posenc.unpatch(model)
+    hf_posenc.patch(model, composed)  # restated, as from_pretrained re-applies it
+    assert hf_posenc.get_config(model) == composed and model.config.max_position_embeddings == 2 * CONTEXT
+
+
+def test_mla_whose_softmax_scale_follows_the_rope_parameters_is_refused_not_rescaled():
+    torch.manual_seed(0)
+    rope = {"rope_type": "yarn", "rope_theta": THETA, "factor": 40.0, "original_max_position_embeddings": 16,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+    cfg = AutoConfig.for_model("deepseek_v3", vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                               v_head_dim=8, kv_lora_rank=16, q_lora_rank=16, n_routed_experts=4, num_experts_per_tok=2,
+                               first_k_dense_replace=1, n_group=1, topk_group=1, moe_intermediate_size=32,
+                               max_position_embeddings=640, rope_parameters=rope)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    scale = model.model.layers[0].self_attn.scaling
+    with pytest.raises(ValueError, match=r"derives its attention's softmax scale from those RoPE parameters.*"
+                                         r"original_max_position_embeddings=16"):
+        hf_posenc.patch(model, "yarn", factor=2.0, attention_factor=1.0)
+    assert not hf_posenc.is_patched(model) and model.model.layers[0].self_attn.scaling == scale
+
+
+def test_the_model_card_says_the_checkpoint_was_scaled_and_whether_it_was_extended_or_replaced():
+    from hf_posenc.card import build_model_card
+
+    model = llama31()
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    assert ("Its RoPE was already scaled (llama3, pretrained for 64 tokens) to a context of 512 tokens; the patch "
+            "extends it from there, and its configuration now allows 1024.") in str(build_model_card(model))
+    hf_posenc.unpatch(model)
+    hf_posenc.patch(model, "yarn", factor=16.0, original_max_position_embeddings=PRETRAINED)
+    assert ("Its RoPE was already scaled (llama3); the patch replaced that scaling, scaling from its pretraining "
+            "context of 64 tokens, and its configuration now allows 1024.") in str(build_model_card(model))

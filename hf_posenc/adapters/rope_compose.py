@@ -5,10 +5,11 @@ The method acts on the checkpoint's own frequencies -- those its rotary module c
 transformers implements -- with L = the context the checkpoint advertises now (``max_position_embeddings``), by its
 rule in :mod:`hf_posenc.encodings.rope` (``compose_*``): ``yarn`` x2 on a 128k Llama 3.1 gives 256k, keeps the
 dimensions that turn often within 128k and halves the slowest; ``pi`` x2 halves every one. The result is one
-LongRoPE configuration, which transformers, vLLM and hf_posenc compute natively: ``short_factor`` = the checkpoint's
-own per-dimension factors (inputs up to its current context keep its frequencies), ``long_factor`` = the composed
-ones (past it), ``original_max_position_embeddings`` = its current context, ``attention_factor`` = its own times
-what the method adds (YaRN's 0.1 ln s + 1, at every length as YaRN applies it; ``attention_factor=1.0`` keeps
+LongRoPE configuration, which transformers and hf_posenc compute natively (vLLM reads longrope otherwise: it picks
+the short or the long factors once, by ``--max-model-len``, and derives its own temperature): ``short_factor`` =
+the checkpoint's own per-dimension factors (inputs up to its current context keep its frequencies), ``long_factor``
+= the composed ones (past it), ``original_max_position_embeddings`` = its current context, ``attention_factor`` =
+its own times what the method adds (YaRN's 0.1 ln s + 1, at every length as YaRN applies it; ``attention_factor=1.0`` keeps
 inputs up to the current context exactly as the checkpoint computed them).
 
 Replacing the checkpoint's scaling instead stays possible: give ``original_max_position_embeddings`` (its
@@ -19,10 +20,14 @@ from __future__ import annotations
 
 import logging
 
+import torch
+from torch import nn
+
 from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..methods.rope import SCALINGS
 from .layout import Layout, rope_geometry
+from .rope_native import softmax_rescalers
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +42,12 @@ def scaled_type(lay: Layout) -> str | None:
     return scaled[0] if scaled else None
 
 
-def composed_config(cfg: PosEncConfig, lay: Layout) -> PosEncConfig:
+def composed_config(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> PosEncConfig:
     """``cfg`` (a RoPE scaling, no original context given) on the checkpoint of ``lay``, whose RoPE is scaled: the
     LongRoPE configuration that computes it (module doc); refused by name where it cannot be composed."""
     own_type = scaled_type(lay)
     context = getattr(lay.config, "max_position_embeddings", None)
-    _check_composable(cfg, lay, own_type, context)
+    _check_composable(model, cfg, lay, own_type, context)
     slot = lay.selected[0]
     rp = slot.rope_parameters(lay.config)
     geom = rope_geometry(lay.config, int(context), rp)
@@ -58,15 +63,45 @@ def composed_config(cfg: PosEncConfig, lay: Layout) -> PosEncConfig:
         "attention_factor": attention})
     logger.warning("the checkpoint's RoPE is already scaled (rope_type=%r, context %d): hf_posenc extends it from "
                    "there -- %s on top gives %d tokens, computed as longrope (inputs up to %d keep the checkpoint's "
-                   "frequencies). To replace its scaling instead, give original_max_position_embeddings.",
-                   own_type, context, cfg.to_text(), scaling.max_position(cfg.factor, int(context)), context)
+                   "frequencies). To replace its scaling instead, give original_max_position_embeddings=%s.",
+                   own_type, context, cfg.to_text(), scaling.max_position(cfg.factor, int(context)), context,
+                   recorded_original(lay))
     return composed
 
 
-def _check_composable(cfg: PosEncConfig, lay: Layout, own_type: str, context) -> None:
-    replace = ("give original_max_position_embeddings (the context it was pretrained for) to replace its scaling "
-               "instead")
+def recorded_original(lay: Layout) -> int | None:
+    """The original context a scaled checkpoint records (its rope_parameters', else max_position_embeddings): the
+    original_max_position_embeddings a replacement of its scaling is given."""
+    rp = lay.selected[0].rope_parameters(lay.config)
+    recorded = rp.get("original_max_position_embeddings") or getattr(lay.config, "max_position_embeddings", None)
+    return int(recorded) if recorded else None
+
+
+def restates_checkpoint(cfg: PosEncConfig, lay: Layout) -> bool:
+    """Whether ``cfg`` is a composed configuration of this checkpoint, restated (as ``hf_posenc.from_pretrained``
+    re-applies one): per-dimension factors over its current context whose short ones give its own frequencies."""
+    scaling = SCALINGS.get(cfg.method)
+    short = cfg.params.get("short_factor")
+    if scaling is None or not scaling.per_dimension or short is None or lay.layered:
+        return False
+    if cfg.original_max_position_embeddings != getattr(lay.config, "max_position_embeddings", None):
+        return False
+    slot = lay.selected[0]
+    own = slot.get("inv_freq").detach().double().cpu()
+    geom = rope_geometry(lay.config, cfg.original_max_position_embeddings, slot.rope_parameters(lay.config))
+    base = R.default_inv_freq(geom.base, geom.dim).double()
+    return len(short) == own.shape[-1] and bool(torch.allclose(base / torch.tensor(short, dtype=torch.float64), own,
+                                                               rtol=1e-5, atol=0))
+
+
+def _check_composable(model: nn.Module, cfg: PosEncConfig, lay: Layout, own_type: str, context) -> None:
+    replace = (f"give original_max_position_embeddings={recorded_original(lay)} (the original context it records) to "
+               "replace its scaling instead")
     what = f"the checkpoint's RoPE is already scaled (rope_type={own_type!r})"
+    if softmax_rescalers(model):
+        raise ValueError(f"{what}, and {type(model).__name__} derives its attention's softmax scale from those RoPE "
+                         f"parameters (MLA: YaRN's mscale_all_dim), which a longrope configuration cannot carry: "
+                         f"putting {cfg.method!r} on top of it is not supported yet; {replace}.")
     if SCALINGS[cfg.method].compose is None:
         raise ValueError(f"{what}, and {cfg.method!r} follows the sequence length, which hf_posenc does not put on "
                          f"top of another scaling; use a static one (pi, ntk, yarn, llama3, longrope), which extends "

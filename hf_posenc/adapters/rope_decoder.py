@@ -24,6 +24,7 @@ from torch import nn
 from ..config import PosEncConfig
 from ..methods.remapped import KIND as ATTENTION
 from ..methods.rope import SCALINGS
+from .rope_compose import restates_checkpoint
 from .base import Adapter, PatchRecord, text_config
 from .decoder_swaps import SWAPS, TABLE_NAME, Swapped
 from .layout import Layout, RotarySlot, rotary_slots
@@ -162,9 +163,8 @@ class RopeDecoderAdapter(Adapter):
                     "original_max_position_embeddings=<trained context length>."
                 )
             return recorded
-        current = getattr(lay.config, "max_position_embeddings", None)
-        if cfg.method in SCALINGS and SCALINGS[cfg.method].per_dimension and L == current:
-            return L  # per-dimension factors over the current context: a composed configuration, restated
+        if restates_checkpoint(cfg, lay):
+            return L  # a composed configuration of this checkpoint, over its current context
         if recorded is not None and rp0.get("rope_type", "default") != "default" and L != recorded:
             raise ValueError(
                 f"original_max_position_embeddings={L} conflicts with the checkpoint, which records "

@@ -40,7 +40,7 @@ from ..methods.rope import SCALINGS, RopeScaling
 from .base import PatchRecord
 from .consistent_cache import CacheWatcher, RecomputeOnChange, layers_of_type, rerotate_cache, watch
 from .layout import Layout, RotarySlot, rope_geometry
-from .rope_compose import composed_config, scaled_type
+from .rope_compose import composed_config, restates_checkpoint, scaled_type
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
 
 logger = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class Scaled:
 
     def resolve(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -> PosEncConfig:
         if cfg.original_max_position_embeddings is None and scaled_type(lay) is not None:
-            return composed_config(cfg, lay)  # extends from the checkpoint's current scaling, never replaces it
+            return composed_config(model, cfg, lay)  # extends from the checkpoint's current scaling, never replaces it
         params = dict(cfg.params)
         if lay.layered:
             params["layer_types"] = lay.chosen_types()
@@ -198,7 +198,7 @@ class Scaled:
             if defaults is not None:
                 params = defaults(params, geom.dim // 2, cfg.factor)
             old = rp.get("rope_type", "default")
-            if old != "default" and not (SCALINGS[cfg.method].per_dimension and L == lay.config.max_position_embeddings):
+            if old != "default" and not restates_checkpoint(cfg, lay):
                 logger.warning(
                     "model already uses rope_type=%r%s; hf_posenc replaces it with %r computed from rope_theta=%s and "
                     "original context %d, as original_max_position_embeddings asks.", old,
@@ -287,8 +287,8 @@ def _refuse_shrink(cfg: PosEncConfig, lay: Layout) -> None:
     after = spec.max_position(cfg.factor, cfg.original_max_position_embeddings)
     if after < now and not spec.keeps_max_position:
         least = now / cfg.original_max_position_embeddings
-        raise ValueError(f"{cfg.method} x{cfg.factor:g} from the original context {cfg.original_max_position_embeddings} "
-                         f"replaces the checkpoint's own scaling (rope_type={scaled_type(lay)!r}) and would advertise "
+        raise ValueError(f"{cfg.method} x{cfg.factor:g} from the original context "
+                         f"{cfg.original_max_position_embeddings} replaces the checkpoint's own scaling (rope_type={scaled_type(lay)!r}) and would advertise "
                          f"{after:,} tokens, fewer than the {now:,} it advertises now: give a factor of at least "
                          f"{least:g} to replace it, or drop original_max_position_embeddings to extend from its "
                          f"current context (x{cfg.factor:g} -> {spec.max_position(cfg.factor, now):,} tokens).")

@@ -271,19 +271,32 @@ def compose_ntk(own: torch.Tensor, context: int, factor: float, params: dict[str
     return (own.double() * factor ** (-2 * i / max(2 * half - 2, 1))).float(), 1.0
 
 
-def yarn_gamma(own: torch.Tensor, context: int, beta_fast: float, beta_slow: float) -> torch.Tensor:
-    """YaRN's ramp gamma(r) over each frequency's turns r = L / wavelength within the context L (Peng et al. 2023,
-    eq. 18): 1 (kept) above beta_fast turns, 0 (interpolated) below beta_slow, linear in r between."""
-    turns = context * own.double() / (2 * math.pi)
-    return torch.clamp((turns - beta_slow) / (beta_fast - beta_slow), 0.0, 1.0)
+def turns_index(own: torch.Tensor, context: int, turns: float) -> float:
+    """The (fractional) frequency index at which the frequencies ``own`` turn ``turns`` times within ``context``
+    tokens, log-linear between neighbours and past the ends: on plain RoPE frequencies exactly YaRN's correction
+    dimension (their log-turns fall linearly with the index)."""
+    logs = torch.log(context * own.double() / (2 * math.pi)).tolist()
+    target = math.log(turns)
+    last = len(logs) - 2
+    at = next((i for i in range(last + 1) if logs[i + 1] <= target), last) if target < logs[0] else 0
+    drop = logs[at] - logs[at + 1]
+    return at + (logs[at] - target) / drop if drop > 0 else float(at)
 
 
 def compose_yarn(own: torch.Tensor, context: int, factor: float, params: dict[str, Any]):
-    """YaRN "NTK-by-parts" on top: theta_i ((1 - gamma_i) / s + gamma_i) with gamma of the checkpoint's own
-    wavelengths over its current context (:func:`yarn_gamma`); attention factor 0.1 ln s + 1 unless given."""
-    gamma = yarn_gamma(own, context, params["beta_fast"], params["beta_slow"])
+    """YaRN "NTK-by-parts" on top (Peng et al. 2023, sec. 3.2): frequencies turning more than beta_fast times within
+    the checkpoint's current context L keep theirs, those turning fewer than beta_slow times are divided by s, and a
+    linear ramp over the index blends those between -- the indices found on the checkpoint's own frequencies
+    (:func:`turns_index`), truncated as YaRN truncates them; on plain frequencies exactly :func:`rope_yarn`.
+    Attention factor 0.1 ln s + 1 unless given."""
+    half = own.shape[-1]
+    low, high = turns_index(own, context, params["beta_fast"]), turns_index(own, context, params["beta_slow"])
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    keep = 1 - _linear_ramp(max(low, 0), min(high, 2 * half - 1), half).double().to(own.device)
     attention = params.get("attention_factor")
-    return (own.double() * ((1 - gamma) / factor + gamma)).float(), yarn_mscale(factor) if attention is None else attention
+    attention = yarn_mscale(factor) if attention is None else attention
+    return (own.double() * (keep + (1 - keep) / factor)).float(), attention
 
 
 def compose_llama3(own: torch.Tensor, context: int, factor: float, params: dict[str, Any]):

@@ -188,8 +188,8 @@ _add(MethodSpec("pi", "rope", "Position interpolation: every frequency divided b
                  compose=R.compose_linear))
 _add(MethodSpec("ntk", "rope", "Static NTK-aware scaling: rope_theta' = rope_theta * factor^(d/(d-2)).",
                 aliases=("ntk_aware", "static_ntk"), tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
-     RopeScaling(R.rope_ntk, native=lambda s, L, p, g: {"rope_type": "default", "rope_theta": R.ntk_base(g.base, g.dim, s)},
-                 compose=R.compose_ntk))
+     RopeScaling(R.rope_ntk, compose=R.compose_ntk,
+                 native=lambda s, L, p, g: {"rope_type": "default", "rope_theta": R.ntk_base(g.base, g.dim, s)}))
 _add(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the current length once it exceeds the original context.",
                 aliases=("dynamic",), tune_grid=factor_grid,
                 engines={"vLLM": EngineSupport("within_original", "measured by hf-posenc serve-check on SmolLM2-135M "
