@@ -16,7 +16,8 @@ from .engines import ENGINE_NAMES
 from .methods import resolve_method
 
 ENGINES = ("vLLM", "SGLang", "TGI", "llama.cpp")  # the names the method records' ``engines`` use
-STATUS = {"same": "same as hf_posenc", "within_original": "same up to the original context; differs past it"}
+STATUS = {"same": "same as hf_posenc", "within_original": "same up to the original context; differs past it",
+          "differs": "computes it otherwise (measured)"}
 
 
 def known_status(block: dict[str, Any], dual_chunk: dict[str, Any] | None = None) -> list[dict[str, str]]:

@@ -169,6 +169,16 @@ LLAMA_CPP_SAME = {"llama.cpp": EngineSupport("same", "measured by hf-posenc serv
                                                      "relative")}
 
 
+# measured by hf-posenc serve-check: SmolLM2-135M given llama3 x2, then yarn x2 on top (hf_posenc saves that as a
+# longrope over 16,384 tokens), at 4,096 tokens, vLLM 0.32 (CPU build)
+VLLM_LONGROPE = {"vLLM": EngineSupport(
+    "differs", "measured by hf-posenc serve-check on SmolLM2-135M given llama3 x2 then yarn x2 on top (a longrope over "
+               "16,384 tokens) at 4,096 tokens, vLLM 0.32 (CPU): mean NLL 3.682 vs hf_posenc's 3.643 (1.1e-2 "
+               "relative). vLLM picks longrope's short or long factors once, by --max-model-len, for every input, and "
+               "derives its own temperature instead of attention_factor",
+    caveat="vLLM picks longrope's short or long factors once by --max-model-len and derives its own temperature")}
+
+
 def _yarn_grid(original: int, target: int, factors: list[float]) -> list[dict[str, Any]]:
     return [{"factor": f, "attention_factor": a, "beta_fast": b} for f in factors for a in (None, 1.0)
             for b in (32.0, 16.0)]
@@ -225,6 +235,6 @@ _add(MethodSpec("llama3", "rope", "Llama 3.1 wavelength-band smoothing of PI.",
                  compose=R.compose_llama3))
 _add(MethodSpec("longrope", "rope", "LongRoPE per-dimension rescale factors (short/long lists; default: PI-like uniform lists).",
                 params={"short_factor": None, "long_factor": None, "attention_factor": None},
-                check=_check_longrope, tune_grid=factor_grid),
+                check=_check_longrope, tune_grid=factor_grid, engines=VLLM_LONGROPE),
      RopeScaling(R.rope_longrope, native=_native_longrope, dynamic="switch", defaults=_longrope_defaults,
                  compose=R.compose_longrope, per_dimension=True))

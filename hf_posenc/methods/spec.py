@@ -11,15 +11,15 @@ from typing import Any, Callable
 REQUIRED = object()  # marks a parameter without default
 
 
-ENGINE_COMPUTES = ("same", "within_original")  # what a serving engine is known to compute for a method
+ENGINE_COMPUTES = ("same", "within_original", "differs")  # what a serving engine is known to compute for a method
 
 
 @dataclass(frozen=True)
 class EngineSupport:
     """What one serving engine computes for a checkpoint saved with a method, and how that is known.
 
-    computes: ``same`` (the engine computes hf_posenc's numbers: measured) or ``within_original`` (the same up to
-    the model's original context, not past it). basis: the measurement or the reason, as a card prints it.
+    computes: ``same`` (the engine computes hf_posenc's numbers: measured), ``within_original`` (the same up to
+    the model's original context, not past it) or ``differs`` (measured to compute something else: not served). basis: the measurement or the reason, as a card prints it.
     caveat: for ``within_original``, why it differs past the original context, in a phrase (an evaluation on that
     engine refuses the method with it).
     A method with no entry for an engine: not measured there (a native method's engine reads the fields

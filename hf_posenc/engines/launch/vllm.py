@@ -30,6 +30,8 @@ def launch(served: Served, length: int | None) -> Launch:
         return not_native(served, ENGINE, f"vLLM loads the folder as the unpatched model (config.json states the "
                                           f"original context, {served.original}) and refuses longer inputs")
     support = served.support.get(ENGINE)
+    if support is not None and support.computes == "differs":
+        return Launch(ENGINE, CANNOT, f"vLLM computes `{served.method}` otherwise: {support.basis}.")
     if support is not None and support.computes == "within_original":
         n = length_for(served, length if length is not None else served.original, ENGINE, served.original, most=MOST)
         return Launch(ENGINE, WITHIN, f"The same as hf_posenc up to the original context only: {support.caveat}. "
