@@ -29,6 +29,7 @@ from .io.digests import comparable_identity
 from .io.files import _can_create_in, atomic_write_text
 from .io.output_folder import MANIFEST
 from .training_settings import CheckpointSettings
+from .wording import first_names
 
 RUN_FILE = "hf_posenc-run.json"
 STATE_FILE = "trainer_state.json"  # the Trainer writes it last in a checkpoint: its presence marks a whole one
@@ -107,7 +108,7 @@ def _difference(key: str, then: Any, now: Any) -> str:
     such (their names alone would read the same on both sides)."""
     if _documents(then) and _documents(now) and [d[0] for d in then] == [d[0] for d in now]:
         changed = [name for (name, a), (_, b) in zip(then, now) if a != b]
-        return f"{key}: the text of {', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''} changed (same name)"
+        return f"{key}: the text of {first_names(changed, 3)} changed (same name)"
     return f"{key}: {_shown(then)} then, {_shown(now)} now"
 
 

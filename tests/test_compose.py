@@ -143,6 +143,8 @@ def test_what_cannot_be_composed_or_would_shrink_is_refused_before_anything_chan
                                          r"\(rope_type='llama3'\) and would advertise 128 tokens, fewer than the 512 it "
                                          r"advertises now: give a factor of at least 8"):
         hf_posenc.patch(model, "yarn", factor=2.0, original_max_position_embeddings=PRETRAINED)
+    with pytest.raises(ValueError, match="yarn's mscale / mscale_all_dim are not used on top of another scaling"):
+        hf_posenc.patch(model, "yarn", factor=2.0, mscale=1.0)
     assert not hf_posenc.is_patched(model) and torch.equal(model.model.rotary_emb.inv_freq, own)
     assert dict(model.config.rope_parameters) == rope and model.config.max_position_embeddings == CONTEXT
     hf_posenc.patch(model, "yarn", factor=16.0, original_max_position_embeddings=PRETRAINED)  # replaced, as asked

@@ -9,8 +9,8 @@ LongRoPE configuration, which transformers and hf_posenc compute natively (vLLM 
 the short or the long factors once, by ``--max-model-len``, and derives its own temperature): ``short_factor`` =
 the checkpoint's own per-dimension factors (inputs up to its current context keep its frequencies), ``long_factor``
 = the composed ones (past it), ``original_max_position_embeddings`` = its current context, ``attention_factor`` =
-its own times what the method adds (YaRN's 0.1 ln s + 1, at every length as YaRN applies it; ``attention_factor=1.0`` keeps
-inputs up to the current context exactly as the checkpoint computed them).
+its own times what the method adds (YaRN's 0.1 ln s + 1, at every length as YaRN applies it;
+``attention_factor=1.0`` keeps inputs up to the current context exactly as the checkpoint computed them).
 
 Replacing the checkpoint's scaling instead stays possible: give ``original_max_position_embeddings`` (its
 pretraining context), and the method scales from there, as on an unscaled model.
@@ -48,18 +48,13 @@ def composed_config(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> PosEncC
     own_type = scaled_type(lay)
     context = getattr(lay.config, "max_position_embeddings", None)
     _check_composable(model, cfg, lay, own_type, context)
-    slot = lay.selected[0]
-    rp = slot.rope_parameters(lay.config)
-    geom = rope_geometry(lay.config, int(context), rp)
-    half = geom.dim // 2
+    base, own = _base_and_own(lay, int(context))
     scaling = SCALINGS[cfg.method]
-    params = scaling.defaults(dict(cfg.params), half, cfg.factor) if scaling.defaults else dict(cfg.params)
-    own = slot.get("inv_freq").detach().float().cpu()
-    new, added = scaling.compose(own, int(context), cfg.factor, params)
-    base = R.default_inv_freq(geom.base, geom.dim).double()
-    attention = float(slot.get("attention_scaling")) * float(added)
+    params = scaling.defaults(dict(cfg.params), own.shape[-1], cfg.factor) if scaling.defaults else dict(cfg.params)
+    new, added = scaling.compose(own.float(), int(context), cfg.factor, params)
+    attention = float(lay.selected[0].get("attention_scaling")) * float(added)
     composed = PosEncConfig("longrope", cfg.factor, int(context), {
-        "short_factor": (base / own.double()).tolist(), "long_factor": (base / new.double()).tolist(),
+        "short_factor": (base / own).tolist(), "long_factor": (base / new.double()).tolist(),
         "attention_factor": attention})
     logger.warning("the checkpoint's RoPE is already scaled (rope_type=%r, context %d): hf_posenc extends it from "
                    "there -- %s on top gives %d tokens, computed as longrope (inputs up to %d keep the checkpoint's "
@@ -67,6 +62,14 @@ def composed_config(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> PosEncC
                    own_type, context, cfg.to_text(), scaling.max_position(cfg.factor, int(context)), context,
                    recorded_original(lay))
     return composed
+
+
+def _base_and_own(lay: Layout, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain RoPE frequencies of the checkpoint's base and the ones its rotary module computes now (float64):
+    a longrope's factors of them are ``base / frequencies``."""
+    slot = lay.selected[0]
+    geom = rope_geometry(lay.config, context, slot.rope_parameters(lay.config))
+    return R.default_inv_freq(geom.base, geom.dim).double(), slot.get("inv_freq").detach().double().cpu()
 
 
 def recorded_original(lay: Layout) -> int | None:
@@ -86,10 +89,7 @@ def restates_checkpoint(cfg: PosEncConfig, lay: Layout) -> bool:
         return False
     if cfg.original_max_position_embeddings != getattr(lay.config, "max_position_embeddings", None):
         return False
-    slot = lay.selected[0]
-    own = slot.get("inv_freq").detach().double().cpu()
-    geom = rope_geometry(lay.config, cfg.original_max_position_embeddings, slot.rope_parameters(lay.config))
-    base = R.default_inv_freq(geom.base, geom.dim).double()
+    base, own = _base_and_own(lay, cfg.original_max_position_embeddings)
     return len(short) == own.shape[-1] and bool(torch.allclose(base / torch.tensor(short, dtype=torch.float64), own,
                                                                rtol=1e-5, atol=0))
 
@@ -115,8 +115,4 @@ def _check_composable(model: nn.Module, cfg: PosEncConfig, lay: Layout, own_type
     if not isinstance(context, int) or context < 1:
         raise ValueError(f"{what}, and its config states no max_position_embeddings (the context it has now) to "
                          f"extend from; {replace}.")
-    if cfg.params.get("attention_factor") is None and cfg.method == "yarn" and any(
-            cfg.params.get(k) for k in ("mscale", "mscale_all_dim")):
-        raise ValueError(f"{what}: yarn's mscale / mscale_all_dim are not used on top of another scaling; give "
-                         f"attention_factor, or {replace}.")
 

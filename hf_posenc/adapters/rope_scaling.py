@@ -280,16 +280,17 @@ class Scaled:
 
 def _refuse_shrink(cfg: PosEncConfig, lay: Layout) -> None:
     """A scaling that replaces the checkpoint's own must not advertise less than the checkpoint does now."""
-    now = getattr(lay.config, "max_position_embeddings", None)
-    if scaled_type(lay) is None or not isinstance(now, int):
+    now, own = getattr(lay.config, "max_position_embeddings", None), scaled_type(lay)
+    if own is None or not isinstance(now, int):
         return
     spec = SCALINGS[cfg.method]
     after = spec.max_position(cfg.factor, cfg.original_max_position_embeddings)
     if after < now and not spec.keeps_max_position:
         least = now / cfg.original_max_position_embeddings
         raise ValueError(f"{cfg.method} x{cfg.factor:g} from the original context "
-                         f"{cfg.original_max_position_embeddings} replaces the checkpoint's own scaling (rope_type={scaled_type(lay)!r}) and would advertise "
-                         f"{after:,} tokens, fewer than the {now:,} it advertises now: give a factor of at least "
+                         f"{cfg.original_max_position_embeddings} replaces the checkpoint's own scaling "
+                         f"(rope_type={own!r}) and would advertise {after:,} tokens, fewer than the {now:,} it "
+                         f"advertises now: give a factor of at least "
                          f"{least:g} to replace it, or drop original_max_position_embeddings to extend from its "
                          f"current context (x{cfg.factor:g} -> {spec.max_position(cfg.factor, now):,} tokens).")
 

@@ -289,6 +289,9 @@ def compose_yarn(own: torch.Tensor, context: int, factor: float, params: dict[st
     linear ramp over the index blends those between -- the indices found on the checkpoint's own frequencies
     (:func:`turns_index`), truncated as YaRN truncates them; on plain frequencies exactly :func:`rope_yarn`.
     Attention factor 0.1 ln s + 1 unless given."""
+    if params.get("attention_factor") is None and (params.get("mscale") or params.get("mscale_all_dim")):
+        raise ValueError("yarn's mscale / mscale_all_dim are not used on top of another scaling: give "
+                         "attention_factor, or original_max_position_embeddings to replace the checkpoint's scaling")
     half = own.shape[-1]
     low, high = turns_index(own, context, params["beta_fast"]), turns_index(own, context, params["beta_slow"])
     if params.get("truncate", True):
@@ -313,4 +316,5 @@ def compose_longrope(own: torch.Tensor, context: int, factor: float, params: dic
     """LongRoPE's per-dimension factors on top: theta_i / lambda_i with the ``long_factor`` list."""
     long = torch.tensor(params["long_factor"], dtype=torch.float64, device=own.device)
     attention = params.get("attention_factor")
-    return (own.double() / long).float(), longrope_attention_factor(factor, context) if attention is None else attention
+    attention = longrope_attention_factor(factor, context) if attention is None else attention
+    return (own.double() / long).float(), attention

@@ -19,7 +19,8 @@ class EngineSupport:
     """What one serving engine computes for a checkpoint saved with a method, and how that is known.
 
     computes: ``same`` (the engine computes hf_posenc's numbers: measured), ``within_original`` (the same up to
-    the model's original context, not past it) or ``differs`` (measured to compute something else: not served). basis: the measurement or the reason, as a card prints it.
+    the model's original context, not past it) or ``differs`` (measured to compute something else: not served).
+    basis: the measurement or the reason, as a card prints it.
     caveat: for ``within_original``, why it differs past the original context, in a phrase (an evaluation on that
     engine refuses the method with it).
     A method with no entry for an engine: not measured there (a native method's engine reads the fields
