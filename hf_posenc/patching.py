@@ -10,7 +10,7 @@ from torch import nn
 
 from .adapters import PatchRecord, find_adapter
 from .adapters.base import SavedAsOriginal
-from .compat import warn_if_untested
+from .checkpoints.compat import warn_if_untested
 from .config import CONFIG_KEY, PosEncConfig, as_config
 
 _STATE = "_hf_posenc_record"
@@ -152,7 +152,7 @@ def _check_under_wrapper(wrapper: nn.Module, inner: nn.Module) -> None:
     method = _record(inner).config.method
     if added:
         raise ValueError(f"{method!r} adds weights ({', '.join(added[:3])}) that this peft model would leave frozen "
-                         "and not save: patch the model before wrapping it (hf_posenc.lora.apply_lora checks the pair)")
+                         "and not save: patch the model before wrapping it (hf_posenc.training.lora.apply_lora checks the pair)")
     peft = sys.modules["peft"]
     layers = (peft.tuners.tuners_utils.BaseTunerLayer,
               getattr(peft.utils.other, "AuxiliaryTrainingWrapper", peft.utils.other.ModulesToSaveWrapper))
@@ -164,7 +164,7 @@ def _check_under_wrapper(wrapper: nn.Module, inner: nn.Module) -> None:
         raise ValueError(f"{method!r} cannot be applied under this peft model: {name} ({what}) is a module peft "
                          "wrapped (a LoRA target, or an embedding or norm it trains in full), and the patch would act "
                          "beside the adapter, not through it. Patch the model before wrapping it "
-                         "(hf_posenc.lora.apply_lora checks the pair)")
+                         "(hf_posenc.training.lora.apply_lora checks the pair)")
 
 
 def unpatch(model: nn.Module) -> nn.Module:

@@ -61,7 +61,7 @@ def load(args):
     """The model to time: ``--model``, or random weights of ``--geometry`` (on ``--device``, in ``--dtype``)."""
     import torch
 
-    from hf_posenc.runtime import load_model_and_tokenizer, torch_dtype
+    from hf_posenc.checkpoints.runtime import load_model_and_tokenizer, torch_dtype
 
     if not args.geometry:
         model, _, _ = load_model_and_tokenizer(args.model, dtype=args.dtype, device=args.device,

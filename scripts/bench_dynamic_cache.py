@@ -32,7 +32,7 @@ def run(args) -> dict:
 
     import hf_posenc
     from hf_posenc.adapters.cache_argument import with_cache
-    from hf_posenc.runtime import load_model_and_tokenizer
+    from hf_posenc.checkpoints.runtime import load_model_and_tokenizer
 
     model, tok, _ = load_model_and_tokenizer(args.model, attn_implementation="sdpa")
     L = model.config.max_position_embeddings

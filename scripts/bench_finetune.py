@@ -1,5 +1,5 @@
 """Short fine-tunes of patched SmolLM2 on CPU, rerunnable: the training loss and the held-out perplexity
-(a book not trained on) before and after, for each method, through ``hf_posenc.finetune`` (the same code
+(a book not trained on) before and after, for each method, through ``hf_posenc.training.finetune`` (the same code
 as ``hf-posenc finetune``).
 
 Checkpoints go to --output (``runs/`` by default, not versioned); the reports (JSON with every loss,
@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     from hf_posenc.config import PosEncConfig
     from hf_posenc.io.documents import read_text_file
     from hf_posenc.io.reports import markdown_table, emit_section
-    from hf_posenc.finetune import finetune
-    from hf_posenc.training_settings import TrainSettings
+    from hf_posenc.training.finetune import finetune
+    from hf_posenc.training.settings import TrainSettings
 
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -28,7 +28,7 @@ def peak_rss_mb() -> float:
 def child(args) -> None:
     import torch
 
-    from hf_posenc.runtime import load_model_and_tokenizer
+    from hf_posenc.checkpoints.runtime import load_model_and_tokenizer
     from hf_posenc.io.documents import read_text_file
     from hf_posenc.io.documents import tokenize_documents
     from hf_posenc.eval.scoring import token_nll

@@ -29,7 +29,7 @@ TITLES = {False: "## Forward speed of family swaps vs RoPE",
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from hf_posenc.runtime import load_model_and_tokenizer
+    from hf_posenc.checkpoints.runtime import load_model_and_tokenizer
     from hf_posenc.io.reports import markdown_table, emit_section
 
     argv = sys.argv[1:] if argv is None else argv

@@ -53,7 +53,7 @@ def child(args) -> None:
 
     import hf_posenc
     from hf_posenc.eval.scoring import chunked_lm_loss
-    from hf_posenc.runtime import load_model_and_tokenizer
+    from hf_posenc.checkpoints.runtime import load_model_and_tokenizer
 
     torch.manual_seed(0)
     model, tok, _ = load_model_and_tokenizer(args.model)

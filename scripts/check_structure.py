@@ -27,17 +27,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "hf_posenc"
 MAX_PARAMETERS = 12
 
-# the layers, bottom first: a module (or a subpackage, by its first name under hf_posenc) imports downwards only
+# the layers, bottom first: a module imports from its own layer or those below. A name is a package or module
+# under hf_posenc ("" is the package's __init__); the longest name that starts a module's dotted path places it, so
+# a package sits in one layer and the few of its modules that lower layers read are named in theirs.
 LAYERS = (
-    ("basics", ("_version", "wording", "io", "figures", "provenance", "compat", "encodings", "models", "interrupts",
-                "training_settings", "training_resume")),
+    ("basics", ("_version", "io", "encodings", "checkpoints.models", "checkpoints.compat")),
     ("records", ("methods", "config_syntax", "config")),
-    ("patching", ("adapters", "patching", "context", "weights", "freezing", "dual_chunk_config", "gguf_file",
-                  "loading", "runtime", "parallel", "method_listing")),
-    ("engines", ("engines", "serving")),
-    ("measuring", ("eval", "tuning", "finetune_eval", "explaining")),
-    ("publishing and training", ("card", "serve_check", "serve_config", "hub", "lora", "finetune", "patch_job")),
-    ("interface", ("_moved", "cli", "reference_docs", "__main__", "")),  # "": the package's __init__
+    ("patching", ("adapters", "patching", "checkpoints", "serving.freezing", "serving.dual_chunk_config",
+                  "serving.gguf_file", "method_listing")),
+    ("engines", ("engines", "serving.support")),
+    ("measuring", ("eval", "tuning", "explaining")),
+    ("training, publishing and serving", ("training", "publishing", "serving")),
+    ("interface", ("_moved", "cli", "__main__", "")),
 )
 
 
@@ -162,9 +163,16 @@ def argparse_in_eval(found: dict[str, str], graph: dict[str, set[str]]) -> list[
 
 
 def layer_of(module: str) -> int | None:
-    """The index in :data:`LAYERS` of ``module`` (by its first name under the package), None when in none."""
-    first = module.split(".")[1] if "." in module else ""
-    return next((i for i, (_, names) in enumerate(LAYERS) if first in names), None)
+    """The index in :data:`LAYERS` of ``module`` (by the longest name of the layers that starts its path under the
+    package), None when in none."""
+    inner = module.split(".", 1)[1] if "." in module else ""
+    parts = inner.split(".") if inner else [""]
+    for n in range(len(parts), 0, -1):
+        name = ".".join(parts[:n])
+        found = next((i for i, (_, names) in enumerate(LAYERS) if name in names), None)
+        if found is not None:
+            return found
+    return None
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:

@@ -69,7 +69,7 @@ STAND_INS = {"pg84.txt": 0, "pg1342.txt": 1, "pg1513.txt": 2}  # a python-docs d
 def on_loaded(task, model, tokenizer, methods=("none",), **keywords) -> dict:
     """An eval task's report (``task``: run_perplexity, run_passkey, ...) on a model in memory, as it is for
     ``none`` (the runner patches it for each other method and restores it), without an output folder."""
-    from hf_posenc.models import ModelSource
+    from hf_posenc.checkpoints.models import ModelSource
 
     source = ModelSource("in-memory", {}, "in-memory")
     return task(model="in-memory", loaded=(model, tokenizer, source), methods=list(methods), progress=False,
@@ -101,7 +101,7 @@ def bert_tokenizer():
     """A real local tokenizer (all-MiniLM-L6-v2's WordPiece), to pair with tiny random decoders."""
     from transformers import AutoTokenizer
 
-    from hf_posenc.models import resolve_source
+    from hf_posenc.checkpoints.models import resolve_source
 
     return AutoTokenizer.from_pretrained(resolve_source("all-minilm-l6-v2").path)
 
@@ -127,11 +127,11 @@ def own_checkpoint(tmp_path, bert_tokenizer, monkeypatch):
 
 
 def load_real(alias: str, **kwargs):
-    """A real installed model (``hf_posenc.models`` alias) in fp32, eval mode, with its own tokenizer."""
+    """A real installed model (``hf_posenc.checkpoints.models`` alias) in fp32, eval mode, with its own tokenizer."""
     import hf_posenc
     from transformers import AutoTokenizer
 
-    from hf_posenc.models import resolve_source
+    from hf_posenc.checkpoints.models import resolve_source
 
     model = hf_posenc.from_pretrained(alias, dtype=torch.float32, **kwargs).eval()
     src = resolve_source(alias)

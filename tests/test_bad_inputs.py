@@ -8,7 +8,7 @@ import torch
 
 import hf_posenc
 from hf_posenc.cli import main
-from hf_posenc.provenance import command_line, scrub
+from hf_posenc.io.provenance import command_line, scrub
 from conftest import all_text, refused, tiny_model
 
 SHAPED = "hf_" + "Q7x" * 12  # shaped like a Hub token, known to nobody
@@ -111,7 +111,7 @@ def test_eval_refuses_a_knob_no_method_takes(tiny_checkpoint, tmp_path, capsys):
 
 
 def test_patch_refuses_outputs_it_must_not_write_before_any_compute(tiny_checkpoint, tmp_path, capsys, monkeypatch):
-    import hf_posenc.runtime as runtime
+    import hf_posenc.checkpoints.runtime as runtime
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the output was checked")
@@ -128,7 +128,7 @@ def test_patch_refuses_outputs_it_must_not_write_before_any_compute(tiny_checkpo
 
 
 def test_a_failing_patch_leaves_the_output_as_it_was(tiny_checkpoint, tmp_path, monkeypatch, capsys):
-    import hf_posenc.hub as hub
+    import hf_posenc.publishing.hub as hub
 
     out = tmp_path / "out"
     assert main(["patch", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--output", str(out),
@@ -151,7 +151,7 @@ def test_a_failing_patch_leaves_the_output_as_it_was(tiny_checkpoint, tmp_path, 
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Fail the test if a model is loaded: the refusal must come first."""
-    import hf_posenc.loading as loading
+    import hf_posenc.checkpoints.loading as loading
 
     def refuse(*a, **k):
         raise AssertionError("the model was loaded before the bad input was refused")
@@ -278,7 +278,7 @@ def saved_folder(tmp_path):
 ])
 def test_an_upload_to_a_faulty_hub_fails_clearly_and_says_what_to_rerun(fault, detail, saved_folder):
     from hub_server import HubServer
-    from hf_posenc.hub import UploadError, upload
+    from hf_posenc.publishing.hub import UploadError, upload
 
     with HubServer(HUB_TOKEN) as hub:
         hub.state.fault = fault
@@ -532,5 +532,5 @@ def test_a_lora_adapter_folder_is_refused_as_one_with_the_line_that_merges_it(ar
     err = refused([word.format(adapter=adapter, out=out) for word in argv], capsys)
     assert f"model folder '{adapter}' holds a LoRA adapter" in err
     assert f"required by hf-posenc {argv[0]}" in err and "serve-check" not in err.replace(f"hf-posenc {argv[0]}", "")
-    assert f"hf_posenc.lora.save_lora(hf_posenc.from_pretrained('{adapter}'), 'merged', merged=True" in err
+    assert f"hf_posenc.training.lora.save_lora(hf_posenc.from_pretrained('{adapter}'), 'merged', merged=True" in err
     assert not out.exists()

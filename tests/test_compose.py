@@ -183,7 +183,7 @@ def test_mla_whose_softmax_scale_follows_the_rope_parameters_is_refused_not_resc
 
 
 def test_the_model_card_says_the_checkpoint_was_scaled_and_whether_it_was_extended_or_replaced():
-    from hf_posenc.card import build_model_card
+    from hf_posenc.publishing.card import build_model_card
 
     model = llama31()
     hf_posenc.patch(model, "yarn", factor=2.0)

@@ -8,7 +8,7 @@ import torch
 import hf_posenc
 from conftest import book_path, tiny_model
 from hf_posenc.cli import main
-from hf_posenc.parallel import check_context_parallel
+from hf_posenc.training.parallel import check_context_parallel
 
 STATIC = [("pi", {}), ("ntk", {}), ("yarn", {}), ("llama3", {}), ("none", {})]
 
@@ -37,8 +37,8 @@ def test_a_shard_with_its_global_position_ids_computes_what_the_whole_sequence_d
 def test_the_training_batches_carry_the_global_position_ids():
     """The Trainer path always sends position_ids (arange, or PoSE's / stream-restart's): the ids that context
     parallelism shards with the tokens."""
-    from hf_posenc.finetune import _train
-    from hf_posenc.training_settings import TrainSettings
+    from hf_posenc.training.finetune import _train
+    from hf_posenc.training.settings import TrainSettings
 
     seen = []
     model = tiny_model("llama")
@@ -81,12 +81,12 @@ def test_sizes_and_devices_are_refused_with_the_value():
 
 
 def test_cli_refuses_before_loading_the_model(tiny_checkpoint, tmp_path, capsys, monkeypatch):
-    import hf_posenc.runtime
+    import hf_posenc.checkpoints.runtime
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(hf_posenc.runtime, "load_model_and_tokenizer", no_load)
+    monkeypatch.setattr(hf_posenc.checkpoints.runtime, "load_model_and_tokenizer", no_load)
     argv = ["finetune", "--model", tiny_checkpoint, "--text-file", book_path("pg1513.txt"), "--eval-text-file",
             book_path("pg84.txt"), "--seq-len", "64", "--device", "cpu", "--context-parallel-size", "2"]
     assert main([*argv, "--method", "self_extend", "--output", str(tmp_path / "a")]) == 2

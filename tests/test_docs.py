@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from hf_posenc import reference_docs
+from hf_posenc.cli import reference_docs
 from hf_posenc.method_listing import list_methods
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -156,7 +156,7 @@ def test_encoder_errors_are_clear():
 
 @pytest.mark.real_model
 def test_minilm_runs_past_512_after_hierarchical_and_interpolate():
-    from hf_posenc.models import resolve_source
+    from hf_posenc.checkpoints.models import resolve_source
 
     model = AutoModel.from_pretrained(resolve_source("all-minilm-l6-v2").path).eval()
     x512, x1500 = tokens(512, seed=5) * 100 % 30000 + 1000, tokens(1500, seed=6) * 100 % 30000 + 1000

@@ -196,7 +196,7 @@ def test_cli_ppl_on_the_builtin_corpus(tiny_checkpoint, tmp_path):
 
 
 def test_model_aliases_join_split_gguf_parts_and_name_missing_packages(tmp_path, monkeypatch):
-    from hf_posenc import models
+    from hf_posenc.checkpoints import models
 
     parts = []
     for i, data in enumerate([b"GGUF\x03\x00", b"abc", b"xyz"]):

@@ -145,7 +145,7 @@ def test_alibi_slopes_are_the_papers_geometric_sequence():
 def test_a_bert_table_extended_by_interpolation_keeps_its_ends(tmp_path):
     from transformers import AutoModel
 
-    from hf_posenc.models import resolve_source
+    from hf_posenc.checkpoints.models import resolve_source
 
     model = AutoModel.from_pretrained(resolve_source("all-minilm-l6-v2").path).eval()
     t = A.absolute_tables(model, PosEncConfig("interpolate", 2.0))

@@ -51,7 +51,7 @@ def sqrt_pi():
 
 def test_a_new_rope_scaling_is_one_record_that_everything_reads(sqrt_pi, tmp_path, tiny_checkpoint, capsys):
     from hf_posenc.cli import main
-    from hf_posenc.serving import known_status, vllm_refusal
+    from hf_posenc.serving.support import known_status, vllm_refusal
     from hf_posenc.tuning.space import factors, method_grid
 
     x = ids(3 * ORIGINAL)

@@ -9,7 +9,7 @@ import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.io.documents import read_text_file
 from hf_posenc.io.documents import tokenize_documents
-from hf_posenc.finetune import heldout_perplexity, pack
+from hf_posenc.training.finetune import heldout_perplexity, pack
 from conftest import book_path, ids, tiny_model
 
 
@@ -30,7 +30,7 @@ def test_document_packing_never_straddles_two_documents():
 
 
 def test_restarted_positions_start_again_after_each_eos_and_at_each_block():
-    from hf_posenc.finetune import restarted_positions
+    from hf_posenc.training.finetune import restarted_positions
 
     blocks = pack([torch.arange(5), torch.arange(10, 17)], 4, eos=99)  # [[0,1,2,3],[4,99,10,11],[12,13,14,15]]
     assert restarted_positions(blocks, 99).tolist() == [[0, 1, 2, 3], [0, 1, 0, 1], [0, 1, 2, 3]]
@@ -92,8 +92,8 @@ def test_the_chunked_training_loss_equals_the_models_own_with_gradient_accumulat
     """Training never holds [tokens, vocab] logits (issue 44 item 1): the chunked loss and its gradients equal the
     model's own loss, and a Trainer run with gradient accumulation logs the same losses and ends at the same weights."""
     from hf_posenc.eval.scoring import chunked_lm_loss
-    from hf_posenc.finetune import _train
-    from hf_posenc.training_settings import TrainSettings
+    from hf_posenc.training.finetune import _train
+    from hf_posenc.training.settings import TrainSettings
 
     model = hf_posenc.patch(tiny_model("llama"), "yarn", factor=2.0).train()
     x = torch.randint(0, 96, (2, 100), generator=torch.Generator().manual_seed(1))
@@ -117,7 +117,7 @@ def test_the_chunked_training_loss_equals_the_models_own_with_gradient_accumulat
 
 
 def test_cli_finetune_with_restarted_positions_feeds_them(tiny_checkpoint, tmp_path, monkeypatch, capsys):
-    import hf_posenc.finetune as ft
+    import hf_posenc.training.finetune as ft
     from conftest import refused
 
     argv = ["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--text-file",

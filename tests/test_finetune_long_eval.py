@@ -11,7 +11,7 @@ import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.config import as_config
 from hf_posenc.io.documents import read_text_file
-from hf_posenc.finetune_eval import LongEval, LongEvalSettings
+from hf_posenc.training.long_eval import LongEval, LongEvalSettings
 from conftest import ORIGINAL, book_path, ids, refused, tiny_model
 
 NEEDLES = ["--eval-needle-depths", "0.2,0.9", "--eval-needle-trials", "2"]
@@ -30,7 +30,7 @@ def _report(out):
 def _eval_ppl(model, tok, checkpoint, config, length):
     """What hf-posenc eval ppl --lengths N --max-windows 1 gives on ``model`` (the held-out book as its text)."""
     from hf_posenc.eval.run_ppl import run_perplexity
-    from hf_posenc.models import resolve_source
+    from hf_posenc.checkpoints.models import resolve_source
 
     rep = run_perplexity(lengths=[length], docs=[read_text_file(book_path("pg84.txt"))], max_windows=1,
                          methods=[config], loaded=(model, tok, resolve_source(checkpoint)), progress=False, plots=False,
@@ -49,7 +49,7 @@ def _same_ppl(section, mine, truncated):
 
 
 def _fresh(checkpoint, config):
-    from hf_posenc.runtime import load_model_and_tokenizer
+    from hf_posenc.checkpoints.runtime import load_model_and_tokenizer
 
     lm, tok, _ = load_model_and_tokenizer(checkpoint, "float32", "cpu")
     return hf_posenc.patch(lm, config), tok
@@ -58,7 +58,7 @@ def _fresh(checkpoint, config):
 def test_pose_run_reports_eval_ppl_and_passkey_numbers_before_and_after_and_the_card_shows_them(
         tiny_checkpoint, tmp_path, capsys):
     from hf_posenc.eval.run_passkey import run_passkey
-    from hf_posenc.models import resolve_source
+    from hf_posenc.checkpoints.models import resolve_source
 
     out = tmp_path / "ft"
     assert main(_argv(tiny_checkpoint, out, "--pose-window", "32", "--target-length", "128", *NEEDLES)) == 0
@@ -99,7 +99,7 @@ def test_pose_run_reports_eval_ppl_and_passkey_numbers_before_and_after_and_the_
 
 def test_lora_run_at_full_length_with_an_explicit_eval_length(tiny_checkpoint, tmp_path):
     pytest.importorskip("peft")
-    from hf_posenc.lora import load_lora
+    from hf_posenc.training.lora import load_lora
 
     out = tmp_path / "ft"
     assert main(_argv(tiny_checkpoint, out, "--lora-r", "4", "--eval-length", "96", "--eval-needle-trials", "0")) == 0
@@ -128,7 +128,7 @@ def test_lora_run_at_full_length_with_an_explicit_eval_length(tiny_checkpoint, t
 ])
 def test_bad_long_eval_input_is_refused_before_the_model_loads(extra, message, tiny_checkpoint, tmp_path, capsys,
                                                                monkeypatch):
-    import hf_posenc.runtime as runtime
+    import hf_posenc.checkpoints.runtime as runtime
 
     def never(*args, **kwargs):
         raise AssertionError("loaded the model before the refusal")

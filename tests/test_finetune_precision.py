@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import hf_posenc
-from hf_posenc.finetune import _train, check_mixed_precision
-from hf_posenc.training_settings import TrainSettings
+from hf_posenc.training.finetune import _train, check_mixed_precision
+from hf_posenc.training.settings import TrainSettings
 from conftest import book_path, refused, tiny_model
 
 
@@ -44,7 +44,7 @@ def test_what_the_device_cannot_compute_is_refused(args, said):
 
 
 def test_cli_refuses_fp16_on_cpu_before_loading(tiny_checkpoint, tmp_path, capsys, monkeypatch):
-    import hf_posenc.runtime as runtime
+    import hf_posenc.checkpoints.runtime as runtime
 
     monkeypatch.setattr(runtime, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("loaded the model"))
     err = refused(["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--text-file",

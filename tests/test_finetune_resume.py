@@ -1,4 +1,4 @@
-"""Resumable fine-tuning (hf_posenc.training_resume): a run killed after a checkpoint goes on with --resume to the
+"""Resumable fine-tuning (hf_posenc.training.resume): a run killed after a checkpoint goes on with --resume to the
 very losses and weights of the run nobody interrupted; another run's checkpoints, or the same run's without
 --resume, are refused before any compute; the typed training settings refuse bad values by name."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from hf_posenc.cli import main
-from hf_posenc.training_resume import RUN_FILE
-from hf_posenc.training_settings import CheckpointSettings, TrainSettings
+from hf_posenc.training.resume import RUN_FILE
+from hf_posenc.training.settings import CheckpointSettings, TrainSettings
 from conftest import book_path, refused
 
 STEPS = 60
@@ -33,7 +33,7 @@ def _report(out) -> dict:
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    import hf_posenc.loading as loading
+    import hf_posenc.checkpoints.loading as loading
 
     def refuse(*a, **k):
         raise AssertionError("the model was loaded before the bad input was refused")
@@ -185,7 +185,7 @@ def _run_file(folder, steps=60) -> None:
 
 
 def test_what_the_checkpoint_folder_holds_decides_what_is_resumed(tmp_path, capsys):
-    from hf_posenc.training_resume import ResumableRun
+    from hf_posenc.training.resume import ResumableRun
 
     out = str(tmp_path / "ft")
     folder = tmp_path / "ft.checkpoints"
@@ -208,7 +208,7 @@ def test_what_the_checkpoint_folder_holds_decides_what_is_resumed(tmp_path, caps
 def test_a_run_resumes_with_its_base_model_given_by_another_path_but_not_with_other_weights(tmp_path):
     """The base model is named by its files' digest: a relative path from another folder (or the folder moved)
     resumes the run; other files at the path do not."""
-    from hf_posenc.training_resume import ResumableRun
+    from hf_posenc.training.resume import ResumableRun
 
     def fingerprint(path, files):
         return {"model": {"model": path, "revision": None, "files": files}, "training": {"steps": 60}}
@@ -249,7 +249,7 @@ def test_a_run_resumed_from_an_older_release_measures_before_training_again_past
 
 def test_a_training_text_edited_between_runs_is_named_as_changed_not_as_the_same_name_twice():
     from hf_posenc.io.documents import Document
-    from hf_posenc.training_resume import _difference, document_digests
+    from hf_posenc.training.resume import _difference, document_digests
 
     then = document_digests([Document("d11.txt", "the first text"), Document("d12.txt", "kept")])
     now = document_digests([Document("d11.txt", "the first text, edited"), Document("d12.txt", "kept")])

@@ -17,7 +17,7 @@ import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.config import PosEncConfig
 from hf_posenc.encodings import rope as R
-from hf_posenc.freezing import check_freeze, freeze, freeze_config
+from hf_posenc.serving.support.freezing import check_freeze, freeze, freeze_config
 
 L = ORIGINAL
 SHORT = [1.0 + 0.05 * i for i in range(8)]
@@ -114,7 +114,7 @@ def test_the_saved_frozen_checkpoint_is_native_and_plain_transformers_computes_i
 
 
 def test_bad_freeze_inputs_are_refused_before_the_model_loads(tiny_checkpoint, tmp_path, capsys, monkeypatch):
-    import hf_posenc.runtime as runtime
+    import hf_posenc.checkpoints.runtime as runtime
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before --freeze-at was checked")

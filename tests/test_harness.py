@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
-from hf_posenc.card import eval_results
+from hf_posenc.publishing.card import eval_results
 from hf_posenc.cli import main
 from hf_posenc.eval import harness
 from hf_posenc.eval.run_harness import harness_table
@@ -24,7 +24,7 @@ TASK = ["--tasks", "niah_single_1", "--lengths", "512", "--limit", "2", "--max-g
 
 @pytest.fixture(scope="module")
 def smol_tokenizer():
-    from hf_posenc.runtime import load_tokenizer
+    from hf_posenc.checkpoints.runtime import load_tokenizer
 
     return load_tokenizer("smollm2-135m")
 

@@ -1,4 +1,4 @@
-"""LoRA through peft on a patched model (hf_posenc.lora): the patch kept under the wrapper, LongLoRA's trainable
+"""LoRA through peft on a patched model (hf_posenc.training.lora): the patch kept under the wrapper, LongLoRA's trainable
 embedding and norms, merged and adapter saves that load back to the trained model's logits, peft and TRL used
 directly, and the refusals."""
 
@@ -12,7 +12,7 @@ pytest.importorskip("peft")
 
 import hf_posenc  # noqa: E402
 from conftest import ORIGINAL, ids, logits, tiny_model  # noqa: E402
-from hf_posenc.lora import LoraSettings, apply_lora, load_lora, save_lora, trained_in_full  # noqa: E402
+from hf_posenc.training.lora import LoraSettings, apply_lora, load_lora, save_lora, trained_in_full  # noqa: E402
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from peft.utils.other import ModulesToSaveWrapper  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
@@ -242,7 +242,7 @@ def test_save_and_load_refuse_what_is_not_theirs(tmp_path):
     with pytest.raises(ValueError, match="already a peft model"):
         apply_lora(lora, LoraSettings(r=2))
     with pytest.raises(ValueError, match="hf_posenc.save_pretrained saves a whole model, and this is a peft model "
-                                         "\\(PeftModelForCausalLM\\): save it with hf_posenc.lora.save_lora"):
+                                         "\\(PeftModelForCausalLM\\): save it with hf_posenc.training.lora.save_lora"):
         hf_posenc.save_pretrained(lora, str(tmp_path / "whole"))
     assert not (tmp_path / "whole").exists()
 
@@ -260,7 +260,7 @@ def _finetune_argv(checkpoint, out, *extra):
 def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_checkpoint, tmp_path, capsys):
     from hf_posenc.cli import main
     from hf_posenc.io.documents import read_text_file, tokenize_documents
-    from hf_posenc.finetune import heldout_perplexity
+    from hf_posenc.training.finetune import heldout_perplexity
     from conftest import book_path, refused
     from transformers import AutoTokenizer
 
@@ -311,7 +311,7 @@ def test_cli_lora_input_that_means_nothing_is_refused(extra, message, tiny_check
                                                      monkeypatch):
     import re
 
-    import hf_posenc.loading as loading
+    import hf_posenc.checkpoints.loading as loading
     from conftest import refused
 
     # before the weights load: the targets against the model built from its config on the meta device
@@ -330,7 +330,7 @@ def test_lora_on_sharded_weights_is_refused_from_the_launchers_environment_befor
                                                                                           monkeypatch):
     """accelerate launch --config_file configs/accelerate/zero3.yaml: LoRA refused before any model loads (the
     Trainer's own check comes after the before-training evaluations)."""
-    import hf_posenc.loading as loading
+    import hf_posenc.checkpoints.loading as loading
     from conftest import refused
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -342,7 +342,7 @@ def test_lora_on_sharded_weights_is_refused_from_the_launchers_environment_befor
 
 
 def test_lora_under_zero2_and_fsdp_on_cpu_processes_is_not_refused_early(monkeypatch):
-    from hf_posenc.parallel import check_lora_engine, launched_sharding
+    from hf_posenc.training.parallel import check_lora_engine, launched_sharding
 
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")

@@ -259,7 +259,7 @@ class _Finalizer:
 
 
 def test_a_sigterm_dropped_in_a_finalizer_still_interrupts_and_nothing_stays_armed():
-    from hf_posenc.interrupts import Terminated, sigterm_interrupts
+    from hf_posenc.io.interrupts import Terminated, sigterm_interrupts
 
     seen = []
     hook, before = sys.unraisablehook, signal.getsignal(signal.SIGTERM)

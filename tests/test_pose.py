@@ -58,8 +58,8 @@ def test_windows_that_make_no_pose_window_are_refused(window, target, chunks, me
 def test_the_trainer_feeds_each_window_its_pose_position_ids():
     import hf_posenc
     from conftest import tiny_model
-    from hf_posenc.finetune import _train
-    from hf_posenc.training_settings import TrainSettings
+    from hf_posenc.training.finetune import _train
+    from hf_posenc.training.settings import TrainSettings
 
     model = hf_posenc.patch(tiny_model("llama"), "yarn", factor=2.0)
     blocks = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(0))

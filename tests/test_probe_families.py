@@ -145,7 +145,7 @@ def test_reloading_a_learned_swap_reports_no_unexpected_key(tmp_path):
 
 
 def test_a_load_report_naming_any_other_key_is_kept_whole():
-    from hf_posenc.loading import _ReportOwnKeysQuietly
+    from hf_posenc.checkpoints.loading import _ReportOwnKeysQuietly
 
     def report(*rows):
         table = "\n".join(f"{key} | {status} |  | " for key, status in rows)

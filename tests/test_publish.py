@@ -12,9 +12,9 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
-from hf_posenc.card import BaseModel, build_model_card, describe_base, template_path
+from hf_posenc.publishing.card import BaseModel, build_model_card, describe_base, template_path
 from hf_posenc.cli import main
-from hf_posenc.hub import save_pretrained
+from hf_posenc.publishing.hub import save_pretrained
 from conftest import all_text, book_path, ids, logits, tiny_model
 from hub_server import HubServer
 
@@ -234,7 +234,7 @@ def test_cli_patch_of_an_encoder_with_retrieval(tmp_path, bert_tokenizer):
 def test_an_interrupted_upload_says_what_to_rerun(tmp_path, monkeypatch, capsys):
     from huggingface_hub import HfApi
 
-    from hf_posenc.hub import upload
+    from hf_posenc.publishing.hub import upload
 
     model = hf_posenc.patch(tiny_model("llama"), "pi", factor=2.0)
     save_pretrained(model, tmp_path / "saved", base_model=BaseModel("org/m"))
@@ -300,7 +300,7 @@ def test_saved_tokenizer_takes_the_extended_length(tmp_path, bert_tokenizer):
     ("alibi", {}, "| vLLM | the original positional encoding around weights meant for `alibi`: not this model |"),
 ])
 def test_the_card_says_what_serving_engines_compute(method, kwargs, vllm):
-    from hf_posenc.card import build_model_card
+    from hf_posenc.publishing.card import build_model_card
 
     model = tiny_model("llama")
     model.config._attn_implementation = "sdpa"

@@ -334,7 +334,7 @@ def _best(tmp_path, **changes):
 ])
 def test_a_best_json_is_checked_exactly_like_a_stored_block(changes, message, tiny_checkpoint, tmp_path, capsys,
                                                              monkeypatch):
-    import hf_posenc.runtime as runtime
+    import hf_posenc.checkpoints.runtime as runtime
 
     monkeypatch.setattr(runtime, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("loaded before refusing"))
     err = refused(["patch", "--model", tiny_checkpoint, "--config", _best(tmp_path, **changes), "--output",
@@ -433,8 +433,8 @@ def test_a_transformers_newer_than_the_tested_one_is_named_at_patch_time(monkeyp
     import warnings
     from pathlib import Path
 
-    from hf_posenc import compat
-    from hf_posenc.compat import TESTED_TRANSFORMERS, untested_transformers
+    from hf_posenc.checkpoints import compat
+    from hf_posenc.checkpoints.compat import TESTED_TRANSFORMERS, untested_transformers
 
     pins = (Path(__file__).parents[1] / "scripts" / "constraints.txt").read_text()
     assert f"transformers=={TESTED_TRANSFORMERS}\n" in pins

@@ -22,7 +22,7 @@ STOP = "stop: the model load was reached"
 @pytest.fixture
 def stop_at_load(monkeypatch):
     """The model load raises a clean error: a run that gets there passed every input check."""
-    import hf_posenc.loading as loading
+    import hf_posenc.checkpoints.loading as loading
 
     def stop(*a, **k):
         raise ValueError(STOP)
@@ -84,7 +84,7 @@ def test_a_short_quotation_shared_with_training_is_not_an_overlap(tiny_checkpoin
 
 
 def test_the_python_api_refuses_held_out_text_that_is_training_text(tiny_checkpoint, tmp_path, stop_at_load):
-    from hf_posenc.finetune import finetune
+    from hf_posenc.training.finetune import finetune
 
     train = [Document("a", _words(2, 0, 2000)), Document("b", _words(0, 0, 2000))]
     with pytest.raises(ValueError, match=r"held-out document 'h'.*'b'"):
@@ -101,7 +101,7 @@ def test_the_python_api_refuses_held_out_text_that_is_training_text(tiny_checkpo
 ])
 def test_the_python_api_refuses_what_is_not_documents_or_a_config_before_the_load(keywords, message, tiny_checkpoint,
                                                                                   tmp_path, stop_at_load):
-    from hf_posenc.finetune import finetune
+    from hf_posenc.training.finetune import finetune
 
     given = {"model": tiny_checkpoint, "config": "yarn:factor=2", "train_docs": [Document("a", _words(2, 0, 200))],
              "eval_docs": [Document("h", _words(1, 0, 200))], "output": str(tmp_path / "o"), **keywords}
@@ -111,7 +111,7 @@ def test_the_python_api_refuses_what_is_not_documents_or_a_config_before_the_loa
 
 
 def test_the_python_api_takes_the_config_in_its_text_form(tiny_checkpoint, tmp_path, stop_at_load):
-    from hf_posenc.finetune import finetune
+    from hf_posenc.training.finetune import finetune
 
     with pytest.raises(ValueError, match=STOP):  # every check passed: stopped where the model would load
         finetune(model=tiny_checkpoint, config="yarn:factor=2", train_docs=[Document("a", _words(2, 0, 200))],

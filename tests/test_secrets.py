@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 import hf_posenc
-from hf_posenc.provenance import command_line, scrub, scrub_data
+from hf_posenc.io.provenance import command_line, scrub, scrub_data
 from conftest import all_text, refused, tiny_model
 from test_vllm import needs_vllm, save_tiny, vllm_python
 
@@ -170,7 +170,7 @@ def test_a_scripts_hub_token_flag_never_reaches_the_model_card(tmp_path, monkeyp
 
 def test_the_rerun_line_of_a_failed_upload_is_shell_quoted(tmp_path):
     from hub_server import HubServer
-    from hf_posenc.hub import UploadError, upload
+    from hf_posenc.publishing.hub import UploadError, upload
 
     folder = tmp_path / "my model's \"final\" copy"
     folder.mkdir()

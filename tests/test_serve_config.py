@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.encodings import rope as R
-from hf_posenc.engines.launch import LAUNCHERS, llama_cpp as llama_cpp_launch, sglang
-from hf_posenc.serve_config import describe, serve_config
+from hf_posenc.engines.launch import LAUNCHERS
+from hf_posenc.engines.launch import llama_cpp as llama_cpp_launch, sglang
+from hf_posenc.serving.support.launch_settings import describe, serve_config
 
 from conftest import ORIGINAL, THETA, refused, tiny_config
 
@@ -130,9 +131,9 @@ def test_llama_cpp_launched_with_the_printed_settings_computes_the_patched_gguf_
 
     from hf_posenc.engines.llama_cpp_engine import LlamaCppLM
     from hf_posenc.eval.scoring import token_nll
-    from hf_posenc.gguf_file import patch_gguf
-    from hf_posenc.models import resolve_source
-    from hf_posenc.runtime import load_tokenizer
+    from hf_posenc.serving.support.gguf_file import patch_gguf
+    from hf_posenc.checkpoints.models import resolve_source
+    from hf_posenc.checkpoints.runtime import load_tokenizer
 
     src = resolve_source("smollm2-135m")
     source = os.path.join(src.path, src.kwargs["gguf_file"])
@@ -159,7 +160,7 @@ def test_llama_cpp_launched_with_the_printed_settings_computes_the_patched_gguf_
 @pytest.mark.vllm
 def test_vllm_launched_with_the_printed_settings_computes_the_checkpoint_as_hf_posenc(tmp_path, bert_tokenizer):
     from hf_posenc.engines.vllm_engine import EngineLM, VllmEngine
-    from hf_posenc.serve_check import reference_nll
+    from hf_posenc.serving.support.check import reference_nll
 
     L = 256
     folder = save_tiny(tmp_path / "yarn", bert_tokenizer, "yarn", context=L, factor=2.0)
@@ -177,7 +178,7 @@ def test_vllm_launched_with_the_printed_settings_computes_the_checkpoint_as_hf_p
 
 
 def test_the_model_card_prints_each_engines_settings():
-    from hf_posenc.card import build_model_card
+    from hf_posenc.publishing.card import build_model_card
 
     model = AutoModelForCausalLM.from_config(tiny_config("llama"))
     hf_posenc.patch(model, "yarn", factor=2.0)

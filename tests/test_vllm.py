@@ -19,8 +19,8 @@ from hf_posenc.cli import main
 from hf_posenc.io.documents import Document
 from hf_posenc.eval.run_passkey import run_passkey
 from hf_posenc.eval.run_ppl import run_perplexity
-from hf_posenc.serve_check import CheckSettings, EngineSettings, serve_check
-from hf_posenc.serving import known_status, measured_rows
+from hf_posenc.serving.support.check import CheckSettings, EngineSettings, serve_check
+from hf_posenc.serving.support import known_status, measured_rows
 
 from conftest import tiny_config
 
@@ -121,7 +121,7 @@ def test_card_rows_from_a_serve_check():
 
 
 def test_compare_verdicts():
-    from hf_posenc.serve_check import compare
+    from hf_posenc.serving.support.check import compare
 
     ref = torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64)
     same = compare(ref, ref + 1e-4, rtol=1e-3)
@@ -239,7 +239,7 @@ def test_engine_lm_answers_as_the_model_does(folders):
 def test_harness_on_vllm_answers_as_transformers(tmp_path):
     """RULER's needle task through lm-eval: the answers vLLM generates are transformers' own, and so the scores."""
     from hf_posenc.eval.run_harness import run_harness
-    from hf_posenc.runtime import load_tokenizer
+    from hf_posenc.checkpoints.runtime import load_tokenizer
 
     folder = save_tiny(tmp_path / "smol", load_tokenizer("smollm2-135m"), context=1024)
     common = dict(model=folder, methods=["none"], tasks=["niah_single_1"], lengths=[512], limit=2, max_gen_tokens=12,

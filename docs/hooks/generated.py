@@ -1,12 +1,12 @@
 """mkdocs hook: what the site shows from elsewhere, put in when it is built, so that each fact has one home --
-the reference pages from the code (hf_posenc.reference_docs), the benchmarks page from the repository's
+the reference pages from the code (hf_posenc.cli.reference_docs), the benchmarks page from the repository's
 BENCHMARKS.md, and in any page a ``<!-- README: NAME -->`` line replaced by README.md's section NAME (``pitch``: its
 first paragraph; ``first commands``: the two commands under it), its links made the site's."""
 
 import os
 import re
 
-from hf_posenc import reference_docs
+from hf_posenc.cli import reference_docs
 
 _INCLUDE = re.compile(r"^<!-- README: (.+?) -->$", re.M)
 _SITE_LINKS = ((re.compile(r"\]\(docs/"), "]("), (re.compile(r"\]\(BENCHMARKS\.md"), "](benchmarks.md"))

@@ -64,7 +64,7 @@ def s2_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, 
 
 def s2_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention signature: S²-Attn while the module trains with a group size set (by
-    :func:`hf_posenc.finetune.finetune` around its training, on packed batches without padding; no attention
+    :func:`hf_posenc.training.finetune.finetune` around its training, on packed batches without padding; no attention
     dropout), else full attention by SDPA (the mask this name is registered with is SDPA's)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -9,9 +9,9 @@ import sys
 import traceback
 
 from ..engines.vllm_engine import EngineError
-from ..hub import UploadError
-from ..interrupts import Terminated, sigterm_interrupts
-from ..provenance import command_line, scrub
+from ..publishing.hub import UploadError
+from ..io.interrupts import Terminated, sigterm_interrupts
+from ..io.provenance import command_line, scrub
 from . import eval_cmd, explain_cmd, finetune_cmd, methods_cmd, patch_cmd, serve_check_cmd, serve_config_cmd, tune_cmd, upload_cmd
 from .parser import Parser
 

@@ -14,7 +14,7 @@ from ..eval.settings import EngineSettings, RunSettings
 from ..methods import DEFAULT_FACTOR
 from .flags import (LoadFlags, OutputFlags, argument_type, data_flags, document_source, engine_flags,
                     method_param_flag, names, positive)
-from ..models import DEFAULT_MODEL
+from ..checkpoints.models import DEFAULT_MODEL
 from ..config_syntax import parse_method_params
 
 def add_run_flags(p: argparse.ArgumentParser, task) -> None:

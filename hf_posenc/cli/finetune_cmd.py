@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 
-from ..models import DEFAULT_MODEL
+from ..checkpoints.models import DEFAULT_MODEL
 from .flags import LoadFlags, data_flags, floats, method_config, method_flags, names, positive
 from ..io.output_folder import check_replaced_output
 from ..io.documents import BUILTIN_CORPORA, builtin_corpus, gather_documents, read_text_file
-from ..finetune import PoseSettings, check_pose_method, finetune
-from ..finetune_eval import DEPTHS, LongEvalSettings
-from ..lora import LoraSettings, require_peft
-from ..training_settings import CheckpointSettings, TrainSettings
+from ..training.finetune import PoseSettings, check_pose_method, finetune
+from ..training.long_eval import DEPTHS, LongEvalSettings
+from ..training.lora import LoraSettings, require_peft
+from ..training.settings import CheckpointSettings, TrainSettings
 from .parser import DefaultsShown
 
 

@@ -13,7 +13,7 @@ from ..config_syntax import parse_method_params
 from ..io.documents import DocumentSource, check_encoding
 from ..eval.settings import LoadSettings, OutputSettings
 from ..methods import DEFAULT_FACTOR, resolve_method
-from ..models import DEFAULT_MODEL
+from ..checkpoints.models import DEFAULT_MODEL
 
 
 def argument_type(read):

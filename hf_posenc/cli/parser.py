@@ -10,7 +10,7 @@ import re
 import sys
 from typing import NoReturn
 
-from ..provenance import MASK, scrub, secret_name
+from ..io.provenance import MASK, scrub, secret_name
 
 
 _NUMBER = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 
 from ..engines import ENGINES
-from ..models import DEFAULT_MODEL, resolve_source
+from ..checkpoints.models import DEFAULT_MODEL, resolve_source
 from .flags import LoadFlags, depths, encoding_flag, ints, method_config, method_flags, names, positive, upload_flags
 from ..eval.tasks import eval_names, lengths_flags, patch_tasks
-from ..freezing import check_freeze
-from ..gguf_file import original_before_load, patch_gguf
-from ..patch_job import PatchEvals, PatchJob, UploadSettings, patch_and_save
+from ..serving.freezing import check_freeze
+from ..serving.gguf_file import original_before_load, patch_gguf
+from ..publishing.patch_job import PatchEvals, PatchJob, UploadSettings, patch_and_save
 from ..tuning.report import tune_report_beside
 from .parser import DefaultsShown
 
@@ -110,7 +110,7 @@ def run(args, command: str) -> int:
 
 
 def _run_gguf(args, config) -> int:
-    """``--gguf``: the GGUF of ``--model`` with the method's RoPE metadata (:mod:`hf_posenc.gguf_file`)."""
+    """``--gguf``: the GGUF of ``--model`` with the method's RoPE metadata (:mod:`hf_posenc.serving.gguf_file`)."""
     extra = [flag for flag, value in (("--output", args.output), ("--eval", args.eval),
                                       ("--serve-check", args.serve_check), ("--push-to-hub", args.push_to_hub),
                                       ("--tokenizer", args.tokenizer),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .flags import LoadFlags, data_flags, document_source, engine_flags, ints, positive, positive_float
 from ..engines import ENGINES
-from ..serve_check import CheckSettings, EngineSettings, failed, serve_check
+from ..serving.check import CheckSettings, EngineSettings, failed, serve_check
 from .parser import DefaultsShown
 
 

@@ -7,7 +7,7 @@ import json
 
 from ..engines.launch import LAUNCHERS
 from .flags import comma_choices, positive
-from ..serve_config import serve_config
+from ..serving.launch_settings import serve_config
 from .parser import DefaultsShown
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from ..models import DEFAULT_MODEL
+from ..checkpoints.models import DEFAULT_MODEL
 from .flags import LoadFlags, OutputFlags, data_flags, depths, document_source, method_param_flag, names, positive, positive_float
 from ..config_syntax import parse_method_params
 from ..eval.settings import RunSettings

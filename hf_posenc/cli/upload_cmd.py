@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from .flags import upload_flags
-from ..hub import upload
+from ..publishing.hub import upload
 from .parser import DefaultsShown
 
 

@@ -21,7 +21,7 @@ from importlib import metadata
 import numpy as np
 import torch
 
-from ..provenance import scrub
+from ..io.provenance import scrub
 from .scorer import EngineError, EngineRefused, check_start, token_rows as _rows
 
 SOURCE_ENV = "HF_POSENC_LLAMA_CPP_SOURCE"

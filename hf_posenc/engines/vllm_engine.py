@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from ..provenance import scrub, secret_name
+from ..io.provenance import scrub, secret_name
 from .scorer import EngineError, EngineRefused  # noqa: F401  (raised here; importable from here as before)
 from .scorer import check_start, token_rows as _rows
-from ..models import drop_gguf_quantizer
+from ..checkpoints.models import drop_gguf_quantizer
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 PYTHON_ENV = "HF_POSENC_VLLM_PYTHON"

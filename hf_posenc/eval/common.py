@@ -7,11 +7,11 @@ import os
 import time
 from typing import Any
 
-from ..context import original_context
+from ..checkpoints.context import original_context
 from ..io.digests import file_digests
 from ..io.files import OutputLock, check_output_folder
-from ..provenance import environment, recorded_command
-from ..runtime import load_model_and_tokenizer, seed_everything
+from ..io.provenance import environment, recorded_command
+from ..checkpoints.runtime import load_model_and_tokenizer, seed_everything
 from .cells import CellStore, run_cells
 from .processes import Processes, device_name
 from ..io.reports import finish_report

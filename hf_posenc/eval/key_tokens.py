@@ -37,7 +37,7 @@ from .variants import Variant
 from ..config import PosEncConfig
 from ..patching import patch
 from .common import model_identity
-from .. import runtime
+from ..checkpoints import runtime
 
 ALPHA, BETA = 2.0, -2.0
 KEY_FIELDS = {"key_count": NUMBER, "key_nll_sum": NUMBER, "scored": NUMBER}

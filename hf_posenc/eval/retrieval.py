@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..context import context_length
+from ..checkpoints.context import context_length
 
 NAMES = ["Maria", "Tomas", "Aiko", "Kwame", "Lena", "Ravi", "Sofia", "Omar", "Ingrid", "Mateo", "Yara", "Hugo",
          "Nadia", "Felix", "Amara", "Jonas", "Leila", "Bruno", "Freya", "Diego", "Hana", "Ivan", "Zara", "Pablo"]

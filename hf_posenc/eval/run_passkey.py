@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from ..context import original_context
+from ..checkpoints.context import original_context
 from .cells import NUMBER
 from .common import Run
 from .haystack import TEXT_NEEDLE, TextHaystack

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..io import documents as D
 from .common import Run
-from ..context import original_context
+from ..checkpoints.context import original_context
 from .perplexity import (aggregate_length, counted_past_exactly, doc_digest, plan_lengths, truncated_window_cell,
                          window_cell)
 from .scoring import require_causal_lm

@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..wording import first_names
+from ..io.wording import first_names
 from .params import build, documents_field
 from ..io.documents import DocumentSource
 from .settings import FLAG_ONLY, KEYWORDS, RunSettings

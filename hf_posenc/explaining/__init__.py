@@ -26,9 +26,9 @@ from ..adapters.layout import head_dim as head_dim_of
 from ..config import CONFIG_KEY, PosEncConfig, as_config
 from ..encodings.rope import RopeGeometry
 from ..io.files import atomic_write_text, check_output_folder
-from ..loading import refuse_lora_folder
-from ..gguf_file import trained_context
-from ..models import DEFAULT_MODEL, read_config, resolve_source
+from ..checkpoints.loading import refuse_lora_folder
+from ..serving.gguf_file import trained_context
+from ..checkpoints.models import DEFAULT_MODEL, read_config, resolve_source
 from . import arrays as A, pictures as P
 
 KINDS = ("none", "rope", "attention", "relative_bucket", "swap", "absolute")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..figures import pyplot, save_figure
+from ..io.figures import pyplot, save_figure
 from .arrays import BLENDED, FASTER, FURTHER, INTERPOLATED, UNCHANGED
 
 CLASS_COLORS = {UNCHANGED: "tab:blue", INTERPOLATED: "tab:red", BLENDED: "tab:orange", FURTHER: "tab:purple",

@@ -14,7 +14,7 @@ import tempfile
 from typing import Any
 
 from .files import OutputLock, atomic_write_text, check_output_folder, umask
-from ..wording import first_names
+from .wording import first_names
 
 MANIFEST = ".hf_posenc-output.json"
 OWN = {MANIFEST}  # what hf_posenc keeps in the folder beside the files of the output (an eval's lock there is not:

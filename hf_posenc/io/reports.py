@@ -9,10 +9,10 @@ import sys
 import textwrap
 from typing import Any
 
-from ..figures import pyplot, save_figure
+from .figures import pyplot, save_figure
 from .files import atomic_write_text
-from ..provenance import scrub, scrub_data
-from ..wording import first_names
+from .provenance import scrub, scrub_data
+from .wording import first_names
 
 
 def finite(data: Any, where: str = "", found: list[str] | None = None) -> Any:

@@ -47,7 +47,7 @@ class MethodSpec:
     ``factor`` means something to the method. ``tune_grid(L, T, factors)``: the knob sets ``hf-posenc tune`` tries
     to reach target length T from the original context L (``factors``: the factors tried, derived from T / L;
     None: the method is not tuned). ``engines``: what the serving engines compute for it (:class:`EngineSupport`,
-    by engine name as :data:`hf_posenc.serving.ENGINES` spells it)."""
+    by engine name as :data:`hf_posenc.serving.support.ENGINES` spells it)."""
 
     name: str
     kind: str  # which adapters may take it: "rope", "learned", "relative_bucket", ...

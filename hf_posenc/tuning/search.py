@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import PosEncConfig
-from ..context import original_context
+from ..checkpoints.context import original_context
 from ..eval.common import Run
 from ..io.documents import DocumentSource, documents_of, tokenize_documents
 from ..eval.settings import KEYWORDS, RunSettings
@@ -32,7 +32,7 @@ from ..methods import resolve_method
 from .objective import (DEPTHS, CellComputer, TuneData, measure, plan_data, rank, ranking, result_fields,
                         sample_keys)
 from .space import DEFAULT_METHODS, check_methods, check_pinned, factors, grid_candidates, load_space
-from ..models import ModelSource
+from ..checkpoints.models import ModelSource
 from .report import tune_plots, tune_table, write_best
 
 BASELINE = Variant("none", PosEncConfig("none"))

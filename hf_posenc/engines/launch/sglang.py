@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from ...dual_chunk_config import FAMILIES
+from ...serving.dual_chunk_config import FAMILIES
 from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native, register
 
 ENGINE = "SGLang"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .io.files import atomic_write
+from .files import atomic_write
 
 
 def pyplot():

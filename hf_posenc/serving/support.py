@@ -11,9 +11,9 @@ documentation; ``hf-posenc patch --serve-check`` replaces the rows of the engine
 from __future__ import annotations
 
 from typing import Any
-from .adapters.base import text_config
-from .engines import ENGINE_NAMES
-from .methods import resolve_method
+from ..adapters.base import text_config
+from ..engines import ENGINE_NAMES
+from ..methods import resolve_method
 
 ENGINES = ("vLLM", "SGLang", "TGI", "llama.cpp")  # the names the method records' ``engines`` use
 STATUS = {"same": "same as hf_posenc", "within_original": "same up to the original context; differs past it",

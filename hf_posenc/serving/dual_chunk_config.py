@@ -19,8 +19,8 @@ fields keep the original context, so every engine that does not read the block s
 from __future__ import annotations
 
 from typing import Any
-from .methods.remapped import REMAPPED
-from .patching import get_config
+from ..methods.remapped import REMAPPED
+from ..patching import get_config
 
 KEY = "dual_chunk_attention_config"
 FAMILIES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # the model types whose SGLang/vLLM files read the block

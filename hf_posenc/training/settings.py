@@ -3,7 +3,7 @@
 :class:`TrainSettings` holds what decides the trained weights (the schedule, the batch, the loss, the packing, the
 precision); :class:`CheckpointSettings` what only decides how the run survives an interruption (how often it saves
 a resumable checkpoint, where, and whether to continue from one). A run resumed from a checkpoint must have the same
-:class:`TrainSettings` as the run that saved it (:mod:`hf_posenc.training_resume` compares them).
+:class:`TrainSettings` as the run that saved it (:mod:`hf_posenc.training.resume` compares them).
 """
 
 from __future__ import annotations

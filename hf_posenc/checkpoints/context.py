@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .adapters.base import text_config
-from .adapters.learned_absolute import table_positions
-from .patching import get_config
+from ..adapters.base import text_config
+from ..adapters.learned_absolute import table_positions
+from ..patching import get_config
 
 
 def context_length(model) -> int | None:

@@ -7,22 +7,21 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import PosEncConfig
-from .eval.settings import LoadSettings, OutputSettings, RunSettings
-from .io.output_folder import ReplacedOutput, check_replaced_output
-from .models import resolve_source
-from . import runtime
-from .context import original_context
-from .dual_chunk_config import check_dual_chunk_config, written_with_block
-from .io.documents import gather_documents
-from .eval.tasks import PatchEval, parse_evals
-from .freezing import freeze
+from ..config import PosEncConfig
+from ..eval.settings import LoadSettings, OutputSettings, RunSettings
+from ..io.output_folder import ReplacedOutput, check_replaced_output
+from ..checkpoints.models import resolve_source
+from ..checkpoints import runtime
+from ..checkpoints.context import original_context
+from ..serving.dual_chunk_config import check_dual_chunk_config, written_with_block
+from ..io.documents import gather_documents
+from ..eval.tasks import PatchEval, parse_evals
+from ..serving.freezing import freeze
 from .hub import UPLOAD_TIMEOUT, save_pretrained, upload, write_model_card
-from .methods import resolve_method
-from .methods.rope import SCALINGS
-from .patching import get_config, patch, unpatch
-from .serve_check import (CheckSettings, EngineSettings, check_engine_flags, engine_ready,
-                          serve_check as check_folder, serve_table)
+from ..methods import resolve_method
+from ..methods.rope import SCALINGS
+from ..patching import get_config, patch, unpatch
+from ..serving.check import CheckSettings, EngineSettings, check_engine_flags, engine_ready, serve_check as check_folder, serve_table
 from contextlib import nullcontext
 
 
@@ -80,11 +79,11 @@ class PatchJob:
     """The whole ``hf-posenc patch`` job: ``config`` applied to the model of ``load`` (its ``model``, ``dtype``,
     ``device``, ``tokenizer``), saved into ``output`` with its model card. ``evals``: what is evaluated first;
     ``upload``: the Hub repository it is sent to after. ``serve_check``: an engine (``vllm``) that the saved folder
-    is checked in (:mod:`hf_posenc.serve_check`, at ``serve_check_lengths``, with ``engine_python``) before it is
+    is checked in (:mod:`hf_posenc.serving.check`, at ``serve_check_lengths``, with ``engine_python``) before it is
     moved into place; its verdicts go into the card's Serving section and its report beside the others.
     ``freeze_at``: ``config`` (a length-dependent method) is replaced by the static one equal to it at that many
-    tokens (:mod:`hf_posenc.freezing`), evaluated and saved. ``dual_chunk_config``: a DCA checkpoint of a
-    Qwen2-family model also gets Qwen's ``dual_chunk_attention_config`` (:mod:`hf_posenc.dual_chunk_config`).
+    tokens (:mod:`hf_posenc.serving.freezing`), evaluated and saved. ``dual_chunk_config``: a DCA checkpoint of a
+    Qwen2-family model also gets Qwen's ``dual_chunk_attention_config`` (:mod:`hf_posenc.serving.dual_chunk_config`).
     ``tuned``: the report of the ``hf-posenc tune`` run that chose ``config`` (its table goes into the card)."""
 
     load: LoadSettings

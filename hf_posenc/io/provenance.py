@@ -11,7 +11,7 @@ import re
 import shlex
 import sys
 from typing import Any
-from ._version import __version__
+from .._version import __version__
 
 MASK = "***"
 _TOKEN_SHAPE = re.compile(r"\b(?:hf_|api_org_)[A-Za-z0-9]{20,}\b")

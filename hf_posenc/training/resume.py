@@ -25,11 +25,11 @@ import shutil
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from .io.digests import comparable_identity
-from .io.files import _can_create_in, atomic_write_text
-from .io.output_folder import MANIFEST
-from .training_settings import CheckpointSettings
-from .wording import first_names
+from ..io.digests import comparable_identity
+from ..io.files import _can_create_in, atomic_write_text
+from ..io.output_folder import MANIFEST
+from .settings import CheckpointSettings
+from ..io.wording import first_names
 
 RUN_FILE = "hf_posenc-run.json"
 STATE_FILE = "trainer_state.json"  # the Trainer writes it last in a checkpoint: its presence marks a whole one

@@ -18,8 +18,8 @@ import json
 from importlib.metadata import version as _version
 from typing import Any
 
-from .runtime import default_device
-from .methods import resolve_method
+from ..checkpoints.runtime import default_device
+from ..methods import resolve_method
 
 # the positions of these depend on the length of the sequence seen (the shard's, not the whole sequence's)
 LENGTH_DEPENDENT = {

@@ -12,19 +12,19 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .provenance import environment, recorded_command, scrub
-from .adapters import ADAPTERS
-from .adapters.base import text_config
-from .config import CONFIG_KEY
-from .eval.tasks import registered, task_of_report
-from .methods import resolve_method
-from .loading import merge_line
-from .models import resolve_source
-from .patching import get_config
-from .serve_config import card_launches
-from .serving import known_status, measured_rows
+from ..io.provenance import environment, recorded_command, scrub
+from ..adapters import ADAPTERS
+from ..adapters.base import text_config
+from ..config import CONFIG_KEY
+from ..eval.tasks import registered, task_of_report
+from ..methods import resolve_method
+from ..checkpoints.loading import merge_line
+from ..checkpoints.models import resolve_source
+from ..patching import get_config
+from ..serving.launch_settings import card_launches
+from ..serving.support import known_status, measured_rows
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hf_posenc/
 TEMPLATE_NAME = "model_card.md"
 
 
@@ -37,7 +37,7 @@ def pipeline_tag(model) -> str:
 
 def template_path(name: str = TEMPLATE_NAME) -> str:
     """The card template: inside the installed package (wheel), else ``model_cards/`` of a checkout."""
-    for folder in (os.path.join(_HERE, "model_cards"), os.path.join(os.path.dirname(_HERE), "model_cards")):
+    for folder in (os.path.join(_PACKAGE, "model_cards"), os.path.join(os.path.dirname(_PACKAGE), "model_cards")):
         path = os.path.join(folder, name)
         if os.path.isfile(path):
             return path
@@ -171,7 +171,7 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
     saved checkpoint, whose measured verdicts replace the known status of that engine in the Serving section.
     ``adapter``: the card of a LoRA adapter folder (``lora.save_lora(merged=False)``) on ``model``, its patched base:
     it loads through hf_posenc or peft on ``base/``, and its Serving section is that of the merged checkpoint
-    (:func:`hf_posenc.loading.merge_line` writes it)."""
+    (:func:`hf_posenc.checkpoints.loading.merge_line` writes it)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     cfg = get_config(model)

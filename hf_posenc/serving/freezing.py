@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import PosEncConfig, as_config
-from .encodings import rope as R
-from .patching import get_config, patch, trying
+from ..config import PosEncConfig, as_config
+from ..encodings import rope as R
+from ..patching import get_config, patch, trying
 
 FREEZABLE = ("dynamic_ntk", "dynamic_yarn", "longrope")
 
@@ -52,7 +52,7 @@ def freeze_config(cfg: Any, at: int, original: int | None = None) -> PosEncConfi
     L = cfg.original_max_position_embeddings or original
     if L is None:
         raise ValueError("freezing needs the context the model was trained for: give original_max_position_embeddings "
-                         "(or freeze a model: hf_posenc.freezing.freeze).")
+                         "(or freeze a model: hf_posenc.serving.freezing.freeze).")
     p = cfg.params
     keep = {"layer_types": p["layer_types"]} if p.get("layer_types") is not None else {}
     if cfg.method == "dynamic_ntk":
@@ -65,7 +65,7 @@ def freeze_config(cfg: Any, at: int, original: int | None = None) -> PosEncConfi
     chosen = p["long_factor" if at > L else "short_factor"]
     if chosen is None:
         raise ValueError("freezing longrope needs its short_factor and long_factor lists; give them, or freeze a model "
-                         "(hf_posenc.freezing.freeze fills the default ones for it).")
+                         "(hf_posenc.serving.freezing.freeze fills the default ones for it).")
     return PosEncConfig("longrope", cfg.factor, L, {**keep, "cache": p["cache"], "short_factor": list(chosen),
                                                      "long_factor": list(chosen),
                                                      "attention_factor": p["attention_factor"]})

@@ -16,7 +16,7 @@ floor/ceil bounds: the ``yarn_beta_*`` keys are read only by a few other archite
   default one); llama3: type none, ``rope_freqs.weight`` (f32) = original / scaled frequencies, context s L.
 
 llama.cpp cannot compute the others from a GGUF: they are refused by name before anything is written (the length-
-dependent ones can be frozen first: ``--freeze-at``, :mod:`hf_posenc.freezing`).
+dependent ones can be frozen first: ``--freeze-at``, :mod:`hf_posenc.serving.freezing`).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import os
 import tempfile
 from typing import Any
 
-from .config import CONFIG_KEY, PosEncConfig, as_config
-from .encodings import rope as R
-from .io.files import OutputLock, umask
-from .adapters.base import text_config
+from ..config import CONFIG_KEY, PosEncConfig, as_config
+from ..encodings import rope as R
+from ..io.files import OutputLock, umask
+from ..adapters.base import text_config
 from .freezing import check_freeze, freeze_config
-from .methods.rope import DYNAMIC, SCALINGS
-from .models import read_config, resolve_source
+from ..methods.rope import DYNAMIC, SCALINGS
+from ..checkpoints.models import read_config, resolve_source
 from collections import Counter
 
 # the GGUF architectures whose files hf_posenc loads (transformers' GGUF reader) and patches (a RoPE decoder)
@@ -278,7 +278,7 @@ def _check_output(dst: str, src: str) -> str:
 def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) -> dict[str, Any]:
     """Write ``dst``: the GGUF ``src`` with the same tensors and ``config``'s RoPE metadata for llama.cpp (module
     doc). ``config``: a :class:`PosEncConfig`, a dict or a method name; ``freeze_at``: first turn a length-dependent
-    method into the static one equal to it at that many tokens (:func:`hf_posenc.freezing.freeze_config`).
+    method into the static one equal to it at that many tokens (:func:`hf_posenc.serving.freezing.freeze_config`).
     Returns {"output", "config" (what was written, resolved), "metadata" {key: value}, "tensors" (copied),
     "added" (rope_freqs: written or replaced), "note"}."""
     cfg = as_config(config)
@@ -433,7 +433,7 @@ def stored_patch(path: str, hf_config) -> PosEncConfig | None:
 
 def original_before_load(model: str, cfg: PosEncConfig) -> int | None:
     """The original context of ``model`` read from its config alone (a GGUF's metadata), for
-    :func:`hf_posenc.freezing.check_freeze` before the weights load: ``cfg``'s when it gives one, a patched
+    :func:`hf_posenc.serving.freezing.check_freeze` before the weights load: ``cfg``'s when it gives one, a patched
     checkpoint's stored original, else the config's ``max_position_embeddings``; None when it cannot be read (the
     check then runs after the load)."""
     if cfg.original_max_position_embeddings:

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from .adapters import ADAPTERS
-from .config import CONFIG_KEY, PosEncConfig, SavedBlock, as_config
+from ..adapters import ADAPTERS
+from ..config import CONFIG_KEY, PosEncConfig, SavedBlock, as_config
 from .models import drop_gguf_quantizer, read_config, resolve_source
-from .patching import adopt, patch
+from ..patching import adopt, patch
 from .weights import HUB_FILE_KWARGS, read_tensors
-from .gguf_file import stored_patch
+from ..serving.gguf_file import stored_patch
 
 logger = logging.getLogger(__name__)
 
@@ -221,9 +221,9 @@ def is_lora_folder(path: str) -> bool:
 
 def merge_line(folder: str, merged: str = "merged") -> str:
     """The one Python statement that merges the LoRA adapter folder ``folder`` (``save_lora(merged=False)``) into one
-    checkpoint at ``merged`` (``import hf_posenc.lora`` and ``from transformers import AutoTokenizer`` before it)."""
+    checkpoint at ``merged`` (``import hf_posenc.training.lora`` and ``from transformers import AutoTokenizer`` before it)."""
     base = os.path.join(folder, BASE_FOLDER)
-    return (f"hf_posenc.lora.save_lora(hf_posenc.from_pretrained({folder!r}), {merged!r}, merged=True, "
+    return (f"hf_posenc.training.lora.save_lora(hf_posenc.from_pretrained({folder!r}), {merged!r}, merged=True, "
             f"tokenizer=AutoTokenizer.from_pretrained({base!r}))")
 
 

@@ -5,7 +5,7 @@ Documents are tokenized and cut into blocks of ``seq_len`` tokens, each document
 with the EOS token, optionally with position ids starting again after each);
 training runs through ``transformers.Trainer`` (which runs on accelerate), optionally with gradient
 checkpointing. Held-out perplexity (documents not trained on) is measured before and after with the
-same windows; past the model's original context, the long-context evaluation (:mod:`hf_posenc.finetune_eval`)
+same windows; past the model's original context, the long-context evaluation (:mod:`hf_posenc.training.long_eval`)
 measures perplexity with its truncated baseline and needles in the held-out prose, before and after. The result is
 saved with ``hf_posenc.save_pretrained``: ``hf_posenc.from_pretrained`` loads it with the patch applied to the
 trained weights.
@@ -23,31 +23,31 @@ from typing import Any
 
 import torch
 
-from .models import resolve_source
-from .provenance import environment, recorded_command
-from .runtime import default_device
-from .config import PosEncConfig, as_config
-from .adapters.s2_attention import S2Training, check_group, check_s2_implementation, check_s2_method
-from .encodings.pose import check_pose, pose_batch
+from ..checkpoints.models import resolve_source
+from ..io.provenance import environment, recorded_command
+from ..checkpoints.runtime import default_device
+from ..config import PosEncConfig, as_config
+from ..adapters.s2_attention import S2Training, check_group, check_s2_implementation, check_s2_method
+from ..encodings.pose import check_pose, pose_batch
 
-from .finetune_eval import LongEvalSettings, check_length, long_context_table, prepared_long_eval
-from .training_resume import ResumableRun, document_digests, quiet_about_tied_weights
-from .training_settings import MIXED_PRECISIONS, PACKINGS, CheckpointSettings, TrainSettings
-from .context import original_context
-from .eval.common import model_identity
-from .io.documents import Document, check_heldout, documents_of, tokenize_documents
-from .eval.perplexity import evaluate_perplexity
-from .io.reports import markdown_table, plot_lines
-from .eval.scoring import chunked_lm_loss
-from .gguf_file import original_before_load
-from .loading import BASE_FOLDER
-from .hub import EVAL_FOLDER, save_pretrained
+from .long_eval import LongEvalSettings, check_length, long_context_table, prepared_long_eval
+from .resume import ResumableRun, document_digests, quiet_about_tied_weights
+from .settings import MIXED_PRECISIONS, PACKINGS, CheckpointSettings, TrainSettings
+from ..checkpoints.context import original_context
+from ..eval.common import model_identity
+from ..io.documents import Document, check_heldout, documents_of, tokenize_documents
+from ..eval.perplexity import evaluate_perplexity
+from ..io.reports import markdown_table, plot_lines
+from ..eval.scoring import chunked_lm_loss
+from ..serving.gguf_file import original_before_load
+from ..checkpoints.loading import BASE_FOLDER
+from ..publishing.hub import EVAL_FOLDER, save_pretrained
 from .lora import LoraSettings, apply_lora, check_targets_before_load, save_lora
-from .methods import resolve_method
+from ..methods import resolve_method
 from .parallel import check_context_parallel, check_engine, check_lora_engine, gathered_state_dict, parallelism_config
-from .patching import patch
-from .io.output_folder import ReplacedOutput, check_replaced_output
-from . import runtime  # (its loader looked up when called: tests replace it)
+from ..patching import patch
+from ..io.output_folder import ReplacedOutput, check_replaced_output
+from ..checkpoints import runtime  # (its loader looked up when called: tests replace it)
 
 __all__ = ["finetune", "PoseSettings", "LoraSettings", "TrainSettings", "CheckpointSettings", "LongEvalSettings"]
 
@@ -158,16 +158,16 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     """Patch ``model`` with ``config``, train it as ``training`` says (:class:`TrainSettings`: ``steps`` optimizer
     steps on packed ``train_docs``), measure held-out perplexity on ``eval_docs`` before and after, save to
     ``output``; returns the report. ``pose``: train on PoSE windows (their position ids skip to cover
-    ``pose.target``) instead of ``training.seq_len`` blocks. ``lora``: train LoRA adapters (:mod:`hf_posenc.lora`,
+    ``pose.target``) instead of ``training.seq_len`` blocks. ``lora``: train LoRA adapters (:mod:`hf_posenc.training.lora`,
     peft) instead of every weight; saved as the adapter beside the patched base (``hf_posenc.from_pretrained``
     loads both), or merged into the weights with ``lora.merge``. ``training.s2_attn_group``: train with LongLoRA's
     shifted sparse attention (:mod:`hf_posenc.adapters.s2_attention`); evaluation and the saved model attend in full.
     ``training.chunked_loss``: the training loss over chunks of the LM head, as evaluation computes it.
-    ``long_eval``: the long-context evaluation before and after training (:mod:`hf_posenc.finetune_eval`: perplexity
+    ``long_eval``: the long-context evaluation before and after training (:mod:`hf_posenc.training.long_eval`: perplexity
     past the original context L with the truncated baseline, needles in the held-out prose) at ``long_eval.length``,
     by default PoSE's target length (none without PoSE); None: none. ``checkpoints``: resumable checkpoints every N
-    steps, and resuming from them (:mod:`hf_posenc.training_resume`). Under several processes every process computes
-    the evaluations (the same forwards in the same order: see :mod:`hf_posenc.finetune_eval`) and the main process
+    steps, and resuming from them (:mod:`hf_posenc.training.resume`). Under several processes every process computes
+    the evaluations (the same forwards in the same order: see :mod:`hf_posenc.training.long_eval`) and the main process
     saves."""
 
     t, config = training, as_config(config)  # a PosEncConfig, its text form ("yarn:factor=2") or a dict
@@ -185,7 +185,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     run = ResumableRun(checkpoints, output, _fingerprint(model, config, train_docs, eval_docs, t, pose, lora,
                                                          long_eval, long_length), processes)
     main_process = int(os.environ.get("RANK", "0")) == 0
-    if t.context_parallel_size != 1:  # each sequence split across processes (hf_posenc.parallel), before compute
+    if t.context_parallel_size != 1:  # each sequence split across processes (hf_posenc.training.parallel), before compute
         check_context_parallel(config.method, t.context_parallel_size, pose.window if pose else t.seq_len, processes,
                                t.s2_attn_group, t.device)
         # the shards' targets: the Trainer's shift_labels, which the model's own loss reads

@@ -30,7 +30,7 @@ is the absolute path of ``folder/base`` (where it ends up, ``base_path``): peft'
 plain transformers put the adapter on the patched base there (with the change when the method is native), and fail
 on a moved copy instead of fetching the unpatched model; the model it came from is the card's ``base_model``. The
 card (README.md) says how the folder loads, and the engine launch lines it prints are those of the merged
-checkpoint, after the merge it gives (:func:`hf_posenc.loading.merge_line`).
+checkpoint, after the merge it gives (:func:`hf_posenc.checkpoints.loading.merge_line`).
 """
 
 from __future__ import annotations
@@ -43,13 +43,13 @@ from typing import Any
 
 from torch import nn
 
-from .wording import first_names
-from .io.files import atomic_write_text, follow_umask
-from .hub import save_pretrained, write_model_card
-from .patching import OWN_WEIGHTS, held_modules
-from .loading import BASE_FOLDER, model_class_for, quiet_peft, require_peft
-from .loading import load_lora  # noqa: F401 (this module's API too: hf_posenc.lora.load_lora)
-from .models import read_config, resolve_source
+from ..io.wording import first_names
+from ..io.files import atomic_write_text, follow_umask
+from ..publishing.hub import save_pretrained, write_model_card
+from ..patching import OWN_WEIGHTS, held_modules
+from ..checkpoints.loading import BASE_FOLDER, model_class_for, quiet_peft, require_peft
+from ..checkpoints.loading import load_lora  # noqa: F401 (this module's API too: hf_posenc.training.lora.load_lora)
+from ..checkpoints.models import read_config, resolve_source
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 NORM_SUFFIXES = ("RMSNorm", "LayerNorm")

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from .models import ALIASES, resolve_source
-from .provenance import scrub
-from .wording import first_names
+from ..io.provenance import scrub
+from ..io.wording import first_names
 from . import loading
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,

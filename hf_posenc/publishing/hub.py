@@ -16,15 +16,15 @@ import tempfile
 from contextlib import contextmanager
 from typing import Any
 
-from .context import context_length
-from .io.files import atomic_write_text, follow_umask
-from .interrupts import sigterm_interrupts
-from .io.output_folder import OWN
-from .provenance import scrub
+from ..checkpoints.context import context_length
+from ..io.files import atomic_write_text, follow_umask
+from ..io.interrupts import sigterm_interrupts
+from ..io.output_folder import OWN
+from ..io.provenance import scrub
 from .card import BaseModel, build_model_card, describe_base
-from .io.reports import save_report
-from .models import drop_gguf_quantizer
-from .patching import holder
+from ..io.reports import save_report
+from ..checkpoints.models import drop_gguf_quantizer
+from ..patching import holder
 
 EVAL_FOLDER = "hf_posenc_eval"  # where the full evaluation reports go inside a saved checkpoint
 UPLOAD_TIMEOUT = 60.0  # seconds without an answer before one Hub request of an upload gives up
@@ -56,11 +56,11 @@ def save_pretrained(model, save_directory: str, tokenizer=None, *, eval_results:
 
     base_model: the base model's Hub id, local path or alias (for the card's ``base_model`` and license);
     default: where the model was loaded from. Returns ``save_directory``. A peft model is refused (peft would save
-    its adapter alone, which no loader could put back together): ``hf_posenc.lora.save_lora`` saves it.
+    its adapter alone, which no loader could put back together): ``hf_posenc.training.lora.save_lora`` saves it.
     """
     if holder(model) is not model:
         raise ValueError(f"hf_posenc.save_pretrained saves a whole model, and this is a peft model "
-                         f"({type(model).__name__}): save it with hf_posenc.lora.save_lora(model, folder, merged=True) "
+                         f"({type(model).__name__}): save it with hf_posenc.training.lora.save_lora(model, folder, merged=True) "
                          "(one checkpoint) or merged=False (the adapter beside the patched base; "
                          "hf_posenc.from_pretrained loads either)")
     card = build_model_card(model, repo_id=repo_id, base=_base(model, base_model), eval_reports=eval_results,

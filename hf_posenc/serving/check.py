@@ -25,20 +25,20 @@ from typing import Any
 
 import torch
 
-from .config import CONFIG_KEY, SavedBlock
-from .engines import ENGINE_NAMES, ENGINES  # (the engines serve-check starts)
-from .engines.llama_cpp_engine import LlamaCppLM, convert, converter, llama_cpp_version
-from .engines.scorer import EngineRefused
-from .engines.vllm_engine import EngineLM, VllmEngine, vllm_version
+from ..config import CONFIG_KEY, SavedBlock
+from ..engines import ENGINE_NAMES, ENGINES  # (the engines serve-check starts)
+from ..engines.llama_cpp_engine import LlamaCppLM, convert, converter, llama_cpp_version
+from ..engines.scorer import EngineRefused
+from ..engines.vllm_engine import EngineLM, VllmEngine, vllm_version
 from .gguf_file import is_gguf, served_facts
-from .io.reports import finish_report, markdown_table
-from .methods import resolve_method
-from .provenance import environment, recorded_command
-from .io.documents import corpus_stream, gather_documents
-from .io.files import check_output_folder
-from .runtime import load_tokenizer, torch_dtype
-from . import loading
-from .eval.scoring import token_nll
+from ..io.reports import finish_report, markdown_table
+from ..methods import resolve_method
+from ..io.provenance import environment, recorded_command
+from ..io.documents import corpus_stream, gather_documents
+from ..io.files import check_output_folder
+from ..checkpoints.runtime import load_tokenizer, torch_dtype
+from ..checkpoints import loading
+from ..eval.scoring import token_nll
 
 LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU
 NOT_COMPUTABLE, SAME, DIFFERS, REFUSED, SERVED_WRONG = "not computable", "same", "differs", "refused", "served wrong"
@@ -103,7 +103,7 @@ def read_block(folder: str, command: str = "hf-posenc serve-check") -> tuple[dic
 
 
 def gguf_block(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A GGUF's context and the patch :func:`hf_posenc.gguf_file.patch_gguf` recorded in it, as (config, block)
+    """A GGUF's context and the patch :func:`hf_posenc.serving.gguf_file.patch_gguf` recorded in it, as (config, block)
     (a method written into a GGUF is one llama.cpp computes: native), and its quantized weight types."""
     facts = served_facts(path)
     plain = {"max_position_embeddings": facts["context"], "quantized": facts["quantized"], "arch": facts["arch"],
