@@ -47,7 +47,7 @@ def checkpoint(label: str, out: str) -> str:
     """The folder (or GGUF) of ``label``, written once: ``hf-posenc patch --output`` (``--freeze-at``), or the
     default model's Q4_1 GGUF patched in place (``--gguf``; "none": the file as it ships)."""
     from hf_posenc.config import PosEncConfig
-    from hf_posenc.serving.support.gguf_file import patch_gguf
+    from hf_posenc.serving.gguf_file import patch_gguf
     from hf_posenc.checkpoints.models import resolve_source
     from hf_posenc.eval.settings import LoadSettings
     from hf_posenc.publishing.patch_job import PatchJob, patch_and_save
@@ -72,7 +72,7 @@ def checkpoint(label: str, out: str) -> str:
 
 def serve_checks(args) -> dict:
     from hf_posenc.io.documents import gather_documents
-    from hf_posenc.serving.support.check import CheckSettings, EngineSettings, serve_check
+    from hf_posenc.serving.check import CheckSettings, EngineSettings, serve_check
 
     reports = {}
     for label in args.checkpoints:
@@ -156,7 +156,7 @@ def section(args, checks: dict, runs: dict) -> str:
 
 
 def section_llama_cpp(args, checks: dict) -> str:
-    from hf_posenc.serving.support.check import QUANTIZED_RTOL
+    from hf_posenc.serving.check import QUANTIZED_RTOL
 
     any_check = next(iter(checks.values()))["setup"]
     version = next((c["setup"].get("engine_version") for c in checks.values() if c["setup"].get("engine_version")), "?")

@@ -17,7 +17,7 @@ import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.config import PosEncConfig
 from hf_posenc.encodings import rope as R
-from hf_posenc.serving.support.freezing import check_freeze, freeze, freeze_config
+from hf_posenc.serving.freezing import check_freeze, freeze, freeze_config
 
 L = ORIGINAL
 SHORT = [1.0 + 0.05 * i for i in range(8)]

@@ -22,7 +22,7 @@ import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.config import PosEncConfig
 from hf_posenc.encodings import rope as R
-from hf_posenc.serving.support.gguf_file import OWN_KEY, ROPE_FREQS, patch_gguf
+from hf_posenc.serving.gguf_file import OWN_KEY, ROPE_FREQS, patch_gguf
 from hf_posenc.methods.rope import SCALINGS
 
 gguf = pytest.importorskip("gguf")
@@ -345,8 +345,8 @@ def test_serve_check_and_serve_config_read_a_patched_gguf_and_refuse_another_arc
     """What serve-check and serve-config know of a GGUF before llama.cpp starts: the record patch --gguf wrote (a
     frozen dynamic NTK is static ntk there), the quantized weight types; a GGUF of an architecture hf_posenc does not
     load is refused by name, before anything runs."""
-    from hf_posenc.serving.support.check import read_block
-    from hf_posenc.serving.support.launch_settings import serve_config
+    from hf_posenc.serving.check import read_block
+    from hf_posenc.serving.launch_settings import serve_config
 
     frozen = str(tmp_path / "frozen.gguf")
     patch_gguf(tiny_gguf, frozen, {"method": "dynamic_ntk", "factor": 2.0}, freeze_at=4 * ORIGINAL)
@@ -393,7 +393,7 @@ def test_a_run_killed_while_writing_leaves_a_temporary_file_the_next_run_removes
 def test_a_damaged_record_in_a_gguf_is_named_by_every_command(tiny_gguf, tmp_path, capsys, damage, named):
     import json
 
-    from hf_posenc.serving.support.gguf_file import _reader, _write
+    from hf_posenc.serving.gguf_file import _reader, _write
 
     good = str(tmp_path / "good.gguf")
     patch_gguf(tiny_gguf, good, PosEncConfig("yarn", 2.0))

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from hf_posenc.engines.launch import LAUNCHERS, Launch
-from hf_posenc.serving.support.launch_settings import _launch, serve_config, served_of
+from hf_posenc.serving.launch_settings import _launch, serve_config, served_of
 
 HOSTILE = ["plain", "with space", "it's", 'say "hi"', "cost $HOME", "tick `touch TICKED`", "$(touch DOLLAR)",
            "line\nbreak", "x\nEOF\ntouch PWNED\ncat > /dev/null <<'EOF'", "EOF", "EOF\n", "semi;colon&pipe|",
@@ -173,7 +173,7 @@ def test_the_printed_text_runs_as_printed(tmp_path, name, capsys):
 
 
 def test_the_model_card_embeds_each_engines_lines_in_a_bash_block():
-    from hf_posenc.serving.support.launch_settings import card_launches
+    from hf_posenc.serving.launch_settings import card_launches
 
     for launch in card_launches(PLAIN, {}, "me/tiny"):
         if launch["shell"]:

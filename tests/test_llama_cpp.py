@@ -16,7 +16,7 @@ import pytest
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.engines import llama_cpp_engine
-from hf_posenc.serving.support.check import CheckSettings, serve_check
+from hf_posenc.serving.check import CheckSettings, serve_check
 from conftest import refused
 
 
@@ -117,7 +117,7 @@ def q4_ggufs(tmp_path_factory):
     same file whose metadata says pi x2 while its record says yarn (what a lost or wrong setting looks like)."""
     import os
 
-    from hf_posenc.serving.support.gguf_file import OWN_KEY, _keys, _reader, _scaling_keys, _value, _write, patch_gguf
+    from hf_posenc.serving.gguf_file import OWN_KEY, _keys, _reader, _scaling_keys, _value, _write, patch_gguf
     from hf_posenc.checkpoints.models import resolve_source
 
     src = resolve_source("smollm2-135m")
@@ -165,7 +165,7 @@ def test_a_gguf_whose_metadata_says_another_method_than_its_record_differs_beyon
 def test_a_gguf_is_checked_by_llama_cpp_only_and_a_foreign_scaling_is_refused(q4_ggufs, tmp_path, capsys):
     err = refused(["serve-check", q4_ggufs["yarn"], "--engine", "vllm", "--lengths", "256"], capsys)
     assert "is a GGUF file: serve-check scores a GGUF with --engine llama.cpp" in err
-    from hf_posenc.serving.support.gguf_file import _keys, _reader, _scaling_keys, _write
+    from hf_posenc.serving.gguf_file import _keys, _reader, _scaling_keys, _write
 
     foreign = str(tmp_path / "foreign.gguf")  # a yarn scaling in the metadata, no hf_posenc record
     keys = _keys("llama")

@@ -14,7 +14,7 @@ import hf_posenc
 from hf_posenc.encodings import rope as R
 from hf_posenc.engines.launch import LAUNCHERS
 from hf_posenc.engines.launch import llama_cpp as llama_cpp_launch, sglang
-from hf_posenc.serving.support.launch_settings import describe, serve_config
+from hf_posenc.serving.launch_settings import describe, serve_config
 
 from conftest import ORIGINAL, THETA, refused, tiny_config
 
@@ -131,7 +131,7 @@ def test_llama_cpp_launched_with_the_printed_settings_computes_the_patched_gguf_
 
     from hf_posenc.engines.llama_cpp_engine import LlamaCppLM
     from hf_posenc.eval.scoring import token_nll
-    from hf_posenc.serving.support.gguf_file import patch_gguf
+    from hf_posenc.serving.gguf_file import patch_gguf
     from hf_posenc.checkpoints.models import resolve_source
     from hf_posenc.checkpoints.runtime import load_tokenizer
 
@@ -160,7 +160,7 @@ def test_llama_cpp_launched_with_the_printed_settings_computes_the_patched_gguf_
 @pytest.mark.vllm
 def test_vllm_launched_with_the_printed_settings_computes_the_checkpoint_as_hf_posenc(tmp_path, bert_tokenizer):
     from hf_posenc.engines.vllm_engine import EngineLM, VllmEngine
-    from hf_posenc.serving.support.check import reference_nll
+    from hf_posenc.serving.check import reference_nll
 
     L = 256
     folder = save_tiny(tmp_path / "yarn", bert_tokenizer, "yarn", context=L, factor=2.0)

@@ -19,7 +19,7 @@ from hf_posenc.cli import main
 from hf_posenc.io.documents import Document
 from hf_posenc.eval.run_passkey import run_passkey
 from hf_posenc.eval.run_ppl import run_perplexity
-from hf_posenc.serving.support.check import CheckSettings, EngineSettings, serve_check
+from hf_posenc.serving.check import CheckSettings, EngineSettings, serve_check
 from hf_posenc.serving.support import known_status, measured_rows
 
 from conftest import tiny_config
@@ -121,7 +121,7 @@ def test_card_rows_from_a_serve_check():
 
 
 def test_compare_verdicts():
-    from hf_posenc.serving.support.check import compare
+    from hf_posenc.serving.check import compare
 
     ref = torch.tensor([2.0, 3.0, 4.0], dtype=torch.float64)
     same = compare(ref, ref + 1e-4, rtol=1e-3)
