@@ -15,7 +15,7 @@ import pytest
 
 import hf_posenc
 from hf_posenc.encodings.rope import default_inv_freq
-from hf_posenc.methods import _ALIASES, METHODS, EngineSupport, MethodSpec, factor_grid
+from hf_posenc.methods import _ALIASES, METHODS, EngineSupport, MethodSpec, factor_grid, unregister_method
 from hf_posenc.methods import rope as rope_records
 from conftest import ORIGINAL, ids, logits, refused, tiny_model
 from hf_posenc.cli import main
@@ -40,13 +40,11 @@ def sqrt_pi():
     spec = MethodSpec(NAME, "rope", "PI by the square root of the factor (a test's scaling).",
                       tune_grid=factor_grid,
                       engines={"vLLM": EngineSupport("within_original", "a test's claim", caveat="a test's caveat")})
-    rope_records._add(spec, rope_records.RopeScaling(
+    rope_records.register_scaling(spec, rope_records.RopeScaling(
         rope_sqrt_pi, native=lambda s, L, p, g: {"rope_type": "linear", "factor": math.sqrt(s)}))
     yield METHODS[NAME]
-    for table in (METHODS, rope_records.SCALINGS):
-        table.pop(NAME, None)
-    _ALIASES.pop(NAME, None)
-    rope_records.DYNAMIC.discard(NAME)
+    unregister_method(NAME)
+    assert NAME not in METHODS and NAME not in _ALIASES and NAME not in rope_records.SCALINGS
 
 
 def test_a_new_rope_scaling_is_one_record_that_everything_reads(sqrt_pi, tmp_path, tiny_checkpoint, capsys):

@@ -160,7 +160,8 @@ def _stacked(freqs: list[tuple[torch.Tensor, float]]) -> tuple[torch.Tensor, tor
 
 
 def _hand_loop_warning(cfg: PosEncConfig) -> str:
-    what = "its frequencies change" if cfg.method != "longrope" else "it switches from the short to the long factors"
+    switches = SCALINGS[cfg.method].dynamic == "switch"
+    what = "it switches from the short to the long factors" if switches else "its frequencies change"
     return (f"hf_posenc {cfg.method} with cache={cfg.params.get('cache')!r}: a forward call with a KV cache passed "
             f"by hand went past the original context ({cfg.original_max_position_embeddings} tokens), where {what}. "
             "Only generate() re-encodes the sequence there; here the cached keys are re-rotated instead (the "

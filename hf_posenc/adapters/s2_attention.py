@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..methods import resolve_method
 from .attention import register_attention, repeat_heads
 from .layout import attention_modules
 
@@ -113,7 +114,7 @@ class S2Training:
 def check_s2_method(method: str, kind: str) -> None:
     """S²-Attn replaces the attention function while training: refused, by name, for a method that brings its
     own (the attention-level methods, ALiBi)."""
-    if kind == "attention" or method == "alibi":
+    if kind == "attention" or resolve_method(method).own_attention:
         raise ValueError(f"--s2-attn-group replaces the attention function while training, and {method!r} brings its "
                          "own attention (it would train without it): use S²-Attn with a RoPE scaling, none, or a "
                          "swap that leaves attention alone (nope, learned, sinusoidal)")

@@ -13,6 +13,8 @@ from .spec import (  # noqa: F401  (the records and the registry, defined once i
     METHODS,
     _ALIASES,
     register_method,
+    unregister_method,
+    on_unregister,
     resolve_method,
     MIN_ORIGINAL_CONTEXT,
     MAX_FACTOR,

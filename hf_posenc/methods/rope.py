@@ -1,7 +1,7 @@
 """The RoPE scalings, one record each: knobs, defaults and checks (its :class:`MethodSpec`), and what the
 adapter needs (:class:`RopeScaling`): the frequency function, whether and how it follows the length, its native
 transformers ``rope_parameters`` (or None), knob defaults that depend on the model, and the new
-``max_position_embeddings``. Adding a scaling: its math in ``encodings/rope.py``, one ``_add`` call here, a test.
+``max_position_embeddings``. Adding a scaling: its math in ``encodings/rope.py``, one ``register_scaling`` call here, a test.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 from typing import Any, Callable
 
 from ..encodings import rope as R
-from .spec import (MAX_ATTENTION_FACTOR, MAX_FACTOR, MAX_KNOB, EngineSupport, MethodSpec, check_layer_types, factor_grid,
-               positive_number, register_method)
+from .spec import (MAX_ATTENTION_FACTOR, MAX_FACTOR, MAX_KNOB, EngineSupport, MethodSpec, check_layer_types,
+                   factor_grid, on_unregister, positive_number, register_method)
 
 _ROTATIONS = " (rotations of a frequency within the original context)"
 _TEMPERATURE = " (it scales the rotary cos and sin, so every attention score by its square)"
@@ -91,7 +91,17 @@ class RopeScaling:
     scaled frequencies (``encodings.rope.compose_*``), None where it is not put on top of another scaling;
     ``per_dimension``: its knobs state each dimension's factor of the base frequencies outright, so over a scaled
     checkpoint's current context it restates that checkpoint's frequencies (a composed configuration, re-applied on
-    load) rather than scaling them again."""
+    load) rather than scaling them again;
+    ``follows_length``: for a length-dependent scaling, how its positions depend on the length of the sequence seen
+    (the reason it is refused under context parallelism, where each process sees a shard);
+    ``freeze(factor, original, params, at) -> (factor, params)``: the static scaling ``freezes_to`` equal to it at
+    ``at`` tokens (``hf-posenc patch --freeze-at``), None for a static one; ``unchanged_within_original(params)``:
+    frozen at or below the original context it is the unpatched model;
+    ``gguf(factor, original, params, geom) -> (metadata, rope_freqs)``: the RoPE metadata llama.cpp computes it
+    from (short key names: type, factor, original, base, attn_factor) and the per-dimension frequency divisors of
+    a ``rope_freqs`` tensor (float64, or None; ``gguf_freqs``: it writes one); None where a GGUF cannot hold it, ``gguf_refusal`` saying why
+    (``{name}`` and ``{architectures}`` filled in); ``gguf_check(params, arch) -> reason | None``: knob values
+    llama.cpp computes otherwise."""
 
     frequencies: Callable[..., tuple[Any, float]]
     native: Callable[..., dict[str, Any]] | None = None
@@ -100,6 +110,14 @@ class RopeScaling:
     keeps_max_position: bool = False
     compose: Callable[..., tuple[Any, float]] | None = None
     per_dimension: bool = False
+    follows_length: str = ""
+    freeze: Callable[[float, int, dict[str, Any], int], tuple[float, dict[str, Any]]] | None = None
+    freezes_to: str = ""
+    unchanged_within_original: Callable[[dict[str, Any]], bool] | None = None
+    gguf: Callable[..., tuple[dict[str, Any], Any]] | None = None
+    gguf_freqs: bool = False
+    gguf_refusal: str = ""
+    gguf_check: Callable[[dict[str, Any], str], str | None] | None = None
 
     def max_position(self, factor: float, original: int) -> int:
         return original if self.keeps_max_position else int(math.ceil(factor * original))
@@ -110,7 +128,10 @@ SCALINGS: dict[str, RopeScaling] = {}
 DYNAMIC: set[str] = set()
 
 
-def _add(spec: MethodSpec, scaling: RopeScaling) -> None:
+def register_scaling(spec: MethodSpec, scaling: RopeScaling) -> MethodSpec:
+    """Register a RoPE scaling: its record (knobs, checks, engines) and what the RoPE adapter needs of it; every
+    scaling takes ``layer_types``, a length-dependent one ``cache``. Returns the registered record
+    (:func:`hf_posenc.methods.unregister_method` removes it)."""
     if spec.kind == "rope":  # every scaling takes layer_types: which RoPE of a per-layer-type model it changes
         own, dynamic = spec.check, scaling.dynamic is not None
 
@@ -127,6 +148,15 @@ def _add(spec: MethodSpec, scaling: RopeScaling) -> None:
     SCALINGS[spec.name] = scaling
     if scaling.dynamic:
         DYNAMIC.add(spec.name)
+    return spec
+
+
+def _forget(name: str) -> None:
+    SCALINGS.pop(name, None)
+    DYNAMIC.discard(name)
+
+
+on_unregister(_forget)
 
 
 def _floats(p: dict[str, Any], *keys: str) -> dict[str, float]:
@@ -188,19 +218,74 @@ def _dynamic_yarn_grid(original: int, target: int, factors: list[float]) -> list
     return [{"factor": f, "beta_fast": b} for f in factors for b in (32.0, 16.0)]
 
 
+def _gguf_plain(s: float, L: int, p: dict[str, Any], geom) -> tuple[dict[str, Any], Any]:
+    return {}, None
+
+
+def _gguf_yarn(s: float, L: int, p: dict[str, Any], geom) -> tuple[dict[str, Any], Any]:
+    out: dict[str, Any] = {"type": "yarn", "factor": s, "original": L}
+    _, attention = R.rope_yarn(geom, s, p)
+    ratio = float(attention) / R.yarn_mscale(s)  # llama.cpp's own temperature times this
+    if abs(ratio - 1.0) > 1e-7:
+        out["attn_factor"] = ratio
+    return out, None
+
+
+LLAMA_CPP_YARN_BETAS = (32.0, 1.0)  # llama.cpp's yarn_beta_fast / yarn_beta_slow when the architecture reads no key
+
+
+def _gguf_check_yarn(p: dict[str, Any], arch: str) -> str | None:
+    if (float(p["beta_fast"]), float(p["beta_slow"])) != LLAMA_CPP_YARN_BETAS:
+        return (f"yarn with beta_fast={p['beta_fast']:g}, beta_slow={p['beta_slow']:g}: llama.cpp reads the "
+                f"yarn_beta_* keys for a few other architectures only, and computes {arch} with 32 and 1")
+    if not p.get("truncate", True):
+        return "yarn with truncate=False: llama.cpp's ramp bounds are always floored and ceiled (truncate=True)"
+    return None
+
+
+def _gguf_llama3(s: float, L: int, p: dict[str, Any], geom) -> tuple[dict[str, Any], Any]:
+    scaled, _ = R.rope_llama3(geom, s, p)
+    return {}, R.default_inv_freq(geom.base, geom.dim).double() / scaled.double()
+
+
+_NO_DYNAMIC_GGUF = ("llama.cpp has no {name}: its frequencies follow the length of each input, and a GGUF holds "
+                    "fixed ones; freeze it with --freeze-at N (the static configuration equal to it at N tokens)")
+
+
+def _freeze_dynamic_ntk(s: float, L: int, p: dict[str, Any], at: int) -> tuple[float, dict[str, Any]]:
+    return R.dynamic_ntk_alpha(s, at, L), {}
+
+
+def _freeze_dynamic_yarn(s: float, L: int, p: dict[str, Any], at: int) -> tuple[float, dict[str, Any]]:
+    scale = R.dynamic_yarn_scale(R.RopeGeometry(1.0, 2, L), s, p, at)
+    attention = None if p["attn_factor"] == 1.0 else float(R.yarn_mscale(scale) * p["attn_factor"])
+    return scale, {"beta_fast": p["beta_fast"], "beta_slow": p["beta_slow"], "attention_factor": attention,
+                           "truncate": True}
+
+
+def _freeze_longrope(s: float, L: int, p: dict[str, Any], at: int) -> tuple[float, dict[str, Any]]:
+    chosen = p["long_factor" if at > L else "short_factor"]
+    if chosen is None:
+        raise ValueError("freezing longrope needs its short_factor and long_factor lists; give them, or freeze a model "
+                         "(hf_posenc.serving.freezing.freeze fills the default ones for it).")
+    return s, {"cache": p["cache"], "short_factor": list(chosen), "long_factor": list(chosen),
+                           "attention_factor": p["attention_factor"]}
+
+
 # "none" is its own kind: every adapter takes it (the unchanged model, as a baseline)
-_add(MethodSpec("none", "none", "No change: the checkpoint's own positions (a baseline).", uses_factor=False,
+register_scaling(MethodSpec("none", "none", "No change: the checkpoint's own positions (a baseline).", uses_factor=False,
                 engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
-     RopeScaling(R.rope_none, native=lambda s, L, p, g: {"rope_type": "default"}))
-_add(MethodSpec("pi", "rope", "Position interpolation: every frequency divided by factor (Chen et al. 2023).",
+     RopeScaling(R.rope_none, native=lambda s, L, p, g: {"rope_type": "default"}, gguf=_gguf_plain))
+register_scaling(MethodSpec("pi", "rope", "Position interpolation: every frequency divided by factor (Chen et al. 2023).",
                 aliases=("linear",), tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_linear, native=lambda s, L, p, g: {"rope_type": "linear", "factor": s},
-                 compose=R.compose_linear))
-_add(MethodSpec("ntk", "rope", "Static NTK-aware scaling: rope_theta' = rope_theta * factor^(d/(d-2)).",
+                 compose=R.compose_linear, gguf=lambda s, L, p, g: ({"type": "linear", "factor": s}, None)))
+register_scaling(MethodSpec("ntk", "rope", "Static NTK-aware scaling: rope_theta' = rope_theta * factor^(d/(d-2)).",
                 aliases=("ntk_aware", "static_ntk"), tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_ntk, compose=R.compose_ntk,
-                 native=lambda s, L, p, g: {"rope_type": "default", "rope_theta": R.ntk_base(g.base, g.dim, s)}))
-_add(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the current length once it exceeds the original context.",
+                 native=lambda s, L, p, g: {"rope_type": "default", "rope_theta": R.ntk_base(g.base, g.dim, s)},
+                 gguf=lambda s, L, p, g: ({"base": R.ntk_base(g.base, g.dim, s)}, None)))
+register_scaling(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the current length once it exceeds the original context.",
                 aliases=("dynamic",), tune_grid=factor_grid,
                 engines={"vLLM": EngineSupport("within_original", "measured by hf-posenc serve-check on SmolLM2-135M "
                                                "x2, vLLM 0.32 (CPU): same at 4,096 tokens, NaN log-probabilities at "
@@ -216,25 +301,33 @@ _add(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the cur
                                                            "(hf-posenc patch --freeze-at N)")}),
      # transformers reads the original length of its dynamic type from max_position_embeddings: it stays
      RopeScaling(R.rope_dynamic_ntk, native=lambda s, L, p, g: {"rope_type": "dynamic", "factor": s}, dynamic="grow",
-                 keeps_max_position=True))
-_add(MethodSpec("yarn", "rope", "YaRN: NTK-by-parts interpolation plus attention temperature (Peng et al. 2023).",
+                 keeps_max_position=True, follows_length="its base grows with the length of the sequence seen",
+                 freeze=_freeze_dynamic_ntk, freezes_to="ntk", unchanged_within_original=lambda p: True, gguf_refusal=_NO_DYNAMIC_GGUF))
+register_scaling(MethodSpec("yarn", "rope", "YaRN: NTK-by-parts interpolation plus attention temperature (Peng et al. 2023).",
                 params={"beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None, "mscale": None,
                         "mscale_all_dim": None, "truncate": True},
                 check=_check_yarn, tune_grid=_yarn_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
-     RopeScaling(R.rope_yarn, native=_native_yarn, compose=R.compose_yarn))
-_add(MethodSpec("dynamic_yarn", "rope", "Dynamic YaRN: YaRN with scale = current length / original context (jquesnelle/yarn).",
+     RopeScaling(R.rope_yarn, native=_native_yarn, compose=R.compose_yarn, gguf=_gguf_yarn, gguf_check=_gguf_check_yarn))
+register_scaling(MethodSpec("dynamic_yarn", "rope", "Dynamic YaRN: YaRN with scale = current length / original context (jquesnelle/yarn).",
                 params={"beta_fast": 32.0, "beta_slow": 1.0, "attn_factor": 1.0, "finetuned": False},
                 check=_check_yarn, tune_grid=_dynamic_yarn_grid),
-     RopeScaling(R.rope_dynamic_yarn, dynamic="grow"))
-_add(MethodSpec("llama3", "rope", "Llama 3.1 wavelength-band smoothing of PI.",
+     RopeScaling(R.rope_dynamic_yarn, dynamic="grow",
+                 follows_length="its scale is the length of the sequence seen over the original context",
+                 freeze=_freeze_dynamic_yarn, freezes_to="yarn", unchanged_within_original=lambda p: not p.get("finetuned"),
+                 gguf_refusal=_NO_DYNAMIC_GGUF))
+register_scaling(MethodSpec("llama3", "rope", "Llama 3.1 wavelength-band smoothing of PI.",
                 params={"low_freq_factor": 1.0, "high_freq_factor": 4.0}, check=_check_llama3,
                 tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_llama3, native=lambda s, L, p, g: {"rope_type": "llama3", "factor": s,
                                                             "original_max_position_embeddings": L,
                                                             **_floats(p, "low_freq_factor", "high_freq_factor")},
-                 compose=R.compose_llama3))
-_add(MethodSpec("longrope", "rope", "LongRoPE per-dimension rescale factors (short/long lists; default: PI-like uniform lists).",
+                 compose=R.compose_llama3, gguf=_gguf_llama3, gguf_freqs=True))
+register_scaling(MethodSpec("longrope", "rope", "LongRoPE per-dimension rescale factors (short/long lists; default: PI-like uniform lists).",
                 params={"short_factor": None, "long_factor": None, "attention_factor": None},
                 check=_check_longrope, tune_grid=factor_grid, engines=VLLM_LONGROPE),
      RopeScaling(R.rope_longrope, native=_native_longrope, dynamic="switch", defaults=_longrope_defaults,
-                 compose=R.compose_longrope, per_dimension=True))
+                 compose=R.compose_longrope, per_dimension=True,
+                 follows_length="it picks its short or long factors by the length of the sequence seen",
+                 freeze=_freeze_longrope, freezes_to="longrope",
+                 gguf_refusal="llama.cpp computes longrope only for phi3-family GGUFs (rope_factors_long/short "
+                              "tensors), and hf_posenc patches GGUFs of {architectures}"))

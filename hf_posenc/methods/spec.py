@@ -59,6 +59,8 @@ class MethodSpec:
     default_factor: float | None = None  # the factor when none is given (None: a factor is required)
     tune_grid: Callable[[int, int, list[float]], list[dict[str, Any]]] | None = None
     engines: dict[str, EngineSupport] = field(default_factory=dict)
+    positions_by_id: bool = False  # a swap whose positions come from each token's own position id alone
+    own_attention: bool = False  # a swap that brings its own attention function (ALiBi's biases)
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -66,6 +68,8 @@ _ALIASES: dict[str, str] = {}
 
 
 def register_method(spec: MethodSpec) -> MethodSpec:
+    """Add ``spec`` to the registry under its name and aliases (a name another method holds is refused); a RoPE
+    scaling registers through :func:`hf_posenc.methods.rope.register_scaling`, which calls this."""
     for key in (spec.name, *spec.aliases):
         owner = _ALIASES.get(key)
         if owner is not None and owner != spec.name:
@@ -73,6 +77,24 @@ def register_method(spec: MethodSpec) -> MethodSpec:
         _ALIASES[key] = spec.name
     METHODS[spec.name] = spec
     return spec
+
+
+_FORGET: list[Callable[[str], None]] = []  # what each kind's module removes of an unregistered method
+
+
+def on_unregister(forget: Callable[[str], None]) -> None:
+    """``forget(name)`` is called when a method is unregistered (a kind's own tables: the RoPE scalings')."""
+    _FORGET.append(forget)
+
+
+def unregister_method(name: str) -> None:
+    """Remove a registered method, its aliases and every kind's table entry for it (a plugin's or a test's)."""
+    spec = resolve_method(name)
+    METHODS.pop(spec.name, None)
+    for key in [k for k, owner in _ALIASES.items() if owner == spec.name]:
+        del _ALIASES[key]
+    for forget in _FORGET:
+        forget(spec.name)
 
 
 def resolve_method(name: str) -> MethodSpec:

@@ -25,12 +25,13 @@ def _check_length(factor: float, p: dict[str, Any]) -> None:
 # that keep length-sized ones (BERT's position_ids); None keeps the model's.
 register_method(MethodSpec(
     "alibi", "swap", "ALiBi (Press et al. 2022): the model's positions removed, per-head linear distance biases "
-    "added to attention scores.", uses_factor=False, params={"max_position_embeddings": None}, check=_check_length))
+    "added to attention scores.", uses_factor=False, params={"max_position_embeddings": None}, check=_check_length,
+    own_attention=True))
 register_method(MethodSpec(
     "nope", "swap", "No positional encoding: the model's positions removed (for decoders, causal attention alone "
     "orders the tokens); on per-layer-type RoPE, from layer_types only (default: the global layers, as "
     "interleaved RoPE/NoPE models do).", aliases=("no_pos", "none_pos"), uses_factor=False,
-    params={"max_position_embeddings": None, "layer_types": None}, check=_check_length))
+    params={"max_position_embeddings": None, "layer_types": None}, check=_check_length, positions_by_id=True))
 register_method(MethodSpec(
     "rope", "swap", "RoPE (Su et al. 2021) on queries and keys of self-attention, in place of an encoder's learned "
     "table or relative buckets.", aliases=("rotary",), uses_factor=False,

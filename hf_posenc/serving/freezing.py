@@ -18,10 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import PosEncConfig, as_config
-from ..encodings import rope as R
 from ..patching import get_config, patch, trying
 
-FREEZABLE = ("dynamic_ntk", "dynamic_yarn", "longrope")
+from ..methods.rope import SCALINGS
+
+FREEZABLE = tuple(name for name, scaling in SCALINGS.items() if scaling.freeze)  # the record's freeze, by name
 
 
 def check_freeze(cfg: PosEncConfig, at: Any, original: int | None = None) -> None:
@@ -36,8 +37,8 @@ def check_freeze(cfg: PosEncConfig, at: Any, original: int | None = None) -> Non
     L = cfg.original_max_position_embeddings or original
     if L is None:
         return
-    grows_from_one = cfg.method == "dynamic_ntk" or (cfg.method == "dynamic_yarn" and not cfg.params.get("finetuned"))
-    if grows_from_one and at <= L:
+    unchanged = SCALINGS[cfg.method].unchanged_within_original
+    if unchanged is not None and unchanged(cfg.params) and at <= L:
         raise ValueError(f"--freeze-at {at}: {cfg.method} changes nothing up to the original context ({L} tokens), "
                          f"so frozen there it is the unpatched model; give a length past {L} (the longest input to "
                          "serve).")
@@ -55,20 +56,9 @@ def freeze_config(cfg: Any, at: int, original: int | None = None) -> PosEncConfi
                          "(or freeze a model: hf_posenc.serving.freezing.freeze).")
     p = cfg.params
     keep = {"layer_types": p["layer_types"]} if p.get("layer_types") is not None else {}
-    if cfg.method == "dynamic_ntk":
-        return PosEncConfig("ntk", R.dynamic_ntk_alpha(cfg.factor, at, L), L, keep)
-    if cfg.method == "dynamic_yarn":
-        scale = R.dynamic_yarn_scale(R.RopeGeometry(1.0, 2, L), cfg.factor, p, at)
-        attention = None if p["attn_factor"] == 1.0 else float(R.yarn_mscale(scale) * p["attn_factor"])
-        return PosEncConfig("yarn", scale, L, {**keep, "beta_fast": p["beta_fast"], "beta_slow": p["beta_slow"],
-                                               "attention_factor": attention, "truncate": True})
-    chosen = p["long_factor" if at > L else "short_factor"]
-    if chosen is None:
-        raise ValueError("freezing longrope needs its short_factor and long_factor lists; give them, or freeze a model "
-                         "(hf_posenc.serving.freezing.freeze fills the default ones for it).")
-    return PosEncConfig("longrope", cfg.factor, L, {**keep, "cache": p["cache"], "short_factor": list(chosen),
-                                                     "long_factor": list(chosen),
-                                                     "attention_factor": p["attention_factor"]})
+    scaling = SCALINGS[cfg.method]
+    factor, params = scaling.freeze(cfg.factor, L, p, at)
+    return PosEncConfig(scaling.freezes_to, factor, L, {**keep, **params})
 
 
 def freeze(model, method: Any, at: int, **kwargs: Any):

@@ -33,16 +33,15 @@ from ..encodings import rope as R
 from ..io.files import OutputLock, umask
 from ..adapters.base import text_config
 from .freezing import check_freeze, freeze_config
-from ..methods.rope import DYNAMIC, SCALINGS
+from ..methods.rope import SCALINGS, RopeScaling
 from ..checkpoints.models import read_config, resolve_source
 from collections import Counter
 
 # the GGUF architectures whose files hf_posenc loads (transformers' GGUF reader) and patches (a RoPE decoder)
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
-WRITTEN = ("none", "pi", "ntk", "yarn", "llama3")  # the methods llama.cpp computes from metadata alone
+WRITTEN = tuple(name for name, scaling in SCALINGS.items() if scaling.gguf)  # what a GGUF's metadata expresses
 OWN_KEY = "hf_posenc.config"  # our record in the output: what was applied, from which original values
 ROPE_FREQS = "rope_freqs.weight"
-DEFAULT_BETAS = (32.0, 1.0)  # llama.cpp's yarn_beta_fast / yarn_beta_slow when the architecture reads no key
 
 
 def _keys(arch: str) -> dict[str, str]:
@@ -182,54 +181,44 @@ def _rotary_dim(reader, keys: dict[str, str], path: str) -> int:
 def refusal(cfg: PosEncConfig, arch: str) -> str | None:
     """Why llama.cpp cannot compute ``cfg`` from a GGUF of ``arch`` (None: it can)."""
     name, p = cfg.method, cfg.params
-    if name in DYNAMIC and name != "longrope":
-        return (f"llama.cpp has no {name}: its frequencies follow the length of each input, and a GGUF holds fixed "
-                "ones; freeze it with --freeze-at N (the static configuration equal to it at N tokens)")
-    if name == "longrope":
-        return ("llama.cpp computes longrope only for phi3-family GGUFs (rope_factors_long/short tensors), and "
-                f"hf_posenc patches GGUFs of {', '.join(ARCHITECTURES)}")
-    if name not in WRITTEN:
+    scaling = _scaling(cfg)
+    if scaling is not None and scaling.gguf is None and scaling.gguf_refusal:
+        return scaling.gguf_refusal.format(name=name, architectures=", ".join(ARCHITECTURES))
+    if scaling is None or scaling.gguf is None:
         return (f"llama.cpp cannot compute {name} (a{'n' if cfg.spec.kind[0] in 'aeiou' else ''} {cfg.spec.kind} "
                 "method); a GGUF's RoPE metadata expresses only none, pi (linear), ntk (freq_base), yarn and llama3 "
                 "(rope_freqs)")
     if p.get("layer_types") is not None:
         return "layer_types: a GGUF of these architectures has one RoPE for every layer"
-    if name == "yarn":
-        if (float(p["beta_fast"]), float(p["beta_slow"])) != DEFAULT_BETAS:
-            return (f"yarn with beta_fast={p['beta_fast']:g}, beta_slow={p['beta_slow']:g}: llama.cpp reads the "
-                    f"yarn_beta_* keys for a few other architectures only, and computes {arch} with 32 and 1")
-        if not p.get("truncate", True):
-            return "yarn with truncate=False: llama.cpp's ramp bounds are always floored and ceiled (truncate=True)"
-    if name == "llama3":
-        from gguf import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS
+    why = scaling.gguf_check(p, arch) if scaling.gguf_check else None
+    if why is None and scaling.gguf_freqs and not _reads_rope_freqs(arch):
+        why = f"{name}: llama.cpp reads its rope_freqs tensor for llama-architecture GGUFs, not {arch}"
+    return why
 
-        arch_id = next(a for a, n in MODEL_ARCH_NAMES.items() if n == arch)
-        if MODEL_TENSOR.ROPE_FREQS not in MODEL_TENSORS.get(arch_id, ()):
-            return f"llama3: llama.cpp reads its rope_freqs tensor for llama-architecture GGUFs, not {arch}"
-    return None
+
+def _scaling(cfg: PosEncConfig) -> RopeScaling | None:
+    """The RoPE record of ``cfg``'s method (None for a method of another kind)."""
+    return SCALINGS.get(cfg.method) if cfg.spec.kind in ("rope", "none") else None
+
+
+def _reads_rope_freqs(arch: str) -> bool:
+    from gguf import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS
+
+    arch_id = next(a for a, n in MODEL_ARCH_NAMES.items() if n == arch)
+    return MODEL_TENSOR.ROPE_FREQS in MODEL_TENSORS.get(arch_id, ())
 
 
 def _rope_metadata(cfg: PosEncConfig, geom: R.RopeGeometry) -> tuple[dict[str, Any], Any]:
     """{short key name: value} of the RoPE metadata ``cfg`` needs, and the ``rope_freqs`` tensor (or None)."""
     s, L = cfg.factor, geom.original_max_position_embeddings
-    out: dict[str, Any] = {"context": SCALINGS[cfg.method].max_position(s, L), "base": geom.base, "type": "none"}
-    freqs = None
-    if cfg.method == "pi":
-        out.update(type="linear", factor=s)
-    elif cfg.method == "ntk":
-        out["base"] = R.ntk_base(geom.base, geom.dim, s)
-    elif cfg.method == "yarn":
-        out.update(type="yarn", factor=s, original=L)
-        _, attention = R.rope_yarn(geom, s, cfg.params)
-        ratio = float(attention) / R.yarn_mscale(s)  # llama.cpp's own temperature times this
-        if abs(ratio - 1.0) > 1e-7:
-            out["attn_factor"] = ratio
-    elif cfg.method == "llama3":
+    scaling = SCALINGS[cfg.method]
+    out: dict[str, Any] = {"context": scaling.max_position(s, L), "base": geom.base, "type": "none"}
+    meta, freqs = scaling.gguf(s, L, cfg.params, geom)
+    out.update(meta)
+    if freqs is not None:
         import numpy as np
 
-        scaled, _ = R.rope_llama3(geom, s, cfg.params)
-        plain = R.default_inv_freq(geom.base, geom.dim)
-        freqs = (plain.double() / scaled.double()).numpy().astype(np.float32)
+        freqs = freqs.numpy().astype(np.float32)
     return out, freqs
 
 
@@ -284,8 +273,8 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
     cfg = as_config(config)
     if freeze_at is not None:
         check_freeze(cfg, freeze_at)
-        if cfg.method == "longrope":  # frozen, still longrope: refused before reading anything
-            raise ValueError(f"cannot write longrope into a GGUF, frozen or not: {refusal(cfg, 'llama')}")
+        if _scaling(cfg).freezes_to not in WRITTEN:  # frozen, still not written: refused before reading anything
+            raise ValueError(f"cannot write {cfg.method} into a GGUF, frozen or not: {refusal(cfg, 'llama')}")
     elif (why := refusal(cfg, "llama")) and cfg.method not in WRITTEN:  # refused by name before reading anything
         raise ValueError(f"cannot write {cfg.method} into a GGUF: {why}")
     src = os.fspath(src)
@@ -301,7 +290,7 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
     why = refusal(cfg, arch)
     if why:
         raise ValueError(f"cannot write {cfg.method} into a GGUF: {why}")
-    if ROPE_FREQS in {t.name for t in reader.tensors} and cfg.method != "llama3":
+    if ROPE_FREQS in {t.name for t in reader.tensors} and not _scaling(cfg).gguf_freqs:
         raise ValueError(f"{src} holds a {ROPE_FREQS} tensor (a Llama 3.1 scaling llama.cpp applies and transformers "
                          "does not read), which the metadata of another method cannot undo; patch the model it was "
                          "converted from instead")

@@ -14,6 +14,7 @@ from typing import Any
 from ..adapters.base import text_config
 from ..engines import ENGINE_NAMES
 from ..methods import resolve_method
+from ..methods.rope import SCALINGS
 
 ENGINES = ("vLLM", "SGLang", "TGI", "llama.cpp")  # the names the method records' ``engines`` use
 STATUS = {"same": "same as hf_posenc", "within_original": "same up to the original context; differs past it",
@@ -66,7 +67,7 @@ def vllm_refusal(method: str) -> str | None:
         return None
     if known is not None:
         return known.caveat or known.basis
-    if spec.kind in ("attention", "swap") or spec.name == "dynamic_yarn":
+    if spec.kind in ("attention", "swap") or (spec.name in SCALINGS and SCALINGS[spec.name].native is None):
         return f"no vLLM implementation of `{spec.name}`"
     return f"`{spec.name}` in vLLM is not measured against hf_posenc (hf-posenc serve-check measures a checkpoint)"
 

@@ -20,15 +20,9 @@ from typing import Any
 
 from ..checkpoints.runtime import default_device
 from ..methods import resolve_method
+from ..methods.rope import SCALINGS
 
-# the positions of these depend on the length of the sequence seen (the shard's, not the whole sequence's)
-LENGTH_DEPENDENT = {
-    "dynamic_ntk": "its base grows with the length of the sequence seen",
-    "dynamic_yarn": "its scale is the length of the sequence seen over the original context",
-    "longrope": "it picks its short or long factors by the length of the sequence seen",
-}
 CONTEXT_PARALLEL_KINDS = ("rope", "none")  # positions from each token's own position id alone
-CONTEXT_PARALLEL_SWAPS = ("nope",)  # no positions: causal attention alone, which ring attention keeps
 
 
 def check_context_parallel(method: str, size: int, seq_len: int, processes: int,
@@ -47,11 +41,12 @@ def check_context_parallel(method: str, size: int, seq_len: int, processes: int,
                          f"replaced by ring attention over the shards, and {name!r} is an attention-level method (it "
                          "computes positions from the keys' indices inside its own attention): not under context "
                          "parallelism. Train it on one process per sequence (drop --context-parallel-size).")
-    if name in LENGTH_DEPENDENT:
+    follows = SCALINGS[name].follows_length if name in SCALINGS else ""
+    if follows:
         raise ValueError(f"--context-parallel-size {size} gives each process a shard of the sequence, and {name!r} "
-                         f"would differ by shard: {LENGTH_DEPENDENT[name]}. Use a static scaling (pi, ntk, yarn, "
+                         f"would differ by shard: {follows}. Use a static scaling (pi, ntk, yarn, "
                          "llama3) under context parallelism, or drop --context-parallel-size.")
-    if spec.kind not in CONTEXT_PARALLEL_KINDS and name not in CONTEXT_PARALLEL_SWAPS:
+    if spec.kind not in CONTEXT_PARALLEL_KINDS and not spec.positions_by_id:
         raise ValueError(f"--context-parallel-size applies to decoders whose positions come from the position ids "
                          f"(the static RoPE scalings pi, ntk, yarn, llama3; none; nope), not to {name!r} "
                          f"({spec.kind} method).")
