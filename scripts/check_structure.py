@@ -14,6 +14,7 @@
 
     python scripts/check_structure.py            # the three lists
     python scripts/check_structure.py --counts   # one line of counts
+    python scripts/check_structure.py --strict   # exit status 1 unless every list is empty
 """
 
 from __future__ import annotations
@@ -224,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--counts", action="store_true", help="print one line of counts instead of the lists.")
+    p.add_argument("--strict", action="store_true", help="exit with status 1 when any list is not empty (the "
+                                                          "pre-commit hook).")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     got = measure()
     if args.counts:
@@ -240,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     print("".join(f"  {x}\n" for x in got["upward_imports"]), end="")
     print(f"Imports inside functions of the package or the standard library ({len(got['local_imports'])}):")
     print("".join(f"  {x}\n" for x in got["local_imports"]), end="")
-    return 0
+    return 1 if args.strict and any(got.values()) else 0
 
 
 if __name__ == "__main__":

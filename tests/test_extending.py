@@ -174,3 +174,69 @@ def test_a_task_in_one_file_runs_in_eval_resumes_and_goes_into_patch_and_the_car
     assert "Prefix perplexity (test task)" in card and "prefix perplexity @ 16 tokens" in card
     patched = json.loads((saved / "hf_posenc_eval" / "prefix_nll.json").read_text())
     assert patched["results"]["pi"]["32"] == pytest.approx(report["results"]["pi"]["32"], rel=1e-6)
+
+
+# -- a RoPE scaling's GGUF and freezing facts, in its record -----------------------------------------------------
+@pytest.fixture
+def sqrt_pi_facts():
+    """sqrt_pi with its GGUF fact (llama.cpp's linear type by sqrt(factor)), and a length-dependent sibling whose
+    record says how it freezes (PI by sqrt(length / L) at a length past L)."""
+    spec = MethodSpec(NAME, "rope", "PI by the square root of the factor (a test's scaling).")
+    rope_records.register_scaling(spec, rope_records.RopeScaling(
+        rope_sqrt_pi, gguf=lambda s, L, p, g: ({"type": "linear", "factor": math.sqrt(s)}, None)))
+    grow = MethodSpec(NAME + "_grow", "rope", "sqrt_pi by the length seen (a test's scaling).")
+    rope_records.register_scaling(grow, rope_records.RopeScaling(
+        rope_sqrt_pi, dynamic="grow", follows_length="its factor follows the length seen",
+        freeze=lambda s, L, p, at: (math.sqrt(at / L), {}), freezes_to="pi", unchanged_within_original=lambda p: True))
+    yield
+    for name in (NAME, NAME + "_grow"):
+        unregister_method(name)
+
+
+def test_a_new_scaling_s_gguf_and_freezing_facts_are_read_from_its_record(sqrt_pi_facts):
+    from hf_posenc.config import PosEncConfig
+    from hf_posenc.encodings.rope import RopeGeometry
+    from hf_posenc.serving.freezing import check_freeze, freeze_config
+    from hf_posenc.serving.gguf_file import llama_cpp_metadata, refusal
+    from hf_posenc.training.parallel import check_context_parallel
+
+    cfg = PosEncConfig(NAME, 4.0, 64)
+    assert refusal(cfg, "llama") is None
+    meta = llama_cpp_metadata(cfg, RopeGeometry(10000.0, 16, 64))
+    assert meta["type"] == "linear" and meta["factor"] == 2.0 and meta["context"] == 256
+
+    grow = PosEncConfig(NAME + "_grow", 4.0, 64)
+    assert "llama.cpp cannot compute" in refusal(grow, "llama")  # no gguf in its record
+    assert freeze_config(grow, 256) == PosEncConfig("pi", 2.0, 64, {})
+    with pytest.raises(ValueError, match="changes nothing up to the original context"):
+        check_freeze(grow, 64)
+    with pytest.raises(ValueError, match="its factor follows the length seen"):
+        check_context_parallel(NAME + "_grow", 2, 128, 2)
+
+
+# -- an engine in one file ---------------------------------------------------------------------------------------
+def test_a_new_engine_is_one_record_that_serve_config_and_the_card_read(tmp_path, tiny_checkpoint, capsys):
+    from hf_posenc.engines.launch import Launch
+    from hf_posenc.engines.registry import ENGINES, Engine, register_engine, unregister_engine
+    from hf_posenc.serving.launch_settings import serve_config
+    from hf_posenc.serving.support import known_status
+
+    def launch(served, length):
+        return Launch("Echo", "same", f"echo serves {served.method} up to {length or served.context} tokens",
+                      command=["echo-serve", served.path])
+
+    register_engine(Engine("echo", "Echo", launch=launch))
+    try:
+        with pytest.raises(ValueError, match="clashes with the registered 'echo'"):
+            register_engine(Engine("echo", "Echo again"))
+        saved = tmp_path / "patched"
+        hf_posenc.patch(tiny_model("llama"), "pi", factor=2.0).save_pretrained(saved)
+        (echo,) = serve_config(str(saved), ["echo"])
+        assert echo.computes == "same" and echo.command == ["echo-serve", str(saved)]
+        block = json.loads((saved / "config.json").read_text())["hf_posenc"]
+        assert [r["engine"] for r in known_status(block)][-1] == "Echo"
+        assert main(["serve-config", str(saved), "--engine", "echo"]) == 0
+        assert "echo-serve" in capsys.readouterr().out
+    finally:
+        unregister_engine("echo")
+    assert "echo" not in ENGINES

@@ -69,9 +69,7 @@ def test_vllm_only_flags_are_refused_with_llama_cpp(extra, message, smollm2, cap
 
 def test_a_missing_llama_cpp_is_said_before_any_compute(smollm2, monkeypatch, capsys):
     monkeypatch.setenv(llama_cpp_engine.SOURCE_ENV, "/nowhere")
-    import hf_posenc.serving.check as serve_check_module
-
-    monkeypatch.setattr(serve_check_module, "llama_cpp_version", lambda: "0.0")  # installed or not: the converter
+    monkeypatch.setattr(llama_cpp_engine, "llama_cpp_version", lambda: "0.0")  # installed or not: the converter
     err = refused(["serve-check", smollm2["yarn"], "--engine", "llama.cpp", "--lengths", "256"], capsys)
     assert "no llama.cpp converter at /nowhere/convert_hf_to_gguf.py" in err and "setup.sh --llama-cpp" in err
 

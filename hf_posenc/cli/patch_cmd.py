@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..engines import ENGINES
+from ..engines.registry import runnable
 from ..checkpoints.models import DEFAULT_MODEL, resolve_source
 from .flags import LoadFlags, depths, encoding_flag, ints, method_config, method_flags, names, positive, upload_flags
 from ..eval.tasks import eval_names, lengths_flags, patch_tasks
@@ -66,7 +66,7 @@ def add_parser(sub) -> None:
     e.add_argument("--seed", type=int, default=0, help="random seed.")
     e.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
     v = pa.add_argument_group("serving check (its verdicts go into the model card's Serving section)")
-    v.add_argument("--serve-check", choices=list(ENGINES), default=None,
+    v.add_argument("--serve-check", choices=list(runnable()), default=None,
                    help="check the saved folder in this engine before it is moved into place (see 'hf-posenc "
                         "serve-check --help'); a method no engine computes is reported so without starting it.")
     v.add_argument("--serve-check-lengths", type=ints, default=None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from .flags import LoadFlags, data_flags, document_source, engine_flags, ints, positive, positive_float
-from ..engines import ENGINES
+from ..engines.registry import runnable
 from ..serving.check import CheckSettings, EngineSettings, failed, serve_check
 from .parser import DefaultsShown
 
@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     sc.add_argument("folder", help="the checkpoint folder ('hf-posenc patch --output' wrote it), or a .gguf file "
                                    "('hf-posenc patch --gguf' wrote it, or an unscaled one; --engine llama.cpp).")
     e = sc.add_argument_group("engine")
-    e.add_argument("--engine", choices=list(ENGINES), default="vllm",
+    e.add_argument("--engine", choices=list(runnable()), default="vllm",
                    help="the serving engine to check (llama.cpp: through llama-cpp-python, the folder converted by "
                         "llama.cpp's own convert_hf_to_gguf.py; scripts/setup.sh --llama-cpp installs both).")
     engine_flags(e)

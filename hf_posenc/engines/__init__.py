@@ -1,6 +1,11 @@
-"""Serving engines that hf_posenc can run a saved checkpoint in, each behind the one scoring interface
-(:mod:`.scorer`): vLLM (:mod:`.vllm_engine`, an engine process) and llama.cpp (:mod:`.llama_cpp_engine`, through
-llama-cpp-python). What each computes as hf_posenc does is said by the method records (``MethodSpec.engines``)."""
+"""Serving engines: one record per engine (:mod:`.registry`), each registered by its module under :mod:`.launch`
+(serve-config's launch settings); those hf_posenc runs here sit behind one scoring interface (:mod:`.scorer`): vLLM
+(:mod:`.vllm_engine`, an engine process) and llama.cpp (:mod:`.llama_cpp_engine`, through llama-cpp-python). What
+each computes as hf_posenc does is said by the method records (``MethodSpec.engines``)."""
 
-ENGINES = ("vllm", "llama.cpp")  # the engines serve-check starts (the --engine and --serve-check values)
-ENGINE_NAMES = {"vllm": "vLLM", "llama.cpp": "llama.cpp"}  # each as the method records and the cards name it
+from . import launch  # noqa: F401  (registers every engine)
+from .registry import ENGINES as REGISTRY, display_name, engine, register_engine, runnable, unregister_engine  # noqa: F401
+from .settings import EngineSettings  # noqa: F401
+
+ENGINES = runnable()  # the engines serve-check starts (the --engine and --serve-check values)
+ENGINE_NAMES = {key: display_name(key) for key in REGISTRY}  # each as the method records and the cards name it

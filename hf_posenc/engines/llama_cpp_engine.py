@@ -15,13 +15,17 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from importlib import metadata
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..io.provenance import scrub
+from ..serving.gguf_file import is_gguf
+from .registry import Runner
 from .scorer import EngineError, EngineRefused, check_start, token_rows as _rows
 
 SOURCE_ENV = "HF_POSENC_LLAMA_CPP_SOURCE"
@@ -156,3 +160,30 @@ class LlamaCppLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def ready(settings) -> str:
+    """llama-cpp-python's version, once it and llama.cpp's converter are known to be there."""
+    version = llama_cpp_version()
+    converter()
+    return version
+
+
+@contextlib.contextmanager
+def open_scorer(path: str, settings, dtype: str, context: int, setup: dict[str, Any]):
+    """llama.cpp scoring the GGUF ``path`` as it is, or the checkpoint folder ``path`` converted by llama.cpp's
+    converter (float32), with a context of ``context`` tokens (llama.cpp takes any context it is given)."""
+    if is_gguf(path):
+        with LlamaCppLM(path, n_ctx=context) as served:
+            setup.update(engine_context=context, engine_started=True, converted=None)
+            yield served
+        return
+    with tempfile.TemporaryDirectory(prefix="hf_posenc_gguf_") as tmp:
+        gguf = convert(path, os.path.join(tmp, "model-f32.gguf"))
+        with LlamaCppLM(gguf, n_ctx=context) as served:
+            setup.update(engine_context=context, engine_started=True, converted="f32")
+            yield served
+
+
+RUNNER = Runner(ready=ready, open=open_scorer, scores_gguf=True,
+                no_flags_reason="llama.cpp runs in this process with the context the lengths need")

@@ -9,6 +9,7 @@ make of a model (token NLL, argmax of the last positions, greedy continuation), 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from ..io.provenance import scrub, secret_name
 from .scorer import EngineError, EngineRefused  # noqa: F401  (raised here; importable from here as before)
 from .scorer import check_start, token_rows as _rows
 from ..checkpoints.models import drop_gguf_quantizer
+from .registry import Runner
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 PYTHON_ENV = "HF_POSENC_VLLM_PYTHON"
@@ -301,3 +303,18 @@ class EnginePool:
         if self.folder is not None:
             self.folder.cleanup()
         self.key = self.lm = self.folder = None
+
+
+@contextlib.contextmanager
+def open_scorer(path: str, settings, dtype: str, context: int, setup: dict[str, Any]):
+    """vLLM serving the checkpoint folder ``path`` (started with ``settings``, :class:`engines.settings.EngineSettings`),
+    as a scorer; with ``allow_long`` its maximum length is ``context`` + 1 whatever ``config.json`` advertises."""
+    with VllmEngine(path, python=settings.python, dtype=dtype, tensor_parallel_size=settings.tensor_parallel_size,
+                    engine_args=settings.args, allow_long=settings.allow_long,
+                    max_model_len=context + 1 if settings.allow_long else None) as served:
+        setup.update(engine_max_model_len=served.max_model_len, engine_started=True, allow_long=settings.allow_long)
+        yield EngineLM(served, None)
+
+
+RUNNER = Runner(ready=lambda settings: vllm_version(settings.python), open=open_scorer, takes_vllm_flags=True,
+                scores_past_limits=True)

@@ -60,7 +60,11 @@ class Run:
         s, load, out, engine = settings, settings.load, settings.output, settings.engine
         self.settings = settings
         self.variants = build_variants(s.methods, s.factor, s.method_params or {}, s.variants)  # before the slow load
-        self.engine = EngineChoice(engine.name, self.variants, engine.python, engine.tensor_parallel_size, engine.args)
+        if engine.allow_long:
+            raise ValueError("allow_long is serve-check's (vLLM started past the context config.json advertises); an "
+                             "evaluation serves each variant within what it advertises: drop allow_long")
+        self.engine = EngineChoice(engine.name or "transformers", self.variants, engine.python,
+                                   engine.tensor_parallel_size, engine.args)
         if out.output:
             check_output_folder(out.output)  # an unwritable --output is found before the compute, not after
         self.processes = Processes(load.device)

@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engines.settings import EngineSettings  # what computes the variants (eval.engine_choice)
+
 
 @dataclass(frozen=True)
 class LoadSettings:
@@ -36,18 +38,6 @@ class OutputSettings:
     progress: bool = True
     plots: bool = True
     command: str | None = None
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """What computes the variants: ``name`` transformers (this process), vllm (every variant served by vLLM, one it
-    does not compute as hf_posenc does refused by name) or auto (vLLM where it does); ``python`` (the interpreter
-    that has vLLM), ``tensor_parallel_size``, ``args`` (more ``vllm.LLM`` keywords)."""
-
-    name: str = "transformers"
-    python: str | None = None
-    tensor_parallel_size: int = 1
-    args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

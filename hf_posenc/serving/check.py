@@ -15,21 +15,20 @@ dynamic YaRN, the family swaps) is reported ``not computable`` without starting 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
 import hashlib
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..config import CONFIG_KEY, SavedBlock
-from ..engines import ENGINE_NAMES, ENGINES  # (the engines serve-check starts)
-from ..engines.llama_cpp_engine import LlamaCppLM, convert, converter, llama_cpp_version
+from ..engines.registry import display_name, engine as engine_record, runnable
+from ..engines.settings import EngineSettings
 from ..engines.scorer import EngineRefused
-from ..engines.vllm_engine import EngineLM, VllmEngine, vllm_version
 from .gguf_file import is_gguf, served_facts
 from ..io.reports import finish_report, markdown_table
 from ..methods import resolve_method
@@ -40,6 +39,7 @@ from ..checkpoints.runtime import load_tokenizer, torch_dtype
 from ..checkpoints import loading
 from ..eval.scoring import token_nll
 
+DEFAULT_ENGINE = "vllm"  # serve-check's engine when none is named
 LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU
 NOT_COMPUTABLE, SAME, DIFFERS, REFUSED, SERVED_WRONG = "not computable", "same", "differs", "refused", "served wrong"
 RTOL = 1e-3  # same: the mean NLL within this, relative (float32 weights both ways)
@@ -57,26 +57,21 @@ QUANTIZED_BASIS = ("quantized weights: llama.cpp multiplies them with activation
 
 def check_engine_flags(engine: str, engine_python: str | None = None, allow_long: bool = False,
                        tensor_parallel_size: int = 1, engine_args: dict[str, Any] | None = None) -> None:
-    """An engine serve-check starts, and only the flags that set it up (vLLM's are refused with llama.cpp)."""
-    if engine not in ENGINES:
-        raise ValueError(f"--engine must be one of {list(ENGINES)}, got {engine!r}")
-    if engine == "llama.cpp":
-        vllm_only = [flag for flag, given in (("--allow-long", allow_long), ("--engine-python", engine_python),
-                                              ("--tensor-parallel-size", tensor_parallel_size != 1),
-                                              ("--engine-arg", bool(engine_args))) if given]
-        if vllm_only:
-            raise ValueError(f"{', '.join(vllm_only)} set up vLLM; --engine llama.cpp takes none of them (llama.cpp "
-                             "runs in this process with the context the lengths need)")
+    """An engine serve-check starts, and only the flags that set it up (vLLM's are refused with an engine that does
+    not take them)."""
+    if engine not in runnable():
+        raise ValueError(f"--engine must be one of {list(runnable())}, got {engine!r}")
+    runner = engine_record(engine).runner
+    vllm_only = EngineSettings(engine, engine_python, tensor_parallel_size, dict(engine_args or {}), allow_long).given()
+    if vllm_only and not runner.takes_vllm_flags:
+        raise ValueError(f"{', '.join(vllm_only)} set up vLLM; --engine {engine} takes none of them "
+                         f"({runner.no_flags_reason})")
 
 
 def engine_ready(engine: str, engine_python: str | None = None) -> str:
     """The engine's version, once it is known to be installed (a clear error otherwise): asked before the slow work
     of a check, and by ``hf-posenc patch --serve-check`` before its own."""
-    if engine == "llama.cpp":
-        version = llama_cpp_version()
-        converter()
-        return version
-    return vllm_version(engine_python)
+    return engine_record(engine).runner.ready(EngineSettings(engine, engine_python))
 
 
 def read_block(folder: str, command: str = "hf-posenc serve-check") -> tuple[dict[str, Any], dict[str, Any]]:
@@ -180,23 +175,6 @@ def engine_results(served, tokens: list[int], lengths: list[int], ref: dict[int,
 
 
 @dataclass(frozen=True)
-class EngineSettings:
-    """The engine a check starts and how: ``name`` (:data:`ENGINES`), ``python`` (the interpreter that has vLLM),
-    ``tensor_parallel_size``, ``args`` (more ``vllm.LLM`` keywords), ``allow_long`` (start it for the longest length
-    even past what it derives from ``config.json``: ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``, as a deployment forcing
-    ``--max-model-len`` does). Checked when made: vLLM's settings are refused with llama.cpp."""
-
-    name: str = "vllm"
-    python: str | None = None
-    tensor_parallel_size: int = 1
-    args: dict[str, Any] = field(default_factory=dict)
-    allow_long: bool = False
-
-    def __post_init__(self) -> None:
-        check_engine_flags(self.name, self.python, self.allow_long, self.tensor_parallel_size, self.args)
-
-
-@dataclass(frozen=True)
 class CheckSettings:
     """What a check scores and how: ``lengths`` (default: :func:`default_lengths`), ``rtol`` (default :data:`RTOL`, or
     :data:`QUANTIZED_RTOL` for a quantized GGUF), ``confirm_refusal`` (start the engine for a checkpoint no engine
@@ -224,15 +202,18 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
     a GGUF file (llama.cpp): llama.cpp scores it as it is (quantized weights stay quantized) and hf_posenc its
     de-quantized weights."""
     e = engine if isinstance(engine, EngineSettings) else EngineSettings(engine)
+    e = e if e.name else dataclasses.replace(e, name=DEFAULT_ENGINE)
+    check_engine_flags(e.name, e.python, e.allow_long, e.tensor_parallel_size, e.args)
     c = check or CheckSettings()
-    engine, engine_python, tensor_parallel_size, engine_args, allow_long = (e.name, e.python, e.tensor_parallel_size,
-                                                                            e.args, e.allow_long)
+    engine, engine_python = e.name, e.python
+    runner = engine_record(engine).runner
     lengths, rtol, confirm_refusal, dtype, device, chunk_size = (c.lengths, c.rtol, c.confirm_refusal, c.dtype,
                                                                  c.device, c.chunk_size)
     gguf = is_gguf(folder)
-    if gguf and engine != "llama.cpp":
-        raise ValueError(f"{folder} is a GGUF file: serve-check scores a GGUF with --engine llama.cpp (vLLM is checked "
-                         "on the HF folder 'hf-posenc patch --output' writes)")
+    if gguf and not runner.scores_gguf:
+        takes = [k for k in runnable() if engine_record(k).runner.scores_gguf]
+        raise ValueError(f"{folder} is a GGUF file: serve-check scores a GGUF with --engine {' or '.join(takes)} "
+                         f"({display_name(engine)} is checked on the HF folder 'hf-posenc patch --output' writes)")
     if output:
         check_output_folder(output)
     started = time.time()
@@ -262,14 +243,7 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
     del lm  # the reference model's memory goes before the engine takes its own
     limited = _past_what_the_engine_computes(engine, method, lengths, original)
     scored = [n for n in lengths if str(n) not in limited]
-    if engine == "llama.cpp":
-        results = _llama_cpp_results(folder, tokens, scored, ref, original, rtol, setup, quantized)
-    else:
-        with VllmEngine(folder, python=engine_python, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-                        engine_args=engine_args, allow_long=allow_long,
-                        max_model_len=max(lengths) + 1 if allow_long else None) as served:
-            setup.update(engine_max_model_len=served.max_model_len, engine_started=True, allow_long=allow_long)
-            results = engine_results(EngineLM(served, None), tokens, scored, ref, original, rtol)
+    results = _engine_results(folder, e, tokens, scored, ref, (original, rtol, dtype), setup, quantized)
     results = {str(n): limited.get(str(n)) or results[str(n)] for n in lengths}
     setup.update(lengths=lengths, seconds=round(time.time() - started, 1))
     return finish_report("serve_check", setup, results, serve_table, output)
@@ -279,31 +253,27 @@ def _past_what_the_engine_computes(engine: str, method: str, lengths: list[int],
                                    original: int) -> dict[str, dict[str, Any]]:
     """The lengths past the original context of a method whose record says this engine computes it the same only
     up to there (llama.cpp's converter writes no scaling for dynamic NTK, say): ``not computable``, not scored."""
-    support = resolve_method(method).engines.get(ENGINE_NAMES[engine])
-    if support is None or support.computes != "within_original" or engine == "vllm":  # vLLM's: measured each time
+    support = resolve_method(method).engines.get(display_name(engine))
+    if support is None or support.computes != "within_original" or engine_record(engine).runner.scores_past_limits:
         return {}
     return {str(n): {"verdict": NOT_COMPUTABLE, "reason": support.caveat or support.basis}
             for n in lengths if n > original}
 
 
-def _llama_cpp_results(folder: str, tokens: list[int], lengths: list[int], ref, original: int, rtol: float,
-                       setup: dict[str, Any], quantized: dict[str, int] | None) -> dict[str, dict[str, Any]]:
-    """The folder converted by llama.cpp's converter (float32), or the GGUF as it is (``quantized``: its weight
-    types, None for a folder), scored by llama.cpp with a context of the longest length (llama.cpp takes any
-    context it is given)."""
+def _engine_results(folder: str, e: EngineSettings, tokens: list[int], lengths: list[int], ref,
+                    scoring: tuple[int, float, str], setup: dict[str, Any],
+                    quantized: dict[str, int] | None) -> dict[str, dict[str, Any]]:
+    """The engine's record opens its scorer on ``folder`` for the longest of ``lengths`` (none: not started) and
+    each length is compared with ``ref``; ``scoring``: (original context, rtol, dtype); ``quantized``: a GGUF's
+    weight types (None for a folder)."""
     if not lengths:
         setup.update(engine_started=False)
         return {}
-    if quantized is not None:
-        with LlamaCppLM(folder, n_ctx=max(lengths)) as served:
-            setup.update(engine_context=max(lengths), engine_started=True,
-                         converted=None, weight_types=quantized)
-            return engine_results(served, tokens, lengths, ref, original, rtol)
-    with tempfile.TemporaryDirectory(prefix="hf_posenc_gguf_") as tmp:
-        gguf = convert(folder, os.path.join(tmp, "model-f32.gguf"))
-        with LlamaCppLM(gguf, n_ctx=max(lengths)) as served:
-            setup.update(engine_context=max(lengths), engine_started=True, converted="f32")
-            return engine_results(served, tokens, lengths, ref, original, rtol)
+    original, rtol, dtype = scoring
+    with engine_record(e.name).runner.open(folder, e, dtype, max(lengths), setup) as served:
+        if quantized is not None:
+            setup["weight_types"] = quantized
+        return engine_results(served, tokens, lengths, ref, original, rtol)
 
 
 def check_text(folder: str, tokenizer: str | None, docs: list | None, lengths: list[int] | None, original: int,

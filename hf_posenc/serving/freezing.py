@@ -22,16 +22,16 @@ from ..patching import get_config, patch, trying
 
 from ..methods.rope import SCALINGS
 
-FREEZABLE = tuple(name for name, scaling in SCALINGS.items() if scaling.freeze)  # the record's freeze, by name
 
 
 def check_freeze(cfg: PosEncConfig, at: Any, original: int | None = None) -> None:
     """Refuse, before any load, a ``--freeze-at`` that means nothing: a method that does not follow the length, a
     length that is not a whole number > 0, or (when the original context L is known: ``original`` or the config's)
     a length at or below L where the dynamic method is the unchanged model."""
-    if cfg.method not in FREEZABLE:
+    freezable = [name for name, scaling in SCALINGS.items() if scaling.freeze]  # the records that say how
+    if cfg.method not in freezable:
         raise ValueError(f"--freeze-at applies to the methods whose frequencies follow the length "
-                         f"({', '.join(FREEZABLE)}); {cfg.method!r} is static already: drop --freeze-at.")
+                         f"({', '.join(freezable)}); {cfg.method!r} is static already: drop --freeze-at.")
     if isinstance(at, bool) or not isinstance(at, int) or at <= 0:
         raise ValueError(f"--freeze-at must be a whole number of tokens > 0, got {at!r}.")
     L = cfg.original_max_position_embeddings or original

@@ -39,7 +39,6 @@ from collections import Counter
 
 # the GGUF architectures whose files hf_posenc loads (transformers' GGUF reader) and patches (a RoPE decoder)
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
-WRITTEN = tuple(name for name, scaling in SCALINGS.items() if scaling.gguf)  # what a GGUF's metadata expresses
 OWN_KEY = "hf_posenc.config"  # our record in the output: what was applied, from which original values
 ROPE_FREQS = "rope_freqs.weight"
 
@@ -201,6 +200,12 @@ def _scaling(cfg: PosEncConfig) -> RopeScaling | None:
     return SCALINGS.get(cfg.method) if cfg.spec.kind in ("rope", "none") else None
 
 
+def _writes(cfg: PosEncConfig) -> bool:
+    """A GGUF's metadata expresses ``cfg``'s method (its record says how)."""
+    scaling = _scaling(cfg)
+    return bool(scaling and scaling.gguf)
+
+
 def _reads_rope_freqs(arch: str) -> bool:
     from gguf import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS
 
@@ -273,9 +278,9 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
     cfg = as_config(config)
     if freeze_at is not None:
         check_freeze(cfg, freeze_at)
-        if _scaling(cfg).freezes_to not in WRITTEN:  # frozen, still not written: refused before reading anything
+        if not SCALINGS[_scaling(cfg).freezes_to].gguf:  # frozen, still not written: refused before reading anything
             raise ValueError(f"cannot write {cfg.method} into a GGUF, frozen or not: {refusal(cfg, 'llama')}")
-    elif (why := refusal(cfg, "llama")) and cfg.method not in WRITTEN:  # refused by name before reading anything
+    elif (why := refusal(cfg, "llama")) and not _writes(cfg):  # refused by name before reading anything
         raise ValueError(f"cannot write {cfg.method} into a GGUF: {why}")
     src = os.fspath(src)
     path = _check_output(os.fspath(dst), src)

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 from ..adapters.base import text_config
-from ..engines import ENGINE_NAMES
+from ..engines.registry import display_name, support_names
 from ..methods import resolve_method
 from ..methods.rope import SCALINGS
 
-ENGINES = ("vLLM", "SGLang", "TGI", "llama.cpp")  # the names the method records' ``engines`` use
 STATUS = {"same": "same as hf_posenc", "within_original": "same up to the original context; differs past it",
           "differs": "computes it otherwise (measured)"}
 
@@ -25,31 +24,32 @@ def known_status(block: dict[str, Any], dual_chunk: dict[str, Any] | None = None
     """``[{engine, status, basis}]`` for the checkpoint whose ``hf_posenc`` block is ``block``; ``dual_chunk``: its
     config's ``dual_chunk_attention_config`` (``patch --dual-chunk-config``), which SGLang reads."""
     method, native = block.get("method"), bool(block.get("native"))
+    engines = support_names()  # the rows, as the method records' ``engines`` name them
     if not native:
         basis = f"not computable: no engine implements `{method}`"
         if resolve_method(method).kind == "swap":
             status = f"the original positional encoding around weights meant for `{method}`: not this model"
-            return [{"engine": e, "status": status, "basis": basis} for e in ENGINES]
+            return [{"engine": e, "status": status, "basis": basis} for e in engines]
         rows = [{"engine": e, "status": "the unpatched model, up to the original context; longer inputs refused",
-                 "basis": basis + "; config.json states the original context"} for e in ENGINES]
+                 "basis": basis + "; config.json states the original context"} for e in engines]
         # llama.cpp takes whatever context it is given (past the GGUF's trained one it logs a warning only)
-        rows[ENGINES.index("llama.cpp")] = {
+        rows[engines.index("llama.cpp")] = {
             "engine": "llama.cpp", "status": "the unpatched model: past the original context it still computes plain "
                                              "RoPE when given a longer context (a warning only): wrong there",
             "basis": basis + "; measured: a DCA checkpoint forced into llama.cpp is served wrong past L "
                              "(hf-posenc serve-check --engine llama.cpp --confirm-refusal)"}
         if dual_chunk:
-            rows[ENGINES.index("SGLang")] = {
+            rows[engines.index("SGLang")] = {
                 "engine": "SGLang",
                 "status": "DCA's positions, from dual_chunk_attention_config (launch settings below)",
                 "basis": "not measured: read from SGLang's DualChunkRotaryEmbedding"}
         return rows
     if block.get("family") != "rope_decoder":
         return [{"engine": e, "status": "reads the config fields and weights transformers reads",
-                 "basis": "not measured"} for e in ENGINES]
+                 "basis": "not measured"} for e in engines]
     rows = []
     known = resolve_method(method).engines  # what the method's record says of each engine
-    for engine in ENGINES:
+    for engine in engines:
         if engine in known:
             rows.append({"engine": engine, "status": STATUS[known[engine].computes], "basis": known[engine].basis})
         else:
@@ -87,7 +87,7 @@ def measured_rows(rows: list[dict[str, str]], check: dict[str, Any] | None) -> l
              f"{worst:.1e} relative (same = within {s['rtol']:g})" if s.get("engine_started")
              else "hf-posenc serve-check: " + next(iter(results.values())).get("reason", ""))
 
-    name = ENGINE_NAMES.get(s["engine"], s["engine"])
+    name = display_name(s["engine"])
     return [{"engine": r["engine"], "status": status, "basis": basis} if r["engine"] == name else r for r in rows]
 
 

@@ -1,5 +1,6 @@
 """The records of :mod:`hf_posenc.engines.launch`: what an engine is told of a checkpoint (:class:`Served`), what
-it answers (:class:`Launch`), and the registry its launchers join (:data:`LAUNCHERS`)."""
+it answers (:class:`Launch`); each engine's module registers its launcher in its engine record
+(:mod:`hf_posenc.engines.registry`)."""
 
 from __future__ import annotations
 
@@ -117,15 +118,6 @@ def fence_for(lines: list[str]) -> str:
     return "`" * max(3, longest + 1)
 
 
-LAUNCHERS: dict[str, Callable[[Served, int | None], Launch]] = {}
-
-
-def register(name: str):
-    def add(fn: Callable[[Served, int | None], Launch]):
-        LAUNCHERS[name] = fn
-        return fn
-
-    return add
 
 
 def not_native(served: Served, engine: str, what_it_does: str) -> Launch:

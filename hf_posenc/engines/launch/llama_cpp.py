@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 
-from .base import CANNOT, INT32_MAX, NOT_MEASURED, SAME, WITHIN, Launch, Most, Served, length_for, not_native, register
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, SAME, WITHIN, Launch, Most, Served, length_for, not_native
+from ..registry import Engine, register_engine
+from ..llama_cpp_engine import RUNNER
 
 ENGINE = "llama.cpp"
 CHECKED = ("launched with these keywords of llama_cpp.Llama by tests/test_serve_config.py (llama-cpp-python 0.3.36, "
@@ -68,7 +70,6 @@ def gguf_of(served: Served) -> tuple[str, list[list[str]]]:
     return gguf, [["python", "convert_hf_to_gguf.py", served.path, "--outfile", gguf, "--outtype", "f32"]]
 
 
-@register("llama.cpp")
 def launch(served: Served, length: int | None) -> Launch:
     if not served.native:
         return not_native(served, ENGINE, "converted, it is the unpatched model, and llama.cpp computes plain RoPE "
@@ -114,3 +115,6 @@ def launch(served: Served, length: int | None) -> Launch:
     return Launch(ENGINE, computes, reason, steps=steps,
                   command=["llama-server", "-m", gguf, *over_cli, "--ctx-size", str(n)],
                   python={"model_path": gguf, "n_ctx": n, **over_kw}, max_length=n, checked=CHECKED, notes=notes)
+
+
+register_engine(Engine("llama.cpp", ENGINE, launch=launch, runner=RUNNER))

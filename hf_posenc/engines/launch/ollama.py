@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import re
 
-from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native, register
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native
+from ..registry import Engine, register_engine
 from .llama_cpp import gguf_of
 
 ENGINE = "Ollama"
@@ -44,7 +45,6 @@ def from_value(gguf: str) -> str:
     return '"' + ("./" + gguf if gguf.startswith("~") else gguf) + '"'
 
 
-@register("ollama")
 def launch(served: Served, length: int | None) -> Launch:
     if not served.native:
         return not_native(served, ENGINE, "Ollama runs the converted GGUF through llama.cpp, which computes plain RoPE "
@@ -70,3 +70,6 @@ def launch(served: Served, length: int | None) -> Launch:
                                         "from its metadata (see llama.cpp); not measured here.",
                   files={"Modelfile": f"FROM {from_value(gguf)}\nPARAMETER num_ctx {n}\n"}, steps=steps,
                   command=["ollama", "run", name], max_length=n, checked=CHECKED, notes=notes)
+
+
+register_engine(Engine("ollama", ENGINE, launch=launch, support_row=False))

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 
 from ...serving.dual_chunk_config import FAMILIES
-from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native, register
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native
+from ..registry import Engine, register_engine
 
 ENGINE = "SGLang"
 CHECKED = ("not launched here: read from SGLang's get_context_length (python/sglang/srt/utils/"
@@ -63,7 +64,6 @@ def _dual_chunk(served: Served, length: int | None) -> Launch:
                          "another one; the block carries no sparse_attention_config: dense DCA"])
 
 
-@register("sglang")
 def launch(served: Served, length: int | None) -> Launch:
     if served.gguf:
         return Launch(ENGINE, CANNOT, "SGLang is checked here on HF folders only: serve the folder 'hf-posenc patch "
@@ -89,3 +89,6 @@ def launch(served: Served, length: int | None) -> Launch:
     return Launch(ENGINE, NOT_MEASURED, f"SGLang reads rope_type {kind!r} from config.json as transformers does; "
                                         "not measured here.", command=command, env=env, max_length=n,
                   checked=CHECKED, notes=notes)
+
+
+register_engine(Engine("sglang", ENGINE, launch=launch))

@@ -10,7 +10,8 @@ dynamic, yarn (attn_factor 1, betas 32 / 1 fixed), llama3 and longrope, through 
 
 from __future__ import annotations
 
-from .base import CANNOT, NOT_MEASURED, UINT32_MAX, Launch, Most, Served, length_for, not_native, register
+from .base import CANNOT, NOT_MEASURED, UINT32_MAX, Launch, Most, Served, length_for, not_native
+from ..registry import Engine, register_engine
 
 ENGINE = "TGI"
 CHECKED = ("not launched here: read from TGI's launcher/src/main.rs (--rope-scaling, --rope-factor) and "
@@ -20,7 +21,6 @@ MOST = Most(UINT32_MAX, "TGI's launcher takes the batch budgets one request must
 FLAGGED = {"linear": "linear", "dynamic": "dynamic"}  # rope types the launcher's flags express
 
 
-@register("tgi")
 def launch(served: Served, length: int | None) -> Launch:
     if served.gguf:
         return Launch(ENGINE, CANNOT, "TGI does not serve GGUF files: serve the folder 'hf-posenc patch --output' "
@@ -50,3 +50,6 @@ def launch(served: Served, length: int | None) -> Launch:
         notes.append("TGI's dynamic NTK follows the longest input it has seen, not each input's length")
     return Launch(ENGINE, NOT_MEASURED, f"TGI reads rope_type {kind!r}; not measured here.", command=command,
                   max_length=n, checked=CHECKED, notes=notes)
+
+
+register_engine(Engine("tgi", ENGINE, launch=launch))

@@ -9,14 +9,15 @@ not served here: vLLM takes a GGUF's configuration from transformers' GGUF reade
 
 from __future__ import annotations
 
-from .base import CANNOT, INT32_MAX, NOT_MEASURED, SAME, WITHIN, Launch, Most, Served, length_for, not_native, register
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, SAME, WITHIN, Launch, Most, Served, length_for, not_native
+from ..registry import Engine, register_engine
+from ..vllm_engine import RUNNER
 
 ENGINE = "vLLM"
 MOST = Most(INT32_MAX, "vLLM's model runner holds each sequence's length as int32: gpu_model_runner's seq_lens")
 CHECKED = "launched with these settings by tests/test_serve_config.py (vLLM 0.32, CPU build)"
 
 
-@register("vllm")
 def launch(served: Served, length: int | None) -> Launch:
     if served.gguf:
         return Launch(ENGINE, CANNOT, "vLLM takes a GGUF's configuration from transformers' GGUF reader, which reads "
@@ -47,3 +48,6 @@ def launch(served: Served, length: int | None) -> Launch:
               "measured here (hf-posenc serve-check --engine vllm measures this folder).")
     return Launch(ENGINE, computes, reason, command=["vllm", "serve", served.path, "--max-model-len", str(n)],
                   python={"model": served.path, "max_model_len": n}, max_length=n, checked=CHECKED)
+
+
+register_engine(Engine("vllm", ENGINE, launch=launch, runner=RUNNER))
