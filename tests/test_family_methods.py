@@ -1,4 +1,4 @@
-"""Issue 40 probe: the families the llama-only matrices leave out -- Qwen3 (q/k norms, explicit head_dim), Mistral
+"""The families the llama-only matrices leave out -- Qwen3 (q/k norms, explicit head_dim), Mistral
 WITH a sliding window (24, crossed by every sequence here) and Gemma 3 (per-layer-type RoPE: sliding and full
 layers with different rope_theta) -- with each attention-level method, the family swaps and RoPE scalings:
 
@@ -31,7 +31,7 @@ KNOBS = SMALL_WINDOW_KNOBS
 ATTENTION_LEVEL = ("self_extend", "dca", "string", "rerope", "leaky_rerope")
 
 # (family, method) pairs each family accepts; LongRoPE (and the dynamic scalings) under left padding and caches
-# are another developer's matrix (tests/test_dynamic_matrix.py, per-row lengths being reworked) and stay out here
+# are tested in tests/test_dynamic_matrix.py and stay out here
 ACCEPTED = {
     "qwen3": ATTENTION_LEVEL + ("alibi", "nope", "learned", "sinusoidal", "yarn", "llama3"),
     "mistral_sw": ("alibi", "nope", "learned", "sinusoidal", "yarn", "llama3"),
@@ -105,7 +105,7 @@ def test_cached_greedy_generate_equals_recomputation(family, method):
     assert generate_gap(patched(family, method)) <= EXACT, (family, method)
 
 
-# alibi reads only i - j: a cache sliding over the model's own window keeps it exact (refused by 9c4a218 at first)
+# alibi reads only i - j: a cache sliding over the model's own window keeps it exact
 @pytest.mark.parametrize("cache_implementation", [None, "dynamic", "static"])
 def test_alibi_on_sliding_window_mistral_generates(cache_implementation):
     model = patched("mistral_sw", "alibi")

@@ -1,4 +1,4 @@
-"""Issue 40 probe: processes, as a hostile user runs them -- a rank of a ``torchrun --nproc_per_node 2`` (gloo)
+"""Processes, as a hostile user runs them -- a rank of a ``torchrun --nproc_per_node 2`` (gloo)
 ``eval ppl`` killed mid-run, ``--device-map cpu``/``auto`` on CPU, ``tune`` stopped by SIGTERM then SIGKILL and
 rerun, an ``upload`` to the loopback Hub stopped by SIGTERM and its printed rerun line pasted back.
 
