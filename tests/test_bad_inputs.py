@@ -9,7 +9,7 @@ import torch
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.io.provenance import command_line, scrub
-from conftest import all_text, refused, tiny_model
+from helpers import all_text, refused, tiny_model
 
 SHAPED = "hf_" + "Q7x" * 12  # shaped like a Hub token, known to nobody
 FLAGGED = "plainsecret-42"  # a value after --token: no shape, still a secret
@@ -495,7 +495,7 @@ def test_next_token_scoring_refuses_models_that_are_not_causal_lms(family, bert_
 
         model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = None
         with pytest.raises(ValueError, match="sets no decoder_start_token_id"):
-            __import__("conftest").on_loaded(run_passkey, model, bert_tokenizer, lengths=[96], depths=[0.5], trials=1)
+            __import__("helpers").on_loaded(run_passkey, model, bert_tokenizer, lengths=[96], depths=[0.5], trials=1)
 
 
 def test_a_method_the_family_does_not_take_is_refused_before_any_cell(tiny_checkpoint, tmp_path, capsys):

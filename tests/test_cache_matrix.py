@@ -13,7 +13,7 @@ from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLa
 
 import hf_posenc
 from hf_posenc.adapters.cache_argument import with_cache
-from conftest import SMALL_WINDOW_KNOBS, ids, logits, tiny_model
+from helpers import SMALL_WINDOW_KNOBS, ids, logits, tiny_model
 
 KNOBS = {m: SMALL_WINDOW_KNOBS[m] for m in ("self_extend", "dca", "string", "rerope", "leaky_rerope", "alibi", "nope",
                                         "learned", "longrope", "llama3")}  # 90 tokens cross every boundary

@@ -11,7 +11,7 @@ from transformers import (AutoConfig, CLIPVisionConfig, Gemma3Config, LlavaConfi
 from transformers import Gemma3ForConditionalGeneration
 
 import hf_posenc
-from conftest import ORIGINAL, THETA, ids, tiny_config
+from helpers import ORIGINAL, THETA, ids, tiny_config
 
 YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": ORIGINAL}
 

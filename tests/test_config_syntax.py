@@ -13,7 +13,7 @@ from hf_posenc.eval.variants import parse_variant
 from hf_posenc.cli.flags import method_config
 from hf_posenc.methods import METHODS
 from hf_posenc.tuning.space import load_space
-from conftest import refused
+from helpers import refused
 
 YARN_KEYS = ("yarn takes: factor, original_max_position_embeddings, beta_fast, beta_slow, attention_factor, mscale, "
              "mscale_all_dim, truncate, layer_types.")
@@ -262,7 +262,7 @@ def test_factor_has_one_default_in_every_command(capsys):
 
 
 def test_a_config_file_refuses_any_factor_given_beside_it(tmp_path, capsys):
-    from conftest import refused
+    from helpers import refused
 
     path = tmp_path / "c.json"
     path.write_text(PosEncConfig.parse("yarn:factor=4").to_json())

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 import torch
-from conftest import ORIGINAL, THETA, greedy, ids, tiny_model
+from helpers import ORIGINAL, THETA, greedy, ids, tiny_model
 
 import hf_posenc
 from hf_posenc.adapters.cache_argument import with_cache

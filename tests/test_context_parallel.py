@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hf_posenc
-from conftest import book_path, tiny_model
+from helpers import book_path, tiny_model
 from hf_posenc.cli import main
 from hf_posenc.training.parallel import check_context_parallel
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hf_posenc
-from conftest import ids, logits, tiny_model
+from helpers import ids, logits, tiny_model
 
 CASES = [("yarn", {"factor": 2.0}), ("dynamic_ntk", {"factor": 2.0}), ("alibi", {}), ("learned", {"factor": 3.0}),
          ("dca", {"chunk_size": 40, "local_window": 4}), ("self_extend", {"group_size": 4, "window": 16})]

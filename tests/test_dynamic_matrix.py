@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import ORIGINAL, ids, tiny_model
+from helpers import ORIGINAL, ids, tiny_model
 
 import hf_posenc
 from hf_posenc.adapters.cache_argument import with_cache

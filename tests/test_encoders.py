@@ -359,8 +359,8 @@ def test_retrieval_truncation_loses_deep_facts(tmp_path, bert_tokenizer):
     model = AutoModel.from_config(AutoConfig.for_model(
         "bert", vocab_size=bert_tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, max_position_embeddings=N)).eval()
-    on_loaded = __import__("conftest").on_loaded
-    docs = [read_text_file(__import__("conftest").book_path("pg84.txt"))]
+    on_loaded = __import__("helpers").on_loaded
+    docs = [read_text_file(__import__("helpers").book_path("pg84.txt"))]
 
     def results():  # the unpatched model (the cut at N) and hierarchical x2, the same documents for both
         return on_loaded(run_retrieval, model, bert_tokenizer, methods=["none", "hierarchical"], factor=2.0,

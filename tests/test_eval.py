@@ -13,7 +13,7 @@ from hf_posenc.eval.run_passkey import run_passkey
 from hf_posenc.eval.perplexity import evaluate_perplexity, plan_windows
 from hf_posenc.eval.scoring import token_nll
 from hf_posenc.eval.stats import mean_ci95
-from conftest import ORIGINAL, book_path, ids, on_loaded, refused, tiny_model
+from helpers import ORIGINAL, book_path, ids, on_loaded, refused, tiny_model
 
 
 def test_chunked_nll_equals_the_naive_loss():

@@ -9,7 +9,7 @@ import pytest
 
 from hf_posenc.cli import main
 from hf_posenc.eval.variants import build_variants, parse_variant
-from conftest import refused
+from helpers import refused
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

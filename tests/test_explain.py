@@ -16,7 +16,7 @@ from hf_posenc.encodings.rope import RopeGeometry
 from hf_posenc.explaining import arrays as A
 from hf_posenc import explain
 
-from conftest import refused
+from helpers import refused
 
 D, THETA, L = 64, 10000.0, 512
 GEOM = RopeGeometry(THETA, D, L)
@@ -196,7 +196,7 @@ def test_limits_a_patched_checkpoints_trained_context_and_someone_elses_folder(t
     import hf_posenc
     from transformers import AutoModelForCausalLM
 
-    from conftest import ORIGINAL, tiny_config
+    from helpers import ORIGINAL, tiny_config
 
     common = ["--head-dim", "64", "--rope-theta", "10000", "--original-max-position", "512"]
     assert "--length must be a whole number of tokens from 2 to 2,097,152" in refused(

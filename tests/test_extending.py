@@ -17,7 +17,7 @@ import hf_posenc
 from hf_posenc.encodings.rope import default_inv_freq
 from hf_posenc.methods import _ALIASES, METHODS, EngineSupport, MethodSpec, factor_grid, unregister_method
 from hf_posenc.methods import rope as rope_records
-from conftest import ORIGINAL, ids, logits, refused, tiny_model
+from helpers import ORIGINAL, ids, logits, refused, tiny_model
 from hf_posenc.cli import main
 from hf_posenc.eval.cells import NUMBER
 from hf_posenc.eval.common import Run

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import hf_posenc
-from conftest import SMALL_WINDOW_KNOBS, ORIGINAL, ids, logits, tiny_model, written_out_decoder
+from helpers import SMALL_WINDOW_KNOBS, ORIGINAL, ids, logits, tiny_model, written_out_decoder
 from hf_posenc.encodings.alibi import alibi_slopes
 from test_layered_rope import gemma
 

@@ -10,7 +10,7 @@ from hf_posenc.cli import main
 from hf_posenc.io.documents import read_text_file
 from hf_posenc.io.documents import tokenize_documents
 from hf_posenc.training.finetune import heldout_perplexity, pack
-from conftest import book_path, ids, tiny_model
+from helpers import book_path, ids, tiny_model
 
 
 def test_pack_joins_documents_with_eos_into_whole_blocks():
@@ -118,7 +118,7 @@ def test_the_chunked_training_loss_equals_the_models_own_with_gradient_accumulat
 
 def test_cli_finetune_with_restarted_positions_feeds_them(tiny_checkpoint, tmp_path, monkeypatch, capsys):
     import hf_posenc.training.finetune as ft
-    from conftest import refused
+    from helpers import refused
 
     argv = ["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--text-file",
             book_path("pg1513.txt"), "--eval-text-file", book_path("pg84.txt"), "--seq-len", "64", "--steps", "1",
@@ -148,7 +148,7 @@ def test_cli_finetune_on_the_builtin_corpus_needs_nothing_outside_the_package(ti
     """A fresh clone fine-tunes with --corpus python-docs: documents 1-2 trained on, 3 held out (or the files of
     --eval-text-file); a second training source, or no held-out text at all, refused by name before anything."""
     from hf_posenc.io.documents import builtin_corpus
-    from conftest import refused
+    from helpers import refused
 
     out = tmp_path / "ft"
     argv = ["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--corpus", "python-docs", "--seq-len", "64",

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import hf_posenc
-from conftest import book_path, run_launched
+from helpers import book_path, run_launched
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 NO_DEEPSPEED = importlib.util.find_spec("deepspeed") is None

@@ -12,7 +12,7 @@ from hf_posenc.cli import main
 from hf_posenc.config import as_config
 from hf_posenc.io.documents import read_text_file
 from hf_posenc.training.long_eval import LongEval, LongEvalSettings
-from conftest import ORIGINAL, book_path, ids, refused, tiny_model
+from helpers import ORIGINAL, book_path, ids, refused, tiny_model
 
 NEEDLES = ["--eval-needle-depths", "0.2,0.9", "--eval-needle-trials", "2"]
 

@@ -7,7 +7,7 @@ import torch
 import hf_posenc
 from hf_posenc.training.finetune import _train, check_mixed_precision
 from hf_posenc.training.settings import TrainSettings
-from conftest import book_path, refused, tiny_model
+from helpers import book_path, refused, tiny_model
 
 
 def _run(mixed_precision: str):

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import hf_posenc
-from conftest import book_path, run_launched
+from helpers import book_path, run_launched
 
 
 def _argv(model, out, batch_size):

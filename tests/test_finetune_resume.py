@@ -15,7 +15,7 @@ import torch
 from hf_posenc.cli import main
 from hf_posenc.training.resume import RUN_FILE
 from hf_posenc.training.settings import CheckpointSettings, TrainSettings
-from conftest import book_path, refused
+from helpers import book_path, refused
 
 STEPS = 60
 
@@ -72,7 +72,7 @@ def trainer_warnings():
 def tied_checkpoint(tmp_path_factory, bert_tokenizer):
     """A tiny LLaMA whose LM head is its embedding (as SmolLM2's): a checkpoint holds the weight once."""
     from transformers import AutoModelForCausalLM
-    from conftest import tiny_config
+    from helpers import tiny_config
 
     out = tmp_path_factory.mktemp("tiny-tied")
     torch.manual_seed(0)

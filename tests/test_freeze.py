@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from conftest import ORIGINAL, THETA, ids, logits, refused, tiny_model
+from helpers import ORIGINAL, THETA, ids, logits, refused, tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_posenc

@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import ORIGINAL, THETA, ids, logits, refused, tiny_model
+from helpers import ORIGINAL, THETA, ids, logits, refused, tiny_model
 
 import hf_posenc
 from hf_posenc.cli import main

@@ -16,7 +16,7 @@ from hf_posenc.cli import main
 from hf_posenc.eval import harness
 from hf_posenc.eval.run_harness import harness_table
 
-from conftest import load_real, refused, tiny_config
+from helpers import load_real, refused, tiny_config
 from test_eval_scale import _launch
 
 TASK = ["--tasks", "niah_single_1", "--lengths", "512", "--limit", "2", "--max-gen-tokens", "12"]

@@ -17,7 +17,7 @@ import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.engines import llama_cpp_engine
 from hf_posenc.serving.check import CheckSettings, serve_check
-from conftest import refused
+from helpers import refused
 
 
 def _installed() -> bool:
@@ -37,7 +37,7 @@ LENGTHS = [256, 1000]  # inside it, and past it
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     """SmolLM2-135M saved once per method, patched with factor 2 over an original context of 512 tokens."""
-    from conftest import load_real
+    from helpers import load_real
 
     model, tok = load_real("smollm2-135m")
     root, folders = tmp_path_factory.mktemp("llama-cpp"), {}

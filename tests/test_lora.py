@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("peft")
 
 import hf_posenc  # noqa: E402
-from conftest import ORIGINAL, ids, logits, tiny_model  # noqa: E402
+from helpers import ORIGINAL, ids, logits, tiny_model  # noqa: E402
 from hf_posenc.training.lora import LoraSettings, apply_lora, load_lora, save_lora, trained_in_full  # noqa: E402
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from peft.utils.other import ModulesToSaveWrapper  # noqa: E402
@@ -249,7 +249,7 @@ def test_save_and_load_refuse_what_is_not_theirs(tmp_path):
 
 # -- hf-posenc finetune --lora-r ---------------------------------------------------------------------------------
 def _finetune_argv(checkpoint, out, *extra):
-    from conftest import book_path
+    from helpers import book_path
 
     return ["finetune", "--model", checkpoint, "--method", "yarn", "--factor", "2", "--text-file",
             book_path("pg1513.txt"), "--eval-text-file", book_path("pg84.txt"), "--seq-len", "64", "--steps", "3",
@@ -261,7 +261,7 @@ def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_check
     from hf_posenc.cli import main
     from hf_posenc.io.documents import read_text_file, tokenize_documents
     from hf_posenc.training.finetune import heldout_perplexity
-    from conftest import book_path, refused
+    from helpers import book_path, refused
     from transformers import AutoTokenizer
 
     out = tmp_path / "ft"
@@ -312,7 +312,7 @@ def test_cli_lora_input_that_means_nothing_is_refused(extra, message, tiny_check
     import re
 
     import hf_posenc.checkpoints.loading as loading
-    from conftest import refused
+    from helpers import refused
 
     # before the weights load: the targets against the model built from its config on the meta device
     monkeypatch.setattr(loading, "from_pretrained", lambda *a, **k: pytest.fail("the model was loaded first"))
@@ -331,7 +331,7 @@ def test_lora_on_sharded_weights_is_refused_from_the_launchers_environment_befor
     """accelerate launch --config_file configs/accelerate/zero3.yaml: LoRA refused before any model loads (the
     Trainer's own check comes after the before-training evaluations)."""
     import hf_posenc.checkpoints.loading as loading
-    from conftest import refused
+    from helpers import refused
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for k, v in env.items():

@@ -14,7 +14,7 @@ import pytest
 from hf_posenc.cli import main
 from hf_posenc.io.files import LOCK_FILE
 from hf_posenc.io.output_folder import MANIFEST, ReplacedOutput
-from conftest import book_path, refused
+from helpers import book_path, refused
 
 PATCH = ["patch", "--method", "yarn", "--factor", "2", "--no-progress"]
 

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 import hf_posenc
-from conftest import ORIGINAL, THETA, clone_with_config, greedy, ids, logits, tiny_config, tiny_model
+from helpers import ORIGINAL, THETA, clone_with_config, greedy, ids, logits, tiny_config, tiny_model
 
 METHODS = {
     "none": {},

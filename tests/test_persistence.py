@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
-from conftest import ORIGINAL, ids, logits, tiny_model
+from helpers import ORIGINAL, ids, logits, tiny_model
 
 NATIVE = {
     "pi": dict(factor=2.0),

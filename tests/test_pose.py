@@ -57,7 +57,7 @@ def test_windows_that_make_no_pose_window_are_refused(window, target, chunks, me
 # -- training on PoSE windows ------------------------------------------------------------------------------------
 def test_the_trainer_feeds_each_window_its_pose_position_ids():
     import hf_posenc
-    from conftest import tiny_model
+    from helpers import tiny_model
     from hf_posenc.training.finetune import _train
     from hf_posenc.training.settings import TrainSettings
 
@@ -79,7 +79,7 @@ def test_cli_finetune_with_pose_windows_records_them(tiny_checkpoint, tmp_path, 
     import json
 
     from hf_posenc.cli import main
-    from conftest import book_path
+    from helpers import book_path
 
     out = tmp_path / "ft"
     assert main(["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--text-file",
@@ -106,7 +106,7 @@ def test_cli_finetune_with_pose_windows_records_them(tiny_checkpoint, tmp_path, 
 def test_pose_input_that_means_nothing_is_refused(extra, message, tiny_checkpoint, tmp_path, capsys):
     import re
 
-    from conftest import book_path, refused
+    from helpers import book_path, refused
 
     err = refused(["finetune", "--model", tiny_checkpoint, *extra, "--text-file", book_path("pg1513.txt"),
                    "--eval-text-file", book_path("pg84.txt"), "--seq-len", "64", "--steps", "1", "--output",

@@ -19,7 +19,7 @@ import time
 import pytest
 
 import hf_posenc
-from conftest import tiny_model
+from helpers import tiny_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = "hf_probe_token_not_a_secret_0123456789"

@@ -15,7 +15,7 @@ import hf_posenc
 from hf_posenc.publishing.card import BaseModel, build_model_card, describe_base, template_path
 from hf_posenc.cli import main
 from hf_posenc.publishing.hub import save_pretrained
-from conftest import all_text, book_path, ids, logits, tiny_model
+from helpers import all_text, book_path, ids, logits, tiny_model
 from hub_server import HubServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
-from conftest import book_tokens, load_real
+from helpers import book_tokens, load_real
 
 pytestmark = [
     pytest.mark.real_model,
@@ -79,7 +79,7 @@ def test_short_real_evaluation_run(smollm2):
     """The evaluation on the real model: sane perplexities, and real passkey retrieval inside its context."""
     from hf_posenc.eval.run_passkey import run_passkey
     from hf_posenc.eval.run_ppl import run_perplexity
-    from conftest import book_path, on_loaded
+    from helpers import book_path, on_loaded
     from hf_posenc.io.documents import read_text_file
 
     model, tok = smollm2

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.encodings.alibi import alibi_slopes
-from conftest import book_tokens, load_real, written_out_decoder
+from helpers import book_tokens, load_real, written_out_decoder
 
 pytestmark = [
     pytest.mark.real_model,

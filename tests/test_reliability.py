@@ -9,7 +9,7 @@ import torch
 
 import hf_posenc
 from hf_posenc.cli import main
-from conftest import greedy, ids, refused, tiny_model
+from helpers import greedy, ids, refused, tiny_model
 
 
 # -- 1. padding of the attention-level methods, computed per call -------------------------------------------

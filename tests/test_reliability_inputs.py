@@ -14,7 +14,7 @@ import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.eval import tasks
 from hf_posenc.io.documents import Document, builtin_corpus
-from conftest import refused, tiny_model
+from helpers import refused, tiny_model
 
 STOP = "stop: the model load was reached"
 

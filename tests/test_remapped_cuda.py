@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hf_posenc.adapters import cuda_kernels, remapped_attention
-from conftest import cached_last_logits, ids, logits, tiny_model
+from helpers import cached_last_logits, ids, logits, tiny_model
 from test_remapped import KNOBS, patched, reference
 
 CUDA = torch.cuda.is_available()

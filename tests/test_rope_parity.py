@@ -7,7 +7,7 @@ import torch
 
 import hf_posenc
 from hf_posenc.encodings import rope as R
-from conftest import ORIGINAL, THETA, clone_with_config, ids, logits, tiny_model
+from helpers import ORIGINAL, THETA, clone_with_config, ids, logits, tiny_model
 
 FACTOR = 2.0
 LENGTHS = (40, 150)  # below and above the original context of 64

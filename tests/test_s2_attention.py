@@ -52,7 +52,7 @@ def test_a_training_model_attends_in_shifted_groups_and_in_full_otherwise():
     from transformers import AttentionInterface
 
     import hf_posenc
-    from conftest import ids, tiny_model
+    from helpers import ids, tiny_model
     from hf_posenc.adapters.s2_attention import S2Training
 
     def written_out(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -84,7 +84,7 @@ def test_cli_finetune_with_s2_attn_and_its_refusals(tiny_checkpoint, tmp_path, c
     import re
 
     from hf_posenc.cli import main
-    from conftest import book_path, refused
+    from helpers import book_path, refused
 
     def argv(method, out, *extra):
         return ["finetune", "--model", tiny_checkpoint, "--method", method, "--text-file", book_path("pg1513.txt"),

@@ -25,7 +25,7 @@ def test_checkpoints_of_release_0_1_0_load_to_the_same_outputs(name):
 
 
 def test_the_block_round_trips_with_its_schema():
-    model = hf_posenc.patch(__import__("conftest").tiny_model("llama"), "yarn", factor=2.0)
+    model = hf_posenc.patch(__import__("helpers").tiny_model("llama"), "yarn", factor=2.0)
     block = model.config.hf_posenc
     assert block["schema"] == SCHEMA and block["family"] == "rope_decoder" and block["native"] is True
     again = SavedBlock.from_dict(block)

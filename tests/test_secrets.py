@@ -18,7 +18,7 @@ import pytest
 
 import hf_posenc
 from hf_posenc.io.provenance import command_line, scrub, scrub_data
-from conftest import all_text, refused, tiny_model
+from helpers import all_text, refused, tiny_model
 from test_vllm import needs_vllm, save_tiny, vllm_python
 
 SECRET = "plainSecret-42xy"  # no Hub token shape: only where it stands says it is a secret

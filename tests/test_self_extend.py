@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hf_posenc
-from conftest import ORIGINAL, THETA, cached_last_logits, ids, logits, tiny_model, written_out_decoder
+from helpers import ORIGINAL, THETA, cached_last_logits, ids, logits, tiny_model, written_out_decoder
 
 
 def rope(x, pos, dim):

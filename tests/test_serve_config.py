@@ -16,7 +16,7 @@ from hf_posenc.engines.launch import LAUNCHERS
 from hf_posenc.engines.launch import llama_cpp as llama_cpp_launch, sglang
 from hf_posenc.serving.launch_settings import describe, serve_config
 
-from conftest import ORIGINAL, THETA, refused, tiny_config
+from helpers import ORIGINAL, THETA, refused, tiny_config
 
 METHODS = {"none": {}, "yarn": {"factor": 2.0}, "pi": {"factor": 2.0}, "ntk": {"factor": 2.0},
            "llama3": {"factor": 2.0}, "dynamic_ntk": {"factor": 2.0}, "dca": {}}

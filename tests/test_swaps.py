@@ -10,7 +10,7 @@ import hf_posenc
 from hf_posenc.adapters.cache_argument import returned_cache, with_cache
 from hf_posenc.encodings import absolute as A
 from hf_posenc.encodings.alibi import alibi_slopes
-from conftest import ORIGINAL, ids, logits, tiny_model, written_out_decoder
+from helpers import ORIGINAL, ids, logits, tiny_model, written_out_decoder
 
 SWAP_KW = {"alibi": {}, "nope": {}, "sinusoidal": {"factor": 2.0}, "learned": {"factor": 2.0}}
 

@@ -16,7 +16,7 @@ from hf_posenc.io.documents import builtin_corpus, read_text_file
 from hf_posenc.eval.perplexity import Window, window_cell
 from hf_posenc.tuning import objective, space
 
-from conftest import ORIGINAL, tiny_model
+from helpers import ORIGINAL, tiny_model
 
 T = 2 * ORIGINAL  # the tiny models' target: twice their 64 positions
 

@@ -22,7 +22,7 @@ from hf_posenc.eval.run_ppl import run_perplexity
 from hf_posenc.serving.check import CheckSettings, EngineSettings, serve_check
 from hf_posenc.serving.support import known_status, measured_rows
 
-from conftest import tiny_config
+from helpers import tiny_config
 
 REPO_VENV = os.path.join(os.path.dirname(__file__), "..", ".venv-vllm", "bin", "python")
 L = 256  # the tiny checkpoints' original context

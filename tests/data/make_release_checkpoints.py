@@ -13,7 +13,7 @@ import sys
 import torch
 
 import hf_posenc
-from conftest import ids, tiny_model
+from helpers import ids, tiny_model
 
 CASES = {"yarn": ("yarn", {"factor": 2.0}), "self_extend": ("self_extend", {"group_size": 4, "window": 16}),
          "learned": ("learned", {"factor": 2.0})}
