@@ -499,8 +499,8 @@ def test_next_token_scoring_refuses_models_that_are_not_causal_lms(family, bert_
 
 
 def test_a_method_the_family_does_not_take_is_refused_before_any_cell(tiny_checkpoint, tmp_path, capsys):
-    """The unpatched model's cells come first: a later method the family cannot take used to be refused only after
-    them, leaving a cells file behind."""
+    """The unpatched model's cells come first: a later method the family cannot take is refused before them, so no
+    cells file is left behind."""
     out = tmp_path / "out"
     err = refused(["eval", "passkey", "--model", tiny_checkpoint, "--methods", "none,bucket_scale", "--lengths", "96",
                    "--depths", "0.5", "--trials", "1", "--no-progress", "--output", str(out)], capsys)

@@ -1,4 +1,4 @@
-"""scripts/bench_train_memory.py's measure (issue 54 item 4): the peak restarts before the step, so that the setup's
+"""scripts/bench_train_memory.py's measure: the peak restarts before the step, so that the setup's
 own peak does not hide the step's; cells of the earlier measure are never reused as this one's, and are shown marked
 only for the variants not measured."""
 

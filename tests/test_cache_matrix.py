@@ -1,6 +1,6 @@
 """Every method that hooks attention or positions, through every KV cache implementation transformers ships and
 every attention implementation that runs on CPU: greedy ``generate`` with the cache equals recomputing each row's
-whole sequence without a cache (one row left-padded, one not), or the combination is refused by name (issue 40).
+whole sequence without a cache (one row left-padded, one not), or the combination is refused by name.
 
 Offloaded caches need CUDA in transformers itself: they run where a GPU is present. The quantized cache (fp8, the
 backend that runs on CPU) is lossy by design: it must equal a dynamic cache that holds the same rounded keys and

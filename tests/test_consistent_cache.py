@@ -1,5 +1,5 @@
 """cache="consistent" for length-dependent RoPE: cached generation equals recomputing the whole sequence at every
-step (issue 12, section 3); cache="stale" keeps transformers' behaviour; the math of the re-rotation itself."""
+step; cache="stale" keeps transformers' behaviour; the math of the re-rotation itself."""
 
 from __future__ import annotations
 

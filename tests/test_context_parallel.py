@@ -1,4 +1,4 @@
-"""Context parallelism for ``hf-posenc finetune`` (issue 44, item 6): what can be checked on CPU. A shard's RoPE must
+"""Context parallelism for ``hf-posenc finetune``: what can be checked on CPU. A shard's RoPE must
 depend only on its tokens' global position ids (so the fine-tune always sends them); the methods it cannot hold,
 bad sizes and CPU runs are refused by name before any compute. An actual 2-rank run needs GPUs (see the skip)."""
 

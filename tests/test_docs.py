@@ -1,4 +1,4 @@
-"""The documentation (issue 42): the README's first screen, its table of what is supported generated from the method
+"""The documentation: the README's first screen, its table of what is supported generated from the method
 records, the reference pages generated from the parsers and the records, and the site built with mkdocs --strict."""
 
 import html

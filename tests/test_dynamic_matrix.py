@@ -1,5 +1,5 @@
 """The length-dependent RoPE scalings (dynamic NTK, dynamic YaRN, LongRoPE; llama3 has no dynamic side) per row and
-without history, through every KV cache transformers ships that runs on CPU (issue 40, items 4 and 5).
+without history, through every KV cache transformers ships that runs on CPU.
 
 Each row's frequencies follow that row's own length (``max(position_ids[row]) + 1``), never the padded length of
 the batch nor an earlier call. The matrix drives ``cache="consistent"`` and ``cache="exact"`` through transformers'

@@ -1,4 +1,4 @@
-"""hf-posenc explain (issue 42 item 3): the arrays behind each picture against written-out formulas, the pictures
+"""hf-posenc explain: the arrays behind each picture against written-out formulas, the pictures
 and text written, and bad input refused. The geometry is given (head_dim 64, rope_theta 10,000, L 512) so no
 model is read, except for the BERT table, which is the local all-MiniLM-L6-v2's."""
 

@@ -89,7 +89,7 @@ def test_cli_finetune_errors(tiny_checkpoint, tmp_path, capsys):
 
 
 def test_the_chunked_training_loss_equals_the_models_own_with_gradient_accumulation():
-    """Training never holds [tokens, vocab] logits (issue 44 item 1): the chunked loss and its gradients equal the
+    """Training never holds [tokens, vocab] logits: the chunked loss and its gradients equal the
     model's own loss, and a Trainer run with gradient accumulation logs the same losses and ends at the same weights."""
     from hf_posenc.eval.scoring import chunked_lm_loss
     from hf_posenc.training.finetune import _train

@@ -1,4 +1,4 @@
-"""``hf-posenc finetune`` unchanged under ``accelerate launch`` with the shipped configs (issue 44, item 6): 2 CPU
+"""``hf-posenc finetune`` unchanged under ``accelerate launch`` with the shipped configs: 2 CPU
 processes (gloo) give the losses of 1 process with the same global batch (measured: equal to 1e-6; asserted to 1e-5),
 one full (unsharded) checkpoint saved once that loads back with its patch. DeepSpeed ZeRO-2/3 run when deepspeed is
 installed; FSDP runs on accelerators only (accelerate trains a CPU run with the FSDP config as DDP, and says so)."""

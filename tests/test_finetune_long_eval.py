@@ -1,4 +1,4 @@
-"""The long-context evaluation of hf-posenc finetune (issue 44 item 5): perplexity past L with its truncated baseline
+"""The long-context evaluation of hf-posenc finetune: perplexity past L with its truncated baseline
 and needles in the held-out prose, before and after training; the numbers of eval ppl / eval passkey on that model."""
 
 import json

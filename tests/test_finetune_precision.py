@@ -1,4 +1,4 @@
-"""bf16 where the device supports it (issue 44 item 1): ``--mixed-precision bf16`` trains under autocast over float32
+"""bf16 where the device supports it: ``--mixed-precision bf16`` trains under autocast over float32
 weights and optimizer state; what a device cannot compute is refused before any compute."""
 
 import pytest

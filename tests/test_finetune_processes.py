@@ -1,4 +1,4 @@
-"""``hf-posenc finetune`` unchanged under torchrun (issue 44, item 6): 2 processes on CPU (gloo) give the losses of
+"""``hf-posenc finetune`` unchanged under torchrun: 2 processes on CPU (gloo) give the losses of
 1 process with the same global batch, one process saves one checkpoint that keeps its patch, and no lock stays."""
 
 import json

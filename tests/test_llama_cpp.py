@@ -1,4 +1,4 @@
-"""llama.cpp as an engine (issue 43): serve-check --engine llama.cpp on SmolLM2 checkpoints converted by llama.cpp's
+"""llama.cpp as an engine: serve-check --engine llama.cpp on SmolLM2 checkpoints converted by llama.cpp's
 own converter, and what is refused or reported without starting it.
 
 The tests that start llama.cpp need llama-cpp-python and a llama.cpp source tree for the converter (``bash

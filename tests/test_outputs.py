@@ -1,4 +1,4 @@
-"""Nothing a command did not write is ever deleted (issue 40, item 1): ``patch`` and ``finetune`` replace their
+"""Nothing a command did not write is ever deleted: ``patch`` and ``finetune`` replace their
 ``--output`` whole only when it is their own earlier output, unchanged; one run per folder; a kill leaves no lock
 and no staged folder; the other output-taking commands keep what else the folder holds."""
 

@@ -1,5 +1,5 @@
 """No silent wrong: padding state per call, resume only with identical weights and settings, one run per output
-folder, and an exact KV cache for the dynamic scalings (issue 25)."""
+folder, and an exact KV cache for the dynamic scalings."""
 
 import json
 import os

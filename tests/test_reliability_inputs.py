@@ -1,4 +1,4 @@
-"""Reliability of the inputs (issue 40): held-out text compared by content, the digest cache keyed so that a
+"""Reliability of the inputs: held-out text compared by content, the digest cache keyed so that a
 rewritten file is hashed again, truncated weights, dataset columns and paths, and eval-task plugins that fail."""
 
 from __future__ import annotations

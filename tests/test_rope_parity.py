@@ -113,7 +113,7 @@ def test_dynamic_yarn_follows_the_paper(family, length):
     x = ids(length)
     out = logits(model, x)
     inv_freq, mscale = reference_dynamic_yarn(THETA, 16, ORIGINAL, length)
-    # the frequencies of a call live only during it (issue 40: no history): the schedule is checked directly
+    # the frequencies of a call live only during it (no history): the schedule is checked directly
     ours, scaling = R.rope_dynamic_yarn(R.RopeGeometry(THETA, 16, ORIGINAL), 4.0, hf_posenc.get_config(model).params,
                                         seq_len=length)
     assert torch.allclose(ours.double(), inv_freq, rtol=1e-6, atol=0)

@@ -1,4 +1,4 @@
-"""Secrets never shown, recorded or put on a command line (issue 40): argparse's errors, the commands recorded in
+"""Secrets never shown, recorded or put on a command line: argparse's errors, the commands recorded in
 cards and reports, the vLLM worker's argv and its errors; and an engine that dies says why.
 
 The tests marked ``needs_vllm`` start one real vLLM engine (``.venv-vllm``, as in ``test_vllm.py``); the others

@@ -1,4 +1,4 @@
-"""serve-config (issue 43 item 3): the launch settings under which each engine computes a saved checkpoint or a
+"""serve-config: the launch settings under which each engine computes a saved checkpoint or a
 GGUF as hf_posenc does, or the reason it cannot. vLLM's and llama.cpp's settings are launched here (the tests
 marked with their engine); SGLang's, Ollama's and TGI's are read from those engines' sources and labelled so."""
 
@@ -192,7 +192,7 @@ def test_the_model_card_prints_each_engines_settings():
     assert part.count("does not implement `dca` (no engine implements it") == len(LAUNCHERS) and "vllm serve" not in part
 
 
-# ---- DCA for the engines that read it (issue 43 item 5): Qwen's dual_chunk_attention_config, opt-in -----------------
+# ---- DCA for the engines that read it: Qwen's dual_chunk_attention_config, opt-in -----------------
 
 
 def _tiny_saved(folder, family: str) -> str:

@@ -1,4 +1,4 @@
-"""vLLM as an engine (issue 28): serve-check verdicts, the evaluations on vLLM equal to transformers', refusals.
+"""vLLM as an engine: serve-check verdicts, the evaluations on vLLM equal to transformers', refusals.
 
 The tests marked ``vllm`` start a real vLLM engine (the CPU build, installed by ``scripts/setup.sh --vllm`` into
 ``.venv-vllm``; ``HF_POSENC_VLLM_PYTHON`` names another); they are skipped, with that reason, where it is
