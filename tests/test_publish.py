@@ -1,4 +1,5 @@
-"""Publishing: save with a model card, `hf-posenc patch`, and upload/download against a loopback Hub."""
+"""Publishing: save with a model card, `hf-posenc patch`, and upload/download against a loopback Hub (a misbehaving
+one too)."""
 
 import json
 import os
@@ -311,3 +312,84 @@ def test_the_card_says_what_serving_engines_compute(method, kwargs, vllm):
     assert all(f"| {engine} |" in serving for engine in ("SGLang", "TGI", "llama.cpp"))
     if method in ("yarn", "dynamic_ntk"):
         assert "| SGLang | reads the `rope_parameters` transformers reads | not measured |" in serving
+
+
+# -- the Hub misbehaving -------------------------------------------------------------------------
+HUB_TOKEN = "hf_faultTOKEN0123456789abcdef"
+
+
+@pytest.fixture
+def saved_folder(tmp_path):
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return str(folder)
+
+
+@pytest.mark.parametrize("fault,detail", [
+    ("hang", "no answer within 1 s"),
+    ("drop", "Server disconnected without sending a response"),
+    ("echo", "cannot parse request with Authorization: Bearer ***"),
+])
+def test_an_upload_to_a_faulty_hub_fails_clearly_and_says_what_to_rerun(fault, detail, saved_folder):
+    from hub_server import HubServer
+    from hf_posenc.publishing.hub import UploadError, upload
+
+    with HubServer(HUB_TOKEN) as hub:
+        hub.state.fault = fault
+        with pytest.raises(UploadError) as err:
+            upload(saved_folder, "me/x", token=HUB_TOKEN, endpoint=hub.url, timeout=1)
+    message = str(err.value)
+    assert detail in message and f"rerun: hf-posenc upload {saved_folder} me/x" in message
+    assert HUB_TOKEN not in message
+
+
+def _cli_env(hub_url: str, home) -> dict:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env.update(HF_ENDPOINT=hub_url, HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1",
+               PYTHONPATH=os.pathsep.join([root, env.get("PYTHONPATH", "")]))
+    return env
+
+
+def test_the_stored_login_echoed_by_the_server_never_reaches_the_terminal(saved_folder, tmp_path):
+    import subprocess
+
+    from hub_server import HubServer
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "token").write_text(HUB_TOKEN)  # what 'hf auth login' stores; no HF_TOKEN in the environment
+    with HubServer(HUB_TOKEN) as hub:
+        hub.state.fault = "echo"
+        res = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "upload", saved_folder, "me/x"],
+                             capture_output=True, text=True, env=_cli_env(hub.url, home), timeout=120)
+        sent = [h.get("authorization") for _, _, h in hub.state.requests]
+    assert sent and sent[0] == f"Bearer {HUB_TOKEN}"  # the stored login was used...
+    assert res.returncode == 1 and "Authorization: Bearer ***" in res.stderr  # ...and never shown
+    assert HUB_TOKEN not in res.stdout + res.stderr and "Traceback" not in res.stderr
+
+
+def test_sigterm_during_a_hung_upload_prints_the_rerun_command(saved_folder, tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    from hub_server import HubServer
+
+    with HubServer(HUB_TOKEN) as hub:
+        hub.state.fault = "hang"
+        env = {**_cli_env(hub.url, tmp_path / "home"), "HF_TOKEN": HUB_TOKEN}
+        proc = subprocess.Popen([sys.executable, "-m", "hf_posenc.cli", "upload", saved_folder, "me/x", "--timeout",
+                                 "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.time() + 120
+        while not hub.state.requests and time.time() < deadline:  # wait until the upload is under way
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert hub.state.requests and proc.returncode == 143
+    assert f"upload interrupted; the local save in {saved_folder} is complete. Rerun: hf-posenc upload " \
+           f"{saved_folder} me/x" in err
+    assert "Traceback" not in err and HUB_TOKEN not in out + err

@@ -17,6 +17,7 @@ import textwrap
 import pytest
 
 import hf_posenc
+from hf_posenc.cli import main
 from hf_posenc.io.provenance import command_line, scrub, scrub_data
 from helpers import all_text, refused, tiny_model
 from test_vllm import needs_vllm, save_tiny, vllm_python
@@ -27,6 +28,9 @@ SECRET_FLAGS = ["--token", "--tok", "--hub-token", "--hub_token", "--use-auth-to
                 "--client-secret", "--key", "--auth"]
 PLAIN_FLAGS = ["--tokenizer", "--max-gen-tokens", "--key-tokens", "--key-alpha", "--key-beta", "--keys",
                "--max_new_tokens", "--pad-token-id", "--author", "--passkey-trials"]
+SHAPED = "hf_" + "Q7x" * 12  # shaped like a Hub token, known to nobody
+FLAGGED = "plainsecret-42"  # a value after --token: no shape, still a secret
+STORED = "storedLoginToken_987654"  # what 'hf auth login' stored
 
 
 # -- which flags are secret ----------------------------------------------------------------------------------------
@@ -316,3 +320,57 @@ def test_an_unforeseen_failure_prints_its_traceback_scrubbed(monkeypatch, capsys
     err = capsys.readouterr().err
     assert "Traceback" in err and "RuntimeError: deep failure near ***" in err and secret not in err
     assert "unexpected error" in err
+
+
+# -- tokens of every kind: out of the recorded command, the card and the reports --------------------------------
+@pytest.fixture
+def stored_login(tmp_path, monkeypatch):
+    import huggingface_hub.constants as constants
+
+    path = tmp_path / "hf_home" / "token"
+    path.parent.mkdir()
+    path.write_text(STORED)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(path))
+    monkeypatch.setenv("HF_TOKEN", "envTokenValue_1234")
+    return path
+
+
+def test_scrub_takes_out_every_kind_of_token(stored_login):
+    text = (f"push.py {SHAPED} --token {FLAGGED} --hf-token='{FLAGGED}x' --api-key=abc12345 "
+            f"envTokenValue_1234 server said: bad token {STORED}")
+    clean = scrub(text, "argumentToken_55")
+    for secret in (SHAPED, FLAGGED, "abc12345", "envTokenValue_1234", STORED):
+        assert secret not in clean
+    assert clean.startswith("push.py *** --token *** --hf-token=*** --api-key=*** *** server said: bad token ***")
+    assert scrub("uses argumentToken_55 here", "argumentToken_55") == "uses *** here"
+    assert scrub("model hf_posenc-yarn, tokens 4096") == "model hf_posenc-yarn, tokens 4096"  # not secrets
+
+
+def test_a_token_on_the_command_line_never_reaches_the_card_or_the_reports(tmp_path, monkeypatch, stored_login,
+                                                                         bert_tokenizer):
+    monkeypatch.setattr(sys, "argv", ["push.py", SHAPED, "--token", FLAGGED, STORED])
+    assert command_line() == "push.py *** --token *** ***"
+    model = tiny_model("llama", vocab_size=bert_tokenizer.vocab_size)
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    report = {"task": "perplexity", "table": f"| method | 64 tokens |\n|---|---|\n| yarn {SHAPED} | 11.00 |",
+              "setup": {"lengths": [64], "documents": ["a.txt"], "command": f"eval --token {FLAGGED}"},
+              "results": {"yarn": {"64": {"ppl": 11.0}}}}
+    hf_posenc.save_pretrained(model, str(tmp_path / "out"), bert_tokenizer, eval_results=[report])
+    saved = all_text(tmp_path / "out")
+    assert "push.py *** --token ***" in saved  # the command is recorded, without its secrets
+    for secret in (SHAPED, FLAGGED, STORED, "envTokenValue_1234"):
+        assert secret not in saved
+
+
+def test_the_cli_records_its_command_without_the_token(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", "envTokenValue_1234")
+    out = tmp_path / "ppl"
+    argv = ["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none", "--lengths", "32", "--max-windows", "1",
+            "--corpus", "python-docs", "--output", str(out), "--no-plots", "--no-progress", "--dataset-config",
+            f"--token={SHAPED}"]
+    argv[argv.index("--dataset-config")] = "--split"  # a harmless flag whose value is a secret-shaped string
+    argv[-1] = SHAPED
+    assert main(argv) == 0
+    saved = json.loads((out / "perplexity.json").read_text())
+    assert saved["setup"]["command"].endswith("--split ***")
+    assert SHAPED not in all_text(out) and SHAPED not in capsys.readouterr().out
