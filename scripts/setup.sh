@@ -8,18 +8,24 @@
 # With --llama-cpp, also llama.cpp: llama-cpp-python built from its source distribution into ./.venv (5-10 min on 2
 # cores; a C/C++ compiler is needed), and the llama.cpp tree that distribution vendors kept in ./.llama-cpp/llama.cpp
 # for its converter, convert_hf_to_gguf.py (hf-posenc serve-check --engine llama.cpp).
+# With --transformers4, also ./.venv-transformers4 (or $TRANSFORMERS4_VENV): torch (CPU) and transformers 4.57 with
+# safetensors, the loader every consumer pinned below transformers 5 shares; tests/test_transformers4_keys.py loads
+# hf_posenc's checkpoints with it (HF_POSENC_TRANSFORMERS4_PYTHON).
 # On a machine without an NVIDIA GPU, torch is pinned to the CPU wheel (torch==2.13.0), so that pip
 # never pulls a multi-GB CUDA build; with a GPU, pip's default (CUDA) torch is used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WITH_VLLM=0
 WITH_LLAMA_CPP=0
+WITH_TRANSFORMERS4=0
 for arg in "$@"; do
   case "$arg" in
     --vllm) WITH_VLLM=1 ;;
     --llama-cpp) WITH_LLAMA_CPP=1 ;;
-    -h|--help) echo "usage: bash scripts/setup.sh [--vllm] [--llama-cpp]"; exit 0 ;;
-    *) echo "scripts/setup.sh: unknown argument '$arg' (it takes --vllm and --llama-cpp)" >&2; exit 2 ;;
+    --transformers4) WITH_TRANSFORMERS4=1 ;;
+    -h|--help) echo "usage: bash scripts/setup.sh [--vllm] [--llama-cpp] [--transformers4]"; exit 0 ;;
+    *) echo "scripts/setup.sh: unknown argument '$arg' (it takes --vllm, --llama-cpp and --transformers4)" >&2
+       exit 2 ;;
   esac
 done
 VENV="${VENV:-.venv}"
@@ -72,4 +78,14 @@ if [ "$WITH_LLAMA_CPP" = 1 ]; then
     rm -rf .llama-cpp/llama.cpp && mv .llama-cpp/llama.cpp.new .llama-cpp/llama.cpp
   fi
   echo "llama.cpp ready: llama-cpp-python $LLAMA_CPP_VERSION in $VENV, its converter in .llama-cpp/llama.cpp"
+fi
+if [ "$WITH_TRANSFORMERS4" = 1 ]; then
+  T4_VENV="${TRANSFORMERS4_VENV:-.venv-transformers4}"
+  [ -x "$T4_VENV/bin/python" ] || "$PY" -m venv "$T4_VENV"
+  TPIP=("$T4_VENV/bin/python" -m pip install --disable-pip-version-check -q)
+  if ! "$T4_VENV/bin/python" -c "import torch" 2>/dev/null; then
+    "${TPIP[@]}" "torch==${TORCH_CPU_VERSION:-2.13.0}"
+  fi
+  "${TPIP[@]}" "transformers==${TRANSFORMERS4_VERSION:-4.57.6}" safetensors
+  echo "transformers 4 ready in $T4_VENV ($("$T4_VENV/bin/python" -c 'import transformers; print("transformers", transformers.__version__)')); the tests use it with: export HF_POSENC_TRANSFORMERS4_PYTHON=$PWD/$T4_VENV/bin/python"
 fi

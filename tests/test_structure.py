@@ -58,7 +58,7 @@ def test_the_measure_finds_cycles_inside_functions_long_signatures_and_flags(tmp
 
 
 def test_no_environment_is_tracked():
-    """The environments setup.sh makes (.venv, .venv-vllm, .llama-cpp) are never committed, not even as a symlink
+    """The environments setup.sh makes (.venv, .venv-vllm, .venv-transformers4, .llama-cpp) are never committed, not even as a symlink
     (a tracked symlink at .venv made a checkout replace the real, ignored environment: git treats ignored files as
     expendable)."""
     import subprocess
@@ -69,7 +69,7 @@ def test_no_environment_is_tracked():
         import pytest
 
         pytest.skip("not a git checkout")
-    kept = [f for f in done.stdout.splitlines() if f.split("/")[0] in (".venv", ".venv-vllm", ".llama-cpp")]
+    kept = [f for f in done.stdout.splitlines() if f.split("/")[0] in (".venv", ".venv-vllm", ".venv-transformers4", ".llama-cpp")]
     assert not kept, f"tracked environment files: {kept[:5]}"
 
 
