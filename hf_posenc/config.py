@@ -185,7 +185,7 @@ class SavedBlock:
             if not isinstance(data.get(key), kind):
                 raise ValueError(f"{where} has {key}={data.get(key)!r}; expected a {kind.__name__}. The file was edited or "
                                  "corrupted: save the checkpoint again from its base model.")
-        unknown = sorted(set(data) - set(CONFIG_FIELDS) - set(checks) - {"schema"})
+        unknown = sorted(set(data) - set(CONFIG_FIELDS) - set(checks) - {"schema", "transformers4"})
         if unknown:
             raise ValueError(f"{where} has unknown field(s) {unknown}.")
         if data["family"] not in FAMILIES:

@@ -32,7 +32,8 @@ MAX_PARAMETERS = 12
 # under hf_posenc ("" is the package's __init__); the longest name that starts a module's dotted path places it, so
 # a package sits in one layer and the few of its modules that lower layers read are named in theirs.
 LAYERS = (
-    ("basics", ("_version", "io", "encodings", "checkpoints.models", "checkpoints.compat")),
+    ("basics", ("_version", "io", "encodings", "checkpoints.models", "checkpoints.compat",
+                "checkpoints.legacy_rope")),
     ("records", ("methods", "config_syntax", "config")),
     ("patching", ("adapters", "patching", "checkpoints", "serving.freezing", "serving.dual_chunk_config",
                   "serving.gguf_file", "method_listing")),

@@ -18,6 +18,8 @@ from ..adapters.base import text_config
 from ..config import CONFIG_KEY
 from ..eval.tasks import registered, task_of_report
 from ..methods import resolve_method
+from .legacy_folder import card_line
+from ..checkpoints.legacy_rope import LegacyKeys
 from ..checkpoints.loading import merge_line
 from ..checkpoints.models import resolve_source
 from ..patching import get_config
@@ -163,15 +165,23 @@ def _own_scaling(block: dict[str, Any], prefix: str, original: int | None) -> di
             "replaced": pretrained is not None and pretrained == original}
 
 
+def _as_saved(plain: dict[str, Any], legacy: LegacyKeys | None, prefix: str) -> dict[str, Any]:
+    """The language model's config as config.json will hold it: with the transformers-4 keys written beside it."""
+    keys = legacy.keys.get(prefix) if legacy is not None and legacy.written else None
+    return {**plain, **keys} if keys else plain
+
+
 def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | None = None,
                      eval_reports: list[dict[str, Any]] | None = None, command: str | None = None,
                      model_name: str | None = None, trained: bool = False, extra_tags: list[str] | None = None,
-                     serve_check: dict[str, Any] | None = None, adapter: bool = False):
+                     serve_check: dict[str, Any] | None = None, adapter: bool = False,
+                     transformers4: LegacyKeys | None = None):
     """The ``huggingface_hub.ModelCard`` of a patched ``model``; ``serve_check``: the report of a serve-check of the
     saved checkpoint, whose measured verdicts replace the known status of that engine in the Serving section.
     ``adapter``: the card of a LoRA adapter folder (``lora.save_lora(merged=False)``) on ``model``, its patched base:
     it loads through hf_posenc or peft on ``base/``, and its Serving section is that of the merged checkpoint
-    (:func:`hf_posenc.checkpoints.loading.merge_line` writes it)."""
+    (:func:`hf_posenc.checkpoints.loading.merge_line` writes it). ``transformers4``: the transformers-4 RoPE keys its config.json
+    carries, or why none (:mod:`hf_posenc.publishing.legacy_folder`); the engines' launch settings read them too."""
     from huggingface_hub import ModelCard, ModelCardData
 
     cfg = get_config(model)
@@ -210,7 +220,8 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         in_model_index=bool(results),
         serving=measured_rows(known_status(block, getattr(lm_config, "dual_chunk_attention_config", None)),
                               serve_check),
-        launches=card_launches(lm_config.to_dict(), block, checkpoint),
+        transformers4=card_line(transformers4),
+        launches=card_launches(_as_saved(lm_config.to_dict(), transformers4, prefix), block, checkpoint),
     )
     card.content = scrub(card.content)  # the commands it quotes (the card's own and its reports') carry no secret
     return card

@@ -23,6 +23,7 @@ from ..io.output_folder import OWN
 from ..io.provenance import scrub
 from .card import BaseModel, build_model_card, describe_base
 from ..io.reports import save_report
+from .legacy_folder import add_to_folder, folder_state, requested
 from ..checkpoints.models import drop_gguf_quantizer
 from ..patching import holder
 
@@ -48,14 +49,18 @@ def _base(model, base_model: str | BaseModel | None) -> BaseModel:
 
 def save_pretrained(model, save_directory: str, tokenizer=None, *, eval_results: list[dict[str, Any]] | None = None,
                     base_model: str | BaseModel | None = None, repo_id: str | None = None, command: str | None = None,
-                    model_name: str | None = None, trained: bool = False, **save_kwargs: Any) -> str:
+                    model_name: str | None = None, trained: bool = False, transformers4: bool | None = None,
+                    **save_kwargs: Any) -> str:
     """Save a patched ``model`` so that it loads back exactly: weights and ``config.json`` (with the
     ``hf_posenc`` block), the tokenizer if given, ``README.md`` (the model card) and the evaluation
     reports (``eval_results``: reports returned by ``hf_posenc.eval`` runs or a fine-tune; JSON and
     Markdown) under ``hf_posenc_eval/``.
 
     base_model: the base model's Hub id, local path or alias (for the card's ``base_model`` and license);
-    default: where the model was loaded from. Returns ``save_directory``. A peft model is refused (peft would save
+    default: where the model was loaded from. transformers4: ``config.json``'s RoPE also in transformers 4's keys
+    (``rope_theta``, ``rope_scaling``; :mod:`hf_posenc.checkpoints.legacy_rope`): None writes them where transformers 4.57
+    computes the same RoPE from them (else the card and the hf_posenc block say why not), True refuses a RoPE it
+    would compute otherwise, False writes none. Returns ``save_directory``. A peft model is refused (peft would save
     its adapter alone, which no loader could put back together): ``hf_posenc.training.lora.save_lora`` saves it.
     """
     if holder(model) is not model:
@@ -63,11 +68,13 @@ def save_pretrained(model, save_directory: str, tokenizer=None, *, eval_results:
                          f"({type(model).__name__}): save it with hf_posenc.training.lora.save_lora(model, folder, merged=True) "
                          "(one checkpoint) or merged=False (the adapter beside the patched base; "
                          "hf_posenc.from_pretrained loads either)")
+    legacy = requested(model, transformers4)
     card = build_model_card(model, repo_id=repo_id, base=_base(model, base_model), eval_reports=eval_results,
-                            command=command, model_name=model_name, trained=trained)
+                            command=command, model_name=model_name, trained=trained, transformers4=legacy)
     drop_gguf_quantizer(model)
     os.makedirs(save_directory, exist_ok=True)
     model.save_pretrained(save_directory, **save_kwargs)
+    add_to_folder(save_directory, transformers4)
     if tokenizer is not None:
         save_tokenizer(tokenizer, save_directory, context_length(model))
     _write_card(save_directory, card, eval_results)
@@ -83,7 +90,7 @@ def write_model_card(model, save_directory: str, *, eval_results: list[dict[str,
     ``adapter``: the card of a LoRA adapter folder, ``model`` its patched base (:func:`build_model_card`)."""
     card = build_model_card(model, repo_id=repo_id, base=_base(model, base_model), eval_reports=eval_results,
                             command=command, model_name=model_name, trained=trained, serve_check=serve_check,
-                            adapter=adapter)
+                            adapter=adapter, transformers4=folder_state(save_directory))
     _write_card(save_directory, card, eval_results)
 
 

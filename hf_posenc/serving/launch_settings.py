@@ -15,6 +15,7 @@ from ..adapters.layout import rope_geometry
 from ..config import PosEncConfig
 from ..engines.launch import LAUNCHERS, Launch, Served
 from ..engines.launch.base import TooLong, fence_for
+from ..checkpoints.legacy_rope import stated
 from .gguf_file import ARCHITECTURES, is_gguf, llama_cpp_metadata, refusal
 from ..methods import resolve_method
 from ..methods.remapped import REMAPPED
@@ -67,7 +68,7 @@ def served_of(plain: dict[str, Any], block: dict[str, Any], path: str, gguf: boo
                   rope=dict(plain.get("rope_parameters") or {}), support=dict(resolve_method(method).engines),
                   llama_cpp=meta, llama_cpp_refusal=why, frozen_at=block.get("frozen_at"),
                   restored=_restored(method, block.get("params") or {}, original),
-                  dual_chunk=plain.get("dual_chunk_attention_config"))
+                  dual_chunk=plain.get("dual_chunk_attention_config"), legacy=None if gguf else stated(plain))
 
 
 def serve_config(path: str, engines: list[str] | None = None, max_length: int | None = None) -> list[Launch]:

@@ -25,7 +25,9 @@ class Served:
     type, factor, original, base, attn_factor, context; a ``rope_freqs`` tensor as ``freqs: True``), or None with
     ``llama_cpp_refusal`` saying why llama.cpp cannot compute it; frozen_at: the length a dynamic method was
     frozen at; restored: the context hf_posenc.from_pretrained restores for a method saved as the original model;
-    dual_chunk: config.json's ``dual_chunk_attention_config`` (``patch --dual-chunk-config``)."""
+    dual_chunk: config.json's ``dual_chunk_attention_config`` (``patch --dual-chunk-config``); legacy: the
+    transformers-4 keys (``rope_theta``, ``rope_scaling``, ...) config.json carries when they state the RoPE of its
+    ``rope_parameters`` (:func:`hf_posenc.checkpoints.legacy_rope.stated`), else None."""
 
     path: str
     gguf: bool
@@ -42,6 +44,7 @@ class Served:
     frozen_at: int | None = None
     restored: int | None = None
     dual_chunk: dict[str, Any] | None = None
+    legacy: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,128 @@
+"""config.json's RoPE in transformers 4's spelling, beside transformers 5's ``rope_parameters``.
+
+transformers 5 writes a model's RoPE only as ``rope_parameters``; transformers 4 (and every consumer pinned below
+5: TGI, older engines and converters) reads ``rope_theta`` and ``rope_scaling`` and, finding neither, uses the class
+defaults (base 10000, no scaling). :func:`legacy_keys` gives the keys that make transformers 4.57 compute what
+transformers 5 computes from ``rope_parameters``, or the reason it cannot:
+
+- ``rope_theta`` (and ``partial_rotary_factor``, which transformers 4 reads from the config itself);
+- ``rope_scaling``: ``rope_parameters`` less ``rope_theta`` and ``partial_rotary_factor``, its type under both
+  ``rope_type`` and ``type`` (the older spelling), or null for plain RoPE. transformers 5 reads a ``rope_scaling``
+  it finds as ``rope_parameters`` and takes ``rope_theta`` / ``partial_rotary_factor`` back from the config, so it
+  builds the same RoPE from either form;
+- longrope: ``original_max_position_embeddings`` at the config's top level when it differs from
+  ``max_position_embeddings``: transformers 4.57 switches to the long factors past that field and derives the
+  attention factor from ``max_position_embeddings / original_max_position_embeddings``.
+
+Refused (no keys written): a type transformers 4.57 does not have, RoPE per layer type (Gemma 3's nested
+``rope_parameters``), a longrope whose ``factor`` is not that ratio and has no ``attention_factor`` (transformers
+4.57 would derive another attention factor), a yarn or llama3 without the knobs transformers 4.57 requires.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+V4_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")  # transformers 4.57's ROPE_INIT_FUNCTIONS
+V4_KEYS = ("rope_theta", "rope_scaling")
+MOVED = ("rope_theta", "partial_rotary_factor")  # in rope_parameters for transformers 5, on the config for 4
+REQUIRED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+            "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+            "longrope": ("short_factor", "long_factor")}
+SUB_CONFIGS = ("text_config",)  # composite models: transformers 4 reads the language model's RoPE there
+TRANSFORMERS4 = "transformers 4.57"
+
+
+@dataclass
+class LegacyKeys:
+    """The keys to add to config.json (``keys``, per sub-config path: ``""`` for the top level), or ``reason``, why
+    transformers 4.57 would compute another RoPE from any keys (then ``keys`` is empty)."""
+    keys: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reason: str | None = None
+
+    @property
+    def written(self) -> bool:
+        return self.reason is None and bool(self.keys)
+
+
+def legacy_keys(config: dict[str, Any]) -> LegacyKeys:
+    """The transformers-4 keys of ``config`` (a config.json as a dict), for it and its language model's
+    sub-config; a model with no ``rope_parameters`` gets none and no reason (transformers 4 reads it the same)."""
+    found = LegacyKeys()
+    for path, sub in [("", config)] + [(f"{n}.", config[n]) for n in SUB_CONFIGS if isinstance(config.get(n), dict)]:
+        if not isinstance(sub.get("rope_parameters"), dict):
+            continue
+        try:
+            found.keys[path] = _flat_keys(sub)
+        except ValueError as err:
+            where = f" ({path[:-1]})" if path else ""
+            return LegacyKeys(reason=f"{err}{where}")
+    return found
+
+
+def _flat_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """The keys of one config whose ``rope_parameters`` is one RoPE; a ValueError saying why transformers 4.57
+    would compute another one."""
+    rope = config["rope_parameters"]
+    nested = sorted(k for k, v in rope.items() if isinstance(v, dict))
+    if nested:
+        raise ValueError(f"RoPE per layer type ({', '.join(nested)}): {TRANSFORMERS4} reads one rope_theta and "
+                         "rope_scaling for all layers")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in V4_TYPES:
+        raise ValueError(f"rope_type {kind!r}: {TRANSFORMERS4} computes {', '.join(V4_TYPES)} only")
+    if "rope_theta" not in rope:
+        raise ValueError(f"rope_parameters without rope_theta: {TRANSFORMERS4} would use its class default")
+    missing = [k for k in REQUIRED.get(kind, ()) if rope.get(k) is None]
+    if missing:
+        raise ValueError(f"rope_type {kind!r} without {', '.join(missing)}, which {TRANSFORMERS4} requires")
+    keys = {k: rope[k] for k in MOVED if k in rope}
+    scaling = {k: v for k, v in rope.items() if k not in MOVED and k != "type"}
+    keys["rope_scaling"] = None if kind == "default" else {**scaling, "rope_type": kind, "type": kind}
+    if kind == "longrope":
+        keys.update(_longrope_context(config, rope))
+    return keys
+
+
+def _longrope_context(config: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
+    """longrope's top-level ``original_max_position_embeddings`` where transformers 4.57 needs it; a ValueError when
+    it would derive another attention factor than transformers 5."""
+    context = config.get("max_position_embeddings")
+    original = rope.get("original_max_position_embeddings") or context
+    factor = rope.get("factor")
+    ratio = context / original if context and original else None
+    if original != context:
+        if rope.get("attention_factor") is None and factor is not None and not math.isclose(factor, ratio):
+            raise ValueError(f"longrope with factor {factor:g} and no attention_factor, while max_position_embeddings"
+                             f" / original_max_position_embeddings = {context} / {original}: {TRANSFORMERS4} derives "
+                             "its attention factor from that ratio, not from factor")
+        return {"original_max_position_embeddings": original}
+    if rope.get("attention_factor") is None and factor is None:
+        raise ValueError(f"longrope with neither factor nor attention_factor: {TRANSFORMERS4} needs one of them when "
+                         "max_position_embeddings is the original context")
+    return {}
+
+
+def with_legacy_keys(config: dict[str, Any], found: LegacyKeys) -> dict[str, Any]:
+    """A copy of ``config`` with ``found``'s keys set (each sub-config's in it); ``config`` is left as it was."""
+    out = dict(config)
+    for path, keys in found.keys.items():
+        target = out if not path else out.setdefault(path[:-1], {})
+        if path:
+            target = out[path[:-1]] = dict(target)
+        target.update(keys)
+    return out
+
+
+def stated(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The transformers-4 keys ``config`` (one config, a language model's) carries when they state the RoPE of its
+    ``rope_parameters`` (as :func:`legacy_keys` writes them); None when they are missing or say something else."""
+    if not isinstance(config.get("rope_parameters"), dict):
+        return None
+    try:
+        keys = _flat_keys(config)
+    except ValueError:
+        return None
+    return keys if all(k in config and config[k] == v for k, v in keys.items()) else None

@@ -1,0 +1,174 @@
+"""Checkpoints every consumer reads the same: config.json's RoPE also in transformers 4's keys (rope_theta,
+rope_scaling), proved by transformers 4.57 itself.
+
+The tests marked ``needs_transformers4`` load the saved folders with transformers 4.57 in a subprocess of its own
+environment (``scripts/setup.sh --transformers4`` builds ``.venv-transformers4``; ``HF_POSENC_TRANSFORMERS4_PYTHON``
+names another) and compare its logits with hf_posenc's; they are skipped, with that reason, where it is missing.
+The rest check transformers 5's reading of the same folders, the refusals and ``hf-posenc upgrade-config``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import hf_posenc
+from hf_posenc.checkpoints.legacy_rope import legacy_keys
+from hf_posenc.serve_config import serve_config
+from conftest import ORIGINAL, ids, logits, tiny_model
+from test_layered_rope import gemma
+
+REPO_VENV = os.path.join(os.path.dirname(__file__), "..", ".venv-transformers4", "bin", "python")
+LONG = 150  # past the original context of 64, where the methods differ
+THETAS = {"qwen2": 1e6, "llama": 5e5, "mistral": 1e4}
+METHODS = {"none": {}, "pi": {"factor": 2.0}, "ntk": {"factor": 2.0}, "yarn": {"factor": 4.0},
+           "llama3": {"factor": 8.0}, "longrope": {"factor": 2.0}, "dynamic_ntk": {"factor": 2.0}}
+
+
+def transformers4_python() -> str | None:
+    path = os.environ.get("HF_POSENC_TRANSFORMERS4_PYTHON") or os.path.abspath(REPO_VENV)
+    return path if os.path.isfile(path) else None
+
+
+needs_transformers4 = pytest.mark.skipif(
+    transformers4_python() is None,
+    reason="no transformers 4: run 'bash scripts/setup.sh --transformers4' (or set HF_POSENC_TRANSFORMERS4_PYTHON)")
+
+
+def patched(family: str, method: str):
+    model = tiny_model(family, rope_parameters={"rope_type": "default", "rope_theta": THETAS[family]})
+    return hf_posenc.patch(model, method, **METHODS[method])
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """{(family, method): (folder, hf_posenc's logits on LONG tokens)}, each saved by hf_posenc.save_pretrained."""
+    root, out = tmp_path_factory.mktemp("transformers4"), {}
+    for family in THETAS:
+        for method in METHODS:
+            model = patched(family, method)
+            folder = str(root / f"{family}-{method}")
+            hf_posenc.save_pretrained(model, folder)
+            out[family, method] = folder, logits(model, ids(LONG))
+    return out
+
+
+def _v4_diffs(folders: dict[str, torch.Tensor], tmp_path) -> dict[str, float]:
+    """Max abs diff of transformers 4.57's logits (its own process and environment) to the expected ones."""
+    torch.save(folders, tmp_path / "expected.pt")
+    script = textwrap.dedent(f"""
+        import json, torch, transformers
+        from transformers import AutoModelForCausalLM
+        assert transformers.__version__.startswith("4.57"), transformers.__version__
+        expected = torch.load({str(tmp_path / 'expected.pt')!r})
+        x = torch.randint(0, 96, (1, {LONG}), generator=torch.Generator().manual_seed(1))
+        out = {{}}
+        for path, ref in expected.items():
+            m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            with torch.no_grad():
+                out[path] = (m(x).logits.float() - ref).abs().max().item()
+        print("DIFFS" + json.dumps(out))
+        """)
+    res = subprocess.run([transformers4_python(), "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": ""}, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.split("DIFFS")[1])
+
+
+@needs_transformers4
+def test_transformers4_computes_every_saved_method_as_hf_posenc(saved, tmp_path):
+    diffs = _v4_diffs({folder: ref for folder, ref in saved.values()}, tmp_path)
+    table = {f"{f}/{m}": diffs[folder] for (f, m), (folder, _) in saved.items()}
+    print("transformers 4.57 vs hf_posenc, max abs diff:", json.dumps(table, indent=1))
+    assert all(d <= 1e-5 for d in table.values()), table
+
+
+@needs_transformers4
+def test_without_the_keys_transformers4_computes_another_model(saved, tmp_path):
+    """The problem the keys solve: config.json with rope_parameters alone, read by transformers 4.57."""
+    folder, ref = saved["qwen2", "yarn"]
+    config = json.loads(open(os.path.join(folder, "config.json")).read())
+    for key in ("rope_theta", "rope_scaling"):
+        del config[key]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in os.listdir(folder):
+        if name.endswith(".safetensors"):
+            os.symlink(os.path.join(folder, name), bare / name)
+    (bare / "config.json").write_text(json.dumps(config))
+    assert _v4_diffs({str(bare): ref}, tmp_path)[str(bare)] > 1e-3  # hf_posenc's own numbers differ by ~1e-7
+
+
+def test_transformers5_reads_the_folder_as_before(saved):
+    """The transformers-4 keys never win over rope_parameters: transformers 5 builds the same config and logits."""
+    for (family, method), (folder, ref) in saved.items():
+        written = json.loads(open(os.path.join(folder, "config.json")).read())
+        loaded = AutoConfig.from_pretrained(folder)
+        assert {k: v for k, v in loaded.rope_parameters.items() if k != "type"} == written["rope_parameters"]
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        assert (logits(model, ids(LONG)) - ref).abs().max().item() <= 1e-6, (family, method)
+        again = hf_posenc.from_pretrained(folder, dtype=torch.float32).eval()
+        assert (logits(again, ids(LONG)) - ref).abs().max().item() <= 1e-6, (family, method)
+
+
+def test_the_keys_written_per_method(saved):
+    for family, theta in THETAS.items():
+        config = json.loads(open(os.path.join(saved[family, "yarn"][0], "config.json")).read())
+        assert config["rope_theta"] == theta
+        scaling = config["rope_scaling"]
+        assert scaling["type"] == scaling["rope_type"] == "yarn" and scaling["factor"] == 4.0
+        assert scaling["original_max_position_embeddings"] == ORIGINAL and "rope_theta" not in scaling
+    none = json.loads(open(os.path.join(saved["llama", "none"][0], "config.json")).read())
+    assert none["rope_scaling"] is None and none["rope_theta"] == 5e5
+    longrope = json.loads(open(os.path.join(saved["llama", "longrope"][0], "config.json")).read())
+    assert longrope["original_max_position_embeddings"] == ORIGINAL  # where transformers 4 switches factors
+    card = open(os.path.join(saved["llama", "yarn"][0], "README.md")).read()
+    assert "| read right by transformers 4 | yes:" in card
+
+
+def test_a_rope_transformers4_computes_otherwise_is_refused_when_asked_and_left_out_otherwise(tmp_path):
+    model = hf_posenc.patch(gemma(), "yarn", factor=2.0)  # Gemma 3: RoPE per layer type
+    with pytest.raises(ValueError, match=r"transformers4=True for `yarn`.*RoPE per layer type \(full_attention, "
+                                         r"sliding_attention\)"):
+        hf_posenc.save_pretrained(model, str(tmp_path / "asked"), transformers4=True)
+    assert not (tmp_path / "asked").exists()  # refused before anything is written
+    folder = hf_posenc.save_pretrained(model, str(tmp_path / "plain"))
+    config = json.loads(open(os.path.join(folder, "config.json")).read())
+    assert "rope_scaling" not in config and "rope_theta" not in config
+    assert "RoPE per layer type" in config["hf_posenc"]["transformers4"]["reason"]
+    card = open(os.path.join(folder, "README.md")).read()
+    assert "| read right by transformers 4 | no:" in card and "loaders on transformers 5 read it right" in card
+    assert hf_posenc.get_config(hf_posenc.from_pretrained(folder)) == hf_posenc.get_config(model)
+
+
+def test_legacy_keys_refuse_what_transformers4_reads_otherwise():
+    base = {"max_position_embeddings": 128}
+    assert "computes default, linear" in legacy_keys({**base, "rope_parameters": {"rope_type": "proportional",
+                                                                                  "rope_theta": 1e4}}).reason
+    longrope = {"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0, "short_factor": [1.0],
+                "long_factor": [4.0], "original_max_position_embeddings": 64}
+    assert "derives its attention factor from that ratio" in legacy_keys({**base, "rope_parameters": longrope}).reason
+    assert legacy_keys({**base, "rope_parameters": {**longrope, "attention_factor": 1.2}}).written
+    assert "without low_freq_factor" in legacy_keys({**base, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}}).reason
+    assert legacy_keys({"model_type": "bert"}).keys == {} and legacy_keys({"model_type": "bert"}).reason is None
+    composite = legacy_keys({"text_config": {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}})
+    assert composite.keys == {"text_config.": {"rope_theta": 1e6, "rope_scaling": None}}
+
+
+def test_tgi_reads_the_keys(saved):
+    verdicts = {m: serve_config(saved["llama", m][0], ["tgi"])[0] for m in METHODS}
+    for method in ("none", "ntk", "yarn", "llama3", "dynamic_ntk"):
+        assert verdicts[method].computes == "not measured", (method, verdicts[method].reason)
+        assert "--rope-scaling" not in verdicts[method].command
+    assert verdicts["pi"].computes == "cannot" and "applies no factor" in verdicts["pi"].reason
+    assert verdicts["longrope"].computes == "cannot" and "short factors" in verdicts["longrope"].reason
+    assert all("not launched here" in v.checked for v in verdicts.values())
+
