@@ -20,8 +20,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.checkpoints.legacy_rope import legacy_keys
-from hf_posenc.serve_config import serve_config
-from conftest import ORIGINAL, ids, logits, tiny_model
+from hf_posenc.cli import main
+from hf_posenc.publishing.config_upgrade import upgrade_config
+from hf_posenc.serving.launch_settings import serve_config
+from helpers import ORIGINAL, ids, logits, refused, tiny_model
 from test_layered_rope import gemma
 
 REPO_VENV = os.path.join(os.path.dirname(__file__), "..", ".venv-transformers4", "bin", "python")
@@ -172,3 +174,85 @@ def test_tgi_reads_the_keys(saved):
     assert verdicts["longrope"].computes == "cannot" and "short factors" in verdicts["longrope"].reason
     assert all("not launched here" in v.checked for v in verdicts.values())
 
+
+# ---- hf-posenc upgrade-config ---------------------------------------------------------------------------------
+
+def _plain_save(tmp_path, family="qwen2", method="yarn"):
+    """A folder another tool saved with transformers 5: rope_parameters alone."""
+    model = patched(family, method)
+    folder = tmp_path / f"plain-{family}-{method}"
+    type(model).save_pretrained(model, folder)  # transformers' own save, as any other tool does
+    config = json.loads((folder / "config.json").read_text())
+    assert "rope_scaling" not in config and "rope_theta" not in config
+    return model, folder
+
+
+def test_upgrade_config_into_a_new_folder_and_in_place(tmp_path, capsys):
+    model, folder = _plain_save(tmp_path)
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    assert main(["upgrade-config", str(folder), "--output", str(tmp_path / "up")]) == 0
+    assert f"{tmp_path / 'up'}: config.json now carries rope_scaling, rope_theta" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before  # the source untouched
+    config = json.loads((tmp_path / "up" / "config.json").read_text())
+    assert config["rope_theta"] == 1e6 and config["rope_scaling"]["type"] == "yarn"
+    assert main(["upgrade-config", str(folder), "--output", str(tmp_path / "up")]) == 0  # its own output: replaced
+    assert main(["upgrade-config", str(folder), "--in-place"]) == 0
+    out = capsys.readouterr().out
+    assert "now carries rope_scaling, rope_theta beside rope_parameters" in out
+    assert json.loads((folder / "config.json").read_text()) == config
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir() if p.name != "config.json"} == \
+        {k: v for k, v in before.items() if k != "config.json"}
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no lock or temporary file left
+    for path in (folder, tmp_path / "up"):
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        assert (logits(loaded, ids(LONG)) - logits(model, ids(LONG))).abs().max().item() <= 1e-6
+
+
+@needs_transformers4
+def test_an_upgraded_folder_loads_right_in_transformers4(tmp_path):
+    expected = {}
+    for family in THETAS:
+        model, folder = _plain_save(tmp_path, family, "llama3")
+        upgrade_folder = str(tmp_path / f"up-{family}")
+        hf_posenc_upgrade(str(folder), upgrade_folder)
+        expected[upgrade_folder] = logits(model, ids(LONG))
+    diffs = _v4_diffs(expected, tmp_path)
+    assert max(diffs.values()) <= 1e-5, diffs
+
+
+def hf_posenc_upgrade(folder: str, output: str) -> None:
+    assert upgrade_config(folder, output=output).keys
+
+
+def test_upgrade_config_refuses_bad_input_by_name(tmp_path, capsys):
+    missing = tmp_path / "nowhere"
+    assert "is missing: give the checkpoint folder" in refused(["upgrade-config", str(missing), "--in-place"], capsys)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "has no config.json" in refused(["upgrade-config", str(empty), "--in-place"], capsys)
+    (empty / "config.json").write_text("[1, 2")
+    assert "could not be read as JSON" in refused(["upgrade-config", str(empty), "--in-place"], capsys)
+    assert "one of the arguments --in-place --output is required" in refused(["upgrade-config", str(empty)], capsys)
+    assert "not allowed with argument" in refused(["upgrade-config", str(empty), "--in-place", "--output",
+                                                   str(tmp_path / "x")], capsys)
+    assert "--in-place --output is required" in refused(["upgrade-config", str(empty), "--in-pl"], capsys)  # no
+    # abbreviation taken
+    gemma_folder = tmp_path / "gemma"
+    model = hf_posenc.patch(gemma(), "yarn", factor=2.0)
+    type(model).save_pretrained(model, gemma_folder)
+    text = (gemma_folder / "config.json").read_text()
+    message = refused(["upgrade-config", str(gemma_folder), "--in-place"], capsys)
+    assert "RoPE per layer type (full_attention, sliding_attention)" in message and "transformers 4.57" in message
+    assert (gemma_folder / "config.json").read_text() == text  # nothing written
+    _, folder = _plain_save(tmp_path)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    assert "did not write" in refused(["upgrade-config", str(folder), "--output", str(tmp_path / "taken")], capsys)
+
+
+def test_upgrade_config_on_a_model_without_rope_adds_nothing(tmp_path, capsys):
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 512}))
+    assert main(["upgrade-config", str(folder), "--in-place"]) == 0
+    assert "nothing to add" in capsys.readouterr().out

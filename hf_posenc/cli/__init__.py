@@ -1,5 +1,5 @@
 """The ``hf-posenc`` command: ``methods``, ``eval ppl|passkey|retrieval|harness``, ``tune``, ``patch``, ``finetune``,
-``upload`` and ``serve-check``. One module per command, each with ``add_parser(sub)`` and ``run(args, command) -> exit status``;
+``upload``, ``upgrade-config`` and ``serve-check``. One module per command, each with ``add_parser(sub)`` and ``run(args, command) -> exit status``;
 ``args`` holds the argument types and the flag groups they share."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from ..engines.vllm_engine import EngineError
 from ..publishing.hub import UploadError
 from ..io.interrupts import Terminated, sigterm_interrupts
 from ..io.provenance import command_line, scrub
-from . import eval_cmd, explain_cmd, finetune_cmd, methods_cmd, patch_cmd, serve_check_cmd, serve_config_cmd, tune_cmd, upload_cmd
+from . import eval_cmd, explain_cmd, finetune_cmd, methods_cmd, patch_cmd, serve_check_cmd, serve_config_cmd, tune_cmd, \
+    upgrade_config_cmd, upload_cmd
 from .parser import Parser
 
 COMMANDS = {"methods": methods_cmd, "eval": eval_cmd, "tune": tune_cmd, "patch": patch_cmd,
-            "finetune": finetune_cmd, "upload": upload_cmd,
+            "finetune": finetune_cmd, "upload": upload_cmd, "upgrade-config": upgrade_config_cmd,
             "serve-check": serve_check_cmd, "serve-config": serve_config_cmd, "explain": explain_cmd}
 
 
