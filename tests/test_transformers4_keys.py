@@ -256,3 +256,11 @@ def test_upgrade_config_on_a_model_without_rope_adds_nothing(tmp_path, capsys):
     (folder / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 512}))
     assert main(["upgrade-config", str(folder), "--in-place"]) == 0
     assert "nothing to add" in capsys.readouterr().out
+
+
+def test_a_plain_rope_with_other_keys_keeps_them_in_rope_scaling():
+    found = legacy_keys({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24],
+                                             "partial_rotary_factor": 0.5}})
+    assert found.keys[""] == {"rope_theta": 1e6, "partial_rotary_factor": 0.5,
+                              "rope_scaling": {"mrope_section": [16, 24, 24], "rope_type": "default",
+                                               "type": "default"}}

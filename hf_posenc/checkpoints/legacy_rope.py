@@ -7,7 +7,7 @@ transformers 5 computes from ``rope_parameters``, or the reason it cannot:
 
 - ``rope_theta`` (and ``partial_rotary_factor``, which transformers 4 reads from the config itself);
 - ``rope_scaling``: ``rope_parameters`` less ``rope_theta`` and ``partial_rotary_factor``, its type under both
-  ``rope_type`` and ``type`` (the older spelling), or null for plain RoPE. transformers 5 reads a ``rope_scaling``
+  ``rope_type`` and ``type`` (the older spelling), or null for plain RoPE with no other key. transformers 5 reads a ``rope_scaling``
   it finds as ``rope_parameters`` and takes ``rope_theta`` / ``partial_rotary_factor`` back from the config, so it
   builds the same RoPE from either form;
 - longrope: ``original_max_position_embeddings`` at the config's top level when it differs from
@@ -79,8 +79,9 @@ def _flat_keys(config: dict[str, Any]) -> dict[str, Any]:
     if missing:
         raise ValueError(f"rope_type {kind!r} without {', '.join(missing)}, which {TRANSFORMERS4} requires")
     keys = {k: rope[k] for k in MOVED if k in rope}
-    scaling = {k: v for k, v in rope.items() if k not in MOVED and k != "type"}
-    keys["rope_scaling"] = None if kind == "default" else {**scaling, "rope_type": kind, "type": kind}
+    scaling = {k: v for k, v in rope.items() if k not in MOVED and k not in ("type", "rope_type")}
+    plain = kind == "default" and not scaling  # other keys of a plain RoPE (Qwen2-VL's mrope_section) are kept
+    keys["rope_scaling"] = None if plain else {**scaling, "rope_type": kind, "type": kind}
     if kind == "longrope":
         keys.update(_longrope_context(config, rope))
     return keys
@@ -109,10 +110,10 @@ def with_legacy_keys(config: dict[str, Any], found: LegacyKeys) -> dict[str, Any
     """A copy of ``config`` with ``found``'s keys set (each sub-config's in it); ``config`` is left as it was."""
     out = dict(config)
     for path, keys in found.keys.items():
-        target = out if not path else out.setdefault(path[:-1], {})
         if path:
-            target = out[path[:-1]] = dict(target)
-        target.update(keys)
+            out[path[:-1]] = {**out.get(path[:-1], {}), **keys}
+        else:
+            out.update(keys)
     return out
 
 
