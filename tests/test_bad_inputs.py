@@ -218,6 +218,7 @@ COMMANDS = {
     "upload": ["upload", "folder", "me/x"],
     "methods": ["methods"],
     "serve-check": ["serve-check", "folder"],
+    "upgrade-config": ["upgrade-config", "folder", "--in-place"],
 }
 
 
@@ -241,6 +242,7 @@ def test_every_command_refuses_a_token_flag_and_never_prints_it(command, flag, t
     (["tune", "--target-length", "128", "--output", "o", "--budget", "5"], "--budget"),
     (["serve-check", "folder", "--confirm"], "--confirm"),  # a prefix of --confirm-refusal
     (["eval", "ppl", "--engine-p", "python3"], "--engine-p"),  # of --engine-python
+    (["upgrade-config", "folder", "--in-place", "--out", "o"], "--out"),  # of --output
 ])
 def test_a_prefix_of_a_flag_is_not_that_flag(argv, prefix, capsys):
     assert f"unrecognized arguments: {prefix}" in refused(argv, capsys)
