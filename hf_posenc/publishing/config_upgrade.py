@@ -1,5 +1,5 @@
 """``hf-posenc upgrade-config FOLDER``: a checkpoint folder saved with transformers 5 (by any tool) gets the
-transformers-4 RoPE keys beside ``rope_parameters`` (:mod:`hf_posenc.legacy_rope`), so that loaders on transformers
+transformers-4 RoPE keys beside ``rope_parameters`` (:mod:`hf_posenc.checkpoints.legacy_rope`), so that loaders on transformers
 4 read the model it is.
 
 ``in_place``: only ``config.json`` is rewritten, atomically (the old file or the new one, never half of one), under
