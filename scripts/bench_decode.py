@@ -107,8 +107,8 @@ def section(args, argv, out) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_posenc.io.reports import emit_section
     from hf_posenc.checkpoints.runtime import load_model_and_tokenizer
+    from hf_posenc.io.reports import emit_section
 
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -28,7 +28,7 @@ TITLE = "## Fine-tuning patched SmolLM2 on CPU (alibi swap, yarn)"
 def main(argv: list[str] | None = None) -> int:
     from hf_posenc.config import PosEncConfig
     from hf_posenc.io.documents import read_text_file
-    from hf_posenc.io.reports import markdown_table, emit_section
+    from hf_posenc.io.reports import emit_section, markdown_table
     from hf_posenc.training.finetune import finetune
     from hf_posenc.training.settings import TrainSettings
 

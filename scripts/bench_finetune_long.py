@@ -147,10 +147,10 @@ def ceiling(args) -> dict:
 
     import torch
 
-    from hf_posenc.io.documents import read_text_file, tokenize_documents
+    from hf_posenc.checkpoints.runtime import load_model_and_tokenizer
     from hf_posenc.eval.perplexity import truncated_nll
     from hf_posenc.eval.scoring import token_nll
-    from hf_posenc.checkpoints.runtime import load_model_and_tokenizer
+    from hf_posenc.io.documents import read_text_file, tokenize_documents
 
     lm, tok, _ = load_model_and_tokenizer(args.model, "float32", args.device)
     ids = tokenize_documents(tok, [read_text_file(args.text_file)], 16384)[0][None].to(args.device)

@@ -59,10 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_posenc.io.reports import emit_section
     from hf_posenc.eval.run_passkey import run_passkey
-    from hf_posenc.io.documents import gather_documents
     from hf_posenc.eval.run_ppl import run_perplexity
+    from hf_posenc.io.documents import gather_documents
+    from hf_posenc.io.reports import emit_section
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)

@@ -29,9 +29,8 @@ def child(args) -> None:
     import torch
 
     from hf_posenc.checkpoints.runtime import load_model_and_tokenizer
-    from hf_posenc.io.documents import read_text_file
-    from hf_posenc.io.documents import tokenize_documents
     from hf_posenc.eval.scoring import token_nll
+    from hf_posenc.io.documents import read_text_file, tokenize_documents
 
     torch.manual_seed(0)
     torch.set_num_threads(max(1, os.cpu_count() or 1))

@@ -20,9 +20,9 @@ TITLE = "## Needle retrieval with sentence embeddings (all-MiniLM-L6-v2)"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_posenc.io.reports import emit_section
-    from hf_posenc.io.documents import gather_documents
     from hf_posenc.eval.run_retrieval import run_retrieval
+    from hf_posenc.io.documents import gather_documents
+    from hf_posenc.io.reports import emit_section
 
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -46,11 +46,11 @@ MAIN_JOB = ["--methods", "none,yarn", "--factor", "2", "--lengths", "12288", "--
 def checkpoint(label: str, out: str) -> str:
     """The folder (or GGUF) of ``label``, written once: ``hf-posenc patch --output`` (``--freeze-at``), or the
     default model's Q4_1 GGUF patched in place (``--gguf``; "none": the file as it ships)."""
-    from hf_posenc.config import PosEncConfig
-    from hf_posenc.serving.gguf_file import patch_gguf
     from hf_posenc.checkpoints.models import resolve_source
+    from hf_posenc.config import PosEncConfig
     from hf_posenc.eval.settings import LoadSettings
     from hf_posenc.publishing.patch_job import PatchJob, patch_and_save
+    from hf_posenc.serving.gguf_file import patch_gguf
 
     method, factor, freeze_at, gguf = CHECKPOINTS[label]
     if gguf:

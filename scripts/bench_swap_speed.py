@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from hf_posenc.checkpoints.runtime import load_model_and_tokenizer
-    from hf_posenc.io.reports import markdown_table, emit_section
+    from hf_posenc.io.reports import emit_section, markdown_table
 
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,

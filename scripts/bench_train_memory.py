@@ -52,8 +52,8 @@ def child(args) -> None:
     import torch
 
     import hf_posenc
-    from hf_posenc.eval.scoring import chunked_lm_loss
     from hf_posenc.checkpoints.runtime import load_model_and_tokenizer
+    from hf_posenc.eval.scoring import chunked_lm_loss
 
     torch.manual_seed(0)
     model, tok, _ = load_model_and_tokenizer(args.model)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
 from helpers import FAMILIES, tiny_config, tiny_model
+from transformers import AutoModelForCausalLM
 
 
 @pytest.fixture(params=FAMILIES)

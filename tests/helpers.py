@@ -78,9 +78,9 @@ def book_path(name: str = "pg84.txt") -> str:
     path = os.path.abspath(os.path.join(BOOKS, name))
     if os.path.exists(path):
         return path
-    from hf_posenc.io.documents import builtin_corpus
-
     import tempfile
+
+    from hf_posenc.io.documents import builtin_corpus
 
     folder = os.path.join(tempfile.gettempdir(), f"hf_posenc-stand-ins-{os.getuid()}")
     stand_in = os.path.join(folder, name)
@@ -94,9 +94,9 @@ def book_path(name: str = "pg84.txt") -> str:
 
 def load_real(alias: str, **kwargs):
     """A real installed model (``hf_posenc.checkpoints.models`` alias) in fp32, eval mode, with its own tokenizer."""
-    import hf_posenc
     from transformers import AutoTokenizer
 
+    import hf_posenc
     from hf_posenc.checkpoints.models import resolve_source
 
     model = hf_posenc.from_pretrained(alias, dtype=torch.float32, **kwargs).eval()

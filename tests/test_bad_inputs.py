@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
+from helpers import refused, tiny_model
 
 import hf_posenc
 from hf_posenc.cli import main
-from helpers import refused, tiny_model
 
 SHAPED = "hf_" + "Q7x" * 12  # shaped like a Hub token, known to nobody
 FLAGGED = "plainsecret-42"  # a value after --token: no shape, still a secret

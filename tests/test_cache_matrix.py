@@ -9,11 +9,11 @@ attention function) and left to transformers where the method leaves attention a
 
 import pytest
 import torch
+from helpers import SMALL_WINDOW_KNOBS, ids, logits, tiny_model
 from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
 import hf_posenc
 from hf_posenc.adapters.cache_argument import with_cache
-from helpers import SMALL_WINDOW_KNOBS, ids, logits, tiny_model
 
 KNOBS = {m: SMALL_WINDOW_KNOBS[m] for m in ("self_extend", "dca", "string", "rerope", "leaky_rerope", "alibi", "nope",
                                         "learned", "longrope", "llama3")}  # 90 tokens cross every boundary

@@ -6,12 +6,18 @@ import copy
 
 import pytest
 import torch
-from transformers import (AutoConfig, CLIPVisionConfig, Gemma3Config, LlavaConfig, LlavaForConditionalGeneration,
-                          SiglipVisionConfig)
-from transformers import Gemma3ForConditionalGeneration
+from helpers import ORIGINAL, THETA, ids, tiny_config
+from transformers import (
+    AutoConfig,
+    CLIPVisionConfig,
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    SiglipVisionConfig,
+)
 
 import hf_posenc
-from helpers import ORIGINAL, THETA, ids, tiny_config
 
 YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": ORIGINAL}
 

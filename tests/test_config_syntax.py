@@ -5,15 +5,15 @@ import argparse
 import json
 
 import pytest
+from helpers import refused
 
 from hf_posenc import PosEncConfig
+from hf_posenc.cli.flags import method_config
 from hf_posenc.config_syntax import EXAMPLE, FORM, config_error, parse_method_params, spec_text
 from hf_posenc.eval.key_tokens import evaluator_config
 from hf_posenc.eval.variants import parse_variant
-from hf_posenc.cli.flags import method_config
 from hf_posenc.methods import METHODS
 from hf_posenc.tuning.space import load_space
-from helpers import refused
 
 YARN_KEYS = ("yarn takes: factor, original_max_position_embeddings, beta_fast, beta_slow, attention_factor, mscale, "
              "mscale_all_dim, truncate, layer_types.")

@@ -4,9 +4,9 @@ bad sizes and CPU runs are refused by name before any compute. An actual 2-rank 
 
 import pytest
 import torch
+from helpers import book_path, tiny_model
 
 import hf_posenc
-from helpers import book_path, tiny_model
 from hf_posenc.cli import main
 from hf_posenc.training.parallel import check_context_parallel
 

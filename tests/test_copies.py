@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
+from helpers import ids, logits, tiny_model
 
 import hf_posenc
-from helpers import ids, logits, tiny_model
 
 CASES = [("yarn", {"factor": 2.0}), ("dynamic_ntk", {"factor": 2.0}), ("alibi", {}), ("learned", {"factor": 3.0}),
          ("dca", {"chunk_size": 40, "local_window": 4}), ("self_extend", {"group_size": 4, "window": 16})]

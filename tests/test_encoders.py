@@ -352,8 +352,8 @@ def test_expected_rank_with_ties():
 
 
 def test_retrieval_truncation_loses_deep_facts(tmp_path, bert_tokenizer):
-    from hf_posenc.io.documents import read_text_file
     from hf_posenc.eval.run_retrieval import run_retrieval
+    from hf_posenc.io.documents import read_text_file
 
     torch.manual_seed(0)
     model = AutoModel.from_config(AutoConfig.for_model(

@@ -1,19 +1,19 @@
 """The evaluation machinery on tiny models: chunked losses, windows, intervals, passkey prompts, the CLI."""
 
 import json
-import shutil
 import math
+import shutil
 
 import pytest
 import torch
+from helpers import ORIGINAL, book_path, ids, on_loaded, refused, tiny_model
 
 from hf_posenc.cli import main
 from hf_posenc.eval.passkey import PasskeyBuilder, batches, score_teacher_forced
-from hf_posenc.eval.run_passkey import run_passkey
 from hf_posenc.eval.perplexity import evaluate_perplexity, plan_windows
+from hf_posenc.eval.run_passkey import run_passkey
 from hf_posenc.eval.scoring import token_nll
 from hf_posenc.eval.stats import mean_ci95
-from helpers import ORIGINAL, book_path, ids, on_loaded, refused, tiny_model
 
 
 def test_chunked_nll_equals_the_naive_loss():
@@ -311,9 +311,8 @@ def test_past_l_is_every_token_from_position_l_on_wherever_the_position_buckets_
 
 
 def test_text_haystack_prompts_hide_the_asked_needle_at_its_depth_among_distractors(bert_tokenizer):
-    from hf_posenc.io.documents import builtin_corpus
     from hf_posenc.eval.haystack import TextHaystack
-    from hf_posenc.io.documents import corpus_stream
+    from hf_posenc.io.documents import builtin_corpus, corpus_stream
 
     stream = corpus_stream(bert_tokenizer, builtin_corpus())
     hay = TextHaystack(bert_tokenizer, stream, needles=3)

@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import refused
 
 from hf_posenc.cli import main
 from hf_posenc.eval.variants import build_variants, parse_variant
-from helpers import refused
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

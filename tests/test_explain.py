@@ -10,13 +10,12 @@ import math
 
 import pytest
 import torch
+from helpers import refused
 
+from hf_posenc import explain
 from hf_posenc.config import PosEncConfig
 from hf_posenc.encodings.rope import RopeGeometry
 from hf_posenc.explaining import arrays as A
-from hf_posenc import explain
-
-from helpers import refused
 
 D, THETA, L = 64, 10000.0, 512
 GEOM = RopeGeometry(THETA, D, L)
@@ -193,10 +192,10 @@ def test_bad_input_is_refused_by_name(tmp_path, capsys):
 
 
 def test_limits_a_patched_checkpoints_trained_context_and_someone_elses_folder(tmp_path, capsys):
-    import hf_posenc
+    from helpers import ORIGINAL, tiny_config
     from transformers import AutoModelForCausalLM
 
-    from helpers import ORIGINAL, tiny_config
+    import hf_posenc
 
     common = ["--head-dim", "64", "--rope-theta", "10000", "--original-max-position", "512"]
     assert "--length must be a whole number of tokens from 2 to 2,097,152" in refused(

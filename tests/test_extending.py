@@ -12,19 +12,19 @@ import math
 from dataclasses import dataclass
 
 import pytest
+from helpers import ORIGINAL, ids, logits, refused, tiny_model
 
 import hf_posenc
-from hf_posenc.encodings.rope import default_inv_freq
-from hf_posenc.methods import _ALIASES, METHODS, EngineSupport, MethodSpec, factor_grid, unregister_method
-from hf_posenc.methods import rope as rope_records
-from helpers import ORIGINAL, ids, logits, refused, tiny_model
 from hf_posenc.cli import main
+from hf_posenc.encodings.rope import default_inv_freq
 from hf_posenc.eval.cells import NUMBER
 from hf_posenc.eval.common import Run
 from hf_posenc.eval.params import ints, param
-from hf_posenc.io.reports import markdown_table
 from hf_posenc.eval.scoring import token_nll
 from hf_posenc.eval.tasks import Defaults, EvalTask, PatchUse, per_length_entries, register_task, unregister_task
+from hf_posenc.io.reports import markdown_table
+from hf_posenc.methods import _ALIASES, METHODS, EngineSupport, MethodSpec, factor_grid, unregister_method
+from hf_posenc.methods import rope as rope_records
 
 NAME = "sqrt_pi"
 

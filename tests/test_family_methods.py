@@ -17,11 +17,11 @@ import math
 
 import pytest
 import torch
+from helpers import SMALL_WINDOW_KNOBS, ids, logits, tiny_model, written_out_decoder
+from test_layered_rope import gemma
 
 import hf_posenc
-from helpers import SMALL_WINDOW_KNOBS, ORIGINAL, ids, logits, tiny_model, written_out_decoder
 from hf_posenc.encodings.alibi import alibi_slopes
-from test_layered_rope import gemma
 
 EXACT = 1e-5
 WINDOW = 24  # Mistral's and Gemma 3's sliding window here

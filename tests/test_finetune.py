@@ -4,13 +4,12 @@ import json
 
 import pytest
 import torch
+from helpers import book_path, ids, tiny_model
 
 import hf_posenc
 from hf_posenc.cli import main
-from hf_posenc.io.documents import read_text_file
-from hf_posenc.io.documents import tokenize_documents
+from hf_posenc.io.documents import read_text_file, tokenize_documents
 from hf_posenc.training.finetune import heldout_perplexity, pack
-from helpers import book_path, ids, tiny_model
 
 
 def test_pack_joins_documents_with_eos_into_whole_blocks():
@@ -23,7 +22,7 @@ def test_pack_joins_documents_with_eos_into_whole_blocks():
 def test_document_packing_never_straddles_two_documents():
     blocks = pack([torch.arange(5), torch.arange(10, 19), torch.arange(30, 33)], 4, eos=99, packing="document")
     assert blocks.tolist() == [[0, 1, 2, 3], [10, 11, 12, 13], [14, 15, 16, 17]]  # remainders and short docs dropped
-    with pytest.raises(ValueError, match="no document holds a block of seq_len=8 tokens \(the longest has 5\)"):
+    with pytest.raises(ValueError, match=r"no document holds a block of seq_len=8 tokens \(the longest has 5\)"):
         pack([torch.arange(5)], 8, eos=99, packing="document")
     with pytest.raises(ValueError, match="--packing must be one of document, stream, stream-restart, got 'docs'"):
         pack([torch.arange(5)], 4, eos=99, packing="docs")
@@ -117,8 +116,9 @@ def test_the_chunked_training_loss_equals_the_models_own_with_gradient_accumulat
 
 
 def test_cli_finetune_with_restarted_positions_feeds_them(tiny_checkpoint, tmp_path, monkeypatch, capsys):
-    import hf_posenc.training.finetune as ft
     from helpers import refused
+
+    import hf_posenc.training.finetune as ft
 
     argv = ["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--text-file",
             book_path("pg1513.txt"), "--eval-text-file", book_path("pg84.txt"), "--seq-len", "64", "--steps", "1",
@@ -147,8 +147,9 @@ def test_cli_finetune_with_restarted_positions_feeds_them(tiny_checkpoint, tmp_p
 def test_cli_finetune_on_the_builtin_corpus_needs_nothing_outside_the_package(tiny_checkpoint, tmp_path, capsys):
     """A fresh clone fine-tunes with --corpus python-docs: documents 1-2 trained on, 3 held out (or the files of
     --eval-text-file); a second training source, or no held-out text at all, refused by name before anything."""
-    from hf_posenc.io.documents import builtin_corpus
     from helpers import refused
+
+    from hf_posenc.io.documents import builtin_corpus
 
     out = tmp_path / "ft"
     argv = ["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--corpus", "python-docs", "--seq-len", "64",

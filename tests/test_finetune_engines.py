@@ -10,10 +10,10 @@ import sys
 
 import pytest
 import torch
+from helpers import book_path, run_launched
 from safetensors.torch import load_file
 
 import hf_posenc
-from helpers import book_path, run_launched
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 NO_DEEPSPEED = importlib.util.find_spec("deepspeed") is None

@@ -6,13 +6,13 @@ import re
 
 import pytest
 import torch
+from helpers import ORIGINAL, book_path, ids, refused, tiny_model
 
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.config import as_config
 from hf_posenc.io.documents import read_text_file
 from hf_posenc.training.long_eval import LongEval, LongEvalSettings
-from helpers import ORIGINAL, book_path, ids, refused, tiny_model
 
 NEEDLES = ["--eval-needle-depths", "0.2,0.9", "--eval-needle-trials", "2"]
 
@@ -29,8 +29,8 @@ def _report(out):
 
 def _eval_ppl(model, tok, checkpoint, config, length):
     """What hf-posenc eval ppl --lengths N --max-windows 1 gives on ``model`` (the held-out book as its text)."""
-    from hf_posenc.eval.run_ppl import run_perplexity
     from hf_posenc.checkpoints.models import resolve_source
+    from hf_posenc.eval.run_ppl import run_perplexity
 
     rep = run_perplexity(lengths=[length], docs=[read_text_file(book_path("pg84.txt"))], max_windows=1,
                          methods=[config], loaded=(model, tok, resolve_source(checkpoint)), progress=False, plots=False,
@@ -57,8 +57,8 @@ def _fresh(checkpoint, config):
 
 def test_pose_run_reports_eval_ppl_and_passkey_numbers_before_and_after_and_the_card_shows_them(
         tiny_checkpoint, tmp_path, capsys):
-    from hf_posenc.eval.run_passkey import run_passkey
     from hf_posenc.checkpoints.models import resolve_source
+    from hf_posenc.eval.run_passkey import run_passkey
 
     out = tmp_path / "ft"
     assert main(_argv(tiny_checkpoint, out, "--pose-window", "32", "--target-length", "128", *NEEDLES)) == 0

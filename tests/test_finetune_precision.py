@@ -3,11 +3,11 @@ weights and optimizer state; what a device cannot compute is refused before any 
 
 import pytest
 import torch
+from helpers import book_path, refused, tiny_model
 
 import hf_posenc
 from hf_posenc.training.finetune import _train, check_mixed_precision
 from hf_posenc.training.settings import TrainSettings
-from helpers import book_path, refused, tiny_model
 
 
 def _run(mixed_precision: str):

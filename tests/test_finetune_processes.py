@@ -6,9 +6,9 @@ import os
 import sys
 
 import pytest
+from helpers import book_path, run_launched
 
 import hf_posenc
-from helpers import book_path, run_launched
 
 
 def _argv(model, out, batch_size):

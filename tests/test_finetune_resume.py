@@ -11,11 +11,11 @@ import time
 
 import pytest
 import torch
+from helpers import book_path, refused
 
 from hf_posenc.cli import main
 from hf_posenc.training.resume import RUN_FILE
 from hf_posenc.training.settings import CheckpointSettings, TrainSettings
-from helpers import book_path, refused
 
 STEPS = 60
 
@@ -71,8 +71,8 @@ def trainer_warnings():
 @pytest.fixture
 def tied_checkpoint(tmp_path_factory, bert_tokenizer):
     """A tiny LLaMA whose LM head is its embedding (as SmolLM2's): a checkpoint holds the weight once."""
-    from transformers import AutoModelForCausalLM
     from helpers import tiny_config
+    from transformers import AutoModelForCausalLM
 
     out = tmp_path_factory.mktemp("tiny-tied")
     torch.manual_seed(0)

@@ -8,11 +8,11 @@ import logging
 
 import pytest
 import torch
+from helpers import ORIGINAL, ids
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.adapters.rope_decoder import ALREADY_SCALED_FAMILIES, GENERIC_FAMILIES, PROVEN_SCALINGS
-from helpers import ORIGINAL, ids
 
 SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=ORIGINAL, pad_token_id=0, bos_token_id=1, eos_token_id=2)

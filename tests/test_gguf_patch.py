@@ -22,8 +22,8 @@ import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.config import PosEncConfig
 from hf_posenc.encodings import rope as R
-from hf_posenc.serving.gguf_file import OWN_KEY, ROPE_FREQS, patch_gguf
 from hf_posenc.methods.rope import SCALINGS
+from hf_posenc.serving.gguf_file import OWN_KEY, ROPE_FREQS, patch_gguf
 
 gguf = pytest.importorskip("gguf")
 

@@ -8,16 +8,15 @@ import sys
 
 import pytest
 import torch
+from helpers import load_real, refused, tiny_config
+from test_eval_scale import _launch
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
-from hf_posenc.publishing.card import eval_results
 from hf_posenc.cli import main
 from hf_posenc.eval import harness
 from hf_posenc.eval.run_harness import harness_table
-
-from helpers import load_real, refused, tiny_config
-from test_eval_scale import _launch
+from hf_posenc.publishing.card import eval_results
 
 TASK = ["--tasks", "niah_single_1", "--lengths", "512", "--limit", "2", "--max-gen-tokens", "12"]
 

@@ -6,10 +6,10 @@ import copy
 
 import pytest
 import torch
+from helpers import ORIGINAL, ids, logits, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
-from helpers import ORIGINAL, ids, logits, tiny_model
 
 FULL, SLIDING = 50_000.0, 7_000.0  # rope_theta of each type (not Gemma's defaults: read from the config)
 HEAD_DIM = 16

@@ -12,12 +12,12 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from helpers import refused
 
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.engines import llama_cpp_engine
 from hf_posenc.serving.check import CheckSettings, serve_check
-from helpers import refused
 
 
 def _installed() -> bool:
@@ -115,8 +115,8 @@ def q4_ggufs(tmp_path_factory):
     same file whose metadata says pi x2 while its record says yarn (what a lost or wrong setting looks like)."""
     import os
 
-    from hf_posenc.serving.gguf_file import OWN_KEY, _keys, _reader, _scaling_keys, _value, _write, patch_gguf
     from hf_posenc.checkpoints.models import resolve_source
+    from hf_posenc.serving.gguf_file import OWN_KEY, _keys, _reader, _scaling_keys, _value, _write, patch_gguf
 
     src = resolve_source("smollm2-135m")
     source = os.path.join(src.path, src.kwargs["gguf_file"])

@@ -10,12 +10,13 @@ import torch
 
 pytest.importorskip("peft")
 
-import hf_posenc  # noqa: E402
 from helpers import ORIGINAL, ids, logits, tiny_model  # noqa: E402
-from hf_posenc.training.lora import LoraSettings, apply_lora, load_lora, save_lora, trained_in_full  # noqa: E402
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from peft.utils.other import ModulesToSaveWrapper  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
+
+import hf_posenc  # noqa: E402
+from hf_posenc.training.lora import LoraSettings, apply_lora, load_lora, save_lora, trained_in_full  # noqa: E402
 
 N = 100  # > ORIGINAL = 64: the patch acts
 METHODS = {"yarn": {"factor": 2.0}, "self_extend": {"group_size": 4}}  # a native RoPE method, an attention-level one
@@ -258,11 +259,12 @@ def _finetune_argv(checkpoint, out, *extra):
 
 @pytest.mark.parametrize("merge", [False, True])
 def test_cli_finetune_with_lora_and_pose_saves_what_loads_back(merge, tiny_checkpoint, tmp_path, capsys):
+    from helpers import book_path, refused
+    from transformers import AutoTokenizer
+
     from hf_posenc.cli import main
     from hf_posenc.io.documents import read_text_file, tokenize_documents
     from hf_posenc.training.finetune import heldout_perplexity
-    from helpers import book_path, refused
-    from transformers import AutoTokenizer
 
     out = tmp_path / "ft"
     argv = _finetune_argv(tiny_checkpoint, out, "--lora-r", "4", "--pose-window", "32", "--target-length", "128",
@@ -311,8 +313,9 @@ def test_cli_lora_input_that_means_nothing_is_refused(extra, message, tiny_check
                                                      monkeypatch):
     import re
 
-    import hf_posenc.checkpoints.loading as loading
     from helpers import refused
+
+    import hf_posenc.checkpoints.loading as loading
 
     # before the weights load: the targets against the model built from its config on the meta device
     monkeypatch.setattr(loading, "from_pretrained", lambda *a, **k: pytest.fail("the model was loaded first"))
@@ -330,8 +333,9 @@ def test_lora_on_sharded_weights_is_refused_from_the_launchers_environment_befor
                                                                                           monkeypatch):
     """accelerate launch --config_file configs/accelerate/zero3.yaml: LoRA refused before any model loads (the
     Trainer's own check comes after the before-training evaluations)."""
-    import hf_posenc.checkpoints.loading as loading
     from helpers import refused
+
+    import hf_posenc.checkpoints.loading as loading
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for k, v in env.items():

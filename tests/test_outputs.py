@@ -10,11 +10,11 @@ import sys
 import time
 
 import pytest
+from helpers import book_path, refused
 
 from hf_posenc.cli import main
 from hf_posenc.io.files import LOCK_FILE
 from hf_posenc.io.output_folder import MANIFEST, ReplacedOutput
-from helpers import book_path, refused
 
 PATCH = ["patch", "--method", "yarn", "--factor", "2", "--no-progress"]
 

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from helpers import ORIGINAL, THETA, clone_with_config, greedy, ids, logits, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 import hf_posenc
-from helpers import ORIGINAL, THETA, clone_with_config, greedy, ids, logits, tiny_config, tiny_model
 
 METHODS = {
     "none": {},

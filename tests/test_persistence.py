@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 import torch
+from helpers import ORIGINAL, ids, logits, tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
-from helpers import ORIGINAL, ids, logits, tiny_model
 
 NATIVE = {
     "pi": dict(factor=2.0),

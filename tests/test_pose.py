@@ -56,8 +56,9 @@ def test_windows_that_make_no_pose_window_are_refused(window, target, chunks, me
 
 # -- training on PoSE windows ------------------------------------------------------------------------------------
 def test_the_trainer_feeds_each_window_its_pose_position_ids():
-    import hf_posenc
     from helpers import tiny_model
+
+    import hf_posenc
     from hf_posenc.training.finetune import _train
     from hf_posenc.training.settings import TrainSettings
 
@@ -78,8 +79,9 @@ def test_the_trainer_feeds_each_window_its_pose_position_ids():
 def test_cli_finetune_with_pose_windows_records_them(tiny_checkpoint, tmp_path, capsys):
     import json
 
-    from hf_posenc.cli import main
     from helpers import book_path
+
+    from hf_posenc.cli import main
 
     out = tmp_path / "ft"
     assert main(["finetune", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--text-file",

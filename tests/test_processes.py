@@ -17,9 +17,9 @@ import threading
 import time
 
 import pytest
+from helpers import tiny_model
 
 import hf_posenc
-from helpers import tiny_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = "hf_probe_token_not_a_secret_0123456789"

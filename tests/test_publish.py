@@ -9,15 +9,15 @@ import zipfile
 
 import pytest
 import torch
+from helpers import all_text, book_path, ids, logits, tiny_model
+from hub_server import HubServer
 from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
-from hf_posenc.publishing.card import BaseModel, build_model_card, describe_base, template_path
 from hf_posenc.cli import main
+from hf_posenc.publishing.card import BaseModel, build_model_card, describe_base, template_path
 from hf_posenc.publishing.hub import save_pretrained
-from helpers import all_text, book_path, ids, logits, tiny_model
-from hub_server import HubServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = "hf_testSECRETtoken0123456789"
@@ -277,9 +277,8 @@ def test_cli_patch_of_t5_needs_eval_lengths_and_retrieval_needs_an_encoder(tmp_p
 
 
 def test_saved_tokenizer_takes_the_extended_length(tmp_path, bert_tokenizer):
-    from transformers import AutoTokenizer
-
     from test_encoders import tiny_encoder
+    from transformers import AutoTokenizer
 
     assert bert_tokenizer.model_max_length == 512
     bert = hf_posenc.patch(tiny_encoder("bert"), "interpolate", factor=16.0)  # 64 -> 1024 positions
@@ -333,6 +332,7 @@ def saved_folder(tmp_path):
 ])
 def test_an_upload_to_a_faulty_hub_fails_clearly_and_says_what_to_rerun(fault, detail, saved_folder):
     from hub_server import HubServer
+
     from hf_posenc.publishing.hub import UploadError, upload
 
     with HubServer(HUB_TOKEN) as hub:

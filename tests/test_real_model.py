@@ -6,10 +6,10 @@ import importlib.util
 
 import pytest
 import torch
+from helpers import book_tokens, load_real
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
-from helpers import book_tokens, load_real
 
 pytestmark = [
     pytest.mark.real_model,
@@ -77,9 +77,10 @@ def test_patched_gguf_model_saves_and_plain_transformers_reloads(smollm2, book_i
 @torch.no_grad()
 def test_short_real_evaluation_run(smollm2):
     """The evaluation on the real model: sane perplexities, and real passkey retrieval inside its context."""
+    from helpers import book_path, on_loaded
+
     from hf_posenc.eval.run_passkey import run_passkey
     from hf_posenc.eval.run_ppl import run_perplexity
-    from helpers import book_path, on_loaded
     from hf_posenc.io.documents import read_text_file
 
     model, tok = smollm2

@@ -10,11 +10,11 @@ import math
 
 import pytest
 import torch
+from helpers import book_tokens, load_real, written_out_decoder
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.encodings.alibi import alibi_slopes
-from helpers import book_tokens, load_real, written_out_decoder
 
 pytestmark = [
     pytest.mark.real_model,

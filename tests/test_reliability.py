@@ -6,10 +6,10 @@ import os
 
 import pytest
 import torch
+from helpers import greedy, ids, refused, tiny_model
 
 import hf_posenc
 from hf_posenc.cli import main
-from helpers import greedy, ids, refused, tiny_model
 
 
 # -- 1. padding of the attention-level methods, computed per call -------------------------------------------
@@ -85,9 +85,8 @@ def test_the_same_weights_by_another_path_resume_and_other_weights_there_do_not(
     at the path are others."""
     import shutil
 
-    import hf_posenc.eval.run_ppl as run_ppl
-
     import hf_posenc.eval.run_passkey as run_passkey
+    import hf_posenc.eval.run_ppl as run_ppl
 
     def passkey(model):  # its settings name the tokenizer, here the model folder's own
         return ["eval", "passkey", "--model", str(model), "--methods", "none", "--lengths", "64", "--depths", "0.5",

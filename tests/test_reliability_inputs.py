@@ -9,12 +9,12 @@ import os
 import time
 
 import pytest
+from helpers import refused, tiny_model
 
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.eval import tasks
 from hf_posenc.io.documents import Document, builtin_corpus
-from helpers import refused, tiny_model
 
 STOP = "stop: the model load was reached"
 

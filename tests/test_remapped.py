@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
+from helpers import ORIGINAL, THETA, cached_last_logits, ids, logits, tiny_config, tiny_model, written_out_decoder
 
 import hf_posenc
 from hf_posenc.adapters.cache_argument import with_cache
-from helpers import ORIGINAL, THETA, cached_last_logits, ids, logits, tiny_config, tiny_model, written_out_decoder
 
 L = ORIGINAL
 KNOBS = {  # small windows, so that 200 tokens cross every boundary of every method

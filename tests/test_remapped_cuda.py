@@ -11,10 +11,10 @@ import warnings
 
 import pytest
 import torch
-
-from hf_posenc.adapters import cuda_kernels, remapped_attention
 from helpers import cached_last_logits, ids, logits, tiny_model
 from test_remapped import KNOBS, patched, reference
+
+from hf_posenc.adapters import cuda_kernels, remapped_attention
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (the CPU tests above cover the same logic)")

@@ -4,10 +4,10 @@ import math
 
 import pytest
 import torch
+from helpers import ORIGINAL, THETA, clone_with_config, ids, logits, tiny_model
 
 import hf_posenc
 from hf_posenc.encodings import rope as R
-from helpers import ORIGINAL, THETA, clone_with_config, ids, logits, tiny_model
 
 FACTOR = 2.0
 LENGTHS = (40, 150)  # below and above the original context of 64

@@ -49,10 +49,10 @@ def test_groups_that_cut_no_sequence_are_refused(group, length, message):
 def test_a_training_model_attends_in_shifted_groups_and_in_full_otherwise():
     import copy
 
+    from helpers import ids, tiny_model
     from transformers import AttentionInterface
 
     import hf_posenc
-    from helpers import ids, tiny_model
     from hf_posenc.adapters.s2_attention import S2Training
 
     def written_out(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -83,8 +83,9 @@ def test_cli_finetune_with_s2_attn_and_its_refusals(tiny_checkpoint, tmp_path, c
     import json
     import re
 
-    from hf_posenc.cli import main
     from helpers import book_path, refused
+
+    from hf_posenc.cli import main
 
     def argv(method, out, *extra):
         return ["finetune", "--model", tiny_checkpoint, "--method", method, "--text-file", book_path("pg1513.txt"),

@@ -15,12 +15,12 @@ import tempfile
 import textwrap
 
 import pytest
+from helpers import all_text, refused, tiny_model
+from test_vllm import needs_vllm, save_tiny, vllm_python
 
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.io.provenance import command_line, scrub, scrub_data
-from helpers import all_text, refused, tiny_model
-from test_vllm import needs_vllm, save_tiny, vllm_python
 
 SECRET = "plainSecret-42xy"  # no Hub token shape: only where it stands says it is a secret
 SECRET_FLAGS = ["--token", "--tok", "--hub-token", "--hub_token", "--use-auth-token", "--use_auth_token",
@@ -174,6 +174,7 @@ def test_a_scripts_hub_token_flag_never_reaches_the_model_card(tmp_path, monkeyp
 
 def test_the_rerun_line_of_a_failed_upload_is_shell_quoted(tmp_path):
     from hub_server import HubServer
+
     from hf_posenc.publishing.hub import UploadError, upload
 
     folder = tmp_path / "my model's \"final\" copy"

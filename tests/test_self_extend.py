@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from helpers import ORIGINAL, THETA, cached_last_logits, ids, logits, tiny_model, written_out_decoder
 
 import hf_posenc
-from helpers import ORIGINAL, THETA, cached_last_logits, ids, logits, tiny_model, written_out_decoder
 
 
 def rope(x, pos, dim):

@@ -8,15 +8,14 @@ import json
 
 import pytest
 import torch
+from helpers import ORIGINAL, THETA, refused, tiny_config
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.encodings import rope as R
-from hf_posenc.engines.launch import LAUNCHERS
-from hf_posenc.engines.launch import llama_cpp as llama_cpp_launch, sglang
+from hf_posenc.engines.launch import LAUNCHERS, sglang
+from hf_posenc.engines.launch import llama_cpp as llama_cpp_launch
 from hf_posenc.serving.launch_settings import describe, serve_config
-
-from helpers import ORIGINAL, THETA, refused, tiny_config
 
 METHODS = {"none": {}, "yarn": {"factor": 2.0}, "pi": {"factor": 2.0}, "ntk": {"factor": 2.0},
            "llama3": {"factor": 2.0}, "dynamic_ntk": {"factor": 2.0}, "dca": {}}
@@ -129,11 +128,11 @@ def _tokens(tokenizer, n: int) -> torch.Tensor:
 def test_llama_cpp_launched_with_the_printed_settings_computes_the_patched_gguf_and_the_flags_do_the_same(tmp_path):
     import os
 
+    from hf_posenc.checkpoints.models import resolve_source
+    from hf_posenc.checkpoints.runtime import load_tokenizer
     from hf_posenc.engines.llama_cpp_engine import LlamaCppLM
     from hf_posenc.eval.scoring import token_nll
     from hf_posenc.serving.gguf_file import patch_gguf
-    from hf_posenc.checkpoints.models import resolve_source
-    from hf_posenc.checkpoints.runtime import load_tokenizer
 
     src = resolve_source("smollm2-135m")
     source = os.path.join(src.path, src.kwargs["gguf_file"])

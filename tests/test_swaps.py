@@ -5,12 +5,12 @@ import math
 
 import pytest
 import torch
+from helpers import ORIGINAL, ids, logits, tiny_model, written_out_decoder
 
 import hf_posenc
 from hf_posenc.adapters.cache_argument import returned_cache, with_cache
 from hf_posenc.encodings import absolute as A
 from hf_posenc.encodings.alibi import alibi_slopes
-from helpers import ORIGINAL, ids, logits, tiny_model, written_out_decoder
 
 SWAP_KW = {"alibi": {}, "nope": {}, "sinusoidal": {"factor": 2.0}, "learned": {"factor": 2.0}}
 

@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 import pytest
+from test_extending import PREFIX, prefix_task  # noqa: E402,F401  (the eval task defined in one file)
 
 from hf_posenc.eval.tasks import Objective, get_task, parse_evals, register_task, registered, task_of_report
-from test_extending import PREFIX, prefix_task  # noqa: E402,F401  (the eval task defined in one file)
 
 
 def test_the_builtin_tasks_are_registered_once_and_iterated():

@@ -16,6 +16,8 @@ import textwrap
 
 import pytest
 import torch
+from helpers import ORIGINAL, ids, logits, refused, tiny_model
+from test_layered_rope import gemma
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
@@ -23,8 +25,6 @@ from hf_posenc.checkpoints.legacy_rope import legacy_keys
 from hf_posenc.cli import main
 from hf_posenc.publishing.config_upgrade import upgrade_config
 from hf_posenc.serving.launch_settings import serve_config
-from helpers import ORIGINAL, ids, logits, refused, tiny_model
-from test_layered_rope import gemma
 
 REPO_VENV = os.path.join(os.path.dirname(__file__), "..", ".venv-transformers4", "bin", "python")
 LONG = 150  # past the original context of 64, where the methods differ

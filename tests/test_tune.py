@@ -8,15 +8,14 @@ import math
 
 import pytest
 import torch
+from helpers import ORIGINAL, tiny_model
 
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.config import PosEncConfig
-from hf_posenc.io.documents import builtin_corpus, read_text_file
 from hf_posenc.eval.perplexity import Window, window_cell
+from hf_posenc.io.documents import builtin_corpus, read_text_file
 from hf_posenc.tuning import objective, space
-
-from helpers import ORIGINAL, tiny_model
 
 T = 2 * ORIGINAL  # the tiny models' target: twice their 64 positions
 

@@ -12,17 +12,16 @@ import os
 
 import pytest
 import torch
+from helpers import tiny_config
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.cli import main
-from hf_posenc.io.documents import Document
 from hf_posenc.eval.run_passkey import run_passkey
 from hf_posenc.eval.run_ppl import run_perplexity
+from hf_posenc.io.documents import Document
 from hf_posenc.serving.check import CheckSettings, EngineSettings, serve_check
 from hf_posenc.serving.support import known_status, measured_rows
-
-from helpers import tiny_config
 
 REPO_VENV = os.path.join(os.path.dirname(__file__), "..", ".venv-vllm", "bin", "python")
 L = 256  # the tiny checkpoints' original context
@@ -238,8 +237,8 @@ def test_engine_lm_answers_as_the_model_does(folders):
 @pytest.mark.vllm
 def test_harness_on_vllm_answers_as_transformers(tmp_path):
     """RULER's needle task through lm-eval: the answers vLLM generates are transformers' own, and so the scores."""
-    from hf_posenc.eval.run_harness import run_harness
     from hf_posenc.checkpoints.runtime import load_tokenizer
+    from hf_posenc.eval.run_harness import run_harness
 
     folder = save_tiny(tmp_path / "smol", load_tokenizer("smollm2-135m"), context=1024)
     common = dict(model=folder, methods=["none"], tasks=["niah_single_1"], lengths=[512], limit=2, max_gen_tokens=12,

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..config import CONFIG_KEY, PosEncConfig, SavedBlock
 
+
 class _Missing:
     """Marks an attribute that did not exist before a patch; one instance, kept by copy and pickle."""
 

@@ -32,7 +32,8 @@ from torch import nn
 from ..config import PosEncConfig
 from ..encodings import absolute as A
 from ..encodings.alibi import alibi_slopes
-from .alibi_attention import STATE_ATTR as ALIBI_STATE, AlibiState, register
+from .alibi_attention import STATE_ATTR as ALIBI_STATE
+from .alibi_attention import AlibiState, register
 from .attention import SERVED, check_attention, keep_method, select
 from .base import PatchRecord
 from .cache_argument import passed_cache

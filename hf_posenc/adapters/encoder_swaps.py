@@ -25,10 +25,10 @@ from torch import nn
 from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..encodings.alibi import alibi_bias, alibi_slopes
+from .alibi_attention import STATE_ATTR, AlibiState, register
+from .attention import check_attention, select
 from .base import PatchRecord
 from .cache_argument import passed_cache
-from .alibi_attention import AlibiState, STATE_ATTR, register
-from .attention import check_attention, select
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:

@@ -24,11 +24,11 @@ from torch import nn
 from ..config import PosEncConfig
 from ..methods.remapped import KIND as ATTENTION
 from ..methods.rope import SCALINGS
-from .rope_compose import restates_checkpoint
 from .base import Adapter, PatchRecord, text_config
 from .decoder_swaps import SWAPS, TABLE_NAME, Swapped
 from .layout import Layout, RotarySlot, rotary_slots
 from .remapped import Remapped
+from .rope_compose import restates_checkpoint
 from .rope_scaling import Scaled
 
 

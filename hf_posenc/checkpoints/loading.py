@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import pickle
+import re
 import warnings
 import zipfile
 from contextlib import contextmanager
@@ -15,10 +15,10 @@ import torch
 
 from ..adapters import ADAPTERS
 from ..config import CONFIG_KEY, PosEncConfig, SavedBlock, as_config
-from .models import drop_gguf_quantizer, read_config, resolve_source
 from ..patching import adopt, patch
-from .weights import HUB_FILE_KWARGS, read_tensors
 from ..serving.gguf_file import stored_patch
+from .models import drop_gguf_quantizer, read_config, resolve_source
+from .weights import HUB_FILE_KWARGS, read_tensors
 
 logger = logging.getLogger(__name__)
 

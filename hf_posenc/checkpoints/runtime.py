@@ -5,17 +5,17 @@ file or an alias. Used by the evaluations, ``patch`` and ``finetune``."""
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import random
-import json
 from typing import Any
 
 import torch
 
-from .models import ALIASES, resolve_source
 from ..io.provenance import scrub
 from ..io.wording import first_names
 from . import loading
+from .models import ALIASES, resolve_source
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}

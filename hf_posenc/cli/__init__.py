@@ -9,11 +9,21 @@ import sys
 import traceback
 
 from ..engines.vllm_engine import EngineError
-from ..publishing.hub import UploadError
 from ..io.interrupts import Terminated, sigterm_interrupts
 from ..io.provenance import command_line, scrub
-from . import eval_cmd, explain_cmd, finetune_cmd, methods_cmd, patch_cmd, serve_check_cmd, serve_config_cmd, tune_cmd, \
-    upgrade_config_cmd, upload_cmd
+from ..publishing.hub import UploadError
+from . import (
+    eval_cmd,
+    explain_cmd,
+    finetune_cmd,
+    methods_cmd,
+    patch_cmd,
+    serve_check_cmd,
+    serve_config_cmd,
+    tune_cmd,
+    upgrade_config_cmd,
+    upload_cmd,
+)
 from .parser import Parser
 
 COMMANDS = {"methods": methods_cmd, "eval": eval_cmd, "tune": tune_cmd, "patch": patch_cmd,

@@ -8,8 +8,8 @@ import signal
 import subprocess
 import sys
 
-from .eval_flags import add_params_flags, add_run_flags, params_from_args, run_settings
 from ..eval.tasks import get_task, registered
+from .eval_flags import add_params_flags, add_run_flags, params_from_args, run_settings
 from .parser import DefaultsShown
 
 

@@ -9,13 +9,23 @@ import argparse
 import dataclasses
 from typing import Any
 
+from ..checkpoints.models import DEFAULT_MODEL
+from ..config_syntax import parse_method_params
 from ..eval import params as P
 from ..eval.settings import EngineSettings, RunSettings
 from ..methods import DEFAULT_FACTOR
-from .flags import (LoadFlags, OutputFlags, argument_type, data_flags, document_source, engine_flags,
-                    method_param_flag, names, positive)
-from ..checkpoints.models import DEFAULT_MODEL
-from ..config_syntax import parse_method_params
+from .flags import (
+    LoadFlags,
+    OutputFlags,
+    argument_type,
+    data_flags,
+    document_source,
+    engine_flags,
+    method_param_flag,
+    names,
+    positive,
+)
+
 
 def add_run_flags(p: argparse.ArgumentParser, task) -> None:
     """The flags every eval task takes (model, methods, output, ...; engine flags where ``task.engines``)."""

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-
-from .flags import method_config, method_param_flag, positive, positive_float
 from ..explaining import explain
+from .flags import method_config, method_param_flag, positive, positive_float
 from .parser import DefaultsShown
 
 

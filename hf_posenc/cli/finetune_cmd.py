@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-
 from ..checkpoints.models import DEFAULT_MODEL
-from .flags import LoadFlags, data_flags, floats, method_config, method_flags, names, positive
-from ..io.output_folder import check_replaced_output
 from ..io.documents import BUILTIN_CORPORA, builtin_corpus, gather_documents, read_text_file
+from ..io.output_folder import check_replaced_output
 from ..training.finetune import PoseSettings, check_pose_method, finetune
 from ..training.long_eval import DEPTHS, LongEvalSettings
 from ..training.lora import LoraSettings, require_peft
 from ..training.settings import CheckpointSettings, TrainSettings
+from .flags import LoadFlags, data_flags, floats, method_config, method_flags, names, positive
 from .parser import DefaultsShown
-
 
 # the built-in corpus's 4 documents: these trained on, that one held out (document 0 shares passages with 3)
 CORPUS_TRAIN, CORPUS_HELD_OUT = (1, 2), 3

@@ -7,13 +7,13 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from ..eval import params as P
+from ..checkpoints.models import DEFAULT_MODEL
 from ..config import PosEncConfig
 from ..config_syntax import parse_method_params
-from ..io.documents import DocumentSource, check_encoding
+from ..eval import params as P
 from ..eval.settings import LoadSettings, OutputSettings
+from ..io.documents import DocumentSource, check_encoding
 from ..methods import DEFAULT_FACTOR, resolve_method
-from ..checkpoints.models import DEFAULT_MODEL
 
 
 def argument_type(read):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+
 from ..method_listing import list_methods
 
 

@@ -12,7 +12,6 @@ from typing import NoReturn
 
 from ..io.provenance import MASK, scrub, secret_name
 
-
 _NUMBER = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?"
 NEGATIVE_NUMBER = re.compile(rf"^-{_NUMBER}(,-?{_NUMBER})*$")  # -1e-4, and a list that starts with one: -3,5
 

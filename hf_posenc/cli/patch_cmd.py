@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 
-from ..engines.registry import runnable
 from ..checkpoints.models import DEFAULT_MODEL, resolve_source
-from .flags import LoadFlags, depths, encoding_flag, ints, method_config, method_flags, names, positive, upload_flags
+from ..engines.registry import runnable
 from ..eval.tasks import eval_names, lengths_flags, patch_tasks
+from ..publishing.patch_job import PatchEvals, PatchJob, UploadSettings, patch_and_save
 from ..serving.freezing import check_freeze
 from ..serving.gguf_file import original_before_load, patch_gguf
-from ..publishing.patch_job import PatchEvals, PatchJob, UploadSettings, patch_and_save
 from ..tuning.report import tune_report_beside
+from .flags import LoadFlags, depths, encoding_flag, ints, method_config, method_flags, names, positive, upload_flags
 from .parser import DefaultsShown
-
 
 LOAD = LoadFlags(DEFAULT_MODEL, "Hub id, local folder, .gguf file or alias of the base model.",
                  "where the tokenizer comes from when the model's folder has none (needed only with --eval; saved "

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-
-from .flags import LoadFlags, data_flags, document_source, engine_flags, ints, positive, positive_float
 from ..engines.registry import runnable
 from ..serving.check import CheckSettings, EngineSettings, failed, serve_check
+from .flags import LoadFlags, data_flags, document_source, engine_flags, ints, positive, positive_float
 from .parser import DefaultsShown
-
 
 # the checkpoint is the positional folder; these say how the hf_posenc side loads it
 LOAD = LoadFlags(None, tokenizer_help="where the tokenizer comes from when the folder has none.",

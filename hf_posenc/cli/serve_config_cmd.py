@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from ..engines.launch import LAUNCHERS
-from .flags import comma_choices, positive
 from ..serving.launch_settings import serve_config
+from .flags import comma_choices, positive
 from .parser import DefaultsShown
 
 

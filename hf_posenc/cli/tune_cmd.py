@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-
 from ..checkpoints.models import DEFAULT_MODEL
-from .flags import LoadFlags, OutputFlags, data_flags, depths, document_source, method_param_flag, names, positive, positive_float
 from ..config_syntax import parse_method_params
 from ..eval.settings import RunSettings
 from ..tuning.objective import DEPTHS, objectives
 from ..tuning.search import TuneSettings, search
 from ..tuning.space import DEFAULT_METHODS
+from .flags import (
+    LoadFlags,
+    OutputFlags,
+    data_flags,
+    depths,
+    document_source,
+    method_param_flag,
+    names,
+    positive,
+    positive_float,
+)
 from .parser import DefaultsShown
-
 
 LOAD = LoadFlags(DEFAULT_MODEL, tokenizer_help="where the tokenizer comes from when the model's folder has none.",
                  attention=True)

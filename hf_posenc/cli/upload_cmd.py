@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-
-from .flags import upload_flags
 from ..publishing.hub import upload
+from .flags import upload_flags
 from .parser import DefaultsShown
 
 

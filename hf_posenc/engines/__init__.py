@@ -4,7 +4,8 @@
 each computes as hf_posenc does is said by the method records (``MethodSpec.engines``)."""
 
 from . import launch  # noqa: F401  (registers every engine)
-from .registry import ENGINES as REGISTRY, display_name, engine, register_engine, runnable, unregister_engine  # noqa: F401
+from .registry import ENGINES as REGISTRY  # noqa: F401
+from .registry import display_name, engine, register_engine, runnable, unregister_engine
 from .settings import EngineSettings  # noqa: F401
 
 ENGINES = runnable()  # the engines serve-check starts (the --engine and --serve-check values)

@@ -26,7 +26,8 @@ import torch
 from ..io.provenance import scrub
 from ..serving.gguf_file import is_gguf
 from .registry import Runner
-from .scorer import EngineError, EngineRefused, check_start, token_rows as _rows
+from .scorer import EngineError, EngineRefused, check_start
+from .scorer import token_rows as _rows
 
 SOURCE_ENV = "HF_POSENC_LLAMA_CPP_SOURCE"
 DEFAULT_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),

@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from ..io.provenance import scrub, secret_name
-from .scorer import EngineError, EngineRefused  # noqa: F401  (raised here; importable from here as before)
-from .scorer import check_start, token_rows as _rows
 from ..checkpoints.models import drop_gguf_quantizer
+from ..io.provenance import scrub, secret_name
 from .registry import Runner
+from .scorer import EngineError, EngineRefused, check_start  # noqa: F401  (raised here; importable from here as before)
+from .scorer import token_rows as _rows
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_worker.py")
 PYTHON_ENV = "HF_POSENC_VLLM_PYTHON"

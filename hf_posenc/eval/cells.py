@@ -29,10 +29,10 @@ from tqdm.auto import tqdm
 
 from ..io.digests import comparable_identity
 from ..io.files import atomic_write_text
+from ..io.reports import NOT_RECORDED
 from ..methods.rope import DYNAMIC
 from ..patching import patch, trying
 from .processes import Processes
-from ..io.reports import NOT_RECORDED
 from .variants import Variant
 
 CELLS_FILE = "cells.jsonl"

@@ -8,17 +8,16 @@ import time
 from typing import Any
 
 from ..checkpoints.context import original_context
+from ..checkpoints.runtime import load_model_and_tokenizer, seed_everything
 from ..io.digests import file_digests
 from ..io.files import OutputLock, check_output_folder
 from ..io.provenance import environment, recorded_command
-from ..checkpoints.runtime import load_model_and_tokenizer, seed_everything
-from .cells import CellStore, run_cells
-from .processes import Processes, device_name
 from ..io.reports import finish_report
+from .cells import CellStore, run_cells
 from .engine_choice import EngineChoice
+from .processes import Processes, device_name
 from .settings import RunSettings
 from .variants import build_variants
-
 
 WEIGHT_FILES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".index.json")
 MODEL_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",

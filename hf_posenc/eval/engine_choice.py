@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
+
 from ..engines.vllm_engine import EnginePool, rank_gpus, vllm_version
 from ..serving.support import vllm_positions, vllm_refusal
 

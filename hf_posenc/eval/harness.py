@@ -23,14 +23,14 @@ import json
 import logging
 import os
 import tempfile
+from importlib.metadata import version
 from typing import Any
 
 import torch
 
 from ..engines.scorer import Scorer
-from .scoring import served
 from .passkey import stop_tokens
-from importlib.metadata import version
+from .scoring import served
 
 RULER_THRESHOLD = 0.856
 LOCAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")  # no download

@@ -24,20 +24,20 @@ tokens past L can be key tokens.
 
 from __future__ import annotations
 
-import math
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..checkpoints import runtime
+from ..config import PosEncConfig
+from ..patching import patch
 from .cells import NUMBER
+from .common import model_identity
 from .perplexity import Window, truncated_nll
 from .scoring import input_device, require_causal_lm, token_nll
 from .variants import Variant
-from ..config import PosEncConfig
-from ..patching import patch
-from .common import model_identity
-from ..checkpoints import runtime
 
 ALPHA, BETA = 2.0, -2.0
 KEY_FIELDS = {"key_count": NUMBER, "key_nll_sum": NUMBER, "scored": NUMBER}

@@ -7,10 +7,17 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from .common import Run
-from .harness import (RULER_THRESHOLD, aggregate_harness, check_lengths, check_tasks, harness_cell, require_lm_eval,
-                      saved_tokenizer)
 from ..io.reports import markdown_table, plot_lines
+from .common import Run
+from .harness import (
+    RULER_THRESHOLD,
+    aggregate_harness,
+    check_lengths,
+    check_tasks,
+    harness_cell,
+    require_lm_eval,
+    saved_tokenizer,
+)
 from .params import ints, names, param, positive, positive_float
 from .settings import RunSettings
 from .tasks import EvalTask, PatchUse, register_task

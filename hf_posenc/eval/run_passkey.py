@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import os
 import hashlib
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from ..checkpoints.context import original_context
+from ..io.documents import corpus_stream, documents_of, gather_documents, given_documents
+from ..io.reports import markdown_table, plot_heatmap, plot_lines
 from .cells import NUMBER
 from .common import Run
 from .haystack import TEXT_NEEDLE, TextHaystack
-from .passkey import FILLER, NEEDLE, PasskeyBuilder, aggregate_passkey, check_needle, check_scoring, grid, passkey_cell
-from ..io.reports import markdown_table, plot_heatmap, plot_lines
 from .params import depths, documents, ints, param, positive
+from .passkey import FILLER, NEEDLE, PasskeyBuilder, aggregate_passkey, check_needle, check_scoring, grid, passkey_cell
+from .scoring import require_answering_lm
 from .settings import RunSettings
 from .tasks import EvalTask, Objective, PatchUse, per_length_entries, register_task
-from .scoring import require_answering_lm
-from ..io.documents import corpus_stream, documents_of, gather_documents, given_documents
 
 
 @dataclass(frozen=True)

@@ -8,21 +8,45 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..io import documents as D
-from .common import Run
 from ..checkpoints.context import original_context
-from .perplexity import (aggregate_length, counted_past_exactly, doc_digest, plan_lengths, truncated_window_cell,
-                         window_cell)
-from .scoring import require_causal_lm
-from .variants import grouped_by_config
-from .key_tokens import (ALPHA, BETA, aggregate_key_positions, aggregate_key_tokens, evaluator_config,
-                         key_positions_cell, key_token_cell, load_evaluator, scored_key_cell)
-from .ppl_cells import (CELL_FIELDS, Baseline, KeyPositionsCell, KeyTokensCell, WindowCell, add_context_gain,
-                        ppl_cell, truncated_variant)
+from ..io import documents as D
 from ..io.reports import markdown_table, plot_lines
+from .common import Run
+from .key_tokens import (
+    ALPHA,
+    BETA,
+    aggregate_key_positions,
+    aggregate_key_tokens,
+    evaluator_config,
+    key_positions_cell,
+    key_token_cell,
+    load_evaluator,
+    scored_key_cell,
+)
 from .params import documents, ints, number, param, positive
+from .perplexity import (
+    aggregate_length,
+    counted_past_exactly,
+    doc_digest,
+    plan_lengths,
+    truncated_window_cell,
+    window_cell,
+)
+from .ppl_cells import (
+    CELL_FIELDS,
+    Baseline,
+    KeyPositionsCell,
+    KeyTokensCell,
+    WindowCell,
+    add_context_gain,
+    ppl_cell,
+    truncated_variant,
+)
+from .scoring import require_causal_lm
 from .settings import RunSettings
 from .tasks import Defaults, EvalTask, Objective, PatchUse, per_length_entries, register_task
+from .variants import grouped_by_config
+
 
 @dataclass(frozen=True)
 class PplParams:

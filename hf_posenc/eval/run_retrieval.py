@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..io import documents as D
+from ..io.reports import markdown_table, plot_lines
 from .cells import NUMBER
 from .common import Run
-from ..io.reports import markdown_table, plot_lines
 from .params import depths, documents, ints, param, positive
+from .retrieval import NeedleDocs, aggregate_retrieval, check_retrieval, grid, retrieval_cell
 from .settings import RunSettings
 from .tasks import Defaults, EvalTask, PatchUse, per_length_entries, register_task
-from .retrieval import NeedleDocs, aggregate_retrieval, check_retrieval, grid, retrieval_cell
 
 
 @dataclass(frozen=True)

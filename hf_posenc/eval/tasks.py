@@ -18,9 +18,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..io.documents import DocumentSource
 from ..io.wording import first_names
 from .params import build, documents_field
-from ..io.documents import DocumentSource
 from .settings import FLAG_ONLY, KEYWORDS, RunSettings
 
 BUILTIN = ("run_ppl", "run_passkey", "run_retrieval", "run_harness")

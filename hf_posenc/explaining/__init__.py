@@ -23,13 +23,14 @@ import torch
 
 from ..adapters.base import text_config
 from ..adapters.layout import head_dim as head_dim_of
+from ..checkpoints.loading import refuse_lora_folder
+from ..checkpoints.models import DEFAULT_MODEL, read_config, resolve_source
 from ..config import CONFIG_KEY, PosEncConfig, as_config
 from ..encodings.rope import RopeGeometry
 from ..io.files import atomic_write_text, check_output_folder
-from ..checkpoints.loading import refuse_lora_folder
 from ..serving.gguf_file import trained_context
-from ..checkpoints.models import DEFAULT_MODEL, read_config, resolve_source
-from . import arrays as A, pictures as P
+from . import arrays as A
+from . import pictures as P
 
 KINDS = ("none", "rope", "attention", "relative_bucket", "swap", "absolute")
 MAX_LENGTH = 1 << 21  # 2,097,152 tokens: the decay bound of every distance stays a few hundred MB

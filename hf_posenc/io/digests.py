@@ -23,8 +23,8 @@ import os
 import time
 from typing import Any
 
-from .files import atomic_write_text
 from ..checkpoints.models import cache_dir
+from .files import atomic_write_text
 
 CACHE_FILE = "file_digests.json"
 RACY_NS = 2_000_000_000  # 2 s: above the clock tick of any local file system (FAT's 2 s included)

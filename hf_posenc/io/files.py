@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 from typing import BinaryIO, Callable
-import fcntl
 
 
 def umask() -> int:

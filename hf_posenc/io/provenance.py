@@ -11,6 +11,7 @@ import re
 import shlex
 import sys
 from typing import Any
+
 from .._version import __version__
 
 MASK = "***"

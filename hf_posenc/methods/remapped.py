@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..encodings import remap as M
-from .spec import MAX_ATTENTION_FACTOR, MAX_FACTOR, MAX_KNOB, MIN_ORIGINAL_CONTEXT, MethodSpec, positive_number, register_method
+from .spec import (
+    MAX_ATTENTION_FACTOR,
+    MAX_FACTOR,
+    MAX_KNOB,
+    MIN_ORIGINAL_CONTEXT,
+    MethodSpec,
+    positive_number,
+    register_method,
+)
 
 KIND = "attention"
 UNBOUNDED_CONTEXT = 4  # max_position_embeddings advertised by methods without a length limit: this x L

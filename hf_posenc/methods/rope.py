@@ -11,8 +11,18 @@ import math
 from typing import Any, Callable
 
 from ..encodings import rope as R
-from .spec import (MAX_ATTENTION_FACTOR, MAX_FACTOR, MAX_KNOB, EngineSupport, MethodSpec, check_layer_types,
-                   factor_grid, on_unregister, positive_number, register_method)
+from .spec import (
+    MAX_ATTENTION_FACTOR,
+    MAX_FACTOR,
+    MAX_KNOB,
+    EngineSupport,
+    MethodSpec,
+    check_layer_types,
+    factor_grid,
+    on_unregister,
+    positive_number,
+    register_method,
+)
 
 _ROTATIONS = " (rotations of a frequency within the original context)"
 _TEMPERATURE = " (it scales the rotary cos and sin, so every attention score by its square)"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .spec import MIN_ORIGINAL_CONTEXT, MethodSpec, check_layer_types, positive_number, register_method
 from .absolute import check_sinusoid
+from .spec import MIN_ORIGINAL_CONTEXT, MethodSpec, check_layer_types, positive_number, register_method
 
 MAX_LENGTH = 1 << 24  # 16M tokens: the longest context a swapped model may advertise (and size buffers for)
 

@@ -12,19 +12,19 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..io.provenance import environment, recorded_command, scrub
 from ..adapters import ADAPTERS
 from ..adapters.base import text_config
-from ..config import CONFIG_KEY
-from ..eval.tasks import registered, task_of_report
-from ..methods import resolve_method
-from .legacy_folder import card_line
 from ..checkpoints.legacy_rope import LegacyKeys
 from ..checkpoints.loading import merge_line
 from ..checkpoints.models import resolve_source
+from ..config import CONFIG_KEY
+from ..eval.tasks import registered, task_of_report
+from ..io.provenance import environment, recorded_command, scrub
+from ..methods import resolve_method
 from ..patching import get_config
 from ..serving.launch_settings import card_launches
 from ..serving.support import known_status, measured_rows
+from .legacy_folder import card_line
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hf_posenc/
 TEMPLATE_NAME = "model_card.md"

@@ -15,10 +15,10 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from ..checkpoints.legacy_rope import LegacyKeys, legacy_keys, with_legacy_keys
 from ..io.files import OutputLock
 from ..io.output_folder import OWN, ReplacedOutput, check_replaced_output
 from .legacy_folder import read_config, refuse, write_config
-from ..checkpoints.legacy_rope import LegacyKeys, legacy_keys, with_legacy_keys
 
 COMMAND = "upgrade-config"
 

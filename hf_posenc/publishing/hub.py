@@ -17,15 +17,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..checkpoints.context import context_length
+from ..checkpoints.models import drop_gguf_quantizer
 from ..io.files import atomic_write_text, follow_umask
 from ..io.interrupts import sigterm_interrupts
 from ..io.output_folder import OWN
 from ..io.provenance import scrub
-from .card import BaseModel, build_model_card, describe_base
 from ..io.reports import save_report
-from .legacy_folder import add_to_folder, folder_state, requested
-from ..checkpoints.models import drop_gguf_quantizer
 from ..patching import holder
+from .card import BaseModel, build_model_card, describe_base
+from .legacy_folder import add_to_folder, folder_state, requested
 
 EVAL_FOLDER = "hf_posenc_eval"  # where the full evaluation reports go inside a saved checkpoint
 UPLOAD_TIMEOUT = 60.0  # seconds without an answer before one Hub request of an upload gives up

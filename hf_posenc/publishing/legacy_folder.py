@@ -14,9 +14,9 @@ import os
 from typing import Any
 
 from ..adapters.base import SavedAsOriginal, config_field
+from ..checkpoints.legacy_rope import TRANSFORMERS4, V4_KEYS, LegacyKeys, legacy_keys, with_legacy_keys
 from ..config import CONFIG_KEY
 from ..io.files import atomic_write_text
-from ..checkpoints.legacy_rope import TRANSFORMERS4, V4_KEYS, LegacyKeys, legacy_keys, with_legacy_keys
 
 BLOCK_FIELD = "transformers4"  # the hf_posenc block's note when config.json carries no transformers-4 keys
 

@@ -4,25 +4,26 @@ it complete with its model card, and optionally upload it."""
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import PosEncConfig
-from ..eval.settings import LoadSettings, OutputSettings, RunSettings
-from ..io.output_folder import ReplacedOutput, check_replaced_output
-from ..checkpoints.models import resolve_source
 from ..checkpoints import runtime
 from ..checkpoints.context import original_context
-from ..serving.dual_chunk_config import check_dual_chunk_config, written_with_block
-from ..io.documents import gather_documents
+from ..checkpoints.models import resolve_source
+from ..config import PosEncConfig
+from ..eval.settings import LoadSettings, OutputSettings, RunSettings
 from ..eval.tasks import PatchEval, parse_evals
-from ..serving.freezing import freeze
-from .hub import UPLOAD_TIMEOUT, save_pretrained, upload, write_model_card
+from ..io.documents import gather_documents
+from ..io.output_folder import ReplacedOutput, check_replaced_output
 from ..methods import resolve_method
 from ..methods.rope import SCALINGS
 from ..patching import get_config, patch, unpatch
-from ..serving.check import CheckSettings, EngineSettings, check_engine_flags, engine_ready, serve_check as check_folder, serve_table
-from contextlib import nullcontext
+from ..serving.check import CheckSettings, EngineSettings, check_engine_flags, engine_ready, serve_table
+from ..serving.check import serve_check as check_folder
+from ..serving.dual_chunk_config import check_dual_chunk_config, written_with_block
+from ..serving.freezing import freeze
+from .hub import UPLOAD_TIMEOUT, save_pretrained, upload, write_model_card
 
 
 def default_eval_lengths(original: int, factor: float | None) -> list[int]:

@@ -16,28 +16,29 @@ dynamic YaRN, the family swaps) is reported ``not computable`` without starting 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import time
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..checkpoints import loading
+from ..checkpoints.runtime import load_tokenizer, torch_dtype
 from ..config import CONFIG_KEY, SavedBlock
-from ..engines.registry import display_name, engine as engine_record, runnable
-from ..engines.settings import EngineSettings
+from ..engines.registry import display_name, runnable
+from ..engines.registry import engine as engine_record
 from ..engines.scorer import EngineRefused
-from .gguf_file import is_gguf, served_facts
-from ..io.reports import finish_report, markdown_table
-from ..methods import resolve_method
-from ..io.provenance import environment, recorded_command
+from ..engines.settings import EngineSettings
+from ..eval.scoring import token_nll
 from ..io.documents import corpus_stream, gather_documents
 from ..io.files import check_output_folder
-from ..checkpoints.runtime import load_tokenizer, torch_dtype
-from ..checkpoints import loading
-from ..eval.scoring import token_nll
+from ..io.provenance import environment, recorded_command
+from ..io.reports import finish_report, markdown_table
+from ..methods import resolve_method
+from .gguf_file import is_gguf, served_facts
 
 DEFAULT_ENGINE = "vllm"  # serve-check's engine when none is named
 LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU

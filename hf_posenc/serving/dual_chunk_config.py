@@ -19,6 +19,7 @@ fields keep the original context, so every engine that does not read the block s
 from __future__ import annotations
 
 from typing import Any
+
 from ..methods.remapped import REMAPPED
 from ..patching import get_config
 

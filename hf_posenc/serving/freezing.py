@@ -18,10 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import PosEncConfig, as_config
-from ..patching import get_config, patch, trying
-
 from ..methods.rope import SCALINGS
-
+from ..patching import get_config, patch, trying
 
 
 def check_freeze(cfg: PosEncConfig, at: Any, original: int | None = None) -> None:

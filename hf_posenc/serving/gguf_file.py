@@ -26,16 +26,16 @@ import json
 import math
 import os
 import tempfile
+from collections import Counter
 from typing import Any
 
+from ..adapters.base import text_config
+from ..checkpoints.models import read_config, resolve_source
 from ..config import CONFIG_KEY, PosEncConfig, as_config
 from ..encodings import rope as R
 from ..io.files import OutputLock, umask
-from ..adapters.base import text_config
-from .freezing import check_freeze, freeze_config
 from ..methods.rope import SCALINGS, RopeScaling
-from ..checkpoints.models import read_config, resolve_source
-from collections import Counter
+from .freezing import check_freeze, freeze_config
 
 # the GGUF architectures whose files hf_posenc loads (transformers' GGUF reader) and patches (a RoPE decoder)
 ARCHITECTURES = ("llama", "qwen2", "qwen3")

@@ -12,14 +12,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..adapters.layout import rope_geometry
+from ..checkpoints.legacy_rope import stated
 from ..config import PosEncConfig
 from ..engines.launch import LAUNCHERS, Launch, Served
 from ..engines.launch.base import TooLong, fence_for
-from ..checkpoints.legacy_rope import stated
-from .gguf_file import ARCHITECTURES, is_gguf, llama_cpp_metadata, refusal
 from ..methods import resolve_method
 from ..methods.remapped import REMAPPED
 from .check import original_of, read_block
+from .gguf_file import ARCHITECTURES, is_gguf, llama_cpp_metadata, refusal
 
 
 def _geometry(plain: dict[str, Any], block: dict[str, Any], original: int):

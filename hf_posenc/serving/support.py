@@ -11,6 +11,7 @@ documentation; ``hf-posenc patch --serve-check`` replaces the rows of the engine
 from __future__ import annotations
 
 from typing import Any
+
 from ..adapters.base import text_config
 from ..engines.registry import display_name, support_names
 from ..methods import resolve_method

@@ -13,41 +13,40 @@ trained weights.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
-import dataclasses
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
+from ..adapters.s2_attention import S2Training, check_group, check_s2_implementation, check_s2_method
+from ..checkpoints import runtime  # (its loader looked up when called: tests replace it)
+from ..checkpoints.context import original_context
+from ..checkpoints.loading import BASE_FOLDER
 from ..checkpoints.models import resolve_source
-from ..io.provenance import environment, recorded_command
 from ..checkpoints.runtime import default_device
 from ..config import PosEncConfig, as_config
-from ..adapters.s2_attention import S2Training, check_group, check_s2_implementation, check_s2_method
 from ..encodings.pose import check_pose, pose_batch
-
+from ..eval.common import model_identity
+from ..eval.perplexity import evaluate_perplexity
+from ..eval.scoring import chunked_lm_loss
+from ..io.documents import Document, check_heldout, documents_of, tokenize_documents
+from ..io.output_folder import ReplacedOutput, check_replaced_output
+from ..io.provenance import environment, recorded_command
+from ..io.reports import markdown_table, plot_lines
+from ..methods import resolve_method
+from ..patching import patch
+from ..publishing.hub import EVAL_FOLDER, save_pretrained
+from ..serving.gguf_file import original_before_load
 from .long_eval import LongEvalSettings, check_length, long_context_table, prepared_long_eval
+from .lora import LoraSettings, apply_lora, check_targets_before_load, save_lora
+from .parallel import check_context_parallel, check_engine, check_lora_engine, gathered_state_dict, parallelism_config
 from .resume import ResumableRun, document_digests, quiet_about_tied_weights
 from .settings import MIXED_PRECISIONS, PACKINGS, CheckpointSettings, TrainSettings
-from ..checkpoints.context import original_context
-from ..eval.common import model_identity
-from ..io.documents import Document, check_heldout, documents_of, tokenize_documents
-from ..eval.perplexity import evaluate_perplexity
-from ..io.reports import markdown_table, plot_lines
-from ..eval.scoring import chunked_lm_loss
-from ..serving.gguf_file import original_before_load
-from ..checkpoints.loading import BASE_FOLDER
-from ..publishing.hub import EVAL_FOLDER, save_pretrained
-from .lora import LoraSettings, apply_lora, check_targets_before_load, save_lora
-from ..methods import resolve_method
-from .parallel import check_context_parallel, check_engine, check_lora_engine, gathered_state_dict, parallelism_config
-from ..patching import patch
-from ..io.output_folder import ReplacedOutput, check_replaced_output
-from ..checkpoints import runtime  # (its loader looked up when called: tests replace it)
 
 __all__ = ["finetune", "PoseSettings", "LoraSettings", "TrainSettings", "CheckpointSettings", "LongEvalSettings"]
 

@@ -30,16 +30,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from ..checkpoints.runtime import load_tokenizer
 from ..config import PosEncConfig
-from ..io.documents import corpus_stream, tokenize_documents
 from ..eval.haystack import TextHaystack
+from ..eval.passkey import aggregate_passkey, grid, passkey_cell
 from ..eval.perplexity import aggregate_length, plan_lengths, truncated_window_cell, window_cell
-from ..io.reports import markdown_table
 from ..eval.scoring import require_causal_lm
+from ..io.documents import corpus_stream, tokenize_documents
+from ..io.reports import markdown_table
 from ..methods.rope import DYNAMIC
 from ..patching import get_config, patch, unpatch
-from ..checkpoints.runtime import load_tokenizer
-from ..eval.passkey import aggregate_passkey, grid, passkey_cell
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 BUCKETS = 32  # eval ppl's default --buckets: the 'past L' tokens start at the first bucket at or after L

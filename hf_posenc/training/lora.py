@@ -43,13 +43,18 @@ from typing import Any
 
 from torch import nn
 
-from ..io.wording import first_names
-from ..io.files import atomic_write_text, follow_umask
-from ..publishing.hub import save_pretrained, write_model_card
-from ..patching import OWN_WEIGHTS, held_modules
-from ..checkpoints.loading import BASE_FOLDER, model_class_for, quiet_peft, require_peft
-from ..checkpoints.loading import load_lora  # noqa: F401 (this module's API too: hf_posenc.training.lora.load_lora)
+from ..checkpoints.loading import (
+    BASE_FOLDER,
+    load_lora,  # noqa: F401 (this module's API too: hf_posenc.training.lora.load_lora)
+    model_class_for,
+    quiet_peft,
+    require_peft,
+)
 from ..checkpoints.models import read_config, resolve_source
+from ..io.files import atomic_write_text, follow_umask
+from ..io.wording import first_names
+from ..patching import OWN_WEIGHTS, held_modules
+from ..publishing.hub import save_pretrained, write_model_card
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 NORM_SUFFIXES = ("RMSNorm", "LayerNorm")

@@ -12,9 +12,9 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-import json
 from importlib.metadata import version as _version
 from typing import Any
 

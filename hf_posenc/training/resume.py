@@ -28,8 +28,8 @@ from typing import Any, Iterator
 from ..io.digests import comparable_identity
 from ..io.files import _can_create_in, atomic_write_text
 from ..io.output_folder import MANIFEST
-from .settings import CheckpointSettings
 from ..io.wording import first_names
+from .settings import CheckpointSettings
 
 RUN_FILE = "hf_posenc-run.json"
 STATE_FILE = "trainer_state.json"  # the Trainer writes it last in a checkpoint: its presence marks a whole one

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import json
+import os
 from typing import Any
 
 from ..config import PosEncConfig
 from ..eval.perplexity import bucket_edges
-from ..io.reports import markdown_table, plot_lines
 from ..io.files import atomic_write_text
+from ..io.reports import markdown_table, plot_lines
 from .objective import BUCKETS
 
 BEST_FILE = "best.json"

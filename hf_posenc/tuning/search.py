@@ -20,20 +20,19 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import PosEncConfig
 from ..checkpoints.context import original_context
+from ..checkpoints.models import ModelSource
+from ..config import PosEncConfig
 from ..eval.common import Run
-from ..io.documents import DocumentSource, documents_of, tokenize_documents
-from ..eval.settings import KEYWORDS, RunSettings
 from ..eval.perplexity import doc_digest
 from ..eval.scoring import require_causal_lm
+from ..eval.settings import KEYWORDS, RunSettings
 from ..eval.variants import Variant
+from ..io.documents import DocumentSource, documents_of, tokenize_documents
 from ..methods import resolve_method
-from .objective import (DEPTHS, CellComputer, TuneData, measure, plan_data, rank, ranking, result_fields,
-                        sample_keys)
-from .space import DEFAULT_METHODS, check_methods, check_pinned, factors, grid_candidates, load_space
-from ..checkpoints.models import ModelSource
+from .objective import DEPTHS, CellComputer, TuneData, measure, plan_data, rank, ranking, result_fields, sample_keys
 from .report import tune_plots, tune_table, write_best
+from .space import DEFAULT_METHODS, check_methods, check_pinned, factors, grid_candidates, load_space
 
 BASELINE = Variant("none", PosEncConfig("none"))
 # the documents, as the CLI's data flags give them (io.documents.gather_documents), and the run's keywords

@@ -11,9 +11,9 @@ import os
 import sys
 
 import torch
+from helpers import ids, tiny_model
 
 import hf_posenc
-from helpers import ids, tiny_model
 
 CASES = {"yarn": ("yarn", {"factor": 2.0}), "self_extend": ("self_extend", {"group_size": 4, "window": 16}),
          "learned": ("learned", {"factor": 2.0})}

@@ -8,6 +8,10 @@ on an engine comes from the method's record (``MethodSpec.engines``) through :cl
 one module here and one test.
 """
 
-from .base import COMPUTES, Launch, Served  # noqa: F401
 from ..registry import LAUNCHERS  # noqa: F401
-from . import vllm, llama_cpp, sglang, ollama, tgi  # noqa: E402,F401,I001 -- each registers its engine, in this order
+from .base import COMPUTES, Launch, Served  # noqa: F401
+
+# each module registers its engine when imported, in this order (serve-config's and the card's)
+# isort: off
+from . import vllm, llama_cpp, sglang, ollama, tgi  # noqa: E402,F401
+# isort: on

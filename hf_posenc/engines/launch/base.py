@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 COMPUTES = ("same", "not measured", "within_original", "cannot")
 SAME, NOT_MEASURED, WITHIN, CANNOT = COMPUTES

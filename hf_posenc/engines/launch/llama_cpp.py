@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 
-from .base import CANNOT, INT32_MAX, NOT_MEASURED, SAME, WITHIN, Launch, Most, Served, length_for, not_native
-from ..registry import Engine, register_engine
 from ..llama_cpp_engine import RUNNER
+from ..registry import Engine, register_engine
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, SAME, WITHIN, Launch, Most, Served, length_for, not_native
 
 ENGINE = "llama.cpp"
 CHECKED = ("launched with these keywords of llama_cpp.Llama by tests/test_serve_config.py (llama-cpp-python 0.3.36, "

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import re
 
-from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native
 from ..registry import Engine, register_engine
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native
 from .llama_cpp import gguf_of
 
 ENGINE = "Ollama"

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 
 from ...serving.dual_chunk_config import FAMILIES
-from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native
 from ..registry import Engine, register_engine
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native
 
 ENGINE = "SGLang"
 CHECKED = ("not launched here: read from SGLang's get_context_length (python/sglang/srt/utils/"

@@ -13,8 +13,8 @@ original context and the long ones past it within one input;
 
 from __future__ import annotations
 
-from .base import CANNOT, NOT_MEASURED, UINT32_MAX, Launch, Most, Served, length_for, not_native
 from ..registry import Engine, register_engine
+from .base import CANNOT, NOT_MEASURED, UINT32_MAX, Launch, Most, Served, length_for, not_native
 
 ENGINE = "TGI"
 CHECKED = ("not launched here: read from TGI's launcher/src/main.rs (--rope-scaling, --rope-factor) and "

@@ -9,9 +9,9 @@ not served here: vLLM takes a GGUF's configuration from transformers' GGUF reade
 
 from __future__ import annotations
 
-from .base import CANNOT, INT32_MAX, NOT_MEASURED, SAME, WITHIN, Launch, Most, Served, length_for, not_native
 from ..registry import Engine, register_engine
 from ..vllm_engine import RUNNER
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, SAME, WITHIN, Launch, Most, Served, length_for, not_native
 
 ENGINE = "vLLM"
 MOST = Most(INT32_MAX, "vLLM's model runner holds each sequence's length as int32: gpu_model_runner's seq_lens")
