@@ -35,7 +35,7 @@ ATTENTION_LEVEL = ("self_extend", "dca", "string", "rerope", "leaky_rerope")
 ACCEPTED = {
     "qwen3": ATTENTION_LEVEL + ("alibi", "nope", "learned", "sinusoidal", "yarn", "llama3"),
     "mistral_sw": ("alibi", "nope", "learned", "sinusoidal", "yarn", "llama3"),
-    "gemma3": ("nope", "yarn", "llama3", "pi"),
+    "gemma3": ("self_extend", "dca", "nope", "yarn", "llama3", "pi"),
 }
 CASES = [(f, m) for f, ms in ACCEPTED.items() for m in ms]
 PADDED_CASES = [(f, m, ("eager", "sdpa")[i % 2]) for i, (f, m) in enumerate(CASES)]  # each impl on every other case
@@ -195,7 +195,7 @@ def test_attention_level_methods_refuse_a_sliding_window_mistral_by_name(method)
         patched("mistral_sw", method)
 
 
-@pytest.mark.parametrize("method", ATTENTION_LEVEL + ("alibi", "learned", "sinusoidal"))
+@pytest.mark.parametrize("method", ("string", "rerope", "leaky_rerope", "alibi", "learned", "sinusoidal"))
 def test_gemma3_refuses_what_needs_one_plain_rope_by_name(method):
     model = gemma()
     x = ids(40)

@@ -199,7 +199,8 @@ def test_defaults_and_context():
     listed = hf_posenc.list_methods()
     for method in KNOBS:
         assert listed[method]["kind"] == "attention" and not listed[method]["takes_factor"]
-        assert "llama" in listed[method]["families"] and "gemma3_text" not in listed[method]["families"]
+        layered = method in ("self_extend", "dca")  # per-layer-type RoPE and hybrids: tests/test_attention_hybrids.py
+        assert "llama" in listed[method]["families"] and ("gemma3_text" in listed[method]["families"]) == layered
 
 
 @pytest.mark.parametrize("method,knobs,message", [

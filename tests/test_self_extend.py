@@ -70,7 +70,8 @@ def test_self_extend_errors_are_clear():
         hf_posenc.PosEncConfig("self_extend", params={"group_size": 1})
     with pytest.raises(ValueError, match=f"window=64 must be shorter than the original context \\({ORIGINAL}\\)"):
         hf_posenc.patch(tiny_model("llama"), "self_extend", group_size=4, window=64)
-    scaled = tiny_model("llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": THETA})
-    with pytest.raises(ValueError, match="self_extend works on the checkpoint's plain RoPE; this one uses rope_type='linear'"):
-        hf_posenc.patch(scaled, "self_extend")
-    assert not hf_posenc.is_patched(scaled)
+    sliding = tiny_model("mistral", sliding_window=32)  # every layer slides: nothing to extend
+    with pytest.raises(ValueError, match="self_extend replaces full attention; model_type='mistral' uses sliding-window "
+                                         "attention \\(sliding_window=32\\) on every layer"):
+        hf_posenc.patch(sliding, "self_extend")
+    assert not hf_posenc.is_patched(sliding)

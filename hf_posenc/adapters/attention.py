@@ -26,6 +26,7 @@ class CacheOffset:
     serves: tuple[str, ...] | None = None
     sliding_ok = False  # whether a sliding-window cache of the model's own window keeps it exact (only i - j
     # matters, and the cache drops only keys the model's attention masks anyway)
+    layers: frozenset[int] | None = None  # the cache layers whose keys it reads (None: all)
 
     def __init__(self) -> None:
         self.past = 0
@@ -35,7 +36,7 @@ class CacheOffset:
         self.check_implementation(getattr(module, "config", None))
         cache = passed_cache(module, args, kwargs)
         window = getattr(getattr(module, "config", None), "sliding_window", None) if self.sliding_ok else None
-        check_cache(cache, self.method, window)
+        check_cache(cache, self.method, window, self.layers)
         self.past = int(cache.get_seq_length()) if cache is not None else 0  # a static cache's is a tensor
         self.cache_seen = cache is not None
 

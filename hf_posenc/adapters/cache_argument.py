@@ -45,15 +45,18 @@ def _slides_over(layer: Any, window: int) -> bool:
     return getattr(layer, "max_cache_len", window + 1) <= window
 
 
-def check_cache(cache: Any, method: str, window: int | None = None) -> None:
+def check_cache(cache: Any, method: str, window: int | None = None, layers: frozenset[int] | None = None) -> None:
     """Refuse, before compute, a KV cache whose indices are not the keys' positions for ``method`` (which reads
     positions from them): one with sliding-window layers (keys indexed from the window's start), unless their
     window is ``window``, the model's own sliding window, for a method where only ``i - j`` matters (the cache
     then drops only keys the model's attention masks anyway), or layers of a kind transformers' full-attention
-    caches do not use."""
+    caches do not use. ``layers``: the indices of the cache layers the method reads (None: all; the others belong
+    to layers it leaves to the model's own attention)."""
     from transformers.cache_utils import DynamicLayer, StaticLayer
 
-    for layer in getattr(cache, "layers", None) or ():
+    for index, layer in enumerate(getattr(cache, "layers", None) or ()):
+        if layers is not None and index not in layers:
+            continue
         sliding = getattr(layer, "is_sliding", False)
         if sliding and window is not None and _slides_over(layer, window):
             continue

@@ -1,5 +1,9 @@
 """The attention-level methods on RoPE decoders (``hf_posenc.methods.remapped``): checked against the model,
-then applied by selecting the remapped-position attention function on this instance."""
+then applied by selecting the remapped-position attention function on this instance.
+
+Methods marked ``any_rope`` (Self-Extend, DCA) run on every layout :mod:`remapped_layers` plans: a checkpoint's
+scaled RoPE (its own frequencies and attention factor), per-layer-type RoPE, partial rotary, MLA, and sliding/full
+hybrids (full-attention layers only). The others need one plain RoPE on the whole head of full-attention layers."""
 
 from __future__ import annotations
 
@@ -9,42 +13,65 @@ from ..config import PosEncConfig
 from ..methods.remapped import REMAPPED
 from .attention import check_attention, select
 from .base import PatchRecord
-from .layout import Layout, RotarySlot, attention_modules, body, head_dim, rope_geometry
-from .remapped_attention import STATE_ATTR, RemapState, register
+from .layout import Layout, RotarySlot, body, head_dim, rope_geometry
+from .remapped_attention import STATE_ATTR, TABLES_ATTR, RemapState, eager_function, register
+from .remapped_layers import layer_plan, pin_frequencies, rotation_tables
 from .rope_native import softmax_rescalers
 
 
-def resolve_remapped(model: nn.Module, cfg: PosEncConfig, slots: list[RotarySlot], L: int, prefix: str) -> PosEncConfig:
-    """``cfg`` with the model-dependent defaults filled; a ValueError where the model cannot take it."""
-    config, name = model.config, cfg.method
+def check_plain_rope(model: nn.Module, name: str, slots: list[RotarySlot], L: int, prefix: str) -> None:
+    """A ValueError unless ``model`` has one plain RoPE on the whole head and full attention on every layer: what
+    the methods not marked ``any_rope`` are proven on."""
+    config = model.config
     if prefix or slots[0].layer_type is not None or len(slots) != 1:
         raise ValueError(f"{name} needs one plain RoPE for all layers; this model has per-layer-type or composite "
-                         "RoPE (not supported yet).")
+                         "RoPE (supported for self_extend and dca).")
     rp = config.rope_parameters
     if rp.get("rope_type", "default") != "default" or abs(float(slots[0].get("attention_scaling")) - 1.0) > 0:
         raise ValueError(f"{name} works on the checkpoint's plain RoPE; this one uses rope_type={rp.get('rope_type')!r}. "
-                         "Load it without the scaling, or use another method.")
+                         "Load it without the scaling, or use another method (self_extend and dca take it).")
     rotated = rope_geometry(config, L).dim
     if rotated != head_dim(config):
         raise ValueError(f"{name} needs RoPE on the whole head (partial_rotary_factor 1); this model rotates "
-                         f"{rotated} of {head_dim(config)} dimensions.")
+                         f"{rotated} of {head_dim(config)} dimensions (self_extend and dca take it).")
     window = getattr(config, "sliding_window", None)
     if window is not None or any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
         raise ValueError(f"{name} replaces full attention; model_type={config.model_type!r} uses sliding-window "
                          f"attention (sliding_window={window!r}). Load it with sliding_window=None.")
     if softmax_rescalers(model):
-        raise ValueError(f"{name} on model_type={config.model_type!r} is not supported.")
-    check_attention(model, name)
+        raise ValueError(f"{name} on model_type={config.model_type!r} is not supported (self_extend and dca are).")
+
+
+def resolve_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -> PosEncConfig:
+    """``cfg`` with the model-dependent defaults filled; a ValueError where the model cannot take it."""
+    name = cfg.method
+    if not REMAPPED[name].any_rope:
+        check_plain_rope(model, name, lay.slots, L, lay.prefix)
+    impl = check_attention(model, name)
     params = REMAPPED[name].defaults(dict(cfg.params), L)
+    plan = layer_plan(model, lay.config, lay.slots, name)
+    rotation_tables(plan, lay.config, REMAPPED[name].scheme(params, L), name)  # checks each layer's rotation
+    kept = [m for m, s in zip(plan.modules, plan.slots) if s is None]
+    if kept and impl == "eager" and eager_function(kept[0]) is None:
+        raise ValueError(f"{name} leaves the sliding-window layers to the model's eager attention, but the modeling "
+                         f"file of {type(kept[0]).__name__} has no eager_attention_forward; load it with "
+                         "attn_implementation='sdpa'.")
     return PosEncConfig(name, None, L, params)
 
 
-def apply_remapped(model: nn.Module, cfg: PosEncConfig, slots: list[RotarySlot], record: PatchRecord) -> None:
+def apply_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, record: PatchRecord) -> None:
     method, L = REMAPPED[cfg.method], cfg.original_max_position_embeddings
-    state = RemapState(method.scheme(cfg.params, L), slots[0].get("inv_freq"))
+    plan = layer_plan(model, lay.config, lay.slots, cfg.method)
+    tables = rotation_tables(plan, lay.config, method.scheme(cfg.params, L), cfg.method)
+    delegate = check_attention(model, cfg.method)
+    layers = None if all(t is not None for t in tables) else plan.computed()
+    state = RemapState(method.scheme(cfg.params, L), layers=layers, delegate=delegate)
+    pin_frequencies(plan, lay.config, record)
     record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
     record.add_hook(body(model).register_forward_hook(state.body_done, with_kwargs=True, always_call=True))
-    select(model, record, state, attention_modules(model), register(), STATE_ATTR)
+    for attn, table in zip(plan.modules, tables):
+        record.set_attr(attn, TABLES_ATTR, table)
+    select(model, record, state, plan.modules, register(), STATE_ATTR)
     record.set_config("max_position_embeddings", method.context(cfg.params, L))
 
 
@@ -55,11 +82,11 @@ class Remapped:
         return False
 
     def on_layered(self, spec) -> bool:
-        return False
+        return REMAPPED[spec.name].any_rope
 
     def resolve(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -> PosEncConfig:
-        return resolve_remapped(model, cfg, lay.slots, L, lay.prefix)
+        return resolve_remapped(model, cfg, lay, L)
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, record: PatchRecord) -> bool:
-        apply_remapped(model, cfg, lay.slots, record)
+        apply_remapped(model, cfg, lay, record)
         return False

@@ -4,7 +4,8 @@ a scheme runs as fused attention that returns its log-sum-exp, and the pieces ar
 Transformers hands the attention function queries and keys already rotated at their positions ``i`` and
 ``j``. RoPE composes (rotating by ``a`` then ``b`` is rotating by ``a + b``), so a piece that reads the
 query at ``query_at(i)`` rotates the given query further by ``query_at(i) - i`` (angles in float64), and
-likewise the keys: the keys in the KV cache stay as transformers stored them.
+likewise the keys: the keys in the KV cache stay as transformers stored them. Each layer rotates with its own
+RoPE (:class:`remapped_keys.RotationTables`: its frequencies, scaled or not, and the dimensions it rotates).
 
 Queries run in blocks (``RemapState.block`` rows; DCA's never cross a chunk). For one block a piece allows,
 per query, an interval of keys whose ends move with the query (``i - d_max``, ``i - d_min``) or stay
@@ -16,45 +17,49 @@ Kernels, chosen per call in :func:`kernel`: on CPU without autograd, ``aten._sca
 which returns the log-sum-exp, with grouped-query heads folded into the query axis (no repeated keys); on CUDA in
 fp16/bf16 without autograd, flash attention for the core rectangles and causal squares and memory-efficient
 attention with a bias for the small masked bands (:mod:`cuda_kernels`, checked against a written-out reference on
-first use); with autograd (the
-fused kernels' backward ignores the log-sum-exp's gradient), fp32 on a GPU and other devices, the eager kernel
-(matmul, fp32 softmax), which is also the reference.
+first use); with autograd (the fused kernels' backward ignores the log-sum-exp's gradient), fp32 on a GPU, other
+devices, soft-capped scores (Gemma 2) and values narrower than the keys (MLA), the eager kernel (matmul, fp32
+softmax), which is also the reference. Attention sinks (gpt-oss: one learned logit per head in every softmax)
+join the merge as one more piece with no value.
 
 Positions come from the KV cache and the padding mask: in a row whose first real key is at cache index
 ``s``, index ``t`` is position ``t - s`` (left padding as ``generate`` makes it, exactly as the row alone).
-Masks with holes (packed documents) are refused; sliding-window models are refused at patch time.
+Masks with holes (packed documents) are refused. Layers the method leaves alone (sliding-window layers of a
+hybrid model: no table) run the attention implementation the model had (:func:`delegated`).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..encodings.remap import Piece, Scheme
-from ..encodings.rope import apply_rotary
 from .attention import CacheOffset, fold_groups, register_attention, repeat_heads, unfold_groups
 from .cache_argument import passed_cache
 from .cuda_kernels import band_piece, flash_piece, flash_usable
+from .remapped_keys import KeyViews, RotationTables
 
 NAME = "hf_posenc_remapped"
 STATE_ATTR = "_hf_posenc_remapped"
+TABLES_ATTR = "_hf_posenc_remapped_rope"  # on an attention module: its RotationTables, None for a layer left alone
 KEPT_ATTR = "_hf_posenc_rotated_keys"  # on a KV cache object: the rotated keys it goes with (KeyViews)
 
 
 class RemapState(CacheOffset):
-    """The scheme, the model's RoPE frequencies, the query block size, and the padding of the current call."""
+    """The scheme, the query block size, the cache layers it computes (``layers``; None: all), the attention
+    implementation of the layers it leaves alone (``delegate``), and the padding of the current call."""
 
     def __setstate__(self, state: dict) -> None:  # unpickled in a fresh process: the attention function is registered
         self.__dict__.update(state)
         register()
 
-    def __init__(self, scheme: Scheme, inv_freq: torch.Tensor, block: int = 256):
+    def __init__(self, scheme: Scheme, block: int = 256, layers: frozenset[int] | None = None,
+                 delegate: str = "sdpa"):
         super().__init__()
-        self.scheme = scheme
-        self.inv_freq = inv_freq.detach().float().clone()
-        self.block = block
-        self.tables = RotationTables(scheme, self.inv_freq)
+        self.scheme, self.block, self.layers, self.delegate = scheme, block, layers, delegate
         self._starts: dict[tuple, list[int] | None] | None = None  # this forward call's row starts, by mask shape
         self._cache = None  # this forward call's KV cache
 
@@ -69,7 +74,7 @@ class RemapState(CacheOffset):
     def body_done(self, module, args, kwargs, output) -> None:
         self._starts, self._cache = None, None
 
-    def rotated_keys(self, module, key: torch.Tensor) -> dict | None:
+    def rotated_keys(self, module, key: torch.Tensor, tables: RotationTables) -> dict | None:
         """The rotated keys this layer kept in the call's KV cache from earlier decoding steps (see
         :class:`KeyViews`), or None where keeping them would not be safe: no cache, a batch of several rows (beam
         search reorders them in place), autograd, a layer without an index, a quantized cache."""
@@ -79,14 +84,13 @@ class RemapState(CacheOffset):
         if any(hasattr(held, "_quantize") for held in getattr(cache, "layers", None) or ()):
             return None  # a quantized cache hands keys back rounded after the call that gave them: not kept
         held = cache.__dict__.setdefault(KEPT_ATTR, {})
-        return held.setdefault((layer, self.view_key()), {})
+        return held.setdefault((layer, self.view_key(), tables.identity()), {})
 
     def view_key(self) -> tuple:
-        """What the rotated keys depend on besides the keys: the scheme and its knobs, the frequencies (both fixed
+        """What the rotated keys depend on besides the keys and the layer's RoPE: the scheme and its knobs (fixed
         for the state's life, so computed once)."""
         if "_view" not in self.__dict__:
-            self._view = (type(self.scheme).__name__, tuple(sorted((k, repr(v)) for k, v in vars(self.scheme).items())),
-                          tuple(self.inv_freq.tolist()))
+            self._view = (type(self.scheme).__name__, tuple(sorted((k, repr(v)) for k, v in vars(self.scheme).items())))
         return self._view
 
     def row_starts(self, attention_mask, k_total: int) -> list[int] | None:
@@ -100,6 +104,17 @@ class RemapState(CacheOffset):
         if key not in self._starts:
             self._starts[key] = padding_starts(attention_mask, k_total)
         return self._starts[key]
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How scores become weights besides the positions: ``scale`` (times the scheme's score scale), dropout,
+    Gemma 2's soft-capping (``cap * tanh(s / cap)`` before the mask) and gpt-oss's sinks (``[heads]`` logits)."""
+
+    scale: float
+    dropout: float = 0.0
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
 
 
 def padding_starts(attention_mask: torch.Tensor, k_total: int) -> list[int] | None:
@@ -124,150 +139,82 @@ def padding_starts(attention_mask: torch.Tensor, k_total: int) -> list[int] | No
 def remapped_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """An attention function with transformers' signature: returns ``([batch, q, heads, dim], None)``."""
     state: RemapState = module.__dict__[STATE_ATTR]
+    tables: RotationTables | None = module.__dict__.get(TABLES_ATTR)
+    if tables is None:
+        return delegated(state.delegate, module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                         **kwargs)
     b, h, q, d = query.shape
     k_total = state.keys_held(q, key.shape[2])
     key, value = key[:, :, :k_total], value[:, :, :k_total]  # a static cache's empty slots never take part
     past = state.query_start(q, k_total)
-    scale = (scaling if scaling is not None else d**-0.5) * state.scheme.score_scale
-    dropout = dropout if module.training else 0.0
+    scoring = Scoring((scaling if scaling is not None else d**-0.5) * state.scheme.score_scale,
+                      dropout if module.training else 0.0, kwargs.get("softcap"), kwargs.get("s_aux"))
     starts = state.row_starts(attention_mask, k_total)
     if starts is None:
-        kept = state.rotated_keys(module, key) if q <= state.block else None
-        out = attend(state, query, key, value, past, scale, dropout, kept)
+        kept = state.rotated_keys(module, key, tables) if q <= state.block else None
+        out = attend(state, tables, query, key, value, past, scoring, kept)
     else:
         out = query.new_zeros(b, h, q, value.shape[-1])
         for r, s0 in enumerate(starts):
             first = max(0, s0 - past)  # the row's first real query in this call
             if first < q:
                 rows = slice(r, r + 1)
-                out[rows, :, first:] = attend(state, query[rows, :, first:], key[rows, :, s0:], value[rows, :, s0:],
-                                              past + first - s0, scale, dropout)
+                out[rows, :, first:] = attend(state, tables, query[rows, :, first:], key[rows, :, s0:],
+                                              value[rows, :, s0:], past + first - s0, scoring)
     return out.transpose(1, 2).contiguous(), None
 
 
-def attend(state: RemapState, query, key, value, p0: int, scale: float, dropout: float,
+def delegated(impl: str, module, query, key, value, attention_mask, **kwargs):
+    """A layer the method leaves alone, under the implementation the model had: sdpa, or the eager function of
+    the model's own modeling file (which adds its mask: the boolean mask this function's mask builder gives is
+    made additive, and a mask left out -- causal, nothing else to mask -- is written out)."""
+    if impl == "sdpa":
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    q, k = query.shape[2], key.shape[2]
+    if attention_mask is None:
+        attention_mask = torch.ones(q, k, dtype=torch.bool, device=query.device).tril(k - q)[None, None]
+    if attention_mask.dtype == torch.bool:
+        attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~attention_mask, torch.finfo(query.dtype).min)
+    return eager_function(module)(module, query, key, value, attention_mask, **kwargs)
+
+
+def eager_function(module):
+    """The eager attention function of ``module``'s modeling file, or None."""
+    return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+
+
+def attend(state: RemapState, tables: RotationTables, query, key, value, p0: int, scoring: Scoring,
            kept: dict | None = None) -> torch.Tensor:
     """Attention of queries at positions ``p0 ..`` over keys at positions ``0 ..`` under ``state.scheme``:
     ``[batch, heads, q, dim]``; ``kept``: rotated keys of earlier steps (:meth:`RemapState.rotated_keys`)."""
-    scheme, inv_freq = state.scheme, state.inv_freq
+    scheme = state.scheme
     q_len, k_len = query.shape[2], key.shape[2]
     q_pos = torch.arange(p0, p0 + q_len, device=query.device)
     factor = scheme.query_scale(q_pos)
     if factor is not None:
         query = query * factor.to(query.dtype)[:, None]
-    keys = KeyViews(key, state.tables, whole=q_len > state.block, kept=kept, unchanged=min(p0, k_len))
+    keys = KeyViews(key, tables, whole=q_len > state.block, kept=kept, unchanged=min(p0, k_len))
     outs = []
     for a, e in scheme.blocks(p0, p0 + q_len, state.block):
         qa, pos = query[:, :, a - p0 : e - p0], q_pos[a - p0 : e - p0]
         parts = []
         for piece in scheme.pieces(a, e):
-            qr = qa if piece.query_at is None else turned(qa, piece.query_at(pos) - pos, inv_freq)
+            qr = qa if piece.query_at is None else tables.turn(qa, piece.query_at(pos) - pos)
             for seg in segments(piece, a, e, k_len):
                 kr = keys.get(piece.key_map, seg.start, seg.stop)
-                parts.append(kernel(qr, kr, value[:, :, seg.start : seg.stop], seg, scale, dropout))
+                parts.append(kernel(qr, kr, value[:, :, seg.start : seg.stop], seg, scoring))
+        if scoring.sinks is not None:
+            parts.append(sink(scoring.sinks, qa, value.shape[-1]))
         outs.append(merge(parts, qa, value.shape[-1]))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
-def turned(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """``x`` rotated further by ``delta`` positions (none where every ``delta`` is 0)."""
-    return x if not bool(delta.any()) else apply_rotary(x, delta, inv_freq)
-
-
-class KeyViews:
-    """The keys read at each of the scheme's key maps. With ``whole`` (several query blocks, whose key ranges
-    overlap) each map's keys are rotated once per call; else (one block: decoding) only the range a piece
-    reads, so that the pieces of one query rotate each key at most once.
-
-    ``kept`` (decoding one row with a KV cache): the rotated keys of earlier calls, kept on the cache object
-    itself (so they live and die with it, and a new cache starts empty), per layer and map in a buffer grown by
-    doubling with the count of keys it holds. Keys below ``unchanged`` (the cache length when the call started)
-    are those of earlier calls, unchanged since (a one-row cache is only appended to, or cut: a cut below the
-    kept count is followed); only keys past what is kept are rotated, so a decoding step rotates one key per map."""
-
-    def __init__(self, key: torch.Tensor, tables: "RotationTables", whole: bool, kept: dict | None = None,
-                 unchanged: int = 0):
-        self.key, self.tables, self.whole, self.kept, self.unchanged = key, tables, whole, kept, unchanged
-        self.done: dict[str, torch.Tensor] = {}
-
-    def get(self, name: str, start: int, stop: int) -> torch.Tensor:
-        if name == "same":
-            return self.key[:, :, start:stop]
-        if self.kept is not None:  # kept only when the call is one block (not whole)
-            return self._kept(name, stop)[:, :, start:stop]
-        if not self.whole:
-            return self.tables.rotate(self.key[:, :, start:stop], name, start)
-        if name not in self.done:
-            self.done[name] = self.tables.rotate(self.key, name, 0)
-        return self.done[name][:, :, start:stop]
-
-    def _kept(self, name: str, stop: int) -> torch.Tensor:
-        """The kept buffer of ``name``, holding the rotated keys ``0 .. stop - 1`` (rotating those it lacked)."""
-        buffer, count = self.kept.get(name, (None, 0))
-        k = self.key
-        if buffer is not None and (buffer.dtype != k.dtype or buffer.device != k.device
-                                   or buffer.shape[:2] != k.shape[:2] or buffer.shape[3] != k.shape[3]):
-            buffer, count = None, 0  # keys of another kind: start afresh
-        count = min(count, self.unchanged)  # keys from the call's start on are new (a cut cache grew again)
-        self.kept[name] = (buffer, count)
-        if stop > count:
-            if buffer is None or buffer.shape[2] < stop:
-                grown = k.new_empty(*k.shape[:2], max(1024, 1 << (stop - 1).bit_length()), k.shape[3])
-                if buffer is not None:
-                    grown[:, :, :count] = buffer[:, :, :count]
-                buffer = grown
-            buffer[:, :, count:stop] = self.tables.rotate(self.key[:, :, count:stop], name, count)
-            self.kept[name] = (buffer, stop)
-        return buffer
-
-
-class RotationTables:
-    """Per key map, the cos and sin that turn keys at positions ``0 .. n - 1`` from ``p`` to ``map(p)``: angles
-    ``(map(p) - p) * inv_freq`` in float64 as :func:`encodings.rope.apply_rotary` takes them, kept in float32 and
-    grown by doubling. They depend on positions alone, so every layer and every call shares them (no trig per
-    layer and step); they are not pickled (rebuilt on first use). Keys whose map leaves them where they are
-    (DCA's first chunk) are not rotated at all."""
-
-    def __init__(self, scheme: Scheme, inv_freq: torch.Tensor):
-        self.scheme, self.inv_freq = scheme, inv_freq  # the scheme, not its maps (lambdas): the state pickles
-        self.held: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor, int]] = {}
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "held": {}}
-
-    def table(self, name: str, stop: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(cos, sin) ``[size, d / 2]`` for positions ``0 .. size - 1`` (``size >= stop``) and the number of
-        leading positions the map leaves in place."""
-        key = (name, str(device))
-        held = self.held.get(key)
-        if held is None or held[0].shape[0] < stop:
-            size = max(1024, 1 << (stop - 1).bit_length())
-            wide = torch.float32 if device.type == "mps" else torch.float64
-            pos = torch.arange(size, device=device)
-            delta = self.scheme.key_maps()[name](pos) - pos
-            moved = (delta != 0).nonzero()
-            unmoved = int(moved[0]) if len(moved) else size
-            angles = delta.to(wide)[:, None] * self.inv_freq.to(device=device, dtype=wide)[None]
-            held = self.held[key] = (angles.cos().float(), angles.sin().float(), unmoved)
-        return held
-
-    def rotate(self, keys: torch.Tensor, name: str, start: int) -> torch.Tensor:
-        """``keys`` ``[b, h, n, d]`` at positions ``start ..`` read at ``map(p)``, in their dtype (the rotate-half
-        layout, as :func:`encodings.rope.apply_rotary`)."""
-        n = keys.shape[2]
-        cos, sin, unmoved = self.table(name, start + n, keys.device)
-        if start + n <= unmoved:
-            return keys
-        c, s = cos[start : start + n], sin[start : start + n]
-        v = keys.float()
-        half = v.shape[-1] // 2
-        x1, x2 = v[..., :half], v[..., half:]
-        if torch.is_grad_enabled() and keys.requires_grad:  # out= takes no autograd
-            return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(keys.dtype)
-        out = torch.empty_like(v)  # written in place: no concatenated copy, no temporaries
-        torch.mul(x1, c, out=out[..., :half]).addcmul_(x2, s, value=-1)
-        torch.mul(x2, c, out=out[..., half:]).addcmul_(x1, s)
-        return out.to(keys.dtype)
+def sink(sinks: torch.Tensor, like: torch.Tensor, dv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sinks as one more piece: no value, the sink's logit as its log-sum-exp for every query of a head."""
+    b, h, n, _ = like.shape
+    lse = sinks.float().reshape(1, h, 1).expand(b, h, n)
+    return like.new_zeros(b, h, n, dv, dtype=torch.float32), lse
 
 
 @dataclass
@@ -319,16 +266,17 @@ def _edge(start: int, stop: int, lo: torch.Tensor, hi: torch.Tensor) -> Segment:
     return Segment(start, stop, lo, hi, causal)
 
 
-def kernel(q, k, v, seg: Segment, scale: float, dropout: float):
+def kernel(q, k, v, seg: Segment, scoring: Scoring):
     """Attention of ``q`` ``[b, h, n, d]`` over ``k``/``v`` ``[b, h_kv, m, d]`` as allowed by ``seg``:
     ``(out [b, h, n, dv] float32, lse [b, h, n] float32)``, ``lse = -inf`` for a query that reads no key."""
     _, h, n, _ = q.shape
-    groups = h // k.shape[1]
+    groups, scale, dropout = h // k.shape[1], scoring.scale, scoring.dropout
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    on_gpu = not grad and flash_usable(q, dropout)  # CUDA, fp16/bf16: see cuda_kernels
+    plain = not grad and scoring.softcap is None and v.shape[-1] == q.shape[-1]  # what the fused kernels compute
+    on_gpu = plain and flash_usable(q, dropout)  # CUDA, fp16/bf16: see cuda_kernels
     if on_gpu and (seg.lo is None or seg.causal):
         return flash_piece(q, k, v, seg.causal, scale)
-    fused = q.device.type == "cpu" and not grad
+    fused = plain and q.device.type == "cpu"
     mask = None
     if on_gpu:  # a masked band
         out, lse = band_piece(q, k, v, _allowed(seg, k.shape[2], q.device), scale)
@@ -347,7 +295,7 @@ def kernel(q, k, v, seg: Segment, scale: float, dropout: float):
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qf, k, v, dropout, False,
                                                                                   attn_mask=mf, scale=scale)
         else:
-            out, lse = eager(qf, k, v, mf, scale, dropout)
+            out, lse = eager(qf, k, v, mf, scoring)
         out, lse = unfold_groups(out, lse, h, n)
     return out.float(), _no_key(lse.float(), seg, q.device)
 
@@ -367,14 +315,16 @@ def _no_key(lse: torch.Tensor, seg: Segment, device) -> torch.Tensor:
     return lse
 
 
-def eager(q, k, v, mask, scale: float, dropout: float):
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+def eager(q, k, v, mask, scoring: Scoring):
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scoring.scale
+    if scoring.softcap is not None:
+        scores = torch.tanh(scores / scoring.softcap) * scoring.softcap
     if mask is not None:
         scores = scores + mask.float()
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None])
-    if dropout:
-        probs = torch.nn.functional.dropout(probs, p=dropout)
+    if scoring.dropout:
+        probs = torch.nn.functional.dropout(probs, p=scoring.dropout)
     return torch.matmul(probs, v.float()), lse
 
 

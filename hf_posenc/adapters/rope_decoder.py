@@ -23,6 +23,7 @@ from torch import nn
 
 from ..config import PosEncConfig
 from ..methods.remapped import KIND as ATTENTION
+from ..methods.remapped import REMAPPED
 from ..methods.rope import SCALINGS
 from .base import Adapter, PatchRecord, text_config
 from .decoder_swaps import SWAPS, TABLE_NAME, Swapped
@@ -62,6 +63,9 @@ GENERIC_FAMILIES = ("gemma", "gemma2", "phi", "phi3", "stablelm", "gpt_neox", "g
                     "gpt_oss", "deepseek_v3")
 ALREADY_SCALED_FAMILIES = ("gpt_oss", "apertus")
 PROVEN_SCALINGS = ("yarn", "pi", "ntk", "dynamic_ntk", "llama3", "longrope")
+# Decoders beyond the tested list on which the attention-level methods marked any_rope (self_extend, dca) are proven
+# (tests/test_attention_hybrids.py): sliding/full hybrids with sinks or soft-capping, partial rotary, MLA.
+ANY_ROPE_ATTENTION_FAMILIES = ("gemma2", "gpt_oss", "phi", "deepseek_v3")
 
 
 class RopeDecoderAdapter(Adapter):
@@ -86,6 +90,8 @@ class RopeDecoderAdapter(Adapter):
         if found and spec.name in PROVEN_SCALINGS:
             composes = SCALINGS[spec.name].compose is not None
             found += [t for t in GENERIC_FAMILIES if composes or t not in ALREADY_SCALED_FAMILIES]
+        if found and spec.kind == ATTENTION and REMAPPED[spec.name].any_rope:
+            found += list(ANY_ROPE_ATTENTION_FAMILIES)
         return found
 
     def matches(self, model: nn.Module) -> bool:

@@ -30,11 +30,13 @@ UNBOUNDED_CONTEXT = 4  # max_position_embeddings advertised by methods without a
 @dataclass(frozen=True)
 class RemappedMethod:
     """``defaults(params, L)`` fills the knobs that depend on the model and checks them against it;
-    ``scheme(params, L)`` builds the positions it runs."""
+    ``scheme(params, L)`` builds the positions it runs; ``any_rope``: it is proven beyond one plain RoPE on
+    full-attention layers (the others are refused there)."""
 
     spec: MethodSpec
     defaults: Callable[[dict[str, Any], int], dict[str, Any]]
     scheme: Callable[[dict[str, Any], int], M.Scheme]
+    any_rope: bool = False  # runs on scaled, per-layer-type, partial and MLA RoPE and on sliding/full hybrids
 
     def context(self, params: dict[str, Any], original: int) -> int:
         """The ``max_position_embeddings`` the patched model advertises: the longest input whose relative
@@ -48,9 +50,9 @@ class RemappedMethod:
 REMAPPED: dict[str, RemappedMethod] = {}
 
 
-def _add(spec: MethodSpec, defaults, scheme) -> None:
+def _add(spec: MethodSpec, defaults, scheme, any_rope: bool = False) -> None:
     register_method(spec)
-    REMAPPED[spec.name] = RemappedMethod(spec, defaults, scheme)
+    REMAPPED[spec.name] = RemappedMethod(spec, defaults, scheme, any_rope)
 
 
 def _integer(name: str, value: Any, low: int, allow_none: bool = True) -> None:
@@ -122,7 +124,7 @@ _add(MethodSpec(
     "it, merged in one softmax; training-free, up to (L - window) * group_size + window tokens.",
     aliases=("selfextend", "grouped_attention"), uses_factor=False,
     params={"group_size": 8, "window": None}, check=_check_self_extend, tune_grid=_self_extend_grid),
-    _self_extend_defaults, lambda p, L: M.SelfExtend(p["group_size"], p["window"]))
+    _self_extend_defaults, lambda p, L: M.SelfExtend(p["group_size"], p["window"]), any_rope=True)
 
 
 # -- ReRoPE and leaky ReRoPE (Su 2023) -------------------------------------------------------------------------
@@ -237,4 +239,4 @@ _add(MethodSpec(
     params={"chunk_size": None, "local_window": None, "max_position_embeddings": None}, check=_check_dca,
     tune_grid=lambda L, T, factors: [{"chunk_size": s, "local_window": w} for s in (3 * L // 4, L // 2)
                                      for w in (L // 16, L // 8)]),
-    _dca_defaults, lambda p, L: M.DualChunk(p["chunk_size"], p["local_window"]))
+    _dca_defaults, lambda p, L: M.DualChunk(p["chunk_size"], p["local_window"]), any_rope=True)

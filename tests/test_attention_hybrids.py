@@ -1,0 +1,233 @@
+"""Self-Extend and DCA beyond one plain RoPE on full-attention layers: a checkpoint whose RoPE is already scaled
+(llama3, YaRN, LongRoPE: its own frequencies and attention factor), sliding/full hybrids (Gemma 3 with a RoPE per
+layer type, gpt-oss with attention sinks, Gemma 2 with soft-capping: full-attention layers replaced, sliding ones
+left as they are), partial rotary (Phi) and MLA (DeepSeek-V3: the decoupled RoPE part, the model's softmax scale).
+
+Each against an eager reference written out here (float64: the remapped relative position r(i, j) of each
+paper's formula applied to every query-key pair of a full-attention layer on the rotated dimensions, each layer
+type's frequencies computed from its own rope_parameters), the unpatched model inside the method's window,
+cached generation against recomputation, a save/load round trip and unpatch. fp32: "equal" is within 1e-5."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+import hf_posenc
+from conftest import ids, logits
+from test_cache_matrix import generated, recomputed_gap
+from test_remapped import relative
+
+EXACT = 1e-5
+THETA = 50_000.0
+WINDOW = 12  # the sliding window of the hybrids: every input here crosses it
+SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+HYBRID = dict(head_dim=16, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
+FAMILIES = {
+    "llama3": ("llama", dict(max_position_embeddings=256, rope_parameters={
+        "rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 64, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "rope_theta": THETA})),
+    "longrope": ("llama", dict(max_position_embeddings=256, rope_parameters={
+        "rope_type": "longrope", "original_max_position_embeddings": 64, "rope_theta": THETA,
+        "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 3.5], "long_factor": [1.0, 1.5, 2, 3, 4, 5, 6, 8]})),
+    "gemma3_text": ("gemma3_text", dict(HYBRID, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": THETA},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 7_000.0}})),
+    "gpt_oss": ("gpt_oss", dict(HYBRID, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
+                                rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                                 "beta_fast": 32.0, "beta_slow": 1.0, "rope_theta": THETA})),
+    "gemma2": ("gemma2", dict(HYBRID, attn_logit_softcapping=0.05, query_pre_attn_scalar=1,
+                              rope_parameters={"rope_type": "default", "rope_theta": THETA})),
+    "phi": ("phi", dict(rope_parameters={"rope_type": "default", "rope_theta": THETA, "partial_rotary_factor": 0.5})),
+    "deepseek_v3": ("deepseek_v3", dict(
+        num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, kv_lora_rank=16, q_lora_rank=None,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
+        topk_group=1, rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                       "mscale": 1.0, "mscale_all_dim": 0.7, "rope_theta": THETA})),
+}
+KNOBS = {"self_extend": {"group_size": 4, "window": 16}, "dca": {"chunk_size": 48, "local_window": 4}}
+INSIDE = {"self_extend": 16, "dca": 44}  # the longest input the method leaves as it is: the window, the chunk
+CASES = [(f, m) for f in FAMILIES for m in KNOBS]
+
+
+def build(family, seed=0, **over):
+    model_type, extra = FAMILIES[family]
+    cfg = AutoConfig.for_model(model_type, **{**SMALL, **extra, **over})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
+
+def patched(family, method, **over):
+    return hf_posenc.patch(build(family, **over), method, **KNOBS[method])
+
+
+def text(n, seed=1, batch=1):
+    return ids(n, seed=seed, batch=batch) % 90 + 3  # no special tokens
+
+
+# -- the written-out reference -------------------------------------------------------------------------------------
+def layer_type(cfg, index):
+    return (getattr(cfg, "layer_types", None) or ["full_attention"] * (index + 1))[index]
+
+
+def full_frequencies(cfg):
+    """The frequencies of the full-attention layers, from their own rope_parameters (longrope: its short factors,
+    those of inputs up to its original context)."""
+    rp = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
+    if rp.get("rope_type", "default") != "default":
+        return ROPE_INIT_FUNCTIONS[rp["rope_type"]](cfg, None)[0].double()
+    head = getattr(cfg, "qk_rope_head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dim = int(head * rp.get("partial_rotary_factor", 1.0))
+    return 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+
+def full_scores(module, q, k, method):
+    """Scores of a full-attention layer: each query turned by r(i, j) - (i - j) against key j on the rotated
+    dimensions (given rotated at i and j, so the score sees r(i, j)), the other dimensions as they are."""
+    inv = full_frequencies(module.config)
+    first = getattr(module, "qk_nope_head_dim", 0) if hasattr(module, "qk_rope_head_dim") else 0
+    rot, half = 2 * inv.numel(), inv.numel()
+    pos = torch.arange(q.shape[2])
+    delta = relative(method, KNOBS[method], pos[:, None], pos[None, :]) - (pos[:, None] - pos[None, :])
+    ang = delta[..., None] * inv
+    cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
+    qr = q[..., first : first + rot][:, :, :, None, :]
+    turned = qr * cos + torch.cat((-qr[..., half:], qr[..., :half]), -1) * sin
+    rotated = (turned * k[..., first : first + rot][:, :, None]).sum(-1)
+    keep = torch.ones(q.shape[-1], dtype=torch.bool)
+    keep[first : first + rot] = False
+    return rotated + q[..., keep] @ k[..., keep].transpose(-1, -2)
+
+
+def reference_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
+                        s_aux=None, sliding_window=None, **kwargs):
+    """Eager attention of one whole sequence (no cache, no padding), float64."""
+    method = module.config.hf_posenc_test_method
+    groups = query.shape[1] // key.shape[1]
+    q, k, v = query.double(), key.double().repeat_interleave(groups, 1), value.double().repeat_interleave(groups, 1)
+    full = layer_type(module.config, module.layer_idx) == "full_attention"
+    s = (full_scores(module, q, k, method) if full else q @ k.transpose(-1, -2)) * scaling
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    pos = torch.arange(q.shape[2])
+    d = pos[:, None] - pos[None, :]
+    keep = (d >= 0) & ((d < sliding_window) if sliding_window is not None else True)
+    s = s.masked_fill(~keep, float("-inf"))
+    if s_aux is not None:
+        s = torch.cat([s, s_aux.double().reshape(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
+    p = torch.softmax(s, -1)[..., : q.shape[2]]
+    return (p @ v).transpose(1, 2).to(query.dtype).contiguous(), None
+
+
+AttentionInterface.register("hf_posenc_test_reference", reference_attention)
+AttentionMaskInterface.register("hf_posenc_test_reference", sdpa_mask)
+
+
+@torch.no_grad()
+def reference_logits(family, method, x):
+    model = build(family)
+    if family == "longrope":  # its short factors at every length: the method keeps relative positions below 64
+        model.model.rotary_emb.rope_type = "default"
+    model.config.hf_posenc_test_method = method
+    model.config._attn_implementation = "hf_posenc_test_reference"
+    return model(x).logits.float()
+
+
+@pytest.mark.parametrize("family,method", CASES)
+def test_matches_the_written_out_reference(family, method):
+    x = text(100)
+    got = logits(patched(family, method), x)
+    assert (got - reference_logits(family, method, x)).abs().max().item() <= EXACT
+    assert (got - logits(build(family), x)).abs().max().item() > 1e-4  # past the window the method changes them
+
+
+@pytest.mark.parametrize("family,method", CASES)
+def test_inside_the_window_unchanged_and_unpatch_bit_for_bit(family, method):
+    model = build(family)
+    short, long = text(INSIDE[method]), text(120)
+    before_short, before_long = logits(model, short), logits(model, long)
+    hf_posenc.patch(model, method, **KNOBS[method])
+    assert (logits(model, short) - before_short).abs().max().item() <= EXACT
+    assert (logits(model, long) - before_long).abs().max().item() > 1e-4
+    hf_posenc.unpatch(model)
+    assert torch.equal(logits(model, short), before_short) and torch.equal(logits(model, long), before_long)
+
+
+def test_the_sinks_and_the_soft_capping_the_references_keep_matter():
+    """What makes the gpt-oss and Gemma 2 checks above able to fail: their sinks and soft-capping change the logits."""
+    x = text(60)
+    for family, over in (("gemma2", {"attn_logit_softcapping": None}), ("gemma3_text", {"rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 7_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 7_000.0}}})):
+        assert (logits(build(family), x) - logits(build(family, **over), x)).abs().max().item() > 1e-3
+    model = build("gpt_oss")
+    before = logits(model, x)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.zero_()
+    assert (logits(model, x) - before).abs().max().item() > 1e-3
+
+
+# -- caches, saving, listing ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cache", ["dynamic", "static", "sliding_window"])
+@pytest.mark.parametrize("family,method", CASES)
+def test_cached_generate_equals_recomputation(family, method, cache):
+    """Greedy generate with the cache (one row left-padded, one not; the hybrids' sliding layers in their own
+    sliding cache layers) equals each row's whole sequence recomputed without a cache."""
+    model = patched(family, method)
+    seqs, steps = generated(model, cache_implementation=cache)
+    assert recomputed_gap(model, seqs, steps) <= EXACT
+
+
+@pytest.mark.parametrize("family,method", CASES)
+def test_saved_and_loaded_back_gives_the_same_logits(family, method, tmp_path):
+    model = patched(family, method)
+    x = text(100)
+    want = logits(model, x)
+    model.save_pretrained(tmp_path)
+    again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert hf_posenc.get_config(again) == hf_posenc.get_config(model)
+    assert (logits(again, x) - want).abs().max().item() <= EXACT
+
+
+def test_list_methods_names_the_families():
+    listed = hf_posenc.list_methods()
+    for method in KNOBS:
+        assert {"gemma3_text", "gemma2", "gpt_oss", "phi", "deepseek_v3"} <= set(listed[method]["families"])
+    assert "gemma3_text" not in listed["rerope"]["families"] and "gpt_oss" not in listed["string"]["families"]
+
+
+# -- what stays refused ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", list(KNOBS))
+def test_a_model_whose_every_layer_slides_is_refused_by_name(method):
+    cfg = AutoConfig.for_model("mistral", **{**SMALL, "sliding_window": 24})
+    cfg._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with pytest.raises(ValueError, match=f"{method} replaces full attention; model_type='mistral' uses sliding-window "
+                                         "attention \\(sliding_window=24\\) on every layer"):
+        hf_posenc.patch(model, method)
+    assert not hf_posenc.is_patched(model)
+
+
+def test_a_rotary_layout_of_interleaved_pairs_is_refused_by_name():
+    """Cohere rotates interleaved pairs: turning its queries further in the rotate-half layout would be wrong."""
+    cfg = AutoConfig.for_model("cohere", **SMALL)
+    cfg._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with pytest.raises(ValueError, match="self_extend turns queries and keys further in the rotate-half layout.*"
+                                         "CohereAttention's RoPE \\(apply_rotary_pos_emb\\) does not compose"):
+        hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])
+    assert not hf_posenc.is_patched(model)
+
+
+@pytest.mark.parametrize("method", ["rerope", "string", "leaky_rerope"])
+def test_the_other_attention_level_methods_still_need_plain_rope(method):
+    with pytest.raises(ValueError, match=f"{method} needs one plain RoPE for all layers.*supported for self_extend and dca"):
+        hf_posenc.patch(build("gemma3_text"), method)
+    with pytest.raises(ValueError, match=f"{method} works on the checkpoint's plain RoPE; this one uses rope_type='llama3'"):
+        hf_posenc.patch(build("llama3"), method)
