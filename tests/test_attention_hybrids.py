@@ -38,8 +38,8 @@ FAMILIES = {
         "full_attention": {"rope_type": "default", "rope_theta": THETA},
         "sliding_attention": {"rope_type": "default", "rope_theta": 7_000.0}})),
     "gpt_oss": ("gpt_oss", dict(HYBRID, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
-                                rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
-                                                 "beta_fast": 32.0, "beta_slow": 1.0, "rope_theta": THETA})),
+                                rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                 "original_max_position_embeddings": 64, "rope_theta": THETA})),
     "gemma2": ("gemma2", dict(HYBRID, attn_logit_softcapping=0.05, query_pre_attn_scalar=1,
                               rope_parameters={"rope_type": "default", "rope_theta": THETA})),
     "phi": ("phi", dict(rope_parameters={"rope_type": "default", "rope_theta": THETA, "partial_rotary_factor": 0.5})),
@@ -81,7 +81,8 @@ def full_frequencies(cfg):
     rp = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
     if rp.get("rope_type", "default") != "default":
         return ROPE_INIT_FUNCTIONS[rp["rope_type"]](cfg, None)[0].double()
-    head = getattr(cfg, "qk_rope_head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head = (getattr(cfg, "qk_rope_head_dim", None) or getattr(cfg, "head_dim", None)
+            or cfg.hidden_size // cfg.num_attention_heads)
     dim = int(head * rp.get("partial_rotary_factor", 1.0))
     return 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
 
@@ -227,7 +228,30 @@ def test_a_rotary_layout_of_interleaved_pairs_is_refused_by_name():
 
 @pytest.mark.parametrize("method", ["rerope", "string", "leaky_rerope"])
 def test_the_other_attention_level_methods_still_need_plain_rope(method):
-    with pytest.raises(ValueError, match=f"{method} needs one plain RoPE for all layers.*supported for self_extend and dca"):
+    with pytest.raises(ValueError, match=f"{method} needs one plain RoPE for all layers.*self_extend and dca"):
         hf_posenc.patch(build("gemma3_text"), method)
-    with pytest.raises(ValueError, match=f"{method} works on the checkpoint's plain RoPE; this one uses rope_type='llama3'"):
+    with pytest.raises(ValueError, match=f"{method} works on the checkpoint's plain RoPE; .*rope_type='llama3'"):
         hf_posenc.patch(build("llama3"), method)
+
+
+@pytest.mark.parametrize("method", list(KNOBS))
+def test_a_statically_scaled_checkpoint_takes_l_up_to_its_current_context(method, tmp_path):
+    """llama3 x4 from 64 to 256: L defaults to the 64 it records; up to 256 (the context its frequencies are
+    scaled for) may be given, past it is refused by name, and so is any other L on a length-dependent scaling."""
+    model = build("llama3")
+    default = hf_posenc.patch(build("llama3"), method, **KNOBS[method])
+    assert hf_posenc.get_config(default).original_max_position_embeddings == 64
+    x = text(100)
+    before = logits(model, x)
+    hf_posenc.patch(model, method, original_max_position_embeddings=256, **KNOBS[method])
+    assert hf_posenc.get_config(model).original_max_position_embeddings == 256
+    assert model.config.max_position_embeddings == {"self_extend": (256 - 16) * 4 + 16, "dca": 4 * 256}[method]
+    assert (logits(model, text(INSIDE[method])) - before[:, : INSIDE[method]]).abs().max().item() <= EXACT
+    model.save_pretrained(tmp_path)
+    again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert (logits(again, x) - logits(model, x)).abs().max().item() <= EXACT
+    with pytest.raises(ValueError, match="original_max_position_embeddings=300 conflicts with the checkpoint, which "
+                                         "records 64 .* or up to 256, the context its scaled RoPE is trained for"):
+        hf_posenc.patch(build("llama3"), method, original_max_position_embeddings=300, **KNOBS[method])
+    with pytest.raises(ValueError, match="original_max_position_embeddings=128 conflicts .* omit it or pass 64\\.$"):
+        hf_posenc.patch(build("longrope"), method, original_max_position_embeddings=128, **KNOBS[method])

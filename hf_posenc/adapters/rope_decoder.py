@@ -29,7 +29,7 @@ from .base import Adapter, PatchRecord, text_config
 from .decoder_swaps import SWAPS, TABLE_NAME, Swapped
 from .layout import Layout, RotarySlot, rotary_slots
 from .remapped import Remapped
-from .rope_compose import restates_checkpoint
+from .rope_compose import LENGTH_DEPENDENT_TYPES, restates_checkpoint
 from .rope_scaling import Scaled
 
 
@@ -171,11 +171,13 @@ class RopeDecoderAdapter(Adapter):
             return recorded
         if restates_checkpoint(cfg, lay):
             return L  # a composed configuration of this checkpoint, over its current context
+        if self._within_scaled_context(cfg, lay, recorded, L):
+            return L
         if recorded is not None and rp0.get("rope_type", "default") != "default" and L != recorded:
             raise ValueError(
                 f"original_max_position_embeddings={L} conflicts with the checkpoint, which records "
                 f"{recorded} as its original context (rope_type={rp0.get('rope_type')!r}); "
-                f"omit it or pass {recorded}."
+                f"omit it or pass {recorded}{self._scaled_range_hint(cfg, lay)}."
             )
         if recorded is not None and L > recorded:
             raise ValueError(
@@ -184,6 +186,24 @@ class RopeDecoderAdapter(Adapter):
                 f"{recorded} or omit it."
             )
         return L
+
+    @staticmethod
+    def _scaled_context(cfg: PosEncConfig, lay: Layout) -> int | None:
+        """The context a statically scaled checkpoint advertises now, where an attention-level method that keeps its
+        RoPE (``any_rope``) may take it as L (the scaled frequencies are those of every length up to it); else None."""
+        own = {s.rope_parameters(lay.config).get("rope_type", "default") for s in lay.selected}
+        current = getattr(lay.config, "max_position_embeddings", None)
+        if cfg.spec.kind != ATTENTION or not REMAPPED[cfg.method].any_rope or not isinstance(current, int):
+            return None
+        return current if own - {"default"} and not own & set(LENGTH_DEPENDENT_TYPES) else None
+
+    def _within_scaled_context(self, cfg: PosEncConfig, lay: Layout, recorded: int | None, L: int) -> bool:
+        current = self._scaled_context(cfg, lay)
+        return current is not None and recorded is not None and recorded <= L <= current
+
+    def _scaled_range_hint(self, cfg: PosEncConfig, lay: Layout) -> str:
+        current = self._scaled_context(cfg, lay)
+        return "" if current is None else f", or up to {current}, the context its scaled RoPE is trained for"
 
     def resolve(self, model: nn.Module, cfg: PosEncConfig) -> PosEncConfig:
         lay = self._layout(model, cfg)
