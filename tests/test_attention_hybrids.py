@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import ids, logits
+from test_cache_matrix import generated, recomputed_gap
+from test_remapped import relative
 from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posenc
-from conftest import ids, logits
-from test_cache_matrix import generated, recomputed_gap
-from test_remapped import relative
 
 EXACT = 1e-5
 THETA = 50_000.0
