@@ -47,28 +47,8 @@ def add_parser(sub) -> None:
     t.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps.")
     t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay.")
     t.add_argument("--no-gradient-checkpointing", action="store_true", help="keep activations (faster, more memory).")
-    lo = ft.add_argument_group("LoRA (peft; LongLoRA's trainable embeddings and norms, arXiv:2309.12307)")
-    lo.add_argument("--lora-r", type=positive, default=None,
-                    help="train LoRA adapters of this rank instead of every weight (needs peft: pip install .[lora]).")
-    lo.add_argument("--lora-alpha", type=float, default=None, help="LoRA's scaling numerator (default: 2 x --lora-r).")
-    lo.add_argument("--lora-targets", type=names, default=None,
-                    help="comma-separated names of the linear layers to adapt (default: q_proj,k_proj,v_proj,o_proj).")
-    lo.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the LoRA path.")
-    lo.add_argument("--lora-frozen-embeddings-and-norms", action="store_true",
-                    help="train only the adapters (LongLoRA also trains the input embedding and every norm layer).")
-    lo.add_argument("--lora-merge", action="store_true",
-                    help="save the adapters merged into the weights (default: the adapter beside the patched base).")
-    lo.add_argument("--s2-attn-group", type=positive, default=None,
-                    help="train with LongLoRA's shifted sparse attention in groups of this many tokens (even; "
-                         "a divisor of the training length); evaluation and the saved model attend in full.")
-    p = ft.add_argument_group("PoSE (positional skip-wise training, arXiv:2309.10400)")
-    p.add_argument("--pose-window", type=positive, default=None,
-                   help="train on windows of this many tokens whose position ids skip to cover --target-length "
-                        "(RoPE scalings and none only).")
-    p.add_argument("--target-length", type=positive, default=None,
-                   help="the context the PoSE windows' position ids cover (with --pose-window).")
-    p.add_argument("--pose-chunks", type=positive, default=None,
-                   help="chunks each PoSE window is cut into (default 2).")
+    _lora_flags(ft)
+    _pose_flags(ft)
     t.add_argument("--packing", choices=["document", "stream", "stream-restart"], default="document",
                    help="document: each document cut into blocks of its own (no block straddles two; remainders "
                         "dropped); stream: documents joined with EOS and cut into blocks; stream-restart: the same, "
@@ -83,6 +63,48 @@ def add_parser(sub) -> None:
                         "loss). Static RoPE scalings, none and nope only; must divide the processes, and twice it the "
                         "training length.")
     t.add_argument("--eval-windows", type=positive, default=4, help="held-out windows of --seq-len tokens per document.")
+    _long_eval_flags(ft)
+    LOAD.add_loading(t)
+    t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no",
+                   help="compute the forward and backward passes in bf16 (CPUs and recent GPUs) or fp16 (CUDA) "
+                        "under autocast, keeping float32 weights and optimizer state.")
+    t.add_argument("--seed", type=int, default=0, help="random seed (data order, initialisation).")
+    t.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
+    _checkpoint_flags(ft)
+
+
+def _lora_flags(ft) -> None:
+    """The LoRA group (and S²-Attn, LongLoRA's other half)."""
+    lo = ft.add_argument_group("LoRA (peft; LongLoRA's trainable embeddings and norms, arXiv:2309.12307)")
+    lo.add_argument("--lora-r", type=positive, default=None,
+                    help="train LoRA adapters of this rank instead of every weight (needs peft: pip install .[lora]).")
+    lo.add_argument("--lora-alpha", type=float, default=None, help="LoRA's scaling numerator (default: 2 x --lora-r).")
+    lo.add_argument("--lora-targets", type=names, default=None,
+                    help="comma-separated names of the linear layers to adapt (default: q_proj,k_proj,v_proj,o_proj).")
+    lo.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the LoRA path.")
+    lo.add_argument("--lora-frozen-embeddings-and-norms", action="store_true",
+                    help="train only the adapters (LongLoRA also trains the input embedding and every norm layer).")
+    lo.add_argument("--lora-merge", action="store_true",
+                    help="save the adapters merged into the weights (default: the adapter beside the patched base).")
+    lo.add_argument("--s2-attn-group", type=positive, default=None,
+                    help="train with LongLoRA's shifted sparse attention in groups of this many tokens (even; "
+                         "a divisor of the training length); evaluation and the saved model attend in full.")
+
+
+def _pose_flags(ft) -> None:
+    """The PoSE group."""
+    p = ft.add_argument_group("PoSE (positional skip-wise training, arXiv:2309.10400)")
+    p.add_argument("--pose-window", type=positive, default=None,
+                   help="train on windows of this many tokens whose position ids skip to cover --target-length "
+                        "(RoPE scalings and none only).")
+    p.add_argument("--target-length", type=positive, default=None,
+                   help="the context the PoSE windows' position ids cover (with --pose-window).")
+    p.add_argument("--pose-chunks", type=positive, default=None,
+                   help="chunks each PoSE window is cut into (default 2).")
+
+
+def _long_eval_flags(ft) -> None:
+    """The long-context evaluation group."""
     le = ft.add_argument_group("long-context evaluation (before and after training, on the held-out text)")
     le.add_argument("--eval-length", type=positive, default=None,
                     help="the length in tokens (above the model's original context L) at which the held-out text is "
@@ -95,12 +117,10 @@ def add_parser(sub) -> None:
                     help="needle keys per depth in the long-context evaluation (default 5; 0: perplexity only).")
     le.add_argument("--no-long-eval", action="store_true",
                     help="skip the long-context evaluation (perplexity past L and needles before and after).")
-    LOAD.add_loading(t)
-    t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no",
-                   help="compute the forward and backward passes in bf16 (CPUs and recent GPUs) or fp16 (CUDA) "
-                        "under autocast, keeping float32 weights and optimizer state.")
-    t.add_argument("--seed", type=int, default=0, help="random seed (data order, initialisation).")
-    t.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
+
+
+def _checkpoint_flags(ft) -> None:
+    """The resumable-training group."""
     c = ft.add_argument_group("resumable training (a run stopped by a kill, a time limit or a crash goes on)")
     c.add_argument("--checkpoint-every", type=int, default=0,
                    help="save a resumable checkpoint (weights, optimizer and scheduler state, RNG states, the losses "

@@ -29,7 +29,7 @@ FAMILIES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # the model types whose
 
 def check_dual_chunk_config(method: str, model_type: str | None = None) -> None:
     """Refuse ``--dual-chunk-config`` for another method, or (once the model is known) another family."""
-    if method != "dca":
+    if method != "dca":  # the block holds DCA's own knobs (chunk_size, local_size): a fact of this engine setting
         raise ValueError(f"--dual-chunk-config writes DCA's settings in Qwen's dual_chunk_attention_config; the method "
                          f"is {method!r}: use it with --method dca, or drop it")
     if model_type is not None and model_type not in FAMILIES:

@@ -5,7 +5,7 @@ fields; one whose change is not (the attention-level methods, dynamic YaRN, the 
 plain loader, the unpatched model: its ``config.json`` states the original context
 (``adapters.base.SavedAsOriginal``), so an engine refuses longer inputs rather than computing them with plain
 RoPE. Each row says whether it was measured (and where) or is only known from the method and the engine's
-documentation; ``hf-posenc patch --serve-check`` replaces the rows of the engines it measured (issue 28).
+documentation; ``hf-posenc patch --serve-check`` replaces the rows of the engines it measured.
 """
 
 from __future__ import annotations

@@ -195,14 +195,7 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     with ReplacedOutput(output, "finetune") if main_process else nullcontext() as out:
         lm, tok, device = _patched(model, config, t, pose, longer, lora)
         data = _training_data(tok, model, train_docs, eval_docs, t, pose)
-        measured = run.before()  # a resumed run measured these before its first step
-        if measured is not None and longer is not None and not longer.counted_exactly(measured.get("long_context")):
-            measured = {**measured, "long_context": longer.measure(lm, "before training")}  # an older release's
-        if measured is None:
-            measured = {"heldout": heldout_perplexity(lm, data.heldout, t.seq_len, t.eval_windows)}
-            if longer is not None:
-                measured["long_context"] = longer.measure(lm, "before training")
-            run.start(measured)  # for the run file, written when training begins
+        measured = _measured_before(run, lm, data, longer, t)
         if t.s2_attn_group is not None:
             check_s2_implementation(getattr(lm.config, "_attn_implementation", None))
         engine: dict[str, str] = {}
@@ -467,6 +460,20 @@ def _chunked_loss_trainer():
 def _checkpointing_arg(training_args_cls) -> str:
     names = {f.name for f in dataclasses.fields(training_args_cls)}
     return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
+def _measured_before(run: ResumableRun, lm, data, longer, t: TrainSettings) -> dict[str, Any]:
+    """The held-out (and long-context) numbers before training: a resumed run's, measured before its first step (its
+    long-context ones measured again when an older release counted them otherwise), or measured now."""
+    measured = run.before()
+    if measured is not None and longer is not None and not longer.counted_exactly(measured.get("long_context")):
+        measured = {**measured, "long_context": longer.measure(lm, "before training")}
+    if measured is None:
+        measured = {"heldout": heldout_perplexity(lm, data.heldout, t.seq_len, t.eval_windows)}
+        if longer is not None:
+            measured["long_context"] = longer.measure(lm, "before training")
+        run.start(measured)  # for the run file, written when training begins
+    return measured
 
 
 def finetune_table(report: dict[str, Any]) -> str:

@@ -1,8 +1,8 @@
-"""The long-context evaluation of ``hf-posenc finetune`` (issue 44 item 5): before and after training, on the
+"""The long-context evaluation of ``hf-posenc finetune``: before and after training, on the
 held-out documents, at a length N past the model's original context L.
 
 - Perplexity: the first window of N tokens of each held-out document long enough, the perplexity of its tokens past
-  L (from the first of 32 position buckets starting at or after L), the truncated baseline (the same weights
+  L (every token from position L on), the truncated baseline (the same weights
   unpatched, each token given at most L tokens before it, forwards of L tokens moved by L / 4) and the context gain
   (baseline over method). The numbers of ``hf-posenc eval ppl --lengths N --max-windows 1`` on that model.
 - Needles in prose: RULER's needle at each depth in the held-out documents' text, ``trials`` keys per depth
@@ -43,7 +43,7 @@ from ..methods.rope import DYNAMIC
 from ..patching import get_config, patch, unpatch
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
-BUCKETS = 32  # eval ppl's default --buckets: the 'past L' tokens start at the first bucket at or after L
+BUCKETS = 32  # eval ppl's default --buckets: the loss curve's position buckets (past L is counted exactly)
 CHUNK = 1024  # eval ppl's default --chunk-size (the LM head over chunks; the numbers do not depend on it)
 DIGITS = 5  # eval passkey's default --digits
 

@@ -1,4 +1,4 @@
-"""``hf-posenc finetune`` on the engines users train with (issue 44, item 6): what each engine needs of a fine-tune.
+"""``hf-posenc finetune`` on the engines users train with: what each engine needs of a fine-tune.
 
 * Context parallelism (``--context-parallel-size N``): accelerate's ``ParallelismConfig(cp_size=N)`` through
   ``TrainingArguments(parallelism_config=...)``: each sequence is split across N processes (torch's ring attention

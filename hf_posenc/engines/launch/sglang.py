@@ -68,7 +68,7 @@ def launch(served: Served, length: int | None) -> Launch:
     if served.gguf:
         return Launch(ENGINE, CANNOT, "SGLang is checked here on HF folders only: serve the folder 'hf-posenc patch "
                                       "--output' writes.", checked=CHECKED)
-    if served.method == "dca" and served.dual_chunk:
+    if served.method == "dca" and served.dual_chunk:  # SGLang's dual-chunk attention is DCA, by its own name
         return _dual_chunk(served, length)
     if not served.native:
         return not_native(served, ENGINE, f"SGLang loads the folder as the unpatched model (config.json states the "
