@@ -9,9 +9,13 @@ from .methods import METHODS, REQUIRED
 
 
 def list_methods() -> dict[str, dict[str, Any]]:
-    """Every method by canonical name: its aliases, a one-line summary, its knobs with defaults, the model
-    families (``config.model_type``) it supports, whether ``hf-posenc tune`` has a grid for it, and what the serving
-    engines are known to compute for it (``same``; ``within_original``: the same up to the original context)."""
+    """Every method hf_posenc knows.
+
+    Returns:
+        By canonical name: its aliases, a one-line summary, its knobs with defaults, the model families
+        (``config.model_type``) it supports, whether ``hf-posenc tune`` has a grid for it, and what the serving
+        engines are known to compute for it (``same``; ``within_original``: the same up to the original context).
+    """
     out = {}
     for name, spec in sorted(METHODS.items()):
         families = [t for a in ADAPTERS for t in a.families(spec)]

@@ -71,7 +71,15 @@ def held_modules(model: nn.Module) -> dict[int, str]:
 
 
 def get_config(model: nn.Module) -> PosEncConfig | None:
-    """The PosEncConfig applied to ``model`` (resolved against it), or None if it is not patched."""
+    """The configuration applied to ``model``.
+
+    Args:
+        model: a transformers model (or a peft model wrapping one).
+
+    Returns:
+        The :class:`PosEncConfig` resolved against the model (its original context, the knobs' defaults filled
+        in), or None when the model is not patched.
+    """
     rec = _record(model)
     return rec.config if rec is not None else None
 
@@ -114,12 +122,24 @@ def adopt(model: nn.Module, cfg: PosEncConfig, block: dict, reapply: bool = Fals
 
 
 def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
-    """Change the positional encoding of ``model`` (or of the model a peft wrapper wraps) in place and return it.
+    """Change the positional encoding of ``model`` in place.
 
-    ``method`` is a method name (``hf_posenc.list_methods()``) with its knobs as keywords, a
-    :class:`PosEncConfig`, or a dict of one. Only this instance changes. Patching a patched model
-    starts again from the original, so patches never compound; if the new patch is refused, the
-    previous one stays in place.
+    Only this instance changes. Patching a patched model starts again from the original, so patches never
+    compound; if the new patch is refused, the previous one stays in place. On a checkpoint whose RoPE is already
+    scaled, a RoPE scaling extends from its current context (docs/rope-scalings.md).
+
+    Args:
+        model: a transformers model, or a peft model (the model it wraps is patched).
+        method: a method name (:func:`hf_posenc.list_methods`), its text form (``"yarn:factor=4"``), a
+            :class:`PosEncConfig` or a dict of one.
+        **kwargs: the method's knobs (``factor=4.0``, ``original_max_position_embeddings=...``, ...).
+
+    Returns:
+        ``model``, patched.
+
+    Raises:
+        ValueError: an unknown method or knob, a value out of range, or a model the method does not fit, before
+            anything changes.
 
     >>> hf_posenc.patch(model, "yarn", factor=4.0)          # doctest: +SKIP
     >>> hf_posenc.patch(model, PosEncConfig("ntk", 2.0))    # doctest: +SKIP
@@ -168,8 +188,17 @@ def _check_under_wrapper(wrapper: nn.Module, inner: nn.Module) -> None:
 
 
 def unpatch(model: nn.Module) -> nn.Module:
-    """Restore the original positional encoding of ``model`` exactly; a no-op on an unpatched model
-    returns it unchanged. A peft model's wrapped model is unpatched."""
+    """Restore the original positional encoding of ``model`` exactly.
+
+    Args:
+        model: a patched model (an unpatched one is returned unchanged); a peft model's wrapped model is unpatched.
+
+    Returns:
+        ``model``, as it was before its patch.
+
+    Raises:
+        ValueError: a model loaded from a checkpoint whose saved weights hold the changed position table.
+    """
     inner = holder(model)
     rec = inner.__dict__.get(_STATE)
     if rec is not None and not rec.reversible:
@@ -184,6 +213,14 @@ def unpatch(model: nn.Module) -> nn.Module:
 
 
 def is_patched(model: nn.Module) -> bool:
+    """Whether ``model`` carries an hf_posenc patch.
+
+    Args:
+        model: a transformers model (or a peft model wrapping one).
+
+    Returns:
+        True when :func:`get_config` would return a configuration.
+    """
     return _record(model) is not None
 
 

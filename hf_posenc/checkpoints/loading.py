@@ -47,15 +47,19 @@ def require_peft():
 def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = None, **hf_kwargs: Any):
     """Load a model and apply a positional-encoding change.
 
-    path_or_id: Hub id, local directory, ``.gguf`` file or alias (``smollm2-135m``, ``qwen2.5-coder-0.5b``,
-        ``all-minilm-l6-v2``); a folder of a LoRA adapter saved by ``hf-posenc finetune --lora-r``
-        (``lora.save_lora(merged=False)``) loads as a peft model (:func:`load_lora`; needs peft).
-    posenc: a PosEncConfig, a dict (``{"method": "yarn", "factor": 4}``) or a method name; when None,
-        the ``hf_posenc`` block stored in the checkpoint's ``config.json`` (by ``save_pretrained`` of a
-        patched model) is applied again. A given ``posenc`` replaces a stored one.
-    auto_class: the transformers class to load with (default: the class named in the config's
-        ``architectures``, else ``AutoModelForCausalLM``).
-    hf_kwargs: passed to ``auto_class.from_pretrained`` (dtype, device_map, revision, ...).
+    Args:
+        path_or_id: Hub id, local directory, ``.gguf`` file or alias (``smollm2-135m``, ``qwen2.5-coder-0.5b``,
+            ``all-minilm-l6-v2``); a folder of a LoRA adapter saved by ``hf-posenc finetune --lora-r``
+            (``lora.save_lora(merged=False)``) loads as a peft model (:func:`load_lora`; needs peft).
+        posenc: a PosEncConfig, a dict (``{"method": "yarn", "factor": 4}``) or a method name; when None,
+            the ``hf_posenc`` block stored in the checkpoint's ``config.json`` (by ``save_pretrained`` of a
+            patched model) is applied again. A given ``posenc`` replaces a stored one.
+        auto_class: the transformers class to load with (default: the class named in the config's
+            ``architectures``, else ``AutoModelForCausalLM``).
+        **hf_kwargs: passed to ``auto_class.from_pretrained`` (dtype, device_map, revision, ...).
+
+    Returns:
+        The loaded model, patched (or a peft model for an adapter folder).
     """
     if is_lora_folder(str(path_or_id)):  # save_lora(merged=False): the patched base, then the adapter
         return load_lora(str(path_or_id), posenc, auto_class=auto_class, **hf_kwargs)

@@ -366,6 +366,14 @@ PPL = register_task(EvalTask(
 
 
 def run_perplexity(**keywords: Any) -> dict[str, Any]:
-    """``eval ppl`` from Python: :class:`PplParams`' keywords and the run's (``model``, ``methods``, ``output``, ...:
-    :data:`settings.KEYWORDS`)."""
+    """``hf-posenc eval ppl`` from Python: perplexity per length, past L beside the truncated baseline.
+
+    Args:
+        **keywords: :class:`PplParams`' fields (``lengths``, ``docs``, ``max_windows``, ...) and the run's
+            (``model``, ``methods``, ``factor``, ``output``, ``engine``, ...: :data:`hf_posenc.eval.settings.KEYWORDS`);
+            an unknown one is refused before anything loads. ``output`` keeps the cells: the same call resumes.
+
+    Returns:
+        The report: ``{task, setup, results, table}`` (written to ``output`` as JSON, Markdown and plots).
+    """
     return PPL(**keywords)

@@ -195,10 +195,21 @@ def _check(cfg: PosEncConfig) -> str:
 def explain(config: Any, output: str, *, model: str | None = None, head_dim: int | None = None,
             rope_theta: float | None = None, original: int | None = None, length: int | None = None,
             resolution: int = 256) -> dict[str, Any]:
-    """Pictures and a text of what ``config`` (a method name, ``"yarn:factor=4"``, a dict or a
-    :class:`PosEncConfig`) does to positions, written into the folder ``output`` (PNGs, ``explain.md``,
-    ``explain.json``); the geometry from ``model``'s config or the values given (module docstring). Returns
-    ``{method, kind, length, pictures, text, data}``."""
+    """Pictures and a text of what a method does to positions (see the module docstring).
+
+    Args:
+        config: a method name, its text form (``"yarn:factor=4"``), a dict or a :class:`PosEncConfig`.
+        output: the folder the PNGs, ``explain.md`` and ``explain.json`` are written into.
+        model: a model name whose config gives the geometry (head dim, rope_theta, original context).
+        head_dim: the head dimension, when no model is given.
+        rope_theta: the RoPE base, when no model is given.
+        original: the original context L, when no model is given.
+        length: the longest position drawn (default: the method's context).
+        resolution: points per curve.
+
+    Returns:
+        ``{method, kind, length, pictures, text, data}``.
+    """
     cfg = PosEncConfig.parse(config) if isinstance(config, str) and ":" in config else as_config(config)
     kind = _check(cfg)
     if not isinstance(resolution, int) or not 8 <= resolution <= MAX_RESOLUTION:

@@ -51,17 +51,31 @@ def save_pretrained(model, save_directory: str, tokenizer=None, *, eval_results:
                     base_model: str | BaseModel | None = None, repo_id: str | None = None, command: str | None = None,
                     model_name: str | None = None, trained: bool = False, transformers4: bool | None = None,
                     **save_kwargs: Any) -> str:
-    """Save a patched ``model`` so that it loads back exactly: weights and ``config.json`` (with the
-    ``hf_posenc`` block), the tokenizer if given, ``README.md`` (the model card) and the evaluation
-    reports (``eval_results``: reports returned by ``hf_posenc.eval`` runs or a fine-tune; JSON and
-    Markdown) under ``hf_posenc_eval/``.
+    """Save a patched ``model`` so that it loads back exactly.
 
-    base_model: the base model's Hub id, local path or alias (for the card's ``base_model`` and license);
-    default: where the model was loaded from. transformers4: ``config.json``'s RoPE also in transformers 4's keys
-    (``rope_theta``, ``rope_scaling``; :mod:`hf_posenc.checkpoints.legacy_rope`): None writes them where transformers 4.57
-    computes the same RoPE from them (else the card and the hf_posenc block say why not), True refuses a RoPE it
-    would compute otherwise, False writes none. Returns ``save_directory``. A peft model is refused (peft would save
-    its adapter alone, which no loader could put back together): ``hf_posenc.training.lora.save_lora`` saves it.
+    Writes the weights and ``config.json`` (with the ``hf_posenc`` block), the tokenizer if given, ``README.md``
+    (the model card) and the evaluation reports (JSON and Markdown) under ``hf_posenc_eval/``. A peft model is
+    refused (peft would save its adapter alone): ``hf_posenc.training.lora.save_lora`` saves it.
+
+    Args:
+        model: the patched model.
+        save_directory: the folder to write.
+        tokenizer: saved beside the model when given.
+        eval_results: reports returned by ``hf_posenc.eval`` runs or a fine-tune, for the card and the folder.
+        base_model: the base model's Hub id, local path or alias (the card's ``base_model`` and license; default:
+            where the model was loaded from).
+        repo_id: the Hub repository the card names.
+        command: the command line the card records.
+        model_name: the card's title.
+        trained: the weights were fine-tuned (the card says so).
+        transformers4: ``config.json``'s RoPE also in transformers 4's keys (``rope_theta``, ``rope_scaling``;
+            :mod:`hf_posenc.checkpoints.legacy_rope`): None writes them where transformers 4.57 computes the same
+            RoPE from them (else the card and the hf_posenc block say why not), True refuses a RoPE it would
+            compute otherwise, False writes none.
+        **save_kwargs: passed to the model's own ``save_pretrained``.
+
+    Returns:
+        ``save_directory``.
     """
     if holder(model) is not model:
         raise ValueError(f"hf_posenc.save_pretrained saves a whole model, and this is a peft model "
@@ -175,9 +189,24 @@ def upload(folder: str, repo_id: str, *, private: bool | None = None, revision: 
 def push_to_hub(model, repo_id: str, tokenizer=None, *, private: bool | None = None, revision: str | None = None,
                 commit_message: str | None = None, token: str | None = None, endpoint: str | None = None,
                 local_dir: str | None = None, timeout: float = UPLOAD_TIMEOUT, **save_kwargs: Any) -> str:
-    """Save ``model`` like :func:`save_pretrained` (into ``local_dir``, or a new temporary folder that is
-    kept; ``save_kwargs``: its keywords, ``eval_results``, ``base_model``, ``command``, ...) and upload it to
-    ``repo_id`` (see :func:`upload`). Returns the commit URL."""
+    """Save ``model`` like :func:`save_pretrained`, then upload the folder to the Hub (see :func:`upload`).
+
+    Args:
+        model: the patched model.
+        repo_id: the Hub repository (``user/name``), created when missing.
+        tokenizer: saved and uploaded beside the model when given.
+        private: create the repository private.
+        revision: the branch to upload to.
+        commit_message: the commit's message.
+        token: the Hub token (default: the stored login); never written to any output.
+        endpoint: the Hub's address (default: huggingface.co or ``HF_ENDPOINT``).
+        local_dir: where the folder is saved first (default: a new temporary folder, kept).
+        timeout: seconds without an answer before one Hub request gives up.
+        **save_kwargs: :func:`save_pretrained`'s keywords (``eval_results``, ``base_model``, ``command``, ...).
+
+    Returns:
+        The commit's URL.
+    """
     folder = local_dir or tempfile.mkdtemp(prefix="hf_posenc-")
     save_pretrained(model, folder, tokenizer, repo_id=repo_id, **save_kwargs)
     return upload(folder, repo_id, private=private, revision=revision, commit_message=commit_message, token=token,

@@ -154,32 +154,32 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
              lora: LoraSettings | None = None, long_eval: LongEvalSettings | None = LongEvalSettings(),
              checkpoints: CheckpointSettings = CheckpointSettings(), command: str | None = None,
              progress: bool = True) -> dict[str, Any]:
-    """Patch ``model`` with ``config``, train it as ``training`` says (:class:`TrainSettings`: ``steps`` optimizer
-    steps on packed ``train_docs``), measure held-out perplexity on ``eval_docs`` before and after, save to
-    ``output``; returns the report. ``pose``: train on PoSE windows (their position ids skip to cover
-    ``pose.target``) instead of ``training.seq_len`` blocks. ``lora``: train LoRA adapters (:mod:`hf_posenc.training.lora`,
-    peft) instead of every weight; saved as the adapter beside the patched base (``hf_posenc.from_pretrained``
-    loads both), or merged into the weights with ``lora.merge``. ``training.s2_attn_group``: train with LongLoRA's
-    shifted sparse attention (:mod:`hf_posenc.adapters.s2_attention`); evaluation and the saved model attend in full.
-    ``training.chunked_loss``: the training loss over chunks of the LM head, as evaluation computes it.
-    ``long_eval``: the long-context evaluation before and after training (:mod:`hf_posenc.training.long_eval`: perplexity
-    past the original context L with the truncated baseline, needles in the held-out prose) at ``long_eval.length``,
-    by default PoSE's target length (none without PoSE); None: none. ``checkpoints``: resumable checkpoints every N
-    steps, and resuming from them (:mod:`hf_posenc.training.resume`). Under several processes every process computes
-    the evaluations (the same forwards in the same order: see :mod:`hf_posenc.training.long_eval`) and the main process
-    saves."""
+    """Patch ``model``, fine-tune it, measure it before and after, and save it.
+
+    Args:
+        model: a name (Hub id, folder, alias) to load and patch.
+        config: the method (:class:`PosEncConfig`, its text form ``"yarn:factor=2"`` or a dict).
+        train_docs: the documents trained on (packed into blocks).
+        eval_docs: held-out documents: perplexity before and after, and the long-context evaluation's text.
+        output: the folder the trained checkpoint, its card and the report go to (replaced whole).
+        training: :class:`TrainSettings` (steps, lengths, optimizer, S²-Attn, chunked loss, devices).
+        pose: train on PoSE windows whose position ids skip to cover ``pose.target``, instead of blocks.
+        lora: train LoRA adapters (:mod:`hf_posenc.training.lora`, peft) instead of every weight; saved beside
+            the patched base (``hf_posenc.from_pretrained`` loads both), or merged with ``lora.merge``.
+        long_eval: perplexity past L beside the truncated baseline and needles in the held-out prose, before and
+            after training (:mod:`hf_posenc.training.long_eval`; default length: PoSE's target); None: none.
+        checkpoints: resumable checkpoints every N steps, and resuming from them (:mod:`hf_posenc.training.resume`).
+        command: the command line the report and card record.
+        progress: show progress bars.
+
+    Returns:
+        The report (setup, losses, held-out perplexity before and after, the long-context numbers, the table).
+        Under several processes every process computes the evaluations and the main process saves.
+    """
 
     t, config = training, as_config(config)  # a PosEncConfig, its text form ("yarn:factor=2") or a dict
     train_docs, eval_docs = _documents("train_docs", train_docs), _documents("eval_docs", eval_docs)
-    _check_settings(config, eval_docs, t, pose)
-    long_length = long_eval.length_for(pose.target if pose else None) if long_eval is not None else None
-    read = t.seq_len * t.eval_windows  # the held-out tokens scored (the needles' haystack: every document whole)
-    read = None if long_length and long_eval.needle_trials else max(read, long_length or 0)
-    check_heldout(train_docs, eval_docs, read)  # by content, before any compute
-    check_replaced_output(output, "finetune", resolve_source(model).path)  # before any compute
-    if lora is not None:
-        check_lora_engine(t.device)  # sharded weights, read from the launcher's environment
-        check_targets_before_load(model, lora)
+    long_length = _checked_inputs(model, config, (train_docs, eval_docs), output, t, pose, lora, long_eval)
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # several: started by torchrun or accelerate launch
     run = ResumableRun(checkpoints, output, _fingerprint(model, config, train_docs, eval_docs, t, pose, lora,
                                                          long_eval, long_length), processes)
@@ -460,6 +460,24 @@ def _chunked_loss_trainer():
 def _checkpointing_arg(training_args_cls) -> str:
     names = {f.name for f in dataclasses.fields(training_args_cls)}
     return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
+def _checked_inputs(model: str, config: PosEncConfig, docs: tuple[list, list], output: str, t: TrainSettings,
+                    pose: PoseSettings | None, lora: LoraSettings | None,
+                    long_eval: LongEvalSettings | None) -> int | None:
+    """Everything checkable before any compute: the settings, the held-out documents by content, the output folder,
+    LoRA's engine and targets. Returns the long-context evaluation's length (None: none)."""
+    train_docs, eval_docs = docs
+    _check_settings(config, eval_docs, t, pose)
+    long_length = long_eval.length_for(pose.target if pose else None) if long_eval is not None else None
+    read = t.seq_len * t.eval_windows  # the held-out tokens scored (the needles' haystack: every document whole)
+    read = None if long_length and long_eval.needle_trials else max(read, long_length or 0)
+    check_heldout(train_docs, eval_docs, read)
+    check_replaced_output(output, "finetune", resolve_source(model).path)
+    if lora is not None:
+        check_lora_engine(t.device)  # sharded weights, read from the launcher's environment
+        check_targets_before_load(model, lora)
+    return long_length
 
 
 def _measured_before(run: ResumableRun, lm, data, longer, t: TrainSettings) -> dict[str, Any]:

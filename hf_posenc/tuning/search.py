@@ -192,13 +192,21 @@ TUNE_KEYWORDS = tuple(f.name for f in dataclasses.fields(TuneSettings))
 
 
 def tune(model, tokenizer=None, *, docs=None, **keywords: Any) -> dict[str, Any]:
-    """Find the method and knobs for ``model`` at ``target_length`` (see the module docstring). ``model``: a name
-    (Hub id, folder, alias) or a loaded model (then ``tokenizer`` too); ``keywords``: :class:`TuneSettings`' (at
-    least ``target_length``), the documents' as the CLI's data flags say them (``text_file``, ``text_dir``,
-    ``dataset``, ``corpus``, ... see ``DATA_KEYWORDS``; or ``docs``, :class:`hf_posenc.io.documents.Document` s; else the default
-    corpus), and the run's (:data:`eval.settings.KEYWORDS`: seed, output, dtype, device, ...).
-    Returns the report; with ``output``, writes ``tune.json``, ``tune.md``, a plot and ``best.json`` (the winner's
-    :class:`PosEncConfig`)."""
+    """Find the method and knobs for ``model`` at ``target_length`` (see the module docstring).
+
+    Args:
+        model: a name (Hub id, folder, alias) or a loaded model (then ``tokenizer`` too).
+        tokenizer: the loaded model's tokenizer.
+        docs: the documents (:class:`hf_posenc.io.documents.Document` s); else the data keywords, else the default
+            corpus.
+        **keywords: :class:`TuneSettings`' (at least ``target_length``), the documents' as the CLI's data flags
+            say them (``text_file``, ``text_dir``, ``dataset``, ``corpus``, ...: ``DATA_KEYWORDS``) and the run's
+            (:data:`hf_posenc.eval.settings.KEYWORDS`: seed, output, dtype, device, ...).
+
+    Returns:
+        The report; with ``output``, ``tune.json``, ``tune.md``, a plot and ``best.json`` (the winner's
+        :class:`PosEncConfig`) are written.
+    """
     own = {k: keywords.pop(k) for k in TUNE_KEYWORDS if k in keywords}
     data_keys = {k: keywords.pop(k) for k in DATA_KEYWORDS if k in keywords}
     _check_keywords(docs, data_keys, keywords)
