@@ -41,6 +41,32 @@ def test_the_old_import_forms_users_wrote():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+def test_the_modules_that_became_packages_and_functions_keep_their_old_forms():
+    """``hf_posenc.serving`` was a module (now the package, its names in ``.support``); ``hf_posenc.finetune`` was a
+    module (now the public function): the old imports still work, and importing the old module path does not turn
+    the function back into a module."""
+    code = ("import warnings; warnings.simplefilter('ignore', DeprecationWarning)\n"
+            "import hf_posenc\n"
+            "from hf_posenc.serving import known_status\n"
+            "from hf_posenc.serving.support import known_status as moved\n"
+            "assert known_status is moved\n"
+            "import hf_posenc.finetune\n"
+            "from hf_posenc.finetune import PoseSettings, finetune\n"
+            "from hf_posenc.training.finetune import finetune as new\n"
+            "assert finetune is new and hf_posenc.finetune is new and callable(hf_posenc.finetune)\n"
+            "from hf_posenc.loading import from_pretrained\n"
+            "assert from_pretrained is hf_posenc.from_pretrained\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    with pytest.warns(DeprecationWarning, match=r"hf_posenc\.serving\.support\.known_status"):
+        import hf_posenc.serving as serving
+
+        serving.known_status
+    with pytest.raises(AttributeError):
+        serving.no_such_name_here
+
+
 def test_a_name_that_never_existed_is_still_not_found():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("hf_posenc.eval.no_such_module")
