@@ -3,8 +3,8 @@
 It is what ``patch`` applies and what ``save_pretrained`` records in ``config.json`` under the
 ``hf_posenc`` key, so that ``hf_posenc.from_pretrained`` can apply it again.
 
-SavedBlock: The ``hf_posenc`` block that a patched checkpoint's ``config.json`` holds: what was applied (a PosEncConfig),
-by which family adapter, whether plain transformers rebuilds it (``native``), the config fields the patch
+SavedBlock: The ``hf_posenc`` block that a patched checkpoint's ``config.json`` holds: what was applied (a
+PosEncConfig), by which family adapter, whether plain transformers rebuilds it (``native``), the config fields the patch
 changed as they were (``original``), and which hf_posenc wrote it (``version``, ``schema``).
 
 Schema 1: hf_posenc 0.1.0 (no ``schema`` key). Schema 2: the same fields plus ``schema``. A reader takes every

@@ -7,7 +7,8 @@ The candidates (F = T / L rounded up to a half): YaRN with its defaults at F (al
 confirmation), at G = 4F/3 (rounded up to a half: some room beyond T) YaRN with attention_factor 1.0, YaRN,
 dynamic NTK and dynamic YaRN, and the
 attention-level methods with the grid's first setting that reaches T (Self-Extend) or their defaults (DCA,
-STRING, ReRoPE, leaky ReRoPE). The full grid (``hf-posenc tune --methods ...``) is ~30 candidates: hours per rung on 2 CPU cores.
+STRING, ReRoPE, leaky ReRoPE). The full grid (``hf-posenc tune --methods ...``) is ~30 candidates: hours per rung on 2
+CPU cores.
 
 CPU cost (2 cores): a 12k forward is ~60-90 s; each candidate's first rung is 5 forwards (one window of T, one
 of L, 3 passkey prompts), so about 1 h for rung 0 at 12k; run to its end (rungs 0-2 and the confirmation) the

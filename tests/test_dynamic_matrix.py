@@ -3,9 +3,9 @@ without history, through every KV cache transformers ships that runs on CPU.
 
 Each row's frequencies follow that row's own length (``max(position_ids[row]) + 1``), never the padded length of
 the batch nor an earlier call. The matrix drives ``cache="consistent"`` and ``cache="exact"`` through transformers'
-dynamic, static, sliding-window (dynamic and static), fp8-quantized and (with CUDA) offloaded caches, eager and SDPA attention,
-with and without left padding: greedy ``generate`` and a hand-written cached loop against recomputing the whole
-sequence at every step, or a refusal naming the cache layer's class."""
+dynamic, static, sliding-window (dynamic and static), fp8-quantized and (with CUDA) offloaded caches, eager and SDPA
+attention, with and without left padding: greedy ``generate`` and a hand-written cached loop against recomputing the
+whole sequence at every step, or a refusal naming the cache layer's class."""
 
 from __future__ import annotations
 

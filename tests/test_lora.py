@@ -1,5 +1,5 @@
-"""LoRA through peft on a patched model (hf_posenc.training.lora): the patch kept under the wrapper, LongLoRA's trainable
-embedding and norms, merged and adapter saves that load back to the trained model's logits, peft and TRL used
+"""LoRA through peft on a patched model (hf_posenc.training.lora): the patch kept under the wrapper, LongLoRA's
+trainable embedding and norms, merged and adapter saves that load back to the trained model's logits, peft and TRL used
 directly, and the refusals."""
 
 import json

@@ -58,9 +58,9 @@ def test_the_measure_finds_cycles_inside_functions_long_signatures_and_flags(tmp
 
 
 def test_no_environment_is_tracked():
-    """The environments setup.sh makes (.venv, .venv-vllm, .venv-transformers4, .llama-cpp) are never committed, not even as a symlink
-    (a tracked symlink at .venv made a checkout replace the real, ignored environment: git treats ignored files as
-    expendable)."""
+    """The environments setup.sh makes (.venv, .venv-vllm, .venv-transformers4, .llama-cpp) are never committed, not
+    even as a symlink (a tracked symlink at .venv made a checkout replace the real, ignored environment: git treats
+    ignored files as expendable)."""
     import subprocess
 
     root = os.path.join(os.path.dirname(__file__), "..")

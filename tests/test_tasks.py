@@ -44,7 +44,8 @@ def test_registration_refuses_a_second_task_of_the_same_name_or_report(prefix_ta
 
 
 def test_model_index_entries_come_from_each_task_record():
-    """The card's numbers per task, as the records give them: needles in text are named as such, with their documents."""
+    """The card's numbers per task, as the records give them: needles in text are named as such, with their
+    documents."""
     passkey, ppl = get_task("passkey"), get_task("ppl")
     res = {"by_length": {"4096": 0.8, "8192": 0.4}}
     text = {"setup": {"lengths": [4096, 8192], "haystack": "text", "documents": ["pg84.txt"]}}

@@ -13,14 +13,14 @@ per query, an interval of keys whose ends move with the query (``i - d_max``, ``
 no mask) and at most two ragged edges as wide as the block: a causal square (the kernel's own causal flag)
 or a band with a small boolean mask. Memory stays ``heads x block x block`` beyond the kernel's own.
 
-Kernels, chosen per call in :func:`kernel`: on CPU without autograd, ``aten._scaled_dot_product_flash_attention_for_cpu``,
-which returns the log-sum-exp, with grouped-query heads folded into the query axis (no repeated keys); on CUDA in
-fp16/bf16 without autograd, flash attention for the core rectangles and causal squares and memory-efficient
-attention with a bias for the small masked bands (:mod:`cuda_kernels`, checked against a written-out reference on
-first use); with autograd (the fused kernels' backward ignores the log-sum-exp's gradient), fp32 on a GPU, other
-devices, soft-capped scores (Gemma 2) and values narrower than the keys (MLA), the eager kernel (matmul, fp32
-softmax), which is also the reference. Attention sinks (gpt-oss: one learned logit per head in every softmax)
-join the merge as one more piece with no value.
+Kernels, chosen per call in :func:`kernel`: on CPU without autograd,
+``aten._scaled_dot_product_flash_attention_for_cpu``, which returns the log-sum-exp, with grouped-query heads folded
+into the query axis (no repeated keys); on CUDA in fp16/bf16 without autograd, flash attention for the core rectangles
+and causal squares and memory-efficient attention with a bias for the small masked bands (:mod:`cuda_kernels`, checked
+against a written-out reference on first use); with autograd (the fused kernels' backward ignores the log-sum-exp's
+gradient), fp32 on a GPU, other devices, soft-capped scores (Gemma 2) and values narrower than the keys (MLA), the eager
+kernel (matmul, fp32 softmax), which is also the reference. Attention sinks (gpt-oss: one learned logit per head in
+every softmax) join the merge as one more piece with no value.
 
 Positions come from the KV cache and the padding mask: in a row whose first real key is at cache index
 ``s``, index ``t`` is position ``t - s`` (left padding as ``generate`` makes it, exactly as the row alone).

@@ -7,9 +7,9 @@ transformers 5 computes from ``rope_parameters``, or the reason it cannot:
 
 - ``rope_theta`` (and ``partial_rotary_factor``, which transformers 4 reads from the config itself);
 - ``rope_scaling``: ``rope_parameters`` less ``rope_theta`` and ``partial_rotary_factor``, its type under both
-  ``rope_type`` and ``type`` (the older spelling), or null for plain RoPE with no other key. transformers 5 reads a ``rope_scaling``
-  it finds as ``rope_parameters`` and takes ``rope_theta`` / ``partial_rotary_factor`` back from the config, so it
-  builds the same RoPE from either form;
+  ``rope_type`` and ``type`` (the older spelling), or null for plain RoPE with no other key. transformers 5 reads a
+  ``rope_scaling`` it finds as ``rope_parameters`` and takes ``rope_theta`` / ``partial_rotary_factor`` back from the
+  config, so it builds the same RoPE from either form;
 - longrope: ``original_max_position_embeddings`` at the config's top level when it differs from
   ``max_position_embeddings``: transformers 4.57 switches to the long factors past that field and derives the
   attention factor from ``max_position_embeddings / original_max_position_embeddings``.

@@ -225,7 +225,8 @@ def is_lora_folder(path: str) -> bool:
 
 def merge_line(folder: str, merged: str = "merged") -> str:
     """The one Python statement that merges the LoRA adapter folder ``folder`` (``save_lora(merged=False)``) into one
-    checkpoint at ``merged`` (``import hf_posenc.training.lora`` and ``from transformers import AutoTokenizer`` before it)."""
+    checkpoint at ``merged`` (``import hf_posenc.training.lora`` and ``from transformers import AutoTokenizer`` before
+    it)."""
     base = os.path.join(folder, BASE_FOLDER)
     return (f"hf_posenc.training.lora.save_lora(hf_posenc.from_pretrained({folder!r}), {merged!r}, merged=True, "
             f"tokenizer=AutoTokenizer.from_pretrained({base!r}))")

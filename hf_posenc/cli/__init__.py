@@ -1,6 +1,6 @@
 """The ``hf-posenc`` command: ``methods``, ``eval ppl|passkey|retrieval|harness``, ``tune``, ``patch``, ``finetune``,
-``upload``, ``upgrade-config`` and ``serve-check``. One module per command, each with ``add_parser(sub)`` and ``run(args, command) -> exit status``;
-``args`` holds the argument types and the flag groups they share."""
+``upload``, ``upgrade-config`` and ``serve-check``. One module per command, each with ``add_parser(sub)`` and
+``run(args, command) -> exit status``; ``args`` holds the argument types and the flag groups they share."""
 
 from __future__ import annotations
 

@@ -45,7 +45,8 @@ class Scorer(Protocol):
     generation_config: Any
 
     def token_nll(self, input_ids: torch.Tensor, start: int = 1) -> torch.Tensor:
-        """NLL (float32, nats) of tokens ``start .. T-1`` of each row given the tokens before: ``[batch, T - start]``."""
+        """NLL (float32, nats) of tokens ``start .. T-1`` of each row given the tokens before:
+        ``[batch, T - start]``."""
 
     def argmax_last(self, input_ids: torch.Tensor, n: int) -> torch.Tensor:
         """The most likely token after each of the last ``n`` positions of each row: ``[batch, n]`` (on the CPU)."""

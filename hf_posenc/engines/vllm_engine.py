@@ -307,8 +307,9 @@ class EnginePool:
 
 @contextlib.contextmanager
 def open_scorer(path: str, settings, dtype: str, context: int, setup: dict[str, Any]):
-    """vLLM serving the checkpoint folder ``path`` (started with ``settings``, :class:`engines.settings.EngineSettings`),
-    as a scorer; with ``allow_long`` its maximum length is ``context`` + 1 whatever ``config.json`` advertises."""
+    """vLLM serving the checkpoint folder ``path`` (started with ``settings``,
+    :class:`engines.settings.EngineSettings`), as a scorer; with ``allow_long`` its maximum length is ``context`` + 1
+    whatever ``config.json`` advertises."""
     with VllmEngine(path, python=settings.python, dtype=dtype, tensor_parallel_size=settings.tensor_parallel_size,
                     engine_args=settings.args, allow_long=settings.allow_long,
                     max_model_len=context + 1 if settings.allow_long else None) as served:

@@ -10,10 +10,10 @@ leaves no cells file. Run again, the same command skips the cells already there 
 ``overwrite`` (torch's build tag aside: a CPU run can be resumed on a GPU with the same torch release, see
 :func:`resumable`). A method whose frequencies follow the lengths seen so far (dynamic NTK, dynamic YaRN, LongRoPE)
 is patched afresh before each of its cells, so that a cell's numbers never depend on which cells ran before
-it in the same process (resumed, shared out or not). A line cut short by a kill is ignored (that cell is computed again). Results pass through
-JSON before they are used, so a resumed report equals an uninterrupted one. Each cell line also records the
-seconds its computation took, so that a run resumed over several calls can still say what it cost in all
-(:meth:`CellStore.compute`).
+it in the same process (resumed, shared out or not). A line cut short by a kill is ignored (that cell is computed
+again). Results pass through JSON before they are used, so a resumed report equals an uninterrupted one. Each cell line
+also records the seconds its computation took, so that a run resumed over several calls can still say what it cost in
+all (:meth:`CellStore.compute`).
 """
 
 from __future__ import annotations

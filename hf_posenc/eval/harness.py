@@ -145,9 +145,9 @@ def _outputs(samples: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]
 
 
 def engine_hflm(HFLM):
-    """lm-eval's ``HFLM`` whose greedy generation is answered by a serving engine (a :class:`engines.scorer.Scorer`): prompts are
-    built, truncated, cut at the stop sequences and decoded exactly as for the model itself; only the tokens come
-    from the engine. Log-likelihood requests (which need every logit) are refused: RULER's tasks generate."""
+    """lm-eval's ``HFLM`` whose greedy generation is answered by a serving engine (a :class:`engines.scorer.Scorer`):
+    prompts are built, truncated, cut at the stop sequences and decoded exactly as for the model itself; only the tokens
+    come from the engine. Log-likelihood requests (which need every logit) are refused: RULER's tasks generate."""
 
     class EngineHFLM(HFLM):
         def __init__(self, served: Scorer, **kwargs):

@@ -3,8 +3,8 @@
 Each trial builds ``candidates`` documents of ``length`` tokens from a passage of a corpus (the same
 passage for all candidates by default, so that only the fact tells them apart; ``filler="different"``
 gives each its own passage); each holds one fact about a different person ("The secret code of agent
-Maria is ruby-castle.") at the same depth. The query asks for one person's fact ("What is the secret code of agent Maria?"). The
-documents and the query are embedded (mean pooling over tokens, L2-normalised, as sentence-transformers
+Maria is ruby-castle.") at the same depth. The query asks for one person's fact ("What is the secret code of agent
+Maria?"). The documents and the query are embedded (mean pooling over tokens, L2-normalised, as sentence-transformers
 does for all-MiniLM-L6-v2); the trial is a hit when the document holding that person's fact is the
 nearest. Documents longer than what the model takes are truncated to its positions (``none`` on a
 512-position BERT: what users do today), so a fact past the cut is lost; candidates that become

@@ -1,7 +1,8 @@
 """The RoPE scalings, one record each: knobs, defaults and checks (its :class:`MethodSpec`), and what the
 adapter needs (:class:`RopeScaling`): the frequency function, whether and how it follows the length, its native
 transformers ``rope_parameters`` (or None), knob defaults that depend on the model, and the new
-``max_position_embeddings``. Adding a scaling: its math in ``encodings/rope.py``, one ``register_scaling`` call here, a test.
+``max_position_embeddings``. Adding a scaling: its math in ``encodings/rope.py``, one ``register_scaling`` call here, a
+test.
 """
 
 from __future__ import annotations
@@ -109,9 +110,9 @@ class RopeScaling:
     frozen at or below the original context it is the unpatched model;
     ``gguf(factor, original, params, geom) -> (metadata, rope_freqs)``: the RoPE metadata llama.cpp computes it
     from (short key names: type, factor, original, base, attn_factor) and the per-dimension frequency divisors of
-    a ``rope_freqs`` tensor (float64, or None; ``gguf_freqs``: it writes one); None where a GGUF cannot hold it, ``gguf_refusal`` saying why
-    (``{name}`` and ``{architectures}`` filled in); ``gguf_check(params, arch) -> reason | None``: knob values
-    llama.cpp computes otherwise."""
+    a ``rope_freqs`` tensor (float64, or None; ``gguf_freqs``: it writes one); None where a GGUF cannot hold it,
+    ``gguf_refusal`` saying why (``{name}`` and ``{architectures}`` filled in);
+    ``gguf_check(params, arch) -> reason | None``: knob values llama.cpp computes otherwise."""
 
     frequencies: Callable[..., tuple[Any, float]]
     native: Callable[..., dict[str, Any]] | None = None

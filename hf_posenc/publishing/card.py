@@ -180,8 +180,9 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
     saved checkpoint, whose measured verdicts replace the known status of that engine in the Serving section.
     ``adapter``: the card of a LoRA adapter folder (``lora.save_lora(merged=False)``) on ``model``, its patched base:
     it loads through hf_posenc or peft on ``base/``, and its Serving section is that of the merged checkpoint
-    (:func:`hf_posenc.checkpoints.loading.merge_line` writes it). ``transformers4``: the transformers-4 RoPE keys its config.json
-    carries, or why none (:mod:`hf_posenc.publishing.legacy_folder`); the engines' launch settings read them too."""
+    (:func:`hf_posenc.checkpoints.loading.merge_line` writes it). ``transformers4``: the transformers-4 RoPE keys its
+    config.json carries, or why none (:mod:`hf_posenc.publishing.legacy_folder`); the engines' launch settings read them
+    too."""
     from huggingface_hub import ModelCard, ModelCardData
 
     cfg = get_config(model)

@@ -1,6 +1,6 @@
 """``hf-posenc upgrade-config FOLDER``: a checkpoint folder saved with transformers 5 (by any tool) gets the
-transformers-4 RoPE keys beside ``rope_parameters`` (:mod:`hf_posenc.checkpoints.legacy_rope`), so that loaders on transformers
-4 read the model it is.
+transformers-4 RoPE keys beside ``rope_parameters`` (:mod:`hf_posenc.checkpoints.legacy_rope`), so that loaders on
+transformers 4 read the model it is.
 
 ``in_place``: only ``config.json`` is rewritten, atomically (the old file or the new one, never half of one), under
 the folder's lock; every other file stays as it is. ``output``: a new folder, put in place whole by the replaced-

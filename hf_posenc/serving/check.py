@@ -2,11 +2,11 @@
 
 The checkpoint is loaded twice -- with :func:`hf_posenc.from_pretrained` (the reference) and in the engine as a
 deployment would load it (vLLM, its maximum length derived from ``config.json``; llama.cpp, from the GGUF its own
-converter makes of the folder, with the context asked for) -- and both score the same tokens, the first ``n`` of the text for each length ``n``. Per length: the mean NLL each way, the largest
-per-token difference and a verdict: ``same`` (mean NLL within ``rtol`` relative, 1e-3 by default), ``differs``
-(the numbers say by how much), or ``refused`` (the engine would not take that many tokens; its own words: a
-prompt also needs room for the one token the engine generates after it, so vLLM takes at most its maximum model
-length less one). A
+converter makes of the folder, with the context asked for) -- and both score the same tokens, the first ``n`` of the
+text for each length ``n``. Per length: the mean NLL each way, the largest per-token difference and a verdict: ``same``
+(mean NLL within ``rtol`` relative, 1e-3 by default), ``differs`` (the numbers say by how much), or ``refused`` (the
+engine would not take that many tokens; its own words: a prompt also needs room for the one token the engine generates
+after it, so vLLM takes at most its maximum model length less one). A
 checkpoint whose method no engine implements (``native: false`` in its block: the attention-level methods,
 dynamic YaRN, the family swaps) is reported ``not computable`` without starting the engine; with
 ``confirm_refusal`` the engine is started anyway to show that it refuses the lengths past the original context

@@ -15,7 +15,8 @@ SAME, NOT_MEASURED, WITHIN, CANNOT = COMPUTES
 
 @dataclass(frozen=True)
 class Served:
-    """What an engine needs to know of the checkpoint it is to serve (built by :func:`hf_posenc.serving.launch_settings.describe`).
+    """What an engine needs to know of the checkpoint it is to serve (built by
+    :func:`hf_posenc.serving.launch_settings.describe`).
 
     path: the folder or ``.gguf`` file; gguf: whether it is a GGUF; method / native / family: from its hf_posenc
     record (``none``, True, ``rope_decoder`` for a plain checkpoint); original: the trained context L; context: the
