@@ -25,7 +25,8 @@ CONFIG_KEY = "hf_posenc"  # the key of the block in config.json
 BLOCK_FIELDS = {"version", "native", "original", "family", "schema"}  # what a stored block adds to a PosEncConfig
 SCHEMA = 2
 CONFIG_FIELDS = ("method", "factor", "original_max_position_embeddings", "params")
-FAMILIES: list[str] = []  # the family adapters' names: hf_posenc.adapters registers them when imported (it imports this)
+# the family adapters' names: hf_posenc.adapters registers them when imported (it imports this)
+FAMILIES: list[str] = []
 
 
 @dataclass
@@ -178,19 +179,20 @@ class SavedBlock:
         if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
             raise ValueError(f"{where} has schema={schema!r}; expected an integer from 1 to {SCHEMA}.")
         if schema > SCHEMA:
-            raise ValueError(f"{where} has schema {schema} (written by hf_posenc {data.get('version')!r}); this hf_posenc "
-                             f"({__version__}) reads schemas up to {SCHEMA}. Upgrade hf_posenc to load it.")
+            raise ValueError(f"{where} has schema {schema} (written by hf_posenc {data.get('version')!r}); this "
+                             f"hf_posenc ({__version__}) reads schemas up to {SCHEMA}. Upgrade hf_posenc to load it.")
         checks = {"version": str, "family": str, "native": bool, "original": dict}
         for key, kind in checks.items():
             if not isinstance(data.get(key), kind):
-                raise ValueError(f"{where} has {key}={data.get(key)!r}; expected a {kind.__name__}. The file was edited or "
-                                 "corrupted: save the checkpoint again from its base model.")
+                raise ValueError(f"{where} has {key}={data.get(key)!r}; expected a {kind.__name__}. The file was "
+                                 "edited or corrupted: save the checkpoint again from its base model.")
         unknown = sorted(set(data) - set(CONFIG_FIELDS) - set(checks) - {"schema", "transformers4"})
         if unknown:
             raise ValueError(f"{where} has unknown field(s) {unknown}.")
         if data["family"] not in FAMILIES:
-            raise ValueError(f"{where} names the family adapter {data['family']!r}, which this hf_posenc ({__version__}; "
-                             f"adapters: {FAMILIES}) does not have; upgrade hf_posenc, or save the checkpoint again.")
+            raise ValueError(f"{where} names the family adapter {data['family']!r}, which this hf_posenc "
+                             f"({__version__}; adapters: {FAMILIES}) does not have; upgrade hf_posenc, or save the "
+                             "checkpoint again.")
         try:
             config = PosEncConfig.from_dict({k: data[k] for k in CONFIG_FIELDS if k in data}, as_text)
         except ValueError as err:

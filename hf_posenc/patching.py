@@ -172,7 +172,8 @@ def _check_under_wrapper(wrapper: nn.Module, inner: nn.Module) -> None:
     method = _record(inner).config.method
     if added:
         raise ValueError(f"{method!r} adds weights ({', '.join(added[:3])}) that this peft model would leave frozen "
-                         "and not save: patch the model before wrapping it (hf_posenc.training.lora.apply_lora checks the pair)")
+                         "and not save: patch the model before wrapping it (hf_posenc.training.lora.apply_lora checks "
+                         "the pair)")
     peft = sys.modules["peft"]
     layers = (peft.tuners.tuners_utils.BaseTunerLayer,
               getattr(peft.utils.other, "AuxiliaryTrainingWrapper", peft.utils.other.ModulesToSaveWrapper))

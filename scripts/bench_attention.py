@@ -150,8 +150,9 @@ def memory(args, variants: list[str]) -> dict[str, dict]:
         return getattr(args, "gpu_memory", {})
     out = {}
     for v in variants:
-        cmd = [sys.executable, __file__, "--variant", v, "--model", args.model, "--memory-length", str(args.memory_length),
-               "--dtype", args.dtype, *(["--geometry", args.geometry] if args.geometry else [])]
+        cmd = [sys.executable, __file__, "--variant", v, "--model", args.model,
+               "--memory-length", str(args.memory_length), "--dtype", args.dtype,
+               *(["--geometry", args.geometry] if args.geometry else [])]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
             raise SystemExit(run.stderr[-2000:])
@@ -214,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         GPU_TITLE if gpu else TITLE, "",
         f"Command: `{command.strip()}`  ",
-        f"Model {args.geometry + ' (random weights)' if args.geometry else args.model}, SDPA, the model body's forward (no LM head), batch 1, every method with its default "
+        f"Model {args.geometry + ' (random weights)' if args.geometry else args.model}, SDPA, the model body's "
+        "forward (no LM head), batch 1, every method with its default "
         f"knobs; median of {args.rounds} interleaved round(s) after one warm-up; {where}.", "",
         markdown_table(["tokens", "variant", "tokens/s", "seconds", "ratio to native"], rows), "",
         "**Ratio to native: " + "; ".join(

@@ -45,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="methods whose perplexity and key tokens are measured (beside the unpatched model).")
     p.add_argument("--needle-methods", type=comma_list(str), default=NEEDLE_METHODS,
                    help="methods whose needle accuracy is measured (a subset of --methods; the slow part).")
-    p.add_argument("--evaluator", default=EVALUATOR, help="the method (one of --methods) whose chosen configuration, on "
-                   "the model under test, judges key tokens for every method in the second perplexity run.")
+    p.add_argument("--evaluator", default=EVALUATOR, help="the method (one of --methods) whose chosen configuration, "
+                   "on the model under test, judges key tokens for every method in the second perplexity run.")
     tuned_run_flags(p, "context_use", "0.1,0.3,0.5,0.7,0.9", 5)
     p.add_argument("--no-run", action="store_true", help="only write the section from the reports already there "
                    "(runs not yet made show as –); the commands printed are those that make them all.")
@@ -138,8 +138,8 @@ def table(args, length: int, chosen) -> list[str]:
         own_ppl = f"{own['ppl']:.2f}" if own["ppl"] else "-"
         lines += ["", f"One judge: {judged['setup']['key_tokens']['evaluator']}, for every method ({own['count']} key "
                   f"tokens, {100 * own['share']:.2f}% of the scored ones; its own key-token perplexity {own_ppl}"
-                  + (f"; the largest gain any token got from past L, LSD max {own['lsd_max']:.2f} nats" if "lsd_max" in own
-                     else "") + "). "
+                  + (f"; the largest gain any token got from past L, LSD max {own['lsd_max']:.2f} nats"
+                     if "lsd_max" in own else "") + "). "
                   "Own judge: each method's own model (its own key tokens)."]
     return lines + ["", *needle_table(args, length, chosen, original)]
 
@@ -173,8 +173,8 @@ def verdict(args, length: int, chosen) -> str:
     held = [f"{m} ({g:.3f})" for m, g in gains.items() if 0.99 <= g <= 1.01]
     lost = [f"{m} ({g:.3f})" for m, g in gains.items() if g < 0.99]
     said = (f"**By perplexity** (one window of one book): used the context past L (gain > 1.01): "
-            f"{', '.join(used) or 'none'}; only avoided breaking (within 1% of truncation): {', '.join(held) or 'none'}; "
-            f"worse than truncating: {', '.join(lost) or 'none'}.")
+            f"{', '.join(used) or 'none'}; only avoided breaking (within 1% of truncation): "
+            f"{', '.join(held) or 'none'}; worse than truncating: {', '.join(lost) or 'none'}.")
     original = ppl["setup"]["original_context"]
     beyond = [d for d in _depths(args) if d < _edge(original, length)]
     for kind in ("text", "filler"):

@@ -95,9 +95,10 @@ def section(args, argv, out) -> str:
     return "\n".join([
         TITLE, "", f"Command: `python scripts/bench_decode.py {shlex.join(argv)}`  ",
         f"Model {args.model}, SDPA, fp32; prompts of {', '.join(map(str, lengths))} tokens "
-        f"({out[lengths[0]]['source']}) prefilled once each, unpatched; then {args.steps} greedy steps per method from a "
-        f"copy of that cache, median over {args.rounds} interleaved round(s); {platform.machine()}, {os.cpu_count()} "
-        f"cores, torch {torch.__version__}, {torch.get_num_threads()} threads. 'vs native': the method's tokens/s over "
+        f"({out[lengths[0]]['source']}) prefilled once each, unpatched; then {args.steps} greedy steps per method "
+        f"from a copy of that cache, median over {args.rounds} interleaved round(s); {platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads. "
+        "'vs native': the method's tokens/s over "
         "the unpatched model's (SDPA). Memory beside the KV cache: the float32 cos/sin tables per key map (positions "
         "seen so far, rounded up to a power of two; shared by all layers and calls), and the rotated keys kept on the "
         "cache object between steps (per layer and key map, in buffers grown by doubling: at most one copy of the "

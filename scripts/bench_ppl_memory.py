@@ -55,7 +55,8 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m", help="model to score (Hub id, folder, .gguf, alias)")
     p.add_argument("--length", type=int, default=8192, help="sequence length in tokens")
     p.add_argument("--chunk-size", type=int, default=1024, help="LM-head chunk of the hf_posenc variant")
-    p.add_argument("--text-file", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "books", "pg84.txt"),
+    p.add_argument("--text-file",
+                   default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "books", "pg84.txt"),
                    help="text to score")
     p.add_argument("--write", action="store_true", help="record the result in BENCHMARKS.md")
     p.add_argument("--variant", choices=["naive", "chunked"], help=argparse.SUPPRESS)
@@ -77,8 +78,9 @@ def main() -> None:
         "## Perplexity scoring memory (chunked LM head vs naive `model(ids, labels=ids)`)",
         "",
         f"Command: `{command.strip()}`  ",
-        f"Model {args.model}, {args.length} tokens, chunk {args.chunk_size}, CPU ({platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores), each variant in a fresh process; peak RSS above the post-load level.",
+        f"Model {args.model}, {args.length} tokens, chunk {args.chunk_size}, "
+        f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores), each variant in a fresh process; "
+        "peak RSS above the post-load level.",
         "",
         "| variant | peak increment (MB) | loss | seconds |",
         "|---|---|---|---|",

@@ -36,9 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf file or alias).")
-    p.add_argument("--lengths", type=comma_list(int), default=[12288, 16384], help="lengths in tokens (comma-separated); "
-                   "each needs a finished tune run for it in --tune.")
-    p.add_argument("--methods", type=comma_list(str), default=METHODS, help="methods compared with the unpatched model.")
+    p.add_argument("--lengths", type=comma_list(int), default=[12288, 16384],
+                   help="lengths in tokens (comma-separated); each needs a finished tune run for it in --tune.")
+    p.add_argument("--methods", type=comma_list(str), default=METHODS,
+                   help="methods compared with the unpatched model.")
     tuned_run_flags(p, "remapped_quality", "0.1,0.5,0.9", 1)
     return p
 
@@ -63,7 +64,8 @@ def chosen_variants(tune_dir: str, methods: list[str]) -> list[tuple[str, str, s
         if not mine:
             raise SystemExit(f"{rel(tune_json)} has no {method} candidate; add one to scripts/bench_tune.py")
         rank, label, status, cost = mine[0][0], mine[0][1], mine[0][3], mine[0][-1]
-        said = f"{rank} (disqualified: {cost} on inputs of L tokens)" if status.startswith("disqualified") else str(rank)
+        said = f"{rank} (disqualified: {cost} on inputs of L tokens)" if status.startswith("disqualified") \
+            else str(rank)
         out.append((method, space[label], said))
     return out
 
@@ -148,7 +150,8 @@ def compute_line(out: str) -> str:
              for task, name in (("ppl", "perplexity.json"), ("passkey", "passkey.json"))]
     cells, untimed = sum(c["cells"] for c in spent), sum(c["untimed"] for c in spent)
     if untimed == cells:
-        return f"Compute: not recorded for these {cells} cells (computed before `hf-posenc eval` recorded each cell's time)."
+        return (f"Compute: not recorded for these {cells} cells (computed before `hf-posenc eval` recorded each "
+                "cell's time).")
     line = f"Compute: {sum(c['seconds'] for c in spent) / 60:.1f} min for {cells} cells"
     if untimed:
         line += f" ({untimed} of them computed by a release that did not record their time, not counted)"

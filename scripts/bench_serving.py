@@ -148,10 +148,10 @@ def section(args, checks: dict, runs: dict) -> str:
     for label, per_len in t["report"]["results"].items():
         a, b = per_len["12288"]["ppl"], v["report"]["results"][label]["12288"]["ppl"]
         lines.append(f"| {label} | {a:.4f} | {b:.4f} | {abs(b - a) / a:.1e} |")
-    lines += ["", f"Wall time of the whole command, load and engine starts included: transformers {t['seconds']:.0f} s, "
-              f"vLLM {v['seconds']:.0f} s ({v['seconds'] / t['seconds']:.2f}x). On this CPU vLLM keeps one of the "
-              "cores for its scheduler and starts an engine per configuration (about a minute each); its "
-              "advantage is on GPUs and with many requests, which this run does not measure."]
+    lines += ["", "Wall time of the whole command, load and engine starts included: transformers "
+              f"{t['seconds']:.0f} s, vLLM {v['seconds']:.0f} s ({v['seconds'] / t['seconds']:.2f}x). On this CPU "
+              "vLLM keeps one of the cores for its scheduler and starts an engine per configuration (about a minute "
+              "each); its advantage is on GPUs and with many requests, which this run does not measure."]
     return "\n".join(lines) + "\n"
 
 
@@ -168,8 +168,8 @@ def section_llama_cpp(args, checks: dict) -> str:
              "`convert_hf_to_gguf.py` to a float32 GGUF (what a user does, without quantizing) and scored by llama.cpp "
              "with a context of the longest length, against `hf_posenc.from_pretrained`; per length: verdict "
              f"(hf_posenc mean NLL / llama.cpp mean NLL, relative difference); same = within {any_check['rtol']:g}. "
-             "`-frozen-12288`: saved with `--freeze-at 12288`: static NTK equal to dynamic NTK at 12,288 tokens, alpha = "
-             "2 x 12,288 / 8,192 - 1 = 2, so the same frequencies as ntk x2 (the same numbers). "
+             "`-frozen-12288`: saved with `--freeze-at 12288`: static NTK equal to dynamic NTK at 12,288 tokens, "
+             "alpha = 2 x 12,288 / 8,192 - 1 = 2, so the same frequencies as ntk x2 (the same numbers). "
              "`q4_1-gguf`: the default model's Q4_1 GGUF as it ships, and patched in place (`hf-posenc patch --gguf`), "
              "scored by llama.cpp quantized against hf_posenc's de-quantized load; same = within "
              f"{QUANTIZED_RTOL:g} for those (llama.cpp rounds the activations to 8 bits for quantized products). "

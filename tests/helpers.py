@@ -12,7 +12,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from hf_posenc.adapters.cache_argument import returned_cache, with_cache
 
 # the shared books beside the checkout (HF_POSENC_TEST_BOOKS: elsewhere, e.g. a missing folder to run as a fresh clone)
-BOOKS = os.environ.get("HF_POSENC_TEST_BOOKS") or os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "books")
+BOOKS = (os.environ.get("HF_POSENC_TEST_BOOKS")
+         or os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "books"))
 ORIGINAL = 64  # max_position_embeddings of the tiny models
 THETA = 50_000.0  # deliberately not 10000: the code must read it from the config
 
@@ -22,8 +23,8 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 def tiny_config(family: str, **overrides):
     kw = dict(
         vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=ORIGINAL, rope_parameters={"rope_type": "default", "rope_theta": THETA},
-        tie_word_embeddings=False,
+        num_key_value_heads=2, max_position_embeddings=ORIGINAL,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA}, tie_word_embeddings=False,
     )
     if family == "qwen3":
         kw["head_dim"] = 16
@@ -43,7 +44,8 @@ def tiny_model(family: str, seed: int = 0, **overrides):
 
 def clone_with_config(model, rope_parameters: dict, max_position_embeddings: int):
     """An independent reference: the same weights, built by transformers from native rope_parameters."""
-    cfg = tiny_config(model.config.model_type, rope_parameters=rope_parameters, max_position_embeddings=max_position_embeddings)
+    cfg = tiny_config(model.config.model_type, rope_parameters=rope_parameters,
+                      max_position_embeddings=max_position_embeddings)
     ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     ref.load_state_dict(model.state_dict())
     return ref

@@ -23,12 +23,15 @@ FLAGGED = "plainsecret-42"  # a value after --token: no shape, still a secret
     (["eval", "ppl", "--limit", "0"], "argument --limit: expected an integer >= 1, got '0'"),
     (["eval", "ppl", "--buckets", "0"], "argument --buckets: expected an integer >= 1, got '0'"),
     (["eval", "ppl", "--chunk-size", "0"], "argument --chunk-size: expected an integer >= 1, got '0'"),
-    (["eval", "ppl", "--lengths", ""], "argument --lengths: expected one or more comma-separated integers >= 1, got ''"),
+    (["eval", "ppl", "--lengths", ""],
+     "argument --lengths: expected one or more comma-separated integers >= 1, got ''"),
     (["eval", "passkey", "--lengths", ""], "argument --lengths: expected one or more comma-separated integers >= 1"),
     (["eval", "passkey", "--depths", ""], "argument --depths: expected one or more comma-separated numbers, got ''"),
-    (["eval", "passkey", "--depths", "0.5,1.5"], "argument --depths: depths are fractions of the filler between 0 and 1"),
+    (["eval", "passkey", "--depths", "0.5,1.5"],
+     "argument --depths: depths are fractions of the filler between 0 and 1"),
     (["eval", "ppl", "--methods", ""], "argument --methods: expected one or more comma-separated names, got ''"),
-    (["eval", "ppl", "--methods", "yarn,none,yarn"], "argument --methods: yarn listed more than once in 'yarn,none,yarn'"),
+    (["eval", "ppl", "--methods", "yarn,none,yarn"],
+     "argument --methods: yarn listed more than once in 'yarn,none,yarn'"),
     (["eval", "passkey", "--trials", "0"], "argument --trials: expected an integer >= 1, got '0'"),
     (["finetune", "--method", "alibi", "--output", "x", "--eval-text-file", "y", "--steps", "0"],
      "argument --steps: expected an integer >= 1, got '0'"),
@@ -182,7 +185,8 @@ def test_a_checkpoint_without_a_tokenizer_patches_and_saves(tmp_path, bert_token
     assert main(["patch", "--model", str(bare), "--method", "yarn", "--factor", "2", "--output", str(out),
                  "--no-progress"]) == 0
     said = capsys.readouterr().out
-    assert "note: the model has no tokenizer, so none was saved; evaluations of this checkpoint need --tokenizer" in said
+    assert ("note: the model has no tokenizer, so none was saved; evaluations of this checkpoint need --tokenizer"
+            in said)
     assert (out / "model.safetensors").exists() and not (out / "tokenizer_config.json").exists()
     assert hf_posenc.get_config(hf_posenc.from_pretrained(str(out))).method == "yarn"
     argv = ["eval", "ppl", "--model", str(out), "--methods", "none", "--lengths", "32", "--max-windows", "1",
@@ -254,7 +258,8 @@ def test_a_prefix_of_a_flag_is_not_that_flag(argv, prefix, capsys):
     (["eval", "ppl", "--variant", "y=yarn:factor=2,attention_factor=1e30"], "attention_factor must be a number from 0"),
     (["eval", "ppl", "--variant", "lk=leaky_rerope:leak=1e308"], "leak must be a number > 1 and <= 1e+06"),
     (["eval", "passkey", "--variant", "s=string:attention_factor=1e300"], "attention_factor must be a number from 0"),
-    (["eval", "ppl", "--variant", "d=dca:max_position_embeddings=1"], "max_position_embeddings must be an integer >= 16"),
+    (["eval", "ppl", "--variant", "d=dca:max_position_embeddings=1"],
+     "max_position_embeddings must be an integer >= 16"),
     (["eval", "ppl", "--variant", "y=yarn:factor=NaN"], "factor must be a number from 1 to 1024"),
     (["patch", "--method", "yarn", "--factor", "inf", "--output", "o"], "factor must be a number from 1 to 1024"),
     (["patch", "--method", "rerope", "--method-param", "max_position_embeddings=1", "--output", "o"],
@@ -289,7 +294,8 @@ def test_an_output_that_cannot_be_written_is_refused_before_loading(argv, output
 
 
 @pytest.mark.parametrize("content,message", [
-    ('[{"label": "y", "method": "yarn", "factor": 2, "params": [1, 2]}]', "params must be an object of the method's knobs"),
+    ('[{"label": "y", "method": "yarn", "factor": 2, "params": [1, 2]}]',
+     "params must be an object of the method's knobs"),
     ('{"yarn": {"factor": 2}}', "'yarn' must map each knob to a non-empty list of values"),
     ('[{"label": "y", "method": "yarn", "factor": 1e309}]', "factor must be a number from 1 to 1024"),
     ('[{"label": "l", "method": "leaky_rerope", "params": {"leak": 1e308}}]', "leak must be a number > 1"),

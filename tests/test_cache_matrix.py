@@ -130,7 +130,8 @@ class Fp8RoundTrip(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
             self.scales = [(s.abs().amax().float() / torch.finfo(torch.float8_e4m3fn).max).clamp(
                 min=torch.finfo(torch.float32).tiny) for s in (key_states, value_states)]
-        k, v = ((s.float() / c).to(torch.float8_e4m3fn).float() * c for s, c in zip((key_states, value_states), self.scales))
+        k, v = ((s.float() / c).to(torch.float8_e4m3fn).float() * c
+                for s, c in zip((key_states, value_states), self.scales))
         self.keys = torch.cat([self.keys, k.to(key_states.dtype)], dim=-2)
         self.values = torch.cat([self.values, v.to(value_states.dtype)], dim=-2)
         return (key_states, value_states) if first else (self.keys, self.values)
@@ -178,5 +179,5 @@ def test_every_cache_implementation_of_this_transformers_is_in_the_matrix():
     from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATIONS
 
     # the deprecated hybrid names go to the same static cache as "sliding_window" (generate's _prepare_static_cache)
-    assert set(ALL_CACHE_IMPLEMENTATIONS) - {"hybrid", "hybrid_chunked", "offloaded_hybrid", "offloaded_hybrid_chunked"} \
-        <= set(CACHES)
+    assert set(ALL_CACHE_IMPLEMENTATIONS) - {"hybrid", "hybrid_chunked", "offloaded_hybrid",
+                                             "offloaded_hybrid_chunked"} <= set(CACHES)

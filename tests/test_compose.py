@@ -140,8 +140,8 @@ def test_what_cannot_be_composed_or_would_shrink_is_refused_before_anything_chan
                                          r"sequence length.*give original_max_position_embeddings"):
         hf_posenc.patch(model, "dynamic_ntk", factor=2.0)
     with pytest.raises(ValueError, match=r"yarn x2 from the original context 64 replaces the checkpoint's own scaling "
-                                         r"\(rope_type='llama3'\) and would advertise 128 tokens, fewer than the 512 it "
-                                         r"advertises now: give a factor of at least 8"):
+                                         r"\(rope_type='llama3'\) and would advertise 128 tokens, fewer than the 512 "
+                                         r"it advertises now: give a factor of at least 8"):
         hf_posenc.patch(model, "yarn", factor=2.0, original_max_position_embeddings=PRETRAINED)
     with pytest.raises(ValueError, match="yarn's mscale / mscale_all_dim are not used on top of another scaling"):
         hf_posenc.patch(model, "yarn", factor=2.0, mscale=1.0)

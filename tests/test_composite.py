@@ -60,9 +60,11 @@ def lm_logits(model, n):
 @pytest.mark.parametrize("kind", ["llava", "gemma3"])
 def test_scaling_the_language_model_of_a_composite_equals_native(kind, tmp_path):
     if kind == "llava":
-        cls, make, native = LlavaForConditionalGeneration, llava_config, lambda: llava_config({"rope_theta": THETA, **YARN}, 2 * ORIGINAL)
+        cls, make, native = (LlavaForConditionalGeneration, llava_config,
+                             lambda: llava_config({"rope_theta": THETA, **YARN}, 2 * ORIGINAL))
     else:
-        cls, make, native = Gemma3ForConditionalGeneration, gemma_vlm_config, lambda: gemma_vlm_config(YARN, 2 * ORIGINAL)
+        cls, make, native = (Gemma3ForConditionalGeneration, gemma_vlm_config,
+                             lambda: gemma_vlm_config(YARN, 2 * ORIGINAL))
     shared = make()
     model, other = build(cls, shared), build(cls, shared)  # two instances of one config object
     before = lm_logits(model, 150)

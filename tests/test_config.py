@@ -16,7 +16,8 @@ def test_round_trip_fills_defaults():
     assert PosEncConfig.from_json(cfg.to_json()) == cfg
 
 
-@pytest.mark.parametrize("alias,canonical", [("linear", "pi"), ("dynamic", "dynamic_ntk"), ("Dynamic-NTK", "dynamic_ntk")])
+@pytest.mark.parametrize("alias,canonical",
+                         [("linear", "pi"), ("dynamic", "dynamic_ntk"), ("Dynamic-NTK", "dynamic_ntk")])
 def test_aliases(alias, canonical):
     assert PosEncConfig(alias, factor=2).method == canonical
 
@@ -41,13 +42,17 @@ def test_list_methods_names_families():
         (dict(method="none", factor=3.0), "takes no factor"),
         (dict(method="yarn", factor=2, params={"beta_fats": 3}), "does not take parameter(s) ['beta_fats']"),
         (dict(method="yarn", factor=2, params={"beta_fast": 1, "beta_slow": 2}), "beta_fast must be greater"),
-        (dict(method="llama3", factor=2, params={"low_freq_factor": 4, "high_freq_factor": 1}), "high_freq_factor must be greater"),
+        (dict(method="llama3", factor=2, params={"low_freq_factor": 4, "high_freq_factor": 1}),
+         "high_freq_factor must be greater"),
         (dict(method="longrope", factor=2, params={"long_factor": []}), "long_factor must be a non-empty list"),
-        (dict(method="pi", factor=2, original_max_position_embeddings=0), "original_max_position_embeddings must be an integer >= 16"),
-        (dict(method="longrope", factor=2, original_max_position_embeddings=1), "must be an integer >= 16 (the context the model was trained for), got 1"),
+        (dict(method="pi", factor=2, original_max_position_embeddings=0),
+         "original_max_position_embeddings must be an integer >= 16"),
+        (dict(method="longrope", factor=2, original_max_position_embeddings=1),
+         "must be an integer >= 16 (the context the model was trained for), got 1"),
         (dict(method="yarn", factor=1e300), "factor must be a number from 1 to 1024, got 1e+300"),
         (dict(method="yarn", factor=1e308), "factor must be a number from 1 to 1024, got 1e+308"),
-        (dict(method="pi", factor=2, original_max_position_embeddings=12.5), "must be an integer >= 16 (the context the model was trained for), got 12.5"),
+        (dict(method="pi", factor=2, original_max_position_embeddings=12.5),
+         "must be an integer >= 16 (the context the model was trained for), got 12.5"),
     ],
 )
 def test_bad_configs_name_the_value(kwargs, needle):

@@ -78,7 +78,8 @@ def hand_loop(model, x, mask, cache, keyword=None):
     """Logits of a prefill of ``PROMPT`` tokens, then one token at a time with ``cache``: ``[b, steps, vocab]``."""
     kw = with_cache(model, cache) if keyword is None else {keyword: cache}
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(x[:, :PROMPT], attention_mask=mask[:, :PROMPT], position_ids=position_ids[:, :PROMPT], use_cache=True, **kw)
+    out = model(x[:, :PROMPT], attention_mask=mask[:, :PROMPT], position_ids=position_ids[:, :PROMPT], use_cache=True,
+                **kw)
     steps = [out.logits[:, -1]]
     for t in range(PROMPT, x.shape[1] - 1):
         out = model(x[:, t : t + 1], attention_mask=mask[:, : t + 1], position_ids=position_ids[:, t : t + 1],

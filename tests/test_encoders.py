@@ -131,7 +131,8 @@ def test_saved_tables_load_in_plain_transformers_and_are_adopted_by_hf_posenc(tm
     assert torch.equal(encode(plain, x), encode(model, x))
     again = hf_posenc.from_pretrained(str(tmp_path)).eval()
     assert type(again).__name__ == "BertModel"  # the class named in config.json
-    assert hf_posenc.get_config(again) == hf_posenc.get_config(model) and torch.equal(encode(again, x), encode(model, x))
+    assert (hf_posenc.get_config(again) == hf_posenc.get_config(model)
+            and torch.equal(encode(again, x), encode(model, x)))
     with pytest.raises(ValueError, match="cannot be unpatched"):
         hf_posenc.unpatch(again)
     again.save_pretrained(tmp_path / "twice")  # save -> load -> save -> load does not compound
@@ -204,7 +205,8 @@ def test_bucket_reference_matches_t5s_code():
     hand = {0: 0, 5: 16 + 5, -5: 5, -8: 8, -127: 15, -128: 15, -5000: 15, 5000: 31}
     got = B.relative_position_bucket(torch.tensor(list(hand)), True, 32, 128).tolist()
     assert got == list(hand.values())
-    assert torch.equal(B.scaled_relative_positions(torch.tensor([-7, -1, 0, 1, 7]), 2.0), torch.tensor([-3, 0, 0, 0, 3]))
+    assert torch.equal(B.scaled_relative_positions(torch.tensor([-7, -1, 0, 1, 7]), 2.0),
+                       torch.tensor([-3, 0, 0, 0, 3]))
 
 
 @pytest.mark.parametrize("model_type", ["t5", "mt5", "umt5"])
@@ -255,7 +257,8 @@ def test_hf_posenc_methods_lists_the_encoder_families():
     out = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "methods", "--json"], capture_output=True, text=True)
     methods = __import__("json").loads(out.stdout)
     assert {"bert", "roberta", "distilbert"} <= set(methods["hierarchical"]["families"])
-    assert methods["bucket_scale"]["families"] == ["t5", "mt5", "umt5"] and {"llama", "bert"} <= set(methods["sinusoidal"]["families"])
+    assert (methods["bucket_scale"]["families"] == ["t5", "mt5", "umt5"]
+            and {"llama", "bert"} <= set(methods["sinusoidal"]["families"]))
     assert {"llama", "bert", "t5"} <= set(methods["none"]["families"])
 
 
@@ -329,7 +332,8 @@ def test_t5_alibi_and_rope_swaps():
     att = model.encoder.block[0].layer[0].SelfAttention
     assert torch.equal(att.compute_bias(5, 7), alibi_bias(alibi_slopes(4), torch.arange(5), torch.arange(7)))
     dec = model.decoder.block[0].layer[0].SelfAttention
-    assert torch.equal(dec.compute_bias(1, 9, past_seen_tokens=8)[0, :, 0], alibi_bias(alibi_slopes(4), torch.tensor([8]), torch.arange(9))[0, :, 0])
+    assert torch.equal(dec.compute_bias(1, 9, past_seen_tokens=8)[0, :, 0],
+                       alibi_bias(alibi_slopes(4), torch.tensor([8]), torch.arange(9))[0, :, 0])
     for method in ("alibi", "rope"):
         hf_posenc.patch(model, method)
         x = torch.randint(1, 100, (1, 150), generator=torch.Generator().manual_seed(2))
@@ -416,7 +420,8 @@ def test_t5_passkey_by_generation(tmp_path, bert_tokenizer):
                "--output", str(tmp_path / "out"), "--no-progress", "--no-plots"])
     assert rc == 0
     report = __import__("json").loads((tmp_path / "out" / "passkey.json").read_text())
-    assert set(report["results"]) == {"none", "bucket_scale"} and all("output" in s for s in report["results"]["none"]["samples"])
+    assert (set(report["results"]) == {"none", "bucket_scale"}
+            and all("output" in s for s in report["results"]["none"]["samples"]))
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "distilbert"])

@@ -57,7 +57,8 @@ def test_perplexity_numbers_and_errors():
 
 def test_mean_ci95():
     m, lo, hi = mean_ci95([1.0, 2.0, 3.0])
-    assert m == 2.0 and hi - m == pytest.approx(4.303 * 1.0 / math.sqrt(3), rel=1e-3) and m - lo == pytest.approx(hi - m)
+    assert (m == 2.0 and hi - m == pytest.approx(4.303 * 1.0 / math.sqrt(3), rel=1e-3)
+            and m - lo == pytest.approx(hi - m))
     assert mean_ci95([1.0])[1] is None
 
 
@@ -110,7 +111,8 @@ def test_cli_ppl_end_to_end(tiny_checkpoint, tmp_path, capsys):
     assert "| none |" in table and "| yarn |" in table and "| dynamic_ntk |" in table
     report = json.loads((out / "perplexity.json").read_text())
     assert report["setup"]["variants"]["yarn"]["params"]["beta_fast"] == 16
-    assert report["setup"]["command"].startswith("hf-posenc eval ppl --model ") and "yarn.beta_fast=16" in report["setup"]["command"]
+    assert (report["setup"]["command"].startswith("hf-posenc eval ppl --model ")
+            and "yarn.beta_fast=16" in report["setup"]["command"])
     assert report["results"]["none"]["128"]["windows"] == 2
     for png in ("ppl_vs_length.png", "loss_by_position_64.png", "loss_by_position_128.png"):
         assert (out / png).stat().st_size > 1000
@@ -127,7 +129,8 @@ def test_cli_ppl_reads_a_saved_dataset(tiny_checkpoint, tmp_path):
     text = open(book_path("pg1513.txt"), encoding="utf-8").read()
     Dataset.from_dict({"text": [text[:40_000], text[40_000:80_000]]}).save_to_disk(tmp_path / "ds")
     rc = main(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "pi", "--dataset", str(tmp_path / "ds"),
-               "--lengths", "128", "--max-windows", "1", "--output", str(tmp_path / "o"), "--no-progress", "--no-plots"])
+               "--lengths", "128", "--max-windows", "1", "--output", str(tmp_path / "o"), "--no-progress",
+               "--no-plots"])
     assert rc == 0
     report = json.loads((tmp_path / "o" / "perplexity.json").read_text())
     assert len(report["results"]["pi"]["128"]["docs"]) == 2 and report["results"]["pi"]["128"]["ci95"] is not None
@@ -444,7 +447,8 @@ def test_key_positions_and_scored_key_cell_written_out():
     assert got["lsd_max"] == pytest.approx((short - long).max().item(), abs=1e-4)
     mine = token_nll(model, x)[0].double()
     cell = scored_key_cell(model, x[0], w, got["positions"])
-    assert cell["key_count"] == int(key.sum()) and cell["key_nll_sum"] == pytest.approx(mine[key].sum().item(), abs=1e-4)
+    assert (cell["key_count"] == int(key.sum())
+            and cell["key_nll_sum"] == pytest.approx(mine[key].sum().item(), abs=1e-4))
     none = scored_key_cell(model, x[0], w, [])  # no key token: nothing to score, the same count of scored tokens
     assert none == {"key_count": 0, "key_nll_sum": 0.0, "scored": cell["scored"]}
     later = Window(0, 0, 150, 40)
@@ -479,7 +483,8 @@ def test_cli_ppl_key_tokens_with_one_evaluator(tiny_checkpoint, tmp_path, capsys
     assert ("--evaluator-method: bad method configuration 'nosuch:factor=2': unknown method 'nosuch'"
             in refused(bad, capsys))
     no_keys = [a for a in argv if a != "--key-tokens"]
-    assert "--evaluator, --evaluator-method, --key-alpha and --key-beta choose how key tokens are judged: add --key-tokens" in refused(no_keys, capsys)
+    assert ("--evaluator, --evaluator-method, --key-alpha and --key-beta choose how key tokens are judged: add "
+            "--key-tokens" in refused(no_keys, capsys))
 
 
 def test_an_evaluator_with_another_tokenizer_is_refused(tiny_checkpoint, tmp_path, capsys):

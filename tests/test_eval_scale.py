@@ -52,7 +52,8 @@ def test_one_method_compared_with_itself_is_keyed_by_label(tiny_checkpoint, tmp_
     assert "| none |" in table and "| y2 |" in table and "| y4 |" in table
     report = json.loads((out / "perplexity.json").read_text())
     assert list(report["results"]) == ["none", "y2", "y4"]
-    assert report["setup"]["variants"]["y4"]["factor"] == 4.0 and report["setup"]["variants"]["y4"]["params"]["beta_fast"] == 16
+    assert (report["setup"]["variants"]["y4"]["factor"] == 4.0
+            and report["setup"]["variants"]["y4"]["params"]["beta_fast"] == 16)
     assert report["results"]["y2"]["64"]["ppl"] != report["results"]["y4"]["64"]["ppl"]
     assert (out / "ppl_vs_length.png").exists()
 
@@ -97,7 +98,8 @@ def test_a_killed_run_resumes_where_it_stopped_and_gives_the_same_report(tiny_ch
         "\n\nCells computed: 6 on cpu, 1 on cuda (NVIDIA H100 80GB HBM3), 1 not recorded; this call ran on cpu.")}
     # the cost of the cells over both calls, the untimed one said, not counted as zero
     for folder, report, untimed in ((cut, resumed, 1), (whole, once, 0)):
-        kept = [json.loads(line) for line in (folder / "cells.jsonl").read_text().splitlines()[1:] if line.endswith("}")]
+        kept = [json.loads(line) for line in (folder / "cells.jsonl").read_text().splitlines()[1:]
+                if line.endswith("}")]
         assert report["setup"]["compute"]["seconds"] == pytest.approx(sum(c.get("seconds", 0) for c in kept), abs=1e-3)
         assert {k: report["setup"]["compute"][k] for k in ("cells", "untimed")} == {"cells": 8, "untimed": untimed}
     # and where each cell was computed, whichever call computed it
@@ -135,8 +137,8 @@ def _launch(launcher: list[str], argv: list[str]) -> subprocess.CompletedProcess
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     port = ["--master_port" if "torch" in launcher[0] else "--main_process_port", _free_port()]
-    return subprocess.run([sys.executable, "-m", *launcher, *port, "-m", "hf_posenc", *argv], capture_output=True, text=True,
-                          env=env, timeout=600, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", *launcher, *port, "-m", "hf_posenc", *argv], capture_output=True,
+                          text=True, env=env, timeout=600, cwd=ROOT)
 
 
 @pytest.mark.parametrize("launcher", [

@@ -201,7 +201,8 @@ def test_limits_a_patched_checkpoints_trained_context_and_someone_elses_folder(t
     assert "--length must be a whole number of tokens from 2 to 2,097,152" in refused(
         ["explain", "yarn:factor=2", *common, "--length", "10000000", "--output", str(tmp_path / "a")], capsys)
     assert "past the 2,097,152 tokens explain draws: give --length" in refused(
-        ["explain", "pi", "--factor", "1024", "--head-dim", "64", "--rope-theta", "10000", "--original-max-position", "4096", "--output", str(tmp_path / "b")], capsys)
+        ["explain", "pi", "--factor", "1024", "--head-dim", "64", "--rope-theta", "10000", "--original-max-position",
+         "4096", "--output", str(tmp_path / "b")], capsys)
     assert "--resolution must be a whole number from 8 to 2048" in refused(
         ["explain", "dca", *common, "--resolution", "100000", "--output", str(tmp_path / "c")], capsys)
     assert "--rope-theta must be > 1" in refused(["explain", "pi", "--factor", "2", "--head-dim", "64", "--rope-theta",

@@ -152,7 +152,8 @@ def test_a_task_in_one_file_runs_in_eval_resumes_and_goes_into_patch_and_the_car
     assert "expected comma-separated integers, got 'x'" in refused(["eval", "prefix_nll", "--lengths", "x"], capsys)
     python = PREFIX(lengths=[16], model=tiny_checkpoint, methods=["none"], progress=False)  # the Python API
     assert set(python["results"]["none"]) == {"16"}
-    with pytest.raises(ValueError, match="eval task 'prefix_nll' got unknown keyword\\(s\\) length; it takes lengths, text"):
+    with pytest.raises(ValueError,
+                       match="eval task 'prefix_nll' got unknown keyword\\(s\\) length; it takes lengths, text"):
         PREFIX(length=[16], model=tiny_checkpoint)
     out = tmp_path / "eval"
     argv = ["eval", "prefix_nll", "--model", tiny_checkpoint, "--output", str(out), "--no-progress", "--no-plots"]

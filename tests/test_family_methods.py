@@ -150,7 +150,8 @@ def test_a_load_report_naming_any_other_key_is_kept_whole():
     def report(*rows):
         table = "\n".join(f"{key} | {status} |  | " for key, status in rows)
         return logging.LogRecord("transformers.modeling_utils", logging.WARNING, "", 0,
-                                 f"Qwen3ForCausalLM LOAD REPORT from: x\nKey | Status |  | \n---\n{table}\n", None, None)
+                                 f"Qwen3ForCausalLM LOAD REPORT from: x\nKey | Status |  | \n---\n{table}\n", None,
+                                 None)
 
     quiet = _ReportOwnKeysQuietly(True)
     assert not quiet.filter(report(("model.hf_posenc_positions.weight", "UNEXPECTED")))

@@ -63,7 +63,8 @@ def test_cli_finetune_trains_and_saves_a_reloadable_patch(tiny_checkpoint, tmp_p
     losses = [x["loss"] for x in report["losses"]]
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3  # the training loss falls
     assert report["heldout_after"]["ppl"] < report["heldout_before"]["ppl"]  # and a book not trained on improves
-    assert report["setup"]["command"].startswith("hf-posenc finetune") and (out / "hf_posenc_eval" / "finetune_loss.png").exists()
+    assert (report["setup"]["command"].startswith("hf-posenc finetune")
+            and (out / "hf_posenc_eval" / "finetune_loss.png").exists())
     model = hf_posenc.from_pretrained(str(out), attn_implementation="sdpa").eval()
     assert hf_posenc.get_config(model).method == "alibi"
     from transformers import AutoTokenizer

@@ -84,7 +84,8 @@ def test_a_missing_lm_eval_names_the_extra_to_install(monkeypatch, capsys, tmp_p
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # what an install without the extra looks like
     err = refused(["eval", "harness", "--model", str(tmp_path)], capsys)
     assert "pip install 'hf_posenc[harness]'" in err
-    err = refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:vt", "--output", str(tmp_path / "o")], capsys)
+    err = refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:vt",
+                   "--output", str(tmp_path / "o")], capsys)
     assert "pip install 'hf_posenc[harness]'" in err and not (tmp_path / "o").exists()
 
 
@@ -94,10 +95,11 @@ def test_a_tokenizer_without_an_end_token_isrefused(tiny_checkpoint, capsys):
 
 
 def test_patch_refuses_an_empty_or_unknown_harness_task(capsys, tmp_path):
-    err = refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:", "--output", str(tmp_path / "o")], capsys)
+    err = refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:",
+                   "--output", str(tmp_path / "o")], capsys)
     assert "harness:TASK" in err and "got 'harness:'" in err
-    err = refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:nosuch_task", "--output", str(tmp_path / "o")],
-                   capsys)
+    err = refused(["patch", "--method", "yarn", "--factor", "2", "--eval", "harness:nosuch_task",
+                   "--output", str(tmp_path / "o")], capsys)
     assert "lm-eval has no task, group or tag 'nosuch_task'" in err
 
 

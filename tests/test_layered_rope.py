@@ -84,7 +84,8 @@ def test_longrope_on_one_layer_type():
     model = gemma()
     short, long = [1.0 + 0.05 * i for i in range(HEAD_DIM // 2)], [2.0 + 0.1 * i for i in range(HEAD_DIM // 2)]
     hf_posenc.patch(model, "longrope", factor=2.0, short_factor=short, long_factor=long)
-    ref = native_clone(model, full={"rope_type": "longrope", "factor": 2.0, "original_max_position_embeddings": ORIGINAL,
+    ref = native_clone(model, full={"rope_type": "longrope", "factor": 2.0,
+                                    "original_max_position_embeddings": ORIGINAL,
                                     "short_factor": short, "long_factor": long}, max_position_embeddings=2 * ORIGINAL)
     for n in (40, 150):
         assert (logits(model, ids(n)) - logits(ref, ids(n))).abs().max().item() <= 1e-5, n

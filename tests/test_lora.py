@@ -49,9 +49,11 @@ def gap(a, b) -> float:
 
 def test_settings_defaults_and_bad_values():
     s = LoraSettings(r=4)
-    assert (s.alpha, s.targets, s.dropout, s.train_embeddings_and_norms) == (8.0, ("q_proj", "k_proj", "v_proj", "o_proj"), 0.0, True)
+    assert (s.alpha, s.targets, s.dropout, s.train_embeddings_and_norms) == (
+        8.0, ("q_proj", "k_proj", "v_proj", "o_proj"), 0.0, True)
     assert LoraSettings(r=2, alpha=3, targets=["q_proj"]).targets == ("q_proj",)
-    for bad, match in [({"r": 0}, "r=0"), ({"r": True}, "r=True"), ({"r": 2.0}, "r=2.0"), ({"r": 2, "alpha": 0}, "alpha=0"),
+    for bad, match in [({"r": 0}, "r=0"), ({"r": True}, "r=True"), ({"r": 2.0}, "r=2.0"),
+                       ({"r": 2, "alpha": 0}, "alpha=0"),
                        ({"r": 2, "alpha": -1.5}, "alpha=-1.5"), ({"r": 2, "dropout": 1.0}, r"dropout=1\.0"),
                        ({"r": 2, "dropout": -0.1}, r"dropout=-0\.1"), ({"r": 2, "targets": ()}, r"targets=\(\)"),
                        ({"r": 2, "targets": ("q_proj", "")}, "targets=")]:
@@ -62,8 +64,9 @@ def test_settings_defaults_and_bad_values():
 def test_targets_matching_nothing_are_refused_before_wrapping():
     model = patched("yarn")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(ValueError, match=r"\['qproj', 'attn'\] match no module of LlamaForCausalLM; its linear layers are "
-                                         r"named \['down_proj', 'gate_proj', 'k_proj', 'lm_head', 'o_proj', 'q_proj'"):
+    with pytest.raises(ValueError, match=r"\['qproj', 'attn'\] match no module of LlamaForCausalLM; its linear layers "
+                                         r"are named \['down_proj', 'gate_proj', 'k_proj', 'lm_head', 'o_proj', "
+                                         r"'q_proj'"):
         apply_lora(model, LoraSettings(r=2, targets=("q_proj", "qproj", "attn")))
     assert model.state_dict().keys() == before.keys()  # nothing wrapped
     assert not any(type(m).__module__.startswith("peft") for m in model.modules())
@@ -75,8 +78,8 @@ def test_a_module_the_patch_holds_is_not_replaced():
     nothing), so training the embedding is refused; without it, LoRA applies."""
     model = tiny_model("llama")
     hf_posenc.patch(model, "sinusoidal", factor=2.0)
-    with pytest.raises(ValueError, match=r"model\.embed_tokens .*held by the hf_posenc patch \(sinusoidal calls it from "
-                                         r"a hook\).*train_embeddings_and_norms=False"):
+    with pytest.raises(ValueError, match=r"model\.embed_tokens .*held by the hf_posenc patch \(sinusoidal calls it "
+                                         r"from a hook\).*train_embeddings_and_norms=False"):
         apply_lora(model, LoraSettings(r=2))
     lora = apply_lora(model, LoraSettings(r=2, train_embeddings_and_norms=False))
     assert not any(isinstance(m, ModulesToSaveWrapper) for m in lora.modules())
@@ -95,12 +98,14 @@ def test_wrapping_keeps_the_patch_and_trains_lora_embeddings_and_norms(method):
     assert lora.get_base_model() is model and hf_posenc.get_config(model).method == method
     assert full == ["model.embed_tokens", "model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
                     "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm"]
-    wrapped = sorted(n.removeprefix("base_model.model.") for n, m in lora.named_modules() if isinstance(m, ModulesToSaveWrapper))
+    wrapped = sorted(n.removeprefix("base_model.model.") for n, m in lora.named_modules()
+                     if isinstance(m, ModulesToSaveWrapper))
     assert wrapped == sorted(full)
     trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_A." in n or ".lora_B." in n or ".modules_to_save." in n for n in trainable)
     assert {n.split(".")[-4] for n in trainable if ".lora_" in n} == {"q_proj", "k_proj", "v_proj", "o_proj"}
-    assert not any(p.requires_grad for n, p in lora.named_parameters() if ".base_layer." in n or ".original_module." in n)
+    assert not any(p.requires_grad for n, p in lora.named_parameters()
+                   if ".base_layer." in n or ".original_module." in n)
     assert lora.peft_config["default"].lora_alpha == 8.0 and lora.peft_config["default"].r == 4
 
 

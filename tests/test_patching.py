@@ -177,12 +177,14 @@ def test_factor_below_one_names_the_value():
 
 
 def test_unknown_parameter_lists_allowed():
-    with pytest.raises(ValueError, match=r"does not take parameter\(s\) \['beta_fast'\]; it takes: high_freq_factor, layer_types, low_freq_factor"):
+    with pytest.raises(ValueError, match=r"does not take parameter\(s\) \['beta_fast'\]; it takes: high_freq_factor, "
+                                         r"layer_types, low_freq_factor"):
         hf_posenc.patch(tiny_model("llama"), "llama3", factor=2.0, beta_fast=3)
 
 
 def test_original_larger_than_model_context():
-    with pytest.raises(ValueError, match="original_max_position_embeddings=128 is larger than the model's max_position_embeddings=64"):
+    with pytest.raises(ValueError, match="original_max_position_embeddings=128 is larger than the model's "
+                                         "max_position_embeddings=64"):
         hf_posenc.patch(tiny_model("llama"), "yarn", factor=2.0, original_max_position_embeddings=128)
 
 
@@ -219,12 +221,14 @@ def test_generic_family_found_without_being_listed():
     """A decoder not in the tested list but with the standard rotary module is patched generically."""
     cfg = AutoConfig.for_model(
         "olmo2", vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=ORIGINAL, rope_parameters={"rope_type": "default", "rope_theta": THETA},
+        num_key_value_heads=2, max_position_embeddings=ORIGINAL,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA},
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     torch.manual_seed(0)
-    cfg_ref = AutoConfig.for_model(**{**cfg.to_dict(), "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": THETA}})
+    cfg_ref = AutoConfig.for_model(**{**cfg.to_dict(),
+                                      "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": THETA}})
     ref = AutoModelForCausalLM.from_config(cfg_ref).eval()
     ref.load_state_dict(model.state_dict())
     hf_posenc.patch(model, "pi", factor=2.0)

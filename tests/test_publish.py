@@ -46,7 +46,8 @@ def test_card_metadata_parses_back_and_the_checkpoint_reloads(tmp_path, bert_tok
     for needed in ("`beta_fast` | 16", "original context (tokens) | 64", "new `max_position_embeddings` | 256",
                    "LlamaForCausalLM.from_pretrained(\"me/tiny-yarn\")", "make it", "| yarn | 11.00 |"):
         assert needed in text, needed
-    assert json.loads((tmp_path / "hf_posenc_eval" / "perplexity.json").read_text())["results"]["yarn"]["64"]["ppl"] == 11.0
+    assert (json.loads((tmp_path / "hf_posenc_eval" / "perplexity.json").read_text())["results"]["yarn"]["64"]["ppl"]
+            == 11.0)
     back = hf_posenc.from_pretrained(str(tmp_path), attn_implementation="eager")  # as the tiny model
     x = ids(150)
     assert torch.equal(logits(back, x), logits(model, x))
@@ -80,7 +81,8 @@ def test_cli_patch_evaluates_and_writes_the_card(tiny_checkpoint, tmp_path, caps
     ppl = json.loads((out / "hf_posenc_eval" / "perplexity.json").read_text())
     pk = json.loads((out / "hf_posenc_eval" / "passkey.json").read_text())
     baseline = ppl["setup"]["truncated_baseline"]["label"]  # 128 is past the original 64: the truncated baseline
-    assert set(ppl["results"]) == {"none", "yarn", baseline} and ppl["setup"]["variants"]["yarn"]["params"]["beta_fast"] == 16
+    assert (set(ppl["results"]) == {"none", "yarn", baseline}
+            and ppl["setup"]["variants"]["yarn"]["params"]["beta_fast"] == 16)
     assert "context_gain" in ppl["results"]["yarn"]["128"] and "| 128: past L |" in (out / "README.md").read_text()
     card = ModelCard.load(out / "README.md")
     metrics = {m["name"]: m["value"] for r in card.data.to_dict()["model-index"][0]["results"] for m in r["metrics"]}
@@ -99,7 +101,8 @@ def test_cli_patch_errors(tiny_checkpoint, tmp_path, capsys):
     assert "Did you mean 'yarn'" in capsys.readouterr().err
     assert main(["patch", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--eval", "bleu",
                  "--output", str(tmp_path)]) == 2
-    assert "--eval takes ppl, passkey, retrieval, harness:TASK (TASK: an lm-eval task" in (err := capsys.readouterr().err)
+    assert ("--eval takes ppl, passkey, retrieval, harness:TASK (TASK: an lm-eval task"
+            in (err := capsys.readouterr().err))
     assert "got 'bleu'" in err
 
 
@@ -228,8 +231,10 @@ def test_cli_patch_of_an_encoder_with_retrieval(tmp_path, bert_tokenizer):
     metrics = {m["name"]: m["value"] for r in card.data.to_dict()["model-index"][0]["results"] for m in r["metrics"]}
     report = json.loads((out / "hf_posenc_eval" / "retrieval.json").read_text())
     assert set(metrics) == {"needle retrieval top-1 @ 64 tokens", "needle retrieval top-1 @ 128 tokens"}
-    assert metrics["needle retrieval top-1 @ 128 tokens"] == report["results"]["hierarchical"]["by_length"]["128"]["accuracy"]
-    assert card.data.pipeline_tag == "feature-extraction" and AutoModel.from_pretrained(out).config.max_position_embeddings == 128
+    assert (metrics["needle retrieval top-1 @ 128 tokens"]
+            == report["results"]["hierarchical"]["by_length"]["128"]["accuracy"])
+    assert (card.data.pipeline_tag == "feature-extraction"
+            and AutoModel.from_pretrained(out).config.max_position_embeddings == 128)
 
 
 def test_an_interrupted_upload_says_what_to_rerun(tmp_path, monkeypatch, capsys):
@@ -247,7 +252,8 @@ def test_an_interrupted_upload_says_what_to_rerun(tmp_path, monkeypatch, capsys)
     with pytest.raises(KeyboardInterrupt):
         upload(str(tmp_path / "saved"), "me/m", revision="dev", endpoint="http://127.0.0.1:9", token=TOKEN)
     err = capsys.readouterr().err
-    assert f"the local save in {tmp_path / 'saved'} is complete. Rerun: hf-posenc upload {tmp_path / 'saved'} me/m --revision dev" in err
+    assert (f"the local save in {tmp_path / 'saved'} is complete. Rerun: hf-posenc upload {tmp_path / 'saved'} "
+            "me/m --revision dev" in err)
     assert TOKEN not in err and (tmp_path / "saved" / "model.safetensors").exists()
 
 
@@ -273,7 +279,8 @@ def test_cli_patch_of_t5_needs_eval_lengths_and_retrieval_needs_an_encoder(tmp_p
     assert json.loads((tmp_path / "out" / "hf_posenc_eval" / "passkey.json").read_text())["setup"]["lengths"] == [100]
     assert main(["patch", "--model", tiny_checkpoint, "--method", "yarn", "--factor", "2", "--output",
                  str(tmp_path / "x"), "--eval", "retrieval", "--no-progress"]) == 2
-    assert "retrieval evaluates sentence-embedding encoders (e.g. BertModel); LlamaForCausalLM is not one" in capsys.readouterr().err
+    assert ("retrieval evaluates sentence-embedding encoders (e.g. BertModel); LlamaForCausalLM is not one"
+            in capsys.readouterr().err)
 
 
 def test_saved_tokenizer_takes_the_extended_length(tmp_path, bert_tokenizer):

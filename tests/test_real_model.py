@@ -40,7 +40,8 @@ def test_yarn_matches_transformers_on_real_text(smollm2, book_ids):
     model, _ = smollm2
     reference = copy.deepcopy(model)
     cfg = copy.deepcopy(model.config)
-    cfg.rope_parameters = {"rope_type": "yarn", "rope_theta": 100000.0, "factor": 2.0, "original_max_position_embeddings": 8192}
+    cfg.rope_parameters = {"rope_type": "yarn", "rope_theta": 100000.0, "factor": 2.0,
+                           "original_max_position_embeddings": 8192}
     cfg.max_position_embeddings = 16384
     reference.model.rotary_emb = type(model.model.rotary_emb)(cfg)  # transformers' own YaRN module
     expected = reference(book_ids).logits

@@ -103,7 +103,8 @@ def test_the_same_weights_by_another_path_resume_and_other_weights_there_do_not(
     monkeypatch.setattr(run_passkey, "passkey_cell", lambda *a, **k: pytest.fail("a cell was computed again"))
     assert main(_ppl("model", out)) == 0 and main(passkey("model")) == 0  # relative, from elsewhere: the very cells
     assert json.loads((out / "perplexity.json").read_text())["results"] == first
-    tiny_model("llama", seed=1, vocab_size=bert_tokenizer.vocab_size).save_pretrained(moved)  # other weights at that path
+    # other weights at that path
+    tiny_model("llama", seed=1, vocab_size=bert_tokenizer.vocab_size).save_pretrained(moved)
     err = refused(_ppl("model", out), capsys)
     assert "holds the cells of another setup (model.files: 'sha256:" in err
 
@@ -438,7 +439,8 @@ def test_a_transformers_newer_than_the_tested_one_is_named_at_patch_time(monkeyp
     pins = (Path(__file__).parents[1] / "scripts" / "constraints.txt").read_text()
     assert f"transformers=={TESTED_TRANSFORMERS}\n" in pins
     major, minor = (int(p) for p in TESTED_TRANSFORMERS.split(".")[:2])
-    assert untested_transformers(f"{major}.{minor}.9") is None and untested_transformers(f"{major}.{minor - 1}.0") is None
+    assert (untested_transformers(f"{major}.{minor}.9") is None
+            and untested_transformers(f"{major}.{minor - 1}.0") is None)
     newer = f"{major}.{minor + 1}.0"
     monkeypatch.setattr(compat, "installed_transformers", lambda: newer)
     with warnings.catch_warnings(record=True) as caught:
@@ -473,4 +475,5 @@ def test_a_run_resumes_under_another_torch_build_of_the_same_release_only(own_ch
             assert f"resumed {len(lines) - 1} of {len(lines) - 1} cells" in err
         else:
             err = refused(_ppl(own_checkpoint, out), capsys)
-            assert "another setup (versions.t" in err and ("torch: '1.0.0' ->" in err or "transformers: '4.0.0' ->" in err)
+            assert ("another setup (versions.t" in err
+                    and ("torch: '1.0.0' ->" in err or "transformers: '4.0.0' ->" in err))

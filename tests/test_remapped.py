@@ -208,9 +208,12 @@ def test_defaults_and_context():
     ("rerope", {"window": 64}, "window=64 must be shorter than the original context \\(64\\)"),
     ("rerope", {"logn_scaling": "yes"}, "logn_scaling must be True or False, got 'yes'"),
     ("leaky_rerope", {"leak": 1.0}, "leak must be a number > 1 and <= 1e\\+06"),
-    ("string", {"shifted_offset": 10, "local_window": 10}, "local_window \\(10\\) must be smaller than shifted_offset \\(10\\)"),
-    ("string", {"attention_factor": 0}, "attention_factor must be a finite number > 0 \\(every attention score is scaled by its square\\), got 0"),
-    ("dca", {"chunk_size": 40, "local_window": 20}, "chunk_size \\(40\\) must be more than twice local_window \\(20\\)"),
+    ("string", {"shifted_offset": 10, "local_window": 10},
+     "local_window \\(10\\) must be smaller than shifted_offset \\(10\\)"),
+    ("string", {"attention_factor": 0},
+     "attention_factor must be a finite number > 0 \\(every attention score is scaled by its square\\), got 0"),
+    ("dca", {"chunk_size": 40, "local_window": 20},
+     "chunk_size \\(40\\) must be more than twice local_window \\(20\\)"),
     ("dca", {"chunk_size": 80}, "chunk_size=80 must not exceed the original context \\(64\\)"),
     ("dca", {"factor": 2.0}, "method 'dca' takes no factor"),
     ("string", {"shifted_ofset": 3}, "does not take parameter\\(s\\) \\['shifted_ofset'\\]"),
@@ -224,10 +227,12 @@ def test_bad_knobs_are_refused_by_name(method, knobs, message):
 
 def test_models_it_cannot_serve_are_refused():
     mistral = tiny_model("mistral", sliding_window=32)
-    with pytest.raises(ValueError, match="dca replaces full attention; model_type='mistral' uses sliding-window attention \\(sliding_window=32\\)"):
+    with pytest.raises(ValueError, match="dca replaces full attention; model_type='mistral' uses sliding-window "
+                                         "attention \\(sliding_window=32\\)"):
         hf_posenc.patch(mistral, "dca")
     scaled = tiny_model("llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": THETA})
-    with pytest.raises(ValueError, match="rerope works on the checkpoint's plain RoPE; this one uses rope_type='linear'"):
+    with pytest.raises(ValueError,
+                       match="rerope works on the checkpoint's plain RoPE; this one uses rope_type='linear'"):
         hf_posenc.patch(scaled, "rerope")
     model = tiny_model("llama")
     model.config._attn_implementation = "flash_attention_2"
@@ -267,7 +272,8 @@ def test_a_shipped_dual_chunk_attention_config_loads_as_dca(tmp_path, caplog):
     assert (logits(plain, x) - logits(tiny_model("llama"), x)).abs().max().item() <= 1e-5  # (sdpa vs eager)
     data["dual_chunk_attention_config"] = {"chunk_size": 48}
     path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match="dual_chunk_attention_config must hold chunk_size and local_size, got \\{'chunk_size': 48\\}"):
+    with pytest.raises(ValueError, match="dual_chunk_attention_config must hold chunk_size and local_size, got "
+                                         "\\{'chunk_size': 48\\}"):
         hf_posenc.from_pretrained(str(tmp_path))
 
 
@@ -321,7 +327,8 @@ def test_keys_kept_between_decoding_steps_follow_a_cut_cache_and_stay_with_it(me
     cache.crop(110 - cache.get_seq_length())  # cut back to 110 tokens (as assisted decoding does), then other tokens
     y = torch.cat([x[:, :110], ids(40, seed=7)], 1)
     with torch.no_grad():
-        steps = [model(y[:, i : i + 1], **with_cache(model, cache), use_cache=True).logits[:, -1] for i in range(110, 149)]
+        steps = [model(y[:, i : i + 1], **with_cache(model, cache), use_cache=True).logits[:, -1]
+                 for i in range(110, 149)]
     assert (torch.stack(steps, 1).float() - logits(model, y)[:, 110:149]).abs().max().item() <= 1e-5
     if method in ("rerope", "leaky_rerope"):  # another scheme decoding on the same cache keeps keys of its own
         import copy

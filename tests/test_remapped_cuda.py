@@ -62,7 +62,8 @@ def test_flash_piece_folds_grouped_heads_and_keeps_the_square_causal(monkeypatch
     monkeypatch.setattr(cuda_kernels, "_flash", _cpu_flash)
     monkeypatch.setattr(cuda_kernels, "_efficient", _cpu_efficient)
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(2, 6, 9, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
+    q, k, v = (torch.randn(2, 6, 9, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g),
+               torch.randn(2, 2, 9, 16, generator=g))
     for causal in (False, True):
         out, lse = cuda_kernels.flash_piece(q, k, v, causal, 0.25)
         ref_out, ref_lse = cuda_kernels.reference(q, k, v, causal, 0.25)

@@ -19,7 +19,8 @@ LONG = [1.0 + 0.4 * i for i in range(HALF)]
 CASES = {
     "pi": (dict(factor=FACTOR), {"rope_type": "linear", "factor": FACTOR}, int(FACTOR * ORIGINAL)),
     "dynamic_ntk": (dict(factor=FACTOR), {"rope_type": "dynamic", "factor": FACTOR}, ORIGINAL),
-    "yarn": (dict(factor=4.0), {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}, 4 * ORIGINAL),
+    "yarn": (dict(factor=4.0), {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL},
+             4 * ORIGINAL),
     "yarn_knobs": (
         dict(factor=4.0, beta_fast=16.0, beta_slow=2.0, attention_factor=1.3),
         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL, "beta_fast": 16.0,

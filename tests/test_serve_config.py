@@ -105,7 +105,8 @@ def test_the_cli_prints_text_and_json_and_refuses_bad_input(tiny, tmp_path, caps
     assert "## vLLM: same" in out and "## llama.cpp: same" in out and f"--max-model-len {2 * ORIGINAL}" in out
     assert main(["serve-config", tiny["dca"], "--engine", "vllm", "--json"]) == 0
     (launch,) = json.loads(capsys.readouterr().out)
-    assert launch["computes"] == "cannot" and "vLLM does not implement `dca` (no engine implements it" in launch["reason"]
+    assert (launch["computes"] == "cannot"
+            and "vLLM does not implement `dca` (no engine implements it" in launch["reason"])
     assert "expected comma-separated names among vllm" in refused(["serve-config", tiny["yarn"], "--engine",
                                                                      "vllm,vllm"], capsys)
     assert "expected an integer >= 1, got '0'" in refused(["serve-config", tiny["yarn"], "--max-length", "0"], capsys)
@@ -188,7 +189,8 @@ def test_the_model_card_prints_each_engines_settings():
     hf_posenc.unpatch(model)
     hf_posenc.patch(model, "dca")
     part = build_model_card(model, repo_id="me/tiny-dca").content
-    assert part.count("does not implement `dca` (no engine implements it") == len(LAUNCHERS) and "vllm serve" not in part
+    assert (part.count("does not implement `dca` (no engine implements it") == len(LAUNCHERS)
+            and "vllm serve" not in part)
 
 
 # ---- DCA for the engines that read it: Qwen's dual_chunk_attention_config, opt-in -----------------

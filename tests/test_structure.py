@@ -21,7 +21,8 @@ def test_no_new_structural_debt():
     assert not new, f"functions with more than {S.MAX_PARAMETERS} parameters: take a settings object instead: {new}"
     assert len(got["cycles"]) <= CYCLES, f"a new import cycle: {got['cycles']}"
     assert set(got["argparse_in_eval"]) <= ARGPARSE_IN_EVAL, "flags belong to cli/, not eval/"
-    assert not got["upward_imports"], f"imports point down the layers of check_structure.LAYERS: {got['upward_imports']}"
+    assert not got["upward_imports"], f"imports point down the layers of check_structure.LAYERS: " \
+                                      f"{got['upward_imports']}"
     assert not got["local_imports"], f"imports of the package and the standard library go at module top: " \
                                      f"{got['local_imports']}"
 
@@ -69,7 +70,8 @@ def test_no_environment_is_tracked():
         import pytest
 
         pytest.skip("not a git checkout")
-    kept = [f for f in done.stdout.splitlines() if f.split("/")[0] in (".venv", ".venv-vllm", ".venv-transformers4", ".llama-cpp")]
+    kept = [f for f in done.stdout.splitlines()
+            if f.split("/")[0] in (".venv", ".venv-vllm", ".venv-transformers4", ".llama-cpp")]
     assert not kept, f"tracked environment files: {kept[:5]}"
 
 

@@ -202,7 +202,8 @@ def test_swap_errors_and_isolation():
     with pytest.raises(ValueError, match="takes no factor"):
         hf_posenc.patch(other, "alibi", factor=2.0)
     other.config._attn_implementation = "flash_attention_2"
-    with pytest.raises(ValueError, match="alibi needs an attention implementation it can replace \\(sdpa or eager\\); this model uses"):
+    with pytest.raises(ValueError, match="alibi needs an attention implementation it can replace \\(sdpa or eager\\); "
+                                         "this model uses"):
         hf_posenc.patch(other, "alibi")
     assert not hf_posenc.is_patched(other)
 

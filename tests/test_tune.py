@@ -56,7 +56,8 @@ def test_space_files_list_candidates_or_products(tmp_path):
     product = tmp_path / "product.json"
     product.write_text(json.dumps({"yarn": {"factor": [2, 3], "attention_factor": [1.0, None]}}))
     assert len(space.load_space(str(product))) == 4
-    for text, message in [("[1, 2]", "a candidate is"), ("{", "not JSON"), ('{"yarn": {"factor": 2}}', "non-empty list"),
+    for text, message in [("[1, 2]", "a candidate is"), ("{", "not JSON"),
+                          ('{"yarn": {"factor": 2}}', "non-empty list"),
                           ('[{"label": "x", "method": "yran"}]', "yran")]:
         bad = tmp_path / "bad.json"
         bad.write_text(text)
@@ -136,7 +137,8 @@ def test_tune_halves_confirms_writes_best_and_resumes(tiny_checkpoint, tmp_path,
     factor = T / ORIGINAL if winner["method"] == "dca" else winner["factor"]
     assert PosEncConfig.from_dict(res["reference"]["config"]) == PosEncConfig("yarn", factor)
     assert set(conf) == {res["best"], res["runner_up"], ref} and len(conf) in (2, 3)
-    assert f"{ref} (reference: YaRN, default knobs)" in (out / "tune.md").read_text() or ref in (res["best"], res["runner_up"])
+    assert (f"{ref} (reference: YaRN, default knobs)" in (out / "tune.md").read_text()
+            or ref in (res["best"], res["runner_up"]))
     assert conf[res["best"]]["ppl_beyond"] != last["metrics"][res["best"]]["ppl_beyond"]  # other data
     best = PosEncConfig.from_json((out / "best.json").read_text())
     assert best == PosEncConfig.from_dict(res["configs"][res["best"]])
@@ -215,7 +217,8 @@ def test_tune_from_python_takes_the_cli_data_keywords_and_refuses_unknown_ones(b
     by_docs = hf_posenc.tune(model, bert_tokenizer, docs=[read_text_file(str(book))], **common)
     assert by_file["setup"]["documents"] == by_docs["setup"]["documents"] == [read_text_file(str(book)).name]
     def ranked(report):  # the numbers, not the seconds they took
-        return [(r["ranking"], {k: m["ppl_beyond"] for k, m in r["metrics"].items()}) for r in report["results"]["rungs"]]
+        return [(r["ranking"], {k: m["ppl_beyond"] for k, m in r["metrics"].items()})
+                for r in report["results"]["rungs"]]
     assert ranked(by_file) == ranked(by_docs) and by_file["results"]["best"] == by_docs["results"]["best"]
     with pytest.raises(ValueError, match="unknown keyword.*text_flie.*text_file"):
         hf_posenc.tune(model, bert_tokenizer, text_flie=str(book), **common)

@@ -78,7 +78,8 @@ def test_not_computable_reported_without_starting_the_engine(folders, tmp_path):
 
 
 def test_engine_vllm_refuses_variants_it_does_not_compute_by_name(tiny_checkpoint):
-    with pytest.raises(ValueError, match=r"vLLM does not compute dca \(no vLLM implementation of `dca`\).*--engine auto"):
+    with pytest.raises(ValueError,
+                       match=r"vLLM does not compute dca \(no vLLM implementation of `dca`\).*--engine auto"):
         run_perplexity(model=tiny_checkpoint, methods=["none", "dca"], lengths=[32], docs=prose(), engine="vllm",
                        engine_python="/nowhere/python")
     with pytest.raises(ValueError, match=r"dynamic_ntk \(vLLM computes dynamic NTK once.*#5093"):
@@ -194,7 +195,8 @@ def test_patch_serve_check_of_a_method_no_engine_computes(folders, tmp_path, cap
     assert main(["patch", "--model", folders["plain"], "--method", "dca", "--output", str(out), "--serve-check", "vllm",
                  "--engine-python", "/nowhere/python", "--serve-check-lengths", "100,400", "--no-progress"]) == 0
     card = (out / "README.md").read_text()
-    assert "| vLLM | 100: not computable; 400: not computable | hf-posenc serve-check: no engine implements `dca`" in card
+    assert ("| vLLM | 100: not computable; 400: not computable | hf-posenc serve-check: no engine implements `dca`"
+            in card)
     assert f"### Served by an engine (hf-posenc serve-check)\n\nServe check of {out} (method `dca`" in card
     assert ".partial" not in card  # the folder it was checked in before it was moved into place
     check = json.loads((out / "hf_posenc_eval" / "serve_check.json").read_text())

@@ -44,18 +44,19 @@ class CacheOffset:
         impl = getattr(config, "_attn_implementation", None)
         if self.serves is not None and impl not in self.serves:
             raise RuntimeError(f"{self.method} (hf_posenc) runs through the attention implementation(s) "
-                               f"{' or '.join(map(repr, self.serves))}, but this model's attention implementation is now "
-                               f"{impl!r} (assigned to its config directly): computing would silently drop {self.method}. "
-                               "Use model.set_attn_implementation('eager' or 'sdpa'), which keeps the method, or "
-                               "hf_posenc.unpatch(model) first.")
+                               f"{' or '.join(map(repr, self.serves))}, but this model's attention implementation "
+                               f"is now {impl!r} (assigned to its config directly): computing would silently drop "
+                               f"{self.method}. Use model.set_attn_implementation('eager' or 'sdpa'), which keeps the "
+                               "method, or hf_posenc.unpatch(model) first.")
 
     def query_start(self, q: int, k_total: int) -> int:
         """The cache index of the first of ``q`` queries over ``k_total`` keys. More keys than queries in a call
         whose cache the body hook did not find is refused: the positions would be wrong (a silent wrong)."""
         if getattr(self, "cache_seen", None) is False and k_total > q:
             raise RuntimeError(f"attention got {k_total} keys for {q} queries, but the model's forward call passed no "
-                               f"KV cache that hf_posenc recognises (keyword {' or '.join(CACHE_NAMES)}); the positions "
-                               "of the queries would be wrong. Pass the cache to the model under one of those names.")
+                               f"KV cache that hf_posenc recognises (keyword {' or '.join(CACHE_NAMES)}); the "
+                               "positions of the queries would be wrong. Pass the cache to the model under one of "
+                               "those names.")
         return self.past if self.past + q <= k_total else k_total - q
 
     def keys_held(self, q: int, k_len: int) -> int:

@@ -106,7 +106,8 @@ def rerotate_cache(cache: Any, layers: list[int] | None, position_ids: torch.Ten
     (a static layer's later slots are empty; a sliding-window layer holds the last ``m`` tokens)."""
     cache_layers = getattr(cache, "layers", None)
     if cache_layers is None:
-        raise ValueError(f"hf_posenc re-rotates the keys of a transformers Cache with .layers, got {type(cache).__name__}")
+        raise ValueError("hf_posenc re-rotates the keys of a transformers Cache with .layers, got "
+                         f"{type(cache).__name__}")
     turns: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # one (cos, sin) per cache length, batch and device
     for i in range(len(cache_layers)) if layers is None else layers:
         layer = cache_layers[i]

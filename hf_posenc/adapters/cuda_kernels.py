@@ -108,7 +108,8 @@ def _self_check(device, dtype: torch.dtype, d: int) -> bool:
                 out, lse = flash_piece(qq, kk, vv, kind == "causal", d ** -0.5)
                 ref_out, ref_lse = reference(qq, kk, vv, kind == "causal", d ** -0.5)
             if not (torch.allclose(out, ref_out, atol=3e-2, rtol=3e-2) and torch.allclose(lse, ref_lse, atol=3e-2)):
-                raise ValueError(f"the {kind} differs from the reference by {(out - ref_out).abs().max().item():.3g} (output), "
+                raise ValueError(f"the {kind} differs from the reference by "
+                                 f"{(out - ref_out).abs().max().item():.3g} (output), "
                                  f"{(lse - ref_lse).abs().max().item():.3g} (log-sum-exp)")
     except Exception as err:  # a kernel this torch or GPU lacks, or one that computes something else
         warnings.warn(f"hf_posenc: fused attention with log-sum-exp on {device} ({dtype}, head dim {d}) failed its "

@@ -57,7 +57,8 @@ class RotarySlot:
     def set_default_type(self, record) -> None:
         """This slot's ``rope_type`` becomes ``"default"``, so that transformers' own dynamic update stays out."""
         m = self.module
-        record.set_attr(m, "rope_type", "default" if self.layer_type is None else {**m.rope_type, self.layer_type: "default"})
+        record.set_attr(m, "rope_type",
+                        "default" if self.layer_type is None else {**m.rope_type, self.layer_type: "default"})
 
 
 def rotary_slots(model: nn.Module) -> list[RotarySlot]:
@@ -65,7 +66,8 @@ def rotary_slots(model: nn.Module) -> list[RotarySlot]:
     modules."""
     found = []
     for m in model.modules():
-        if isinstance(m._buffers.get("inv_freq"), torch.Tensor) and hasattr(m, "attention_scaling") and hasattr(m, "rope_type"):
+        if isinstance(m._buffers.get("inv_freq"), torch.Tensor) and hasattr(m, "attention_scaling") \
+                and hasattr(m, "rope_type"):
             found.append(RotarySlot(m))
         elif isinstance(getattr(m, "rope_type", None), dict) and getattr(m, "layer_types", None):
             for lt in m.layer_types:
@@ -82,7 +84,8 @@ def rope_geometry(hf_config: Any, original: int, rp: dict[str, Any] | None = Non
     """The geometry of the RoPE described by ``rp`` (default: the config's flat ``rope_parameters``)."""
     rp = hf_config.rope_parameters if rp is None else rp
     partial = rp.get("partial_rotary_factor", None) or getattr(hf_config, "partial_rotary_factor", None) or 1.0
-    return R.RopeGeometry(base=float(rp["rope_theta"]), dim=int(head_dim(hf_config) * partial), original_max_position_embeddings=original)
+    return R.RopeGeometry(base=float(rp["rope_theta"]), dim=int(head_dim(hf_config) * partial),
+                          original_max_position_embeddings=original)
 
 
 @dataclass(frozen=True)

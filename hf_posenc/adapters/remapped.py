@@ -28,8 +28,9 @@ def check_plain_rope(model: nn.Module, name: str, slots: list[RotarySlot], L: in
                          "RoPE (supported for self_extend and dca).")
     rp = config.rope_parameters
     if rp.get("rope_type", "default") != "default" or abs(float(slots[0].get("attention_scaling")) - 1.0) > 0:
-        raise ValueError(f"{name} works on the checkpoint's plain RoPE; this one uses rope_type={rp.get('rope_type')!r}. "
-                         "Load it without the scaling, or use another method (self_extend and dca take it).")
+        raise ValueError(f"{name} works on the checkpoint's plain RoPE; this one uses "
+                         f"rope_type={rp.get('rope_type')!r}. Load it without the scaling, or use another method "
+                         "(self_extend and dca take it).")
     rotated = rope_geometry(config, L).dim
     if rotated != head_dim(config):
         raise ValueError(f"{name} needs RoPE on the whole head (partial_rotary_factor 1); this model rotates "

@@ -120,7 +120,8 @@ class Scoring:
 def padding_starts(attention_mask: torch.Tensor, k_total: int) -> list[int] | None:
     """Per row, the index of the first key any query may read; None when every row starts at 0. Real keys
     must be contiguous (left or right padding): a mask with holes is refused."""
-    allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask > torch.finfo(attention_mask.dtype).min / 2
+    allowed = attention_mask if attention_mask.dtype == torch.bool \
+        else attention_mask > torch.finfo(attention_mask.dtype).min / 2
     valid = allowed[:, 0].any(dim=1)[:, :k_total]  # [batch, keys]
     starts = []
     for row in valid:
@@ -284,7 +285,8 @@ def kernel(q, k, v, seg: Segment, scoring: Scoring):
     if seg.lo is not None and not (seg.causal and fused):
         allowed = _allowed(seg, k.shape[2], q.device)
         # finite, so that a query reading no key keeps a finite log-sum-exp (and gradient); its lse is set below
-        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
+        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(
+            ~allowed, torch.finfo(q.dtype).min)
     if fused and seg.causal:  # top-left causal square: the kernel's own flag, heads not folded
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, repeat_heads(k, groups), repeat_heads(v, groups), dropout, True, scale=scale)

@@ -116,7 +116,8 @@ class RopeDecoderAdapter(Adapter):
                     f"{type(s.module).__name__} uses a config other than the model's language-model config: this "
                     "layout is not supported."
                 )
-            params = s.rope_parameters(config) if isinstance(rp, dict) and (s.layer_type is None or s.layer_type in rp) else None
+            params = s.rope_parameters(config) \
+                if isinstance(rp, dict) and (s.layer_type is None or s.layer_type in rp) else None
             if not isinstance(params, dict) or "rope_theta" not in params:
                 where = "rope_parameters" if s.layer_type is None else f"rope_parameters[{s.layer_type!r}]"
                 raise ValueError(f"model_type={config.model_type!r}: {where} has no rope_theta (got {rp!r}).")

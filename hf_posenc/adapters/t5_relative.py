@@ -77,10 +77,11 @@ class T5RelativeAdapter(Adapter):
             raise ValueError(f"{type(model).__name__} has no relative-position bucket attention to patch.")
         L = cfg.original_max_position_embeddings
         if cfg.params.get("max_position_embeddings") is not None:
-            raise ValueError("T5-style models have no length-sized position weights: leave max_position_embeddings unset.")
+            raise ValueError("T5-style models have no length-sized position weights: leave max_position_embeddings "
+                             "unset.")
         if L is not None:
-            raise ValueError("T5-style models have no fixed context length; leave original_max_position_embeddings unset "
-                             f"(got {L}).")
+            raise ValueError("T5-style models have no fixed context length; leave original_max_position_embeddings "
+                             f"unset (got {L}).")
         return PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None, None, dict(cfg.params))
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> bool:

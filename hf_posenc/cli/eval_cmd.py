@@ -42,8 +42,8 @@ def relaunch(argv: list[str], processes: int) -> int:
 def run(args, command: str) -> int:
     if getattr(args, "data_parallel_size", 1) > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         if args.engine == "transformers":
-            raise ValueError("--data-parallel-size runs vLLM engines side by side: add --engine vllm (for transformers, "
-                             "launch with torchrun or accelerate yourself)")
+            raise ValueError("--data-parallel-size runs vLLM engines side by side: add --engine vllm (for "
+                             "transformers, launch with torchrun or accelerate yourself)")
         return relaunch(args.argv, args.data_parallel_size)
 
     task = get_task(args.task)

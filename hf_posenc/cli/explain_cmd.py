@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
     g = ex.add_argument_group("geometry (default: read from --model's config; without --model, the default model's "
                               "unless all three are given)")
     g.add_argument("--model", default=None, help="Hub id, local folder, .gguf file or alias whose config (no "
-                                                  "weights; a BERT table extension reads its table) gives the geometry.")
+                                                  "weights; a BERT table extension reads its table) gives the "
+                                                  "geometry.")
     g.add_argument("--head-dim", type=positive, default=None, help="rotary dimensions per head.")
     g.add_argument("--rope-theta", type=positive_float, default=None, help="RoPE base.")
     g.add_argument("--original-max-position", type=positive, default=None,

@@ -98,7 +98,8 @@ def document_source(args):
 def upload_flags(g) -> None:
     g.add_argument("--private", action="store_true", default=None, help="create the repo private.")
     g.add_argument("--revision", default=None, help="branch to commit to (created from main if missing).")
-    g.add_argument("--commit-message", default=None, help="commit message (default: 'Upload model patched by hf_posenc').")
+    g.add_argument("--commit-message", default=None,
+                   help="commit message (default: 'Upload model patched by hf_posenc').")
     g.add_argument("--timeout", type=positive_float, default=60.0,
                    help="seconds to wait for the Hub to answer one request before the upload gives up.")
 

@@ -8,7 +8,8 @@ from ..method_listing import list_methods
 
 
 def add_parser(sub) -> None:
-    m = sub.add_parser("methods", allow_abbrev=False, help="list the methods, their knobs and the families they support.")
+    m = sub.add_parser("methods", allow_abbrev=False,
+                       help="list the methods, their knobs and the families they support.")
     m.add_argument("--json", action="store_true", help="print JSON instead of a table.")
 
 

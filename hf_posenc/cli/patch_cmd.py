@@ -21,8 +21,8 @@ LOAD = LoadFlags(DEFAULT_MODEL, "Hub id, local folder, .gguf file or alias of th
 
 
 def add_parser(sub) -> None:
-    pa = sub.add_parser("patch", allow_abbrev=False, help="patch a model, optionally evaluate it, save it with a model card, optionally "
-                        "upload it to the Hub.", formatter_class=DefaultsShown)
+    pa = sub.add_parser("patch", allow_abbrev=False, help="patch a model, optionally evaluate it, save it with a "
+                        "model card, optionally upload it to the Hub.", formatter_class=DefaultsShown)
     g = pa.add_argument_group("model and method")
     LOAD.add(g)
     method_flags(g, config_file=True)

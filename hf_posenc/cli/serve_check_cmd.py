@@ -9,13 +9,14 @@ from .parser import DefaultsShown
 
 # the checkpoint is the positional folder; these say how the hf_posenc side loads it
 LOAD = LoadFlags(None, tokenizer_help="where the tokenizer comes from when the folder has none.",
-                 dtype_help="float32, bfloat16 or float16, both ways.", device_help="torch device of the hf_posenc side.")
+                 dtype_help="float32, bfloat16 or float16, both ways.",
+                 device_help="torch device of the hf_posenc side.")
 
 
 def add_parser(sub) -> None:
     sc = sub.add_parser("serve-check", allow_abbrev=False, formatter_class=DefaultsShown,
-                        help="score the same tokens with a saved checkpoint (or GGUF) in an engine (vLLM, llama.cpp) and "
-                             "with hf_posenc.from_pretrained; "
+                        help="score the same tokens with a saved checkpoint (or GGUF) in an engine (vLLM, llama.cpp) "
+                             "and with hf_posenc.from_pretrained; "
                              "per length: same, differs (with the numbers), refused, or not computable.")
     sc.add_argument("folder", help="the checkpoint folder ('hf-posenc patch --output' wrote it), or a .gguf file "
                                    "('hf-posenc patch --gguf' wrote it, or an unscaled one; --engine llama.cpp).")

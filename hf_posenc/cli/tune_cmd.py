@@ -31,8 +31,8 @@ OUTPUT = OutputFlags("folder for tune.json, tune.md, the plot, best.json and the
 
 
 def add_parser(sub) -> None:
-    tu = sub.add_parser("tune", allow_abbrev=False, help="measure, don't guess: rank methods and knobs for a model at a target length "
-                        "(successive halving, confirmed on unseen data), write best.json.",
+    tu = sub.add_parser("tune", allow_abbrev=False, help="measure, don't guess: rank methods and knobs for a model at "
+                        "a target length (successive halving, confirmed on unseen data), write best.json.",
                         formatter_class=DefaultsShown)
     g = tu.add_argument_group("model and candidates")
     LOAD.add(g)
@@ -44,7 +44,8 @@ def add_parser(sub) -> None:
     method_param_flag(g, "a knob fixed for every candidate that takes it (the grid does not vary it); repeatable.",
                       per_method=True)
     d = data_flags(tu, "test", "")
-    d.add_argument("--corpus", choices=["python-docs"], default=None, help="the built-in corpus (see 'eval ppl --help').")
+    d.add_argument("--corpus", choices=["python-docs"], default=None,
+                   help="the built-in corpus (see 'eval ppl --help').")
     d.add_argument("--limit", type=positive, help="use at most this many documents.")
     s = tu.add_argument_group("search")
     s.add_argument("--budget-minutes", type=positive_float, default=None,

@@ -8,7 +8,8 @@ from .parser import DefaultsShown
 
 
 def add_parser(sub) -> None:
-    up = sub.add_parser("upload", allow_abbrev=False, help="upload a folder saved by 'hf-posenc patch' (e.g. after a failed upload).",
+    up = sub.add_parser("upload", allow_abbrev=False,
+                        help="upload a folder saved by 'hf-posenc patch' (e.g. after a failed upload).",
                         formatter_class=DefaultsShown)
     up.add_argument("folder", help="the saved checkpoint folder.")
     up.add_argument("repo_id", help="the Hub repo, user/name (created if missing).")

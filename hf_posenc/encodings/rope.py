@@ -138,7 +138,8 @@ def yarn_inv_freq(geom: RopeGeometry, scale: float, beta_fast: float, beta_slow:
     pos_freqs = geom.base ** _exponents(geom.dim, device)
     extrapolation = 1.0 / pos_freqs
     interpolation = 1.0 / (scale * pos_freqs)
-    low, high = yarn_ramp_bounds(beta_fast, beta_slow, geom.dim, geom.base, geom.original_max_position_embeddings, truncate)
+    low, high = yarn_ramp_bounds(beta_fast, beta_slow, geom.dim, geom.base, geom.original_max_position_embeddings,
+                                 truncate)
     keep = 1 - _linear_ramp(low, high, geom.dim // 2).to(device=device, dtype=torch.float)
     return interpolation * (1 - keep) + extrapolation * keep
 
@@ -153,7 +154,8 @@ def rope_yarn(geom: RopeGeometry, factor: float, params: dict[str, Any], seq_len
             attention_factor = float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
         else:
             attention_factor = yarn_mscale(factor)
-    inv_freq = yarn_inv_freq(geom, factor, params["beta_fast"], params["beta_slow"], params.get("truncate", True), device)
+    inv_freq = yarn_inv_freq(geom, factor, params["beta_fast"], params["beta_slow"], params.get("truncate", True),
+                             device)
     return inv_freq, attention_factor
 
 

@@ -77,7 +77,8 @@ def rank_gpus(local_rank: int, per_engine: int) -> list[str] | None:
     devices = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(torch.cuda.device_count())]
     group = devices[local_rank * per_engine:(local_rank + 1) * per_engine]
     if len(group) < per_engine:
-        raise ValueError(f"process {local_rank} needs GPUs {local_rank * per_engine}..{(local_rank + 1) * per_engine - 1} "
+        raise ValueError(f"process {local_rank} needs GPUs "
+                         f"{local_rank * per_engine}..{(local_rank + 1) * per_engine - 1} "
                          f"for its engine (tensor-parallel-size {per_engine}), but {len(devices)} are visible")
     return group
 

@@ -88,7 +88,8 @@ def _normal(data: Any) -> Any:
     return json.loads(json.dumps(data))
 
 
-NUMBER = "number"  # a field type of a cell result: an int or float (NaN included: a computation may overflow), not a bool
+# a field type of a cell result: an int or float (NaN included: a computation may overflow), not a bool
+NUMBER = "number"
 Fields = dict[str, Any]  # a cell result's fields and their types (NUMBER, list, dict)
 
 

@@ -148,7 +148,8 @@ class Run:
             "model": self.model, "model_source": src.label or src.path, "original_context": original_context(lm),
             "variants": {v.label: v.config.to_dict() for v in self.variants}, "seed": self.seed,
             "dtype": self.dtype, "device": self.device, "processes": self.processes.world,
-            "attn_implementation": self.attention, "command": recorded_command(self.command), "environment": environment(),
+            "attn_implementation": self.attention, "command": recorded_command(self.command),
+            "environment": environment(),
             "seconds": round(time.time() - self.started, 1), **settings,
         }
         if self.engine.served:

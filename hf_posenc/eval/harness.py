@@ -33,7 +33,8 @@ from .passkey import stop_tokens
 from .scoring import served
 
 RULER_THRESHOLD = 0.856
-LOCAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")  # no download
+LOCAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe",
+               "ruler_fwe")  # no download
 SHORT_NAMES = {"vt": "ruler_vt", "cwe": "ruler_cwe", "fwe": "ruler_fwe", "qa_squad": "ruler_qa_squad",
                "qa_hotpot": "ruler_qa_hotpot"}  # RULER's own names, as lm-eval prefixes them
 MIN_LENGTH = 256  # RULER keeps 128 tokens of each length for the answer
@@ -158,7 +159,8 @@ def engine_hflm(HFLM):
             new, eos = max_length - context.shape[1], stop_tokens(self.served.generation_config, self.tokenizer)
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
             rows = [torch.cat([ids.cpu(), torch.tensor(self.served.greedy(ids[mask.bool()][None], new, eos)[0],
-                                                        dtype=ids.dtype)]) for ids, mask in zip(context, attention_mask)]
+                                                        dtype=ids.dtype)])
+                    for ids, mask in zip(context, attention_mask)]
             width = max(len(r) for r in rows)
             return torch.stack([torch.cat([r, r.new_full((width - len(r),), pad)]) for r in rows])
 

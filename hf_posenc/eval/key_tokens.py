@@ -93,7 +93,8 @@ def aggregate_key_tokens(cells: list[dict[str, Any]]) -> dict[str, Any]:
     there are none), and the largest long-short difference of any scored token (``lsd_max``, nats: how close the
     likeliest-helped token came to ``alpha``; judged by the cells' own model, absent from cells that predate it)."""
     count, total, scored = (sum(c[k] for c in cells) for k in ("key_count", "key_nll_sum", "scored"))
-    out = {"count": count, "share": count / scored if scored else 0.0, "ppl": math.exp(total / count) if count else None}
+    out = {"count": count, "share": count / scored if scored else 0.0,
+           "ppl": math.exp(total / count) if count else None}
     if cells and all("lsd_max" in c for c in cells):
         out["lsd_max"] = max(c["lsd_max"] for c in cells)
     return out
@@ -139,7 +140,8 @@ def load_evaluator(job, model: str | None, method: str | None) -> Evaluator:
         ident = {"model": "under test", "config": config.to_dict()}
         separate, name = None, f"the model under test ({job.model})"
     else:
-        separate, ev_tok, ev_src = runtime.load_model_and_tokenizer(model, job.dtype, job.device, tokenizer=job.tokenizer)
+        separate, ev_tok, ev_src = runtime.load_model_and_tokenizer(model, job.dtype, job.device,
+                                                                    tokenizer=job.tokenizer)
         require_causal_lm(separate)
         if ev_tok.get_vocab() != tok.get_vocab():
             raise ValueError(f"--evaluator {model}: its tokenizer differs from the model under test's ({len(ev_tok)} "

@@ -183,7 +183,8 @@ def aggregate_length(length: int, windows: list[Window], cells: list[dict], name
              for k, (a, b) in enumerate(zip(edges[:-1], edges[1:])) if curve_cnt[k]]
     return {
         "length": length, "ppl": math.exp(total_nll / total_tok), "nll": total_nll / total_tok, "tokens": total_tok,
-        "windows": len(windows), "doc_mean_ppl": math.exp(m), "ci95": [math.exp(lo), math.exp(hi)] if lo is not None else None,
+        "windows": len(windows), "doc_mean_ppl": math.exp(m),
+        "ci95": [math.exp(lo), math.exp(hi)] if lo is not None else None,
         "docs": per_doc, "skipped_docs": [names[i] for i in range(len(names)) if not any(w.doc == i for w in windows)],
         "curve": curve,
         "past_original": past_original(curve_sum, curve_cnt, edges, original, cells if exact_past else ()),

@@ -99,7 +99,8 @@ def harness_table(report: dict[str, Any]) -> str:
 
 def harness_plots(report: dict[str, Any], output: str) -> list[str]:
     s = report["setup"]
-    series = {label: (s["lengths"], [r["mean"][str(n)] for n in s["lengths"]]) for label, r in report["results"].items()}
+    series = {label: (s["lengths"], [r["mean"][str(n)] for n in s["lengths"]])
+              for label, r in report["results"].items()}
     return [plot_lines(series, f"lm-eval mean score vs length ({', '.join(s['tasks'])})", "context length (tokens)",
                        "mean score", os.path.join(output, "harness_vs_length.png"), vline=s["original_context"],
                        hline=(s["threshold"], "effective-length threshold"))]

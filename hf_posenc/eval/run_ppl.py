@@ -308,20 +308,23 @@ def ppl_table(report: dict[str, Any]) -> str:
             f"{setup['mode']} mode, model {setup['model']} (original context {L}).")
     base = setup.get("truncated_baseline")
     if longer:
-        pasts = {n: (report["results"][next(iter(report["results"]))].get(str(n)) or {}).get("past_original") for n in longer}
+        pasts = {n: (report["results"][next(iter(report["results"]))].get(str(n)) or {}).get("past_original")
+                 for n in longer}
         starts = ", ".join(f"{e['from']} at {n}" for n, e in pasts.items() if e)
         exact = all(e is None or e["from"] == L for e in pasts.values())
         note += (f" 'past L': perplexity of the tokens past the original context L = {L}, "
                  + ("every token from position L on" if exact else "from the first position bucket starting at or "
                     f"after L (cells of an older release: {starts})")
                  + (f", and (xG) the context gain: the truncated baseline's perplexity of the same tokens over the "
-                    f"method's (> 1: the context past L helped; < 1: it hurt; about 1: the method only avoids breaking). "
+                    "method's (> 1: the context past L helped; < 1: it hurt; about 1: the method only avoids "
+                    "breaking). "
                     f"Baseline {base['label']}: the unpatched model scoring each token with at most {base['context']} "
                     f"tokens before it (forwards of {base['context']} tokens moved by {base['stride']})."
                     if base else "."))
     if keyed:
         note += (f" Key tokens (LongPPL, Fang et al. 2024): tokens whose log-probability with the whole window exceeds "
-                 f"that with at most {keyed['short_context']} tokens before them by more than {keyed['alpha']:g} and is more than "
+                 f"that with at most {keyed['short_context']} tokens before them by more than {keyed['alpha']:g} and "
+                 "is more than "
                  f"{keyed['beta']:g}, judged by {_judge(keyed)}; the column gives the perplexity over them (and their "
                  "count; LSD max: the largest log-probability gain, in nats, that any token got from the context "
                  "before its last L tokens -- below alpha, no token is a key token).")

@@ -120,8 +120,8 @@ class EvalTask:
                              "output, ...): name them otherwise")
         data = sorted(names & {f.name for f in dataclasses.fields(DocumentSource)}) if self.reads_documents else []
         if data:
-            raise ValueError(f"eval task {self.name!r}: its parameter(s) {data} are flags of its documents (--text-file, "
-                             "--corpus, --limit, ...): name them otherwise")
+            raise ValueError(f"eval task {self.name!r}: its parameter(s) {data} are flags of its documents "
+                             "(--text-file, --corpus, --limit, ...): name them otherwise")
 
     @property
     def reads_documents(self) -> bool:
@@ -173,7 +173,8 @@ def registered() -> dict[str, EvalTask]:
 
     def order(task: EvalTask) -> int:  # the built-in ones first, in BUILTIN's order, whoever imported them first
         module = task.run.__module__.rpartition(".")[2]
-        return BUILTIN.index(module) if task.run.__module__.startswith(__package__) and module in BUILTIN else len(BUILTIN)
+        return BUILTIN.index(module) if task.run.__module__.startswith(__package__) and module in BUILTIN \
+            else len(BUILTIN)
 
     return {t.name: t for t in sorted(_TASKS.values(), key=order)}
 

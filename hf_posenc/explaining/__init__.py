@@ -93,8 +93,8 @@ def _target(cfg: PosEncConfig, geom: Geometry, length: int | None) -> int:
     factor = cfg.factor if cfg.spec.uses_factor and cfg.factor and cfg.factor > 1 else 2.0
     n = int(round(factor * geom.original))
     if n > MAX_LENGTH:
-        raise ValueError(f"the target length {n:,} (factor {factor:g} x L {geom.original:,}) is past the {MAX_LENGTH:,} "
-                         "tokens explain draws: give --length")
+        raise ValueError(f"the target length {n:,} (factor {factor:g} x L {geom.original:,}) is past the "
+                         f"{MAX_LENGTH:,} tokens explain draws: give --length")
     return n
 
 
@@ -163,8 +163,8 @@ def _alibi(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[
     pictures = [P.alibi(a, geom.original, f"ALiBi on {geom.num_heads} heads (Press et al. 2022)",
                         os.path.join(output, "alibi.png"))]
     text = (f"ALiBi replaces the positional encoding by a bias -slope x distance per head; slopes "
-            f"{float(a['slopes'].min()):.3g} .. {float(a['slopes'].max()):.3g}. No position is out of range: the bias grows with "
-            "distance, so far keys fade at every length.")
+            f"{float(a['slopes'].min()):.3g} .. {float(a['slopes'].max()):.3g}. No position is out of range: the bias "
+            "grows with distance, so far keys fade at every length.")
     return {"pictures": pictures, "text": text, "data": {"slopes": a["slopes"].tolist()}}
 
 
@@ -185,7 +185,8 @@ def _absolute(cfg: PosEncConfig, geom: Geometry, output: str) -> dict[str, Any]:
 
 def _check(cfg: PosEncConfig) -> str:
     kind = cfg.spec.kind
-    if kind == "swap" and cfg.method not in PICTURED_SWAPS or kind == "absolute" and cfg.method not in PICTURED_ABSOLUTE:
+    if kind == "swap" and cfg.method not in PICTURED_SWAPS \
+            or kind == "absolute" and cfg.method not in PICTURED_ABSOLUTE:
         raise ValueError(f"explain draws no picture of {cfg.method!r} yet; it draws the RoPE scalings, the "
                          f"attention-level methods, T5 buckets, {', '.join(PICTURED_SWAPS)} and "
                          f"{', '.join(PICTURED_ABSOLUTE)} (see 'hf-posenc methods')")

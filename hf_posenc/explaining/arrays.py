@@ -145,7 +145,8 @@ def t5_buckets(cfg: PosEncConfig, length: int, num_buckets: int = 32, max_distan
     d = torch.arange(length)
 
     def buckets() -> torch.Tensor:
-        return module._relative_position_bucket(-d, bidirectional=True, num_buckets=module.relative_attention_num_buckets,
+        return module._relative_position_bucket(-d, bidirectional=True,
+                                                num_buckets=module.relative_attention_num_buckets,
                                                 max_distance=module.relative_attention_max_distance)
 
     before = buckets()

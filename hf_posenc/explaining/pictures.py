@@ -100,8 +100,10 @@ def buckets(b: dict[str, Any], title: str, path: str) -> str:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
     d = b["distance"].tolist()
-    ax.step(d, b["before"].tolist(), where="post", color="grey", label=f"before (max_distance {b['max_distance_before']})")
-    ax.step(d, b["after"].tolist(), where="post", color="tab:red", label=f"after (max_distance {b['max_distance_after']})")
+    ax.step(d, b["before"].tolist(), where="post", color="grey",
+            label=f"before (max_distance {b['max_distance_before']})")
+    ax.step(d, b["after"].tolist(), where="post", color="tab:red",
+            label=f"after (max_distance {b['max_distance_after']})")
     for key, color, label in (("last_shared_before", "grey", "before: one shared bucket from"),
                               ("last_shared_after", "tab:red", "after: from")):
         if b[key] is not None:

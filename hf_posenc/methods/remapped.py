@@ -59,7 +59,8 @@ def _integer(name: str, value: Any, low: int, allow_none: bool = True) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}{' or None (the default)' if allow_none else ''}, got {value!r}.")
+        raise ValueError(f"{name} must be an integer >= {low}{' or None (the default)' if allow_none else ''}, "
+                         f"got {value!r}.")
 
 
 def _filled(p: dict[str, Any], **defaults: Any) -> dict[str, Any]:

@@ -33,7 +33,8 @@ def _check_yarn(factor: float, p: dict[str, Any]) -> None:
     positive_number("beta_fast", p["beta_fast"], most=MAX_KNOB, meaning=_ROTATIONS)
     positive_number("beta_slow", p["beta_slow"], most=MAX_KNOB, meaning=_ROTATIONS)
     if p["beta_fast"] <= p["beta_slow"]:
-        raise ValueError(f"beta_fast must be greater than beta_slow, got beta_fast={p['beta_fast']}, beta_slow={p['beta_slow']}.")
+        raise ValueError(f"beta_fast must be greater than beta_slow, got beta_fast={p['beta_fast']}, "
+                         f"beta_slow={p['beta_slow']}.")
     for key in ("attention_factor", "attn_factor"):
         if key in p:
             positive_number(key, p[key], allow_none=True, most=MAX_ATTENTION_FACTOR, meaning=_TEMPERATURE)
@@ -68,7 +69,8 @@ def _check_longrope(factor: float, p: dict[str, Any]) -> None:
         if value is None:
             continue
         if not isinstance(value, (list, tuple)) or not value:
-            raise ValueError(f"{key} must be a non-empty list of numbers > 0 (one per rotary frequency), got {value!r}.")
+            raise ValueError(f"{key} must be a non-empty list of numbers > 0 (one per rotary frequency), "
+                             f"got {value!r}.")
         for x in value:
             positive_number(f"every entry of {key}", x, most=MAX_FACTOR)
     positive_number("attention_factor", p["attention_factor"], allow_none=True, most=MAX_ATTENTION_FACTOR,
@@ -284,10 +286,11 @@ def _freeze_longrope(s: float, L: int, p: dict[str, Any], at: int) -> tuple[floa
 
 
 # "none" is its own kind: every adapter takes it (the unchanged model, as a baseline)
-register_scaling(MethodSpec("none", "none", "No change: the checkpoint's own positions (a baseline).", uses_factor=False,
-                engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
+register_scaling(MethodSpec("none", "none", "No change: the checkpoint's own positions (a baseline).",
+                uses_factor=False, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_none, native=lambda s, L, p, g: {"rope_type": "default"}, gguf=_gguf_plain))
-register_scaling(MethodSpec("pi", "rope", "Position interpolation: every frequency divided by factor (Chen et al. 2023).",
+register_scaling(MethodSpec("pi", "rope", "Position interpolation: every frequency divided by factor "
+                            "(Chen et al. 2023).",
                 aliases=("linear",), tune_grid=factor_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
      RopeScaling(R.rope_linear, native=lambda s, L, p, g: {"rope_type": "linear", "factor": s},
                  compose=R.compose_linear, gguf=lambda s, L, p, g: ({"type": "linear", "factor": s}, None)))
@@ -296,7 +299,8 @@ register_scaling(MethodSpec("ntk", "rope", "Static NTK-aware scaling: rope_theta
      RopeScaling(R.rope_ntk, compose=R.compose_ntk,
                  native=lambda s, L, p, g: {"rope_type": "default", "rope_theta": R.ntk_base(g.base, g.dim, s)},
                  gguf=lambda s, L, p, g: ({"base": R.ntk_base(g.base, g.dim, s)}, None)))
-register_scaling(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the current length once it exceeds the original context.",
+register_scaling(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows with the current length once it "
+                            "exceeds the original context.",
                 aliases=("dynamic",), tune_grid=factor_grid,
                 engines={"vLLM": EngineSupport("within_original", "measured by hf-posenc serve-check on SmolLM2-135M "
                                                "x2, vLLM 0.32 (CPU): same at 4,096 tokens, NaN log-probabilities at "
@@ -313,18 +317,23 @@ register_scaling(MethodSpec("dynamic_ntk", "rope", "Dynamic NTK: the base grows 
      # transformers reads the original length of its dynamic type from max_position_embeddings: it stays
      RopeScaling(R.rope_dynamic_ntk, native=lambda s, L, p, g: {"rope_type": "dynamic", "factor": s}, dynamic="grow",
                  keeps_max_position=True, follows_length="its base grows with the length of the sequence seen",
-                 freeze=_freeze_dynamic_ntk, freezes_to="ntk", unchanged_within_original=lambda p: True, gguf_refusal=_NO_DYNAMIC_GGUF))
-register_scaling(MethodSpec("yarn", "rope", "YaRN: NTK-by-parts interpolation plus attention temperature (Peng et al. 2023).",
+                 freeze=_freeze_dynamic_ntk, freezes_to="ntk", unchanged_within_original=lambda p: True,
+                 gguf_refusal=_NO_DYNAMIC_GGUF))
+register_scaling(MethodSpec("yarn", "rope", "YaRN: NTK-by-parts interpolation plus attention temperature "
+                            "(Peng et al. 2023).",
                 params={"beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None, "mscale": None,
                         "mscale_all_dim": None, "truncate": True},
                 check=_check_yarn, tune_grid=_yarn_grid, engines={**VLLM_SAME, **LLAMA_CPP_SAME}),
-     RopeScaling(R.rope_yarn, native=_native_yarn, compose=R.compose_yarn, gguf=_gguf_yarn, gguf_check=_gguf_check_yarn))
-register_scaling(MethodSpec("dynamic_yarn", "rope", "Dynamic YaRN: YaRN with scale = current length / original context (jquesnelle/yarn).",
+     RopeScaling(R.rope_yarn, native=_native_yarn, compose=R.compose_yarn, gguf=_gguf_yarn,
+                 gguf_check=_gguf_check_yarn))
+register_scaling(MethodSpec("dynamic_yarn", "rope", "Dynamic YaRN: YaRN with scale = current length / original "
+                            "context (jquesnelle/yarn).",
                 params={"beta_fast": 32.0, "beta_slow": 1.0, "attn_factor": 1.0, "finetuned": False},
                 check=_check_yarn, tune_grid=_dynamic_yarn_grid),
      RopeScaling(R.rope_dynamic_yarn, dynamic="grow",
                  follows_length="its scale is the length of the sequence seen over the original context",
-                 freeze=_freeze_dynamic_yarn, freezes_to="yarn", unchanged_within_original=lambda p: not p.get("finetuned"),
+                 freeze=_freeze_dynamic_yarn, freezes_to="yarn",
+                 unchanged_within_original=lambda p: not p.get("finetuned"),
                  gguf_refusal=_NO_DYNAMIC_GGUF))
 register_scaling(MethodSpec("llama3", "rope", "Llama 3.1 wavelength-band smoothing of PI.",
                 params={"low_freq_factor": 1.0, "high_freq_factor": 4.0}, check=_check_llama3,
@@ -333,7 +342,8 @@ register_scaling(MethodSpec("llama3", "rope", "Llama 3.1 wavelength-band smoothi
                                                             "original_max_position_embeddings": L,
                                                             **_floats(p, "low_freq_factor", "high_freq_factor")},
                  compose=R.compose_llama3, gguf=_gguf_llama3, gguf_freqs=True))
-register_scaling(MethodSpec("longrope", "rope", "LongRoPE per-dimension rescale factors (short/long lists; default: PI-like uniform lists).",
+register_scaling(MethodSpec("longrope", "rope", "LongRoPE per-dimension rescale factors (short/long lists; default: "
+                            "PI-like uniform lists).",
                 params={"short_factor": None, "long_factor": None, "attention_factor": None},
                 check=_check_longrope, tune_grid=factor_grid, engines=VLLM_LONGROPE),
      RopeScaling(R.rope_longrope, native=_native_longrope, dynamic="switch", defaults=_longrope_defaults,

@@ -192,7 +192,8 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
     block = getattr(model.config, CONFIG_KEY)
     base = base or BaseModel()
     reports = list(eval_reports or [])
-    name = model_name or (repo_id.split("/")[-1] if repo_id else f"{(base.repo_id or 'model').split('/')[-1]}-{cfg.method}")
+    name = model_name or (repo_id.split("/")[-1] if repo_id
+                          else f"{(base.repo_id or 'model').split('/')[-1]}-{cfg.method}")
     tags = ["hf_posenc", cfg.method.replace("_", "-"), "long-context", *(extra_tags or [])]
     results = eval_results(reports, cfg.method)
     data = ModelCardData(

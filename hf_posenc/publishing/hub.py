@@ -79,8 +79,8 @@ def save_pretrained(model, save_directory: str, tokenizer=None, *, eval_results:
     """
     if holder(model) is not model:
         raise ValueError(f"hf_posenc.save_pretrained saves a whole model, and this is a peft model "
-                         f"({type(model).__name__}): save it with hf_posenc.training.lora.save_lora(model, folder, merged=True) "
-                         "(one checkpoint) or merged=False (the adapter beside the patched base; "
+                         f"({type(model).__name__}): save it with hf_posenc.training.lora.save_lora(model, folder, "
+                         "merged=True) (one checkpoint) or merged=False (the adapter beside the patched base; "
                          "hf_posenc.from_pretrained loads either)")
     legacy = requested(model, transformers4)
     card = build_model_card(model, repo_id=repo_id, base=_base(model, base_model), eval_reports=eval_results,

@@ -184,7 +184,8 @@ def finetune(*, model: str, config: PosEncConfig, train_docs, eval_docs, output:
     run = ResumableRun(checkpoints, output, _fingerprint(model, config, train_docs, eval_docs, t, pose, lora,
                                                          long_eval, long_length), processes)
     main_process = int(os.environ.get("RANK", "0")) == 0
-    if t.context_parallel_size != 1:  # each sequence split across processes (hf_posenc.training.parallel), before compute
+    # each sequence split across processes (hf_posenc.training.parallel), before compute
+    if t.context_parallel_size != 1:
         check_context_parallel(config.method, t.context_parallel_size, pose.window if pose else t.seq_len, processes,
                                t.s2_attn_group, t.device)
         # the shards' targets: the Trainer's shift_labels, which the model's own loss reads

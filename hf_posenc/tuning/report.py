@@ -58,7 +58,7 @@ def tune_table(report: dict[str, Any]) -> str:
             "short-input cost"]
     last = res["rungs"][-1]
     note = (f"Tuned for {s['target_length']} tokens on {s['model']} (original context {s['original_context']}), "
-            f"ranked by {'passkey accuracy, then perplexity beyond the original context' if s['rank_by'] == 'passkey' else 'perplexity beyond the original context, then passkey accuracy'}; "
+            f"ranked by {'passkey accuracy, then perplexity beyond the original context' if s['rank_by'] == 'passkey' else 'perplexity beyond the original context, then passkey accuracy'}; "  # noqa: E501  (one f-string field: unsplittable on Python 3.10)
             f"candidates more than {100 * s['max_short_cost']:g}% worse than the unpatched model on inputs of "
             f"{s['original_context']} tokens are disqualified. Data: {', '.join(s['documents'])}. "
             f"{len(res['rungs'])} rung(s) of successive halving"
@@ -75,9 +75,9 @@ def tune_table(report: dict[str, Any]) -> str:
         confirmed = markdown_table(head, [_row("none (unpatched)", conf["baseline"]), *rows])
     else:
         confirmed = "No candidate stayed within the short-input cost: nothing to confirm, no best.json."
-    return (f"{note}\n\n**Calibration** (ranking data, rung {last['rung']}: {last['windows']} window(s) of each length, "
-            f"{last['keys_per_depth']} key(s) x {len(s['depths'])} depths; each candidate's numbers come from the last "
-            f"rung it reached)\n\n{calib}\n\nUnpatched, on each rung's data:\n\n"
+    return (f"{note}\n\n**Calibration** (ranking data, rung {last['rung']}: {last['windows']} window(s) of each "
+            f"length, {last['keys_per_depth']} key(s) x {len(s['depths'])} depths; each candidate's numbers come from "
+            f"the last rung it reached)\n\n{calib}\n\nUnpatched, on each rung's data:\n\n"
             f"{baseline}\n\n**Confirmation** (data never used for ranking: {conf['windows']} window(s) of each "
             f"length, {conf['keys_per_depth']} key(s) x {len(s['depths'])} depths)\n\n{confirmed}")
 

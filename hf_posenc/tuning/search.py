@@ -94,8 +94,9 @@ class TuneSettings:
 class Search:
     """One tune run: the candidates, the data, the cells, the rungs."""
 
-    def __init__(self, job: Run, plan: TuneSettings, candidates: list[Variant], data: TuneData, settings: dict[str, Any],
-                 chunk_size: int = 1024, original: int | None = None, pinned: int | None = None):
+    def __init__(self, job: Run, plan: TuneSettings, candidates: list[Variant], data: TuneData,
+                 settings: dict[str, Any], chunk_size: int = 1024, original: int | None = None,
+                 pinned: int | None = None):
         """``original``: the context L the search extends (default: the model's; the pinned one when given);
         ``pinned``: an ``original_max_position_embeddings`` fixed for every candidate, which the reference takes too."""
         self.job, self.plan, self.candidates, self.data, self.settings = job, plan, candidates, data, settings
@@ -238,7 +239,8 @@ def search(settings: TuneSettings, docs, run: RunSettings) -> dict[str, Any]:
         candidates = spaced or grid_candidates(list(methods or DEFAULT_METHODS), original, target_length, method_params)
         job.variants = [BASELINE, *(pin_original(v, pinned) for v in candidates)]
         token_docs = tokenize_documents(tok, docs)
-        data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original, target_length)
+        data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original,
+                         target_length)
         recorded = {"target_length": target_length, "max_short_cost": max_short_cost, "rank_by": rank_by,
                     "depths": list(plan.depths), "windows": windows, "keys": keys, "reduction": reduction,
                     "reference": reference, "documents": data.names, "document_tokens": [len(t) for t in token_docs]}

@@ -80,8 +80,8 @@ def launch(served: Served, length: int | None) -> Launch:
     if served.llama_cpp is None and not (support is not None and support.computes == "within_original"):
         why = served.llama_cpp_refusal or ""
         if "beta_fast=" in why:
-            why += (" -- a GGUF cannot carry them; llama-server's --yarn-beta-fast / --yarn-beta-slow flags set them at "
-                    "launch (not measured here)")
+            why += (" -- a GGUF cannot carry them; llama-server's --yarn-beta-fast / --yarn-beta-slow flags set them "
+                    "at launch (not measured here)")
         return Launch(ENGINE, CANNOT, f"llama.cpp cannot compute this checkpoint from a GGUF: {why}.")
     gguf, steps = gguf_of(served)
     notes = [] if served.gguf else ["convert_hf_to_gguf.py is llama.cpp's own converter (in its source tree); "

@@ -85,9 +85,10 @@ def launch(served: Served, length: int | None) -> Launch:
     kind = rope.get("rope_type", "default")
     theta = float(rope.get("rope_theta", 10000.0))
     if theta != 10000.0 or kind not in ("default", *FLAGGED):
-        return Launch(ENGINE, CANNOT, "TGI's server reads config.rope_theta and config.rope_scaling; under transformers "
-                                      "4 (TGI's releases) this config.json, written by transformers 5 with both inside "
-                                      "rope_parameters alone, gives base 10000 and no scaling, and its launcher's flags "
+        return Launch(ENGINE, CANNOT, "TGI's server reads config.rope_theta and config.rope_scaling; under "
+                                      "transformers 4 (TGI's releases) this config.json, written by transformers 5 "
+                                      "with both inside rope_parameters alone, gives base 10000 and no scaling, and "
+                                      "its launcher's flags "
                                       f"express only dynamic scaling: not this model (rope_type {kind!r}, "
                                       f"rope_theta {theta:g}). 'hf-posenc upgrade-config FOLDER' adds the "
                                       "transformers-4 keys where they state the same RoPE.", checked=CHECKED)
