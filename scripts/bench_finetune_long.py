@@ -233,7 +233,7 @@ def rows(args) -> list[list[str]]:
     for method in methods:
         ppl = load_json(os.path.join(out, "before", method, "ppl", "perplexity.json"))
         base_truncated = base_truncated or _baseline(ppl, n)
-    for name, method, folder, label in ([(f"{m} x{args.factor:g}, training-free", m, os.path.join("before", m), m)
+    for name, _method, folder, label in ([(f"{m} x{args.factor:g}, training-free", m, os.path.join("before", m), m)
                                          for m in methods]
                                         + [(f"{r}{f', {k} steps' if k else ''}: PoSE {args.pose_window} -> {n}",
                                             RUNS[r][0], f, r)

@@ -232,7 +232,7 @@ def test_every_command_refuses_a_token_flag_and_never_prints_it(command, flag, t
                                                                 no_model_load, monkeypatch):
     import hf_posenc.cli as cli
 
-    for name, module in cli.COMMANDS.items():  # the command never runs: argparse refuses first
+    for _name, module in cli.COMMANDS.items():  # the command never runs: argparse refuses first
         monkeypatch.setattr(module, "run", lambda *a, **k: pytest.fail("the command ran"))
     for secret in (SHAPED, FLAGGED):
         err = refused(COMMANDS[command] + [flag, secret], capsys)

@@ -34,7 +34,7 @@ def test_cells_of_the_earlier_measure_are_measured_again_or_shown_marked(tmp_pat
     args = _args(tmp_path, ["chunked+checkpointing"])
     old = {"baseline_mb": 2716.0, "increment_mb": 1000.0, "loss": 3.15, "tokens_per_s": 130.0}
     with open(args.cells, "w", encoding="utf-8") as f:
-        for loss, checkpointing, chunked in B.VARIANTS.values():
+        for _loss, checkpointing, chunked in B.VARIANTS.values():
             key = B.legacy_key(B.cell_key(args, 2048, checkpointing, chunked))
             f.write(json.dumps({"key": key, "result": old}) + "\n")
     ran = []

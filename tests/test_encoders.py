@@ -79,7 +79,7 @@ def test_tables_grow_and_unpatch_restores(model_type, method):
     other = tiny_encoder(model_type)
     x_short, x_long = tokens(40), tokens(150)
     before = encode(model, x_short)
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError):
         encode(model, x_long)  # longer than the table: transformers fails
     hf_posenc.patch(model, method, factor=4.0)
     extra = 2 if model_type == "roberta" else 0

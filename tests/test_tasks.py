@@ -30,7 +30,7 @@ def test_patch_eval_names_are_checked(evals, said):
     assert said in str(err.value)
 
 
-def test_registration_refuses_a_second_task_of_the_same_name_or_report(prefix_task):
+def test_registration_refuses_a_second_task_of_the_same_name_or_report(prefix_task):  # noqa: F811  (the fixture)
     from dataclasses import replace
 
     with pytest.raises(ValueError, match="already registered"):

@@ -5,7 +5,7 @@ each computes as hf_posenc does is said by the method records (``MethodSpec.engi
 
 from . import launch  # noqa: F401  (registers every engine)
 from .registry import ENGINES as REGISTRY  # noqa: F401
-from .registry import display_name, engine, register_engine, runnable, unregister_engine
+from .registry import display_name, engine, register_engine, runnable, unregister_engine  # noqa: F401  (re-exported)
 from .settings import EngineSettings  # noqa: F401
 
 ENGINES = runnable()  # the engines serve-check starts (the --engine and --serve-check values)

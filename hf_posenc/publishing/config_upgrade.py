@@ -79,7 +79,7 @@ def upgrade_config(folder: str, *, output: str | None = None, in_place: bool = F
 def _link_files(source: str, target: str) -> None:
     """Every file below ``source`` (hf_posenc's own lock and manifest aside) into ``target``: hard-linked, or copied
     where the filesystem cannot link; symbolic links are copied as links."""
-    for root, dirs, names in os.walk(source):
+    for root, _dirs, names in os.walk(source):
         rel = os.path.relpath(root, source)
         os.makedirs(os.path.join(target, rel), exist_ok=True)
         for name in names:
