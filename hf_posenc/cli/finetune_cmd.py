@@ -23,13 +23,15 @@ LOAD = LoadFlags(DEFAULT_MODEL, "Hub id, local folder, .gguf file or alias of th
 
 
 def add_parser(sub) -> None:
-    ft = sub.add_parser("finetune", allow_abbrev=False, help="patch a model and adapt it with a short continued training on long "
-                        "documents (Trainer + accelerate), measuring held-out perplexity before and after.",
+    ft = sub.add_parser("finetune", allow_abbrev=False, help="patch a model and adapt it with a short continued "
+                        "training on long documents (Trainer + accelerate), measuring held-out perplexity before and "
+                        "after.",
                         formatter_class=DefaultsShown)
     g = ft.add_argument_group("model and method")
     LOAD.add_model(g)
     method_flags(g, required=True)
-    g.add_argument("--output", required=True, help="folder for the trained checkpoint, its card and the training report.")
+    g.add_argument("--output", required=True,
+                   help="folder for the trained checkpoint, its card and the training report.")
     d = data_flags(ft, "train", "training ")
     d.add_argument("--corpus", choices=BUILTIN_CORPORA, default=None,
                    help="train on a built-in corpus, nothing outside the package read (python-docs: CPython's "
@@ -39,7 +41,8 @@ def add_parser(sub) -> None:
                    help="held-out text (never trained on) for perplexity before/after; repeatable (required unless "
                         "--corpus holds out its own).")
     t = ft.add_argument_group("training")
-    t.add_argument("--seq-len", type=positive, default=1024, help="tokens per packed training sequence (and eval window).")
+    t.add_argument("--seq-len", type=positive, default=1024,
+                   help="tokens per packed training sequence (and eval window).")
     t.add_argument("--steps", type=positive, default=40, help="optimizer steps.")
     t.add_argument("--learning-rate", type=float, default=1e-4, help="peak learning rate (AdamW, cosine decay).")
     t.add_argument("--batch-size", type=positive, default=1, help="sequences per device step.")
@@ -62,7 +65,8 @@ def add_parser(sub) -> None:
                         "torch ring attention over SDPA on FSDP2; accelerators only; the model's own full-logits "
                         "loss). Static RoPE scalings, none and nope only; must divide the processes, and twice it the "
                         "training length.")
-    t.add_argument("--eval-windows", type=positive, default=4, help="held-out windows of --seq-len tokens per document.")
+    t.add_argument("--eval-windows", type=positive, default=4,
+                   help="held-out windows of --seq-len tokens per document.")
     _long_eval_flags(ft)
     LOAD.add_loading(t)
     t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no",
@@ -168,7 +172,8 @@ def _documents(args):
     check_replaced_output(args.output, "finetune", reads=reads)  # before reading any of them
     corpus = builtin_corpus(args.corpus) if args.corpus else None
     train = [corpus[i] for i in CORPUS_TRAIN] if corpus else gather_documents(
-        args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column, encoding=args.encoding)
+        args.text_file, args.text_dir, args.dataset, args.dataset_config, args.split, args.column,
+        encoding=args.encoding)
     held = [read_text_file(p, args.encoding) for p in args.eval_text_file or []]
     return train, held or [corpus[CORPUS_HELD_OUT]]  # (no files: --corpus was given, checked above)
 

@@ -219,9 +219,9 @@ def tune(model, tokenizer=None, *, docs=None, **keywords: Any) -> dict[str, Any]
 
 
 def search(settings: TuneSettings, docs, run: RunSettings) -> dict[str, Any]:
-    """:func:`tune` with its settings made: ``docs`` the documents (a list, or a :class:`hf_posenc.io.documents.DocumentSource`),
-    ``run`` the model and how it loads, the seed and the output (its methods are not read: the search makes its
-    candidates)."""
+    """:func:`tune` with its settings made: ``docs`` the documents (a list, or a
+    :class:`hf_posenc.io.documents.DocumentSource`), ``run`` the model and how it loads, the seed and the output (its
+    methods are not read: the search makes its candidates)."""
     target_length, plan = settings.target_length, settings
     spaced = load_space(settings.space) if settings.space else None  # a bad file is found before the slow load
     methods, max_short_cost, rank_by = settings.methods, settings.max_short_cost, settings.rank_by
