@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..encodings import rope as R
+from .base import text_config
 
 
 def body(model: nn.Module) -> nn.Module:
@@ -62,10 +63,14 @@ class RotarySlot:
 
 
 def rotary_slots(model: nn.Module) -> list[RotarySlot]:
-    """The rotary frequency sets inside ``model``: standard modules, and each layer type of per-layer-type
-    modules."""
+    """The rotary frequency sets of the language model inside ``model``: standard modules, and each layer type of
+    per-layer-type modules. A vision tower's own rotary module (Qwen2-VL's 2-D RoPE of image patches, built from
+    ``vision_config``) is not one of them."""
     found = []
+    towers = _other_towers(getattr(model, "config", None))
     for m in model.modules():
+        if any(getattr(m, "config", None) is c for c in towers):
+            continue
         if isinstance(m._buffers.get("inv_freq"), torch.Tensor) and hasattr(m, "attention_scaling") \
                 and hasattr(m, "rope_type"):
             found.append(RotarySlot(m))
@@ -74,6 +79,15 @@ def rotary_slots(model: nn.Module) -> list[RotarySlot]:
                 if isinstance(m._buffers.get(f"{lt}_inv_freq"), torch.Tensor) and hasattr(m, f"{lt}_attention_scaling"):
                     found.append(RotarySlot(m, lt))
     return found
+
+
+def _other_towers(config: Any) -> list[Any]:
+    """The sub-configs of a composite model's config other than its language model's (vision_config, ...)."""
+    if config is None:
+        return []
+    lm, _ = text_config(config)
+    subs = [getattr(config, name, None) for name in getattr(config, "sub_configs", None) or {}]
+    return [c for c in subs if c is not None and c is not lm]
 
 
 def head_dim(hf_config: Any) -> int:

@@ -28,6 +28,7 @@ from ..methods.rope import SCALINGS
 from .base import Adapter, PatchRecord, text_config
 from .decoder_swaps import SWAPS, TABLE_NAME, Swapped
 from .layout import Layout, RotarySlot, rotary_slots
+from .mrope import check_mrope
 from .remapped import Remapped
 from .rope_compose import LENGTH_DEPENDENT_TYPES, restates_checkpoint
 from .rope_scaling import Scaled
@@ -63,6 +64,10 @@ GENERIC_FAMILIES = ("gemma", "gemma2", "phi", "phi3", "stablelm", "gpt_neox", "g
                     "gpt_oss", "deepseek_v3")
 ALREADY_SCALED_FAMILIES = ("gpt_oss", "apertus")
 PROVEN_SCALINGS = ("yarn", "pi", "ntk", "dynamic_ntk", "llama3", "longrope")
+# Vision-language models with multimodal RoPE (adapters/mrope.py) on which each scaling of PROVEN_SCALINGS is proven
+# equal to transformers' own computation, on text and on image+text inputs (tests/test_mrope_vlm.py); the
+# length-dependent ones with cache="stale".
+MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 # Decoders beyond the tested list on which the attention-level methods marked any_rope (self_extend, dca) are proven
 # (tests/test_attention_hybrids.py): sliding/full hybrids with sinks or soft-capping, partial rotary, MLA.
 ANY_ROPE_ATTENTION_FAMILIES = ("gemma2", "gpt_oss", "phi", "deepseek_v3")
@@ -90,6 +95,7 @@ class RopeDecoderAdapter(Adapter):
         if found and spec.name in PROVEN_SCALINGS:
             composes = SCALINGS[spec.name].compose is not None
             found += [t for t in GENERIC_FAMILIES if composes or t not in ALREADY_SCALED_FAMILIES]
+            found += list(MROPE_FAMILIES)
         if found and spec.kind == ATTENTION and REMAPPED[spec.name].any_rope:
             found += list(ANY_ROPE_ATTENTION_FAMILIES)
         return found
@@ -208,6 +214,7 @@ class RopeDecoderAdapter(Adapter):
 
     def resolve(self, model: nn.Module, cfg: PosEncConfig) -> PosEncConfig:
         lay = self._layout(model, cfg)
+        check_mrope(model, cfg, lay)
         return HANDLERS[cfg.spec.kind].resolve(model, cfg, lay, self._original(cfg, lay))
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> bool:

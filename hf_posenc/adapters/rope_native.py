@@ -15,6 +15,10 @@ from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..methods.rope import SCALINGS
 
+# what a scaling keeps of the checkpoint's rope_parameters: how the rotation is laid out, not its frequencies (the
+# rotated share of the head; MRoPE's split of the frequencies between temporal, height and width positions)
+LAYOUT_KEYS = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
+
 
 def native_rope_parameters(cfg: PosEncConfig, geom: R.RopeGeometry, base_rp: dict[str, Any]) -> dict[str, Any] | None:
     """The transformers ``rope_parameters`` equal to ``cfg``, or None when transformers has no such type."""
@@ -22,8 +26,7 @@ def native_rope_parameters(cfg: PosEncConfig, geom: R.RopeGeometry, base_rp: dic
     if native is None:
         return None
     common = {"rope_theta": geom.base}
-    if "partial_rotary_factor" in base_rp:
-        common["partial_rotary_factor"] = base_rp["partial_rotary_factor"]
+    common.update({k: base_rp[k] for k in LAYOUT_KEYS if k in base_rp})
     return {**common, **native(cfg.factor, cfg.original_max_position_embeddings, cfg.params, geom)}
 
 

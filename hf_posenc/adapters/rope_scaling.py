@@ -93,8 +93,7 @@ class LengthAwareRope:
         if self.slot.layer_type is not None and _argument(args, kwargs, 2, "layer_type") != self.slot.layer_type:
             return None
         position_ids = _argument(args, kwargs, 1, "position_ids")
-        rows = position_ids.reshape(-1, position_ids.shape[-1]) if position_ids.dim() != 2 else position_ids
-        lengths = (rows.amax(-1) + 1).tolist() if position_ids.dim() == 2 else [int(rows.max()) + 1]
+        lengths = _row_lengths(position_ids)
         if self.watcher is not None and self.watcher.cache is not None:
             self._follow_cache(self.watcher.cache, position_ids, lengths)
         keys = [self.key(n) for n in lengths]
@@ -111,11 +110,12 @@ class LengthAwareRope:
         for r, k in enumerate(keys):
             if k is not None:
                 groups.setdefault(k, []).append(r)
+        axis = position_ids.dim() - 2  # the batch: [b, s], or MRoPE's [3, b, s]
         for k, rows in groups.items():
-            whole = len(keys) == 1 or position_ids.dim() != 2
+            whole = len(keys) == 1 or axis not in (0, 1)
             idx = torch.tensor(rows, device=position_ids.device)
-            sub_x = x if whole or x.shape[0] != position_ids.shape[0] else x[idx.to(x.device)]
-            sub_pos = position_ids if whole else position_ids[idx]
+            sub_x = x if whole or x.shape[0] != position_ids.shape[axis] else x[idx.to(x.device)]
+            sub_pos = position_ids if whole else position_ids.index_select(axis, idx)
             with self._swapped(module, *self.frequencies(k)):
                 c, s = module.forward(sub_x, sub_pos, *args[2:], **rest)
             if whole:
@@ -148,6 +148,16 @@ class LengthAwareRope:
         old = _stacked([self.frequencies(self.key(n)) for n in cached])
         new = _stacked([self.frequencies(self.key(n)) for n in lengths])
         rerotate_cache(cache, self.layers, position_ids, old, new)
+
+
+def _row_lengths(position_ids: torch.Tensor) -> list[int]:
+    """Each row's ``max(position) + 1``: of ``position_ids`` [b, s], or of MRoPE's [3, b, s] (a row's temporal,
+    height and width positions together); one length for the whole call of any other shape."""
+    if position_ids.dim() == 2:
+        return (position_ids.amax(-1) + 1).tolist()
+    if position_ids.dim() == 3:
+        return (position_ids.amax(dim=(0, 2)) + 1).tolist()
+    return [int(position_ids.max()) + 1]
 
 
 def _argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
