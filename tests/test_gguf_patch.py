@@ -28,6 +28,7 @@ from hf_posenc.serving.gguf_file import OWN_KEY, ROPE_FREQS, patch_gguf
 gguf = pytest.importorskip("gguf")
 
 DIM = 16  # head_dim of the tiny llama (64 / 4 heads)
+LONG = [1.0 + 0.25 * i for i in range(DIM // 2)]  # per-dimension factors, non-decreasing
 
 
 def write_tiny_gguf(path, model, arch: str = "llama", context: int = ORIGINAL, extra: dict | None = None) -> str:
@@ -129,6 +130,7 @@ CASES = [
     ("yarn", dict(factor=2.0)),
     ("yarn", dict(factor=4.0, attention_factor=1.3)),
     ("llama3", dict(factor=8.0)),
+    ("longrope", dict(factor=4.0, short_factor=LONG, long_factor=LONG)),  # one list: a frozen longrope
     ("none", {}),
 ]
 
@@ -143,7 +145,7 @@ def test_llamacpp_reads_from_the_metadata_the_frequencies_hf_posenc_computes(tin
     src, dst = tensors(tiny_gguf), tensors(out)
     assert {k: v for k, v in dst.items() if k != ROPE_FREQS} == src  # same names, types, shapes, bytes
     freq_factors = gguf.GGUFReader(out).get_tensor(0).data if ROPE_FREQS in dst else None
-    assert (ROPE_FREQS in dst) == (method == "llama3")
+    assert (ROPE_FREQS in dst) == (method in ("llama3", "longrope"))
     cfg = done["config"]
     geom = R.RopeGeometry(THETA, DIM, ORIGINAL)
     ours, temperature = SCALINGS[method].frequencies(geom, cfg.factor, cfg.params)
@@ -209,7 +211,7 @@ def test_a_frozen_dynamic_method_is_written_as_its_static_form(tiny_gguf, tmp_pa
 @pytest.mark.parametrize("config,words", [
     (PosEncConfig("dynamic_ntk", 2.0), "--freeze-at"),
     (PosEncConfig("dynamic_yarn", 2.0), "llama.cpp has no dynamic_yarn"),
-    (PosEncConfig("longrope", 2.0), "phi3"),
+    (PosEncConfig("longrope", 2.0), "freeze it with --freeze-at N"),
     (PosEncConfig("self_extend"), "cannot compute self_extend"),
     (PosEncConfig("dca"), "cannot compute dca"),
     (PosEncConfig("rerope"), "cannot compute rerope"),
@@ -331,13 +333,22 @@ def test_a_converted_llama31_gguf_needs_its_trained_context(tiny_gguf, tmp_path)
     assert tensors(out)[ROPE_FREQS] == tensors(converted)[ROPE_FREQS]
 
 
-def test_a_frozen_longrope_is_refused_for_a_gguf_before_reading_it(tmp_path, monkeypatch):
-    import hf_posenc.serving.gguf_file as G
-
-    monkeypatch.setattr(G, "_reader", lambda path: pytest.fail("read the source"))
-    with pytest.raises(ValueError, match="cannot write longrope into a GGUF, frozen or not: .*phi3"):
-        patch_gguf(tmp_path / "any.gguf", tmp_path / "out.gguf", PosEncConfig("longrope", 2.0), freeze_at=4 * ORIGINAL)
-    assert not (tmp_path / "out.gguf").exists()
+def test_a_frozen_longrope_is_written_with_the_list_of_its_length(tiny_gguf, tmp_path):
+    """Frozen at N > L a longrope keeps its long factors (rope_freqs) and its temperature (attn_factor); at N <= L
+    its short ones; a list of the wrong length is refused and nothing is written."""
+    short = [1.0] * (DIM // 2)
+    config = PosEncConfig("longrope", 4.0, params={"short_factor": short, "long_factor": LONG})
+    out = tmp_path / "long.gguf"
+    patch_gguf(tiny_gguf, out, config, freeze_at=4 * ORIGINAL)
+    np.testing.assert_allclose(gguf.GGUFReader(out).get_tensor(0).data, LONG, rtol=1e-7)
+    temperature = R.longrope_attention_factor(4.0, ORIGINAL)
+    assert metadata(out)["llama.rope.scaling.attn_factor"] == pytest.approx(temperature, rel=1e-6)
+    patch_gguf(tiny_gguf, tmp_path / "short.gguf", config, freeze_at=ORIGINAL)
+    np.testing.assert_allclose(gguf.GGUFReader(tmp_path / "short.gguf").get_tensor(0).data, short)
+    wrong = PosEncConfig("longrope", 4.0, params={"short_factor": [2.0] * 3, "long_factor": [2.0] * 3})
+    with pytest.raises(ValueError, match=f"3 entries, and this model's rotary dimension {DIM} has {DIM // 2}"):
+        patch_gguf(tiny_gguf, tmp_path / "wrong.gguf", wrong)
+    assert not (tmp_path / "wrong.gguf").exists()
 
 
 def test_serve_check_and_serve_config_read_a_patched_gguf_and_refuse_another_architecture(tiny_gguf, tmp_path,

@@ -153,6 +153,29 @@ def test_a_q4_gguf_patched_in_place_is_the_same_within_the_stated_quantization_t
 
 
 @needs_llama_cpp
+def test_a_frozen_longrope_gguf_is_served_the_same_through_rope_freqs_and_attn_factor(q4_ggufs, tmp_path):
+    """A longrope with YaRN x2's per-dimension factors and temperature (over a stated 512), frozen past L and written
+    into the Q4_1 GGUF as rope_freqs and attn_factor: llama.cpp computes what hf_posenc computes from its record."""
+    from hf_posenc.encodings import rope as R
+    from hf_posenc.serving.gguf_file import _keys, _reader, _value, patch_gguf
+
+    reader = _reader(q4_ggufs["source"])
+    keys = _keys("llama")
+    geom = R.RopeGeometry(float(_value(reader, keys["base"])), int(_value(reader, keys["dim"]) or 64), L)
+    yarn, temperature = R.rope_yarn(geom, 2.0, {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True})
+    factors = (R.default_inv_freq(geom.base, geom.dim).double() / yarn.double()).tolist()
+    frozen = str(tmp_path / "longrope.gguf")
+    knobs = {"short_factor": [1.0] * len(factors), "long_factor": factors, "attention_factor": float(temperature)}
+    patch_gguf(q4_ggufs["source"], frozen, {"method": "longrope", "factor": 2.0, "original_max_position_embeddings": L,
+                                            "params": knobs}, freeze_at=max(LENGTHS))
+    report = serve_check(frozen, "llama.cpp", CheckSettings(LENGTHS), progress=False)
+    assert report["setup"]["method"] == "longrope"
+    for n in LENGTHS:
+        r = report["results"][str(n)]
+        assert r["verdict"] == "same" and r["relative_diff"] < 3e-3, (n, r)
+
+
+@needs_llama_cpp
 def test_a_gguf_whose_metadata_says_another_method_than_its_record_differs_beyond_the_tolerance(q4_ggufs):
     report = serve_check(q4_ggufs["wrong"], "llama.cpp", CheckSettings(LENGTHS), progress=False)
     for n in LENGTHS:

@@ -31,13 +31,13 @@ def add_parser(sub) -> None:
     g.add_argument("--gguf", default=None, metavar="OUT.gguf",
                    help="instead of --output: write this GGUF file, --model's GGUF with the same tensors (quantized "
                         "ones stay so, byte for byte) and the method's RoPE metadata as llama.cpp reads it (none, pi, "
-                        "ntk, yarn, llama3; other methods are refused by name, nothing written). The source file is "
-                        "never changed; an existing OUT.gguf is replaced only if hf-posenc wrote it.")
+                        "ntk, yarn, llama3, a frozen longrope; others are refused by name, nothing written). The "
+                        "source file is never changed; an existing OUT.gguf is replaced only if hf-posenc wrote it.")
     g.add_argument("--freeze-at", type=int, default=None, metavar="N",
                    help="turn a length-dependent method (dynamic_ntk, dynamic_yarn, longrope) into the static one that "
                         "equals it at N tokens (dynamic_ntk: ntk with a new rope_theta; dynamic_yarn: yarn with factor "
-                        "N/L; longrope: the list N picks), which vLLM computes, and llama.cpp too except longrope "
-                        "(phi3 GGUFs only: refused with --gguf). Trade-off: every input "
+                        "N/L; longrope: the list N picks, a rope_freqs tensor in a --gguf), which vLLM and llama.cpp "
+                        "compute. Trade-off: every input "
                         "gets the frequencies of N; a shorter one no longer gets its own (below L: not the unscaled "
                         "ones), a longer one not the further scaled ones.")
     g.add_argument("--dual-chunk-config", action="store_true",

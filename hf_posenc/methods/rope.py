@@ -11,6 +11,8 @@ import dataclasses
 import math
 from typing import Any, Callable
 
+import torch
+
 from ..encodings import rope as R
 from .spec import (
     MAX_ATTENTION_FACTOR,
@@ -261,6 +263,25 @@ def _gguf_llama3(s: float, L: int, p: dict[str, Any], geom) -> tuple[dict[str, A
     return {}, R.default_inv_freq(geom.base, geom.dim).double() / scaled.double()
 
 
+def _gguf_longrope(s: float, L: int, p: dict[str, Any], geom) -> tuple[dict[str, Any], Any]:
+    """A longrope whose two lists are one (frozen): its factors divide the frequencies as ``rope_freqs`` does, and
+    its temperature multiplies the rotary cos and sin as llama.cpp's ``attn_factor`` does outside YaRN."""
+    if len(p["long_factor"]) != geom.dim // 2:
+        raise ValueError(f"cannot write longrope into a GGUF: its factor lists have {len(p['long_factor'])} entries, "
+                         f"and this model's rotary dimension {geom.dim} has {geom.dim // 2} frequencies")
+    _, attention = R.rope_longrope(geom, s, p, seq_len=None)
+    meta = {"attn_factor": float(attention)} if abs(float(attention) - 1.0) > 1e-7 else {}
+    return meta, torch.tensor(p["long_factor"], dtype=torch.float64)
+
+
+def _gguf_check_longrope(p: dict[str, Any], arch: str) -> str | None:
+    short, long = p["short_factor"], p["long_factor"]
+    if short is None or long is None or list(short) != list(long):  # unset lists default to 1s and the factor
+        return ("longrope switches from its short to its long factors by the length of each input, and a GGUF holds "
+                "one set (rope_freqs): freeze it with --freeze-at N (the set of inputs of N tokens)")
+    return None
+
+
 _NO_DYNAMIC_GGUF = ("llama.cpp has no {name}: its frequencies follow the length of each input, and a GGUF holds "
                     "fixed ones; freeze it with --freeze-at N (the static configuration equal to it at N tokens)")
 
@@ -350,5 +371,4 @@ register_scaling(MethodSpec("longrope", "rope", "LongRoPE per-dimension rescale 
                  compose=R.compose_longrope, per_dimension=True,
                  follows_length="it picks its short or long factors by the length of the sequence seen",
                  freeze=_freeze_longrope, freezes_to="longrope",
-                 gguf_refusal="llama.cpp computes longrope only for phi3-family GGUFs (rope_factors_long/short "
-                              "tensors), and hf_posenc patches GGUFs of {architectures}"))
+                 gguf=_gguf_longrope, gguf_check=_gguf_check_longrope, gguf_freqs=True))

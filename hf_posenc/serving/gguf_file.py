@@ -13,7 +13,9 @@ floor/ceil bounds: the ``yarn_beta_*`` keys are read only by a few other archite
 
 - none: type none, context L; pi: linear, factor s, context s L; ntk: type none, a new freq_base, context s L;
 - yarn: yarn, factor s, original_context_length L, context s L (attn_factor when the temperature is not the
-  default one); llama3: type none, ``rope_freqs.weight`` (f32) = original / scaled frequencies, context s L.
+  default one); llama3: type none, ``rope_freqs.weight`` (f32) = original / scaled frequencies, context s L;
+- longrope with one list (frozen, ``--freeze-at N``: the list of inputs of N tokens): type none, ``rope_freqs`` = its
+  factors, ``attn_factor`` = its temperature (outside YaRN llama.cpp multiplies cos and sin by it), context s L.
 
 llama.cpp cannot compute the others from a GGUF: they are refused by name before anything is written (the length-
 dependent ones can be frozen first: ``--freeze-at``, :mod:`hf_posenc.serving.freezing`).
