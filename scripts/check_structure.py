@@ -36,7 +36,7 @@ LAYERS = (
                 "checkpoints.legacy_rope")),
     ("records", ("methods", "config_syntax", "config")),
     ("patching", ("adapters", "patching", "checkpoints", "serving.freezing", "serving.dual_chunk_config",
-                  "serving.gguf_file", "method_listing")),
+                  "serving.gguf_file", "serving.gguf_compose", "method_listing")),
     ("engines", ("engines", "serving.support")),
     ("measuring", ("eval", "tuning", "explaining")),
     ("training, publishing and serving", ("training", "publishing", "serving")),

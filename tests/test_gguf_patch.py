@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import math
 import os
 
@@ -313,24 +314,47 @@ def test_patching_an_output_again_starts_from_the_original_never_compounds(tiny_
     got, want = metadata(again), metadata(direct)
     assert {k: v for k, v in got.items() if k != OWN_KEY} == {k: v for k, v in want.items() if k != OWN_KEY}
     assert tensors(again) == tensors(direct)  # rope_freqs too: computed from L = 64, not the extended context
-    import json
 
     assert json.loads(got[OWN_KEY])["original"] == {"context_length": ORIGINAL, "freq_base": THETA}
 
 
-def test_a_converted_llama31_gguf_needs_its_trained_context(tiny_gguf, tmp_path):
-    """llama.cpp's converter writes Llama 3.1 as rope_freqs with the extended context_length and no scaling type: the
-    trained context cannot be read from it, so it must be given (never taken from context_length)."""
+def llama31_gguf(tiny_gguf, tmp_path) -> tuple[str, list[float]]:
+    """A GGUF as llama.cpp's converter writes Llama 3.1 (llama3 x8 over ORIGINAL): rope_freqs, the extended
+    context_length, no scaling type, no hf_posenc record."""
     converted = patch_gguf(tiny_gguf, tmp_path / "l31.gguf", PosEncConfig.parse("llama3:factor=8"))["output"]
     freqs = next(t for t in gguf.GGUFReader(converted).tensors if t.name == ROPE_FREQS).data.copy()
-    write_tiny_gguf(tmp_path / "plain.gguf", tiny_model("llama", intermediate_size=96), context=8 * ORIGINAL,
-                    extra={ROPE_FREQS: freqs})
-    with pytest.raises(ValueError, match="--original-max-position-embeddings"):
-        patch_gguf(tmp_path / "plain.gguf", tmp_path / "out.gguf", PosEncConfig.parse("llama3:factor=8"))
-    assert not (tmp_path / "out.gguf").exists()
-    out = patch_gguf(tmp_path / "plain.gguf", tmp_path / "out.gguf",
+    path = write_tiny_gguf(tmp_path / "plain.gguf", tiny_model("llama", intermediate_size=96), context=8 * ORIGINAL,
+                           extra={ROPE_FREQS: freqs})
+    return path, [float(x) for x in freqs]
+
+
+def test_a_converted_llama31_gguf_is_replaced_only_with_its_trained_context_given(tiny_gguf, tmp_path):
+    """Its trained context cannot be read from the file: given, the new method replaces the source's scaling."""
+    source, _ = llama31_gguf(tiny_gguf, tmp_path)
+    out = patch_gguf(source, tmp_path / "out.gguf",
                      PosEncConfig.parse(f"llama3:factor=8,original_max_position_embeddings={ORIGINAL}"))["output"]
-    assert tensors(out)[ROPE_FREQS] == tensors(converted)[ROPE_FREQS]
+    assert tensors(out)[ROPE_FREQS] == tensors(tmp_path / "l31.gguf")[ROPE_FREQS]
+
+
+def test_a_scaling_on_a_llama31_gguf_extends_it_as_on_its_checkpoint_folder(tiny_gguf, tmp_path):
+    """yarn x2 on a Llama-3.1-like GGUF (no original context given) extends it: context 2 x 8 x L, the frequencies
+    and temperature hf_posenc composes on the checkpoint folder (llama3 x8, then yarn x2 on top), as one list in
+    rope_freqs; the record keeps the source's scaling, so patching the output again composes on it too."""
+    source, freqs = llama31_gguf(tiny_gguf, tmp_path)
+    done = patch_gguf(source, tmp_path / "out.gguf", PosEncConfig.parse("yarn:factor=2"))
+    assert "put on top" in done["note"] and done["config"].method == "longrope"
+    meta = metadata(done["output"])
+    assert meta["llama.context_length"] == 2 * 8 * ORIGINAL
+    folder = hf_posenc.patch(tiny_model("llama", intermediate_size=96, rope_parameters={
+        "rope_type": "llama3", "rope_theta": THETA, "factor": 8.0, "original_max_position_embeddings": ORIGINAL,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0}, max_position_embeddings=8 * ORIGINAL), "yarn", factor=2.0)
+    expected = hf_posenc.get_config(folder).params
+    written = gguf.GGUFReader(done["output"]).get_tensor(0).data
+    np.testing.assert_allclose(written, expected["long_factor"], rtol=2e-6)
+    assert meta["llama.rope.scaling.attn_factor"] == pytest.approx(expected["attention_factor"], rel=1e-6)
+    again = patch_gguf(done["output"], tmp_path / "again.gguf", PosEncConfig.parse("yarn:factor=2"))
+    np.testing.assert_allclose(gguf.GGUFReader(again["output"]).get_tensor(0).data, written, rtol=1e-7)
+    assert json.loads(metadata(again["output"])[OWN_KEY])["original"]["stated"]["freqs"] == pytest.approx(freqs)
 
 
 def test_a_frozen_longrope_is_written_with_the_list_of_its_length(tiny_gguf, tmp_path):

@@ -38,6 +38,7 @@ from ..encodings import rope as R
 from ..io.files import OutputLock, umask
 from ..methods.rope import SCALINGS, RopeScaling
 from .freezing import check_freeze, freeze_config
+from .gguf_compose import StatedScaling, composed
 
 # the GGUF architectures whose files hf_posenc loads (transformers' GGUF reader) and patches (a RoPE decoder)
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -168,6 +169,36 @@ def _geometry(reader, keys: dict[str, str], cfg: PosEncConfig, path: str) -> tup
     return R.RopeGeometry(base, int(dim), L), note
 
 
+def _stated(reader, keys: dict[str, str], path: str) -> StatedScaling:
+    """The scaling the source states beyond its base: for our own output, the one its source stated (kept in the
+    record); else its metadata's type, factor, YaRN original context, attn_factor, context and rope_freqs."""
+    raw = _value(reader, OWN_KEY)
+    if raw is not None:
+        kept = _stored_record(raw, path)["original"].get("stated")
+        return StatedScaling(**kept) if isinstance(kept, dict) else StatedScaling("none", 1.0, 0, 1.0, 0)
+    freqs = next((t.data for t in reader.tensors if t.name == ROPE_FREQS), None)
+    context = int(_value(reader, keys["context"], 0) or 0)
+    return StatedScaling(str(_value(reader, keys["type"], "") or "none"), float(_value(reader, keys["factor"], 1.0)),
+                         int(_value(reader, keys["original"], 0) or context),
+                         float(_value(reader, keys["attn_factor"], 1.0)), context,
+                         [float(x) for x in freqs] if freqs is not None else [])
+
+
+def _composed(reader, keys: dict[str, str], cfg: PosEncConfig, stated: StatedScaling,
+              path: str) -> tuple[PosEncConfig, R.RopeGeometry, str]:
+    """``cfg`` on top of the source's own scaling (:mod:`.gguf_compose`): the frozen longrope that computes it, the
+    geometry over the source's current context, and the note that says so."""
+    base = float(_original(reader, keys, path)["freq_base"] or 10000.0)
+    dim = _rotary_dim(reader, keys, path)
+    result = composed(cfg, base, dim, stated)
+    what = "a rope_freqs tensor" if stated.freqs else f"a {stated.kind} scaling (factor {stated.factor:g})"
+    note = (f"the source's RoPE states {what}, context {stated.context}: {cfg.to_text()} is put on top (context "
+            f"{SCALINGS[cfg.method].max_position(cfg.factor, stated.context)}), written as a longrope with one list "
+            "(a GGUF holds one set of frequencies: shorter inputs get them too); to replace the source's scaling "
+            "instead, give --original-max-position-embeddings")
+    return result, R.RopeGeometry(base, dim, stated.context), note
+
+
 def _rotary_dim(reader, keys: dict[str, str], path: str) -> int:
     dim = _value(reader, keys["dim"]) or _value(reader, keys["key_length"])
     if not dim:
@@ -289,9 +320,13 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
     reader = _reader(src)
     arch = _architecture(reader, src, "patches")
     keys = _keys(arch)
-    geom, note = _geometry(reader, keys, cfg, src)
-    cfg = PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None, geom.original_max_position_embeddings,
-                       cfg.params)
+    stated = _stated(reader, keys, src)
+    if stated.scaled and cfg.original_max_position_embeddings is None and cfg.spec.kind == "rope":
+        cfg, geom, note = _composed(reader, keys, cfg, stated, src)
+    else:
+        geom, note = _geometry(reader, keys, cfg, src)
+        cfg = PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None,
+                           geom.original_max_position_embeddings, cfg.params)
     if freeze_at is not None:
         cfg = freeze_config(cfg, freeze_at)
     why = refusal(cfg, arch)
@@ -303,6 +338,8 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
                          "converted from instead")
     short, freqs = _rope_metadata(cfg, geom)
     record = {"config": cfg.to_dict(), "original": _original(reader, keys, src)}
+    if stated.scaled:  # the source's own scaling: patching this output again composes on it, never on plain RoPE
+        record["original"]["stated"] = stated.to_dict()
     if freeze_at is not None:
         record["frozen_at"] = freeze_at
     metadata = {keys[k]: v for k, v in short.items()}
