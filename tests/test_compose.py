@@ -113,12 +113,16 @@ def test_inputs_up_to_the_current_context_are_the_checkpoints_and_past_it_transf
     assert plain.config.rope_parameters["rope_type"] == "longrope" and plain.config.max_position_embeddings == 1024
     assert (logits(plain, CONTEXT + 200) - patched_long).abs().max().item() <= 1e-5
     assert (logits(plain, 100) - logits(model, 100)).abs().max().item() <= 1e-5
-    again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
-    assert (logits(again, CONTEXT + 200) - patched_long).abs().max().item() <= 1e-5
-    hf_posenc.unpatch(model)
-    assert torch.equal(model.model.rotary_emb.inv_freq, own) and dict(model.config.rope_parameters) == rope
-    assert model.config.max_position_embeddings == CONTEXT
-    assert torch.equal(logits(model, CONTEXT + 200), long)  # the checkpoint again, bit for bit
+    hf_posenc.save_pretrained(model, tmp_path / "published")  # with transformers 4's keys beside rope_parameters
+    reloaded = [hf_posenc.from_pretrained(str(path), dtype=torch.float32).eval()
+                for path in (tmp_path, tmp_path / "published")]
+    for again in reloaded:
+        assert (logits(again, CONTEXT + 200) - patched_long).abs().max().item() <= 1e-5
+    for unpatched in (model, *reloaded):  # reloaded ones too: the original is the checkpoint's, not the saved longrope
+        hf_posenc.unpatch(unpatched)
+        assert torch.equal(unpatched.model.rotary_emb.inv_freq, own) and dict(unpatched.config.rope_parameters) == rope
+        assert unpatched.config.max_position_embeddings == CONTEXT
+        assert torch.equal(logits(unpatched, CONTEXT + 200), long)  # the checkpoint again, bit for bit
 
 
 def test_cached_decoding_across_the_current_context_equals_recomputing():

@@ -9,6 +9,7 @@ exactly (as accelerate's hooks do): nothing is ever changed on a class, only on 
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
 import torch
@@ -156,6 +157,18 @@ def config_field(config: Any, name: str) -> tuple[Any, str]:
     return config, field
 
 
+def drop_stray_original_context(config: Any, prefix: str, original: dict[str, Any]) -> None:
+    """Removes a top-level ``original_max_position_embeddings`` that ``config``'s class does not take and the
+    restored original fields do not hold: one written for transformers 4 beside the saved (patched) longrope.
+    transformers 5 copies such a field into the rope_parameters of a llama3, yarn or longrope it builds, so left
+    there it would replace the original context the restored rope_parameters state."""
+    name = "original_max_position_embeddings"
+    if prefix + name in original or name not in vars(config):
+        return
+    if name not in inspect.signature(type(config).__init__).parameters:
+        delattr(config, name)
+
+
 def text_config(config: Any) -> tuple[Any, str]:
     """The (sub-)config that describes the language model, and its path prefix from ``config``: ``(config,
     "")`` for a plain model, ``(config.text_config, "text_config.")`` for a composite one (LLaVA, Gemma 3
@@ -231,7 +244,10 @@ class Adapter:
         """The config to build a saved, patched checkpoint with before ``patch`` re-applies the block.
         Default: the original fields recorded in the block are restored (the patch changes no weight
         shape, so the checkpoint's weights load into the original architecture)."""
-        for key, value in (block.get("original") or {}).items():
+        original = block.get("original") or {}
+        for key, value in original.items():
             owner, field = config_field(hf_config, key)
             setattr(owner, field, copy.deepcopy(value))
+            if field == "rope_parameters":
+                drop_stray_original_context(owner, key[: -len(field)], original)
         return hf_config
