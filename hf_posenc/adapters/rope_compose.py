@@ -19,6 +19,7 @@ pretraining context), and the method scales from there, as on an unscaled model.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import nn
@@ -78,6 +79,22 @@ def recorded_original(lay: Layout) -> int | None:
     rp = lay.selected[0].rope_parameters(lay.config)
     recorded = rp.get("original_max_position_embeddings") or getattr(lay.config, "max_position_embeddings", None)
     return int(recorded) if recorded else None
+
+
+def own_scaling(block: dict[str, Any], prefix: str, original: int | None) -> dict[str, Any] | None:
+    """The scaling a patched checkpoint had before its patch, read from its hf_posenc ``block`` (``prefix``: the
+    language model's sub-config path): None when its RoPE was not scaled (or is one per layer type), else its
+    ``rope_type``, the ``pretrained_context`` it records, the ``context`` it advertised, and whether the patch
+    ``replaced`` it (scaled from ``original``, the patch's original context, equal to the pretraining one) rather
+    than extended it from that context (a composed longrope)."""
+    before = block.get("original") or {}
+    own = before.get(prefix + "rope_parameters") or {}
+    if not isinstance(own, dict) or own.get("rope_type", "default") == "default":
+        return None
+    pretrained = own.get("original_max_position_embeddings")
+    return {"rope_type": own["rope_type"], "pretrained_context": pretrained,
+            "context": before.get(prefix + "max_position_embeddings"),
+            "replaced": pretrained is not None and pretrained == original}
 
 
 def restates_checkpoint(cfg: PosEncConfig, lay: Layout) -> bool:

@@ -17,7 +17,7 @@ from .cells import CellStore, run_cells
 from .engine_choice import EngineChoice
 from .processes import Processes, device_name
 from .settings import RunSettings
-from .variants import build_variants
+from .variants import applied, build_variants
 
 WEIGHT_FILES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".index.json")
 MODEL_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
@@ -146,7 +146,8 @@ class Run:
         lm, _, src = self.loaded
         setup = {
             "model": self.model, "model_source": src.label or src.path, "original_context": original_context(lm),
-            "variants": {v.label: v.config.to_dict() for v in self.variants}, "seed": self.seed,
+            "variants": {v.label: v.config.to_dict() for v in self.variants}, "applied": applied(lm, self.variants),
+            "seed": self.seed,
             "dtype": self.dtype, "device": self.device, "processes": self.processes.world,
             "attn_implementation": self.attention, "command": recorded_command(self.command),
             "environment": environment(),

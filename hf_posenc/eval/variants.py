@@ -13,9 +13,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import PosEncConfig
+from ..adapters.base import text_config
+from ..adapters.rope_compose import own_scaling
+from ..checkpoints.context import context_length
+from ..config import CONFIG_KEY, PosEncConfig
 from ..config_syntax import FORM
 from ..methods import resolve_method
+from ..patching import get_config, patch, trying
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
@@ -98,3 +102,25 @@ def grouped_by_config(variants: list[Variant]) -> list[Variant]:
     keys = [json.dumps(v.config.to_dict(), sort_keys=True) for v in variants]
     first = {k: keys.index(k) for k in keys}
     return [v for _, _, v in sorted(zip((first[k] for k in keys), range(len(keys)), variants))]
+
+
+def applied(model, variants: list[Variant]) -> dict[str, dict[str, Any]]:
+    """What each variant is on ``model`` (see :func:`applied_now`), by label; ``model`` is left as it was."""
+    out = {}
+    with trying(model, []):
+        for v in variants:
+            patch(model, v.config)
+            out[v.label] = applied_now(model)
+    return out
+
+
+def applied_now(model) -> dict[str, Any]:
+    """The patch on ``model`` as it was applied: its ``config`` resolved against the checkpoint (a RoPE scaling on
+    a checkpoint already scaled: the composed longrope that extends it), the ``context`` the model advertises, and
+    ``own_scaling``: the checkpoint's own scaling and whether the patch replaced or extended it (None: its RoPE was
+    not scaled; see :func:`rope_compose.own_scaling`)."""
+    cfg = get_config(model)
+    _, prefix = text_config(model.config)
+    block = getattr(model.config, CONFIG_KEY, None) or {}
+    return {"config": cfg.to_dict(), "context": context_length(model),
+            "own_scaling": own_scaling(block, prefix, cfg.original_max_position_embeddings)}

@@ -60,6 +60,27 @@ def device_counts(devices: dict[str, int]) -> str:
                      for device, n in sorted(devices.items()))
 
 
+def _scaling_note(setup: dict[str, Any]) -> str:
+    """Lines under the table for each variant that changed a checkpoint whose RoPE was already scaled: whether it
+    extended that scaling from the checkpoint's context (computed as the composed configuration) or replaced it."""
+    variants = setup.get("variants", {})
+    lines = [_scaling_line(label, variants.get(label, {}).get("method", label), now)
+             for label, now in (setup.get("applied") or {}).items() if now.get("own_scaling")]
+    return "".join(f"\n\n{line}" for line in lines)
+
+
+def _scaling_line(label: str, asked: str, now: dict[str, Any]) -> str:
+    """The line of :func:`_scaling_note` for the variant ``label`` (method ``asked``), applied as ``now`` says."""
+    own = now["own_scaling"]
+    what = (f"{label}: the checkpoint's RoPE is already scaled ({own['rope_type']}, pretrained for "
+            f"{own['pretrained_context']} tokens, a context of {own['context']})")
+    if own["replaced"]:
+        return f"{what}; {asked} replaced that scaling, scaling from the pretraining context to {now['context']} " \
+               "tokens."
+    return (f"{what}; {asked} extends it from {own['context']} to {now['context']} tokens (computed as "
+            f"{now['config']['method']}: inputs up to {own['context']} keep the checkpoint's frequencies).")
+
+
 def _devices_note(setup: dict[str, Any]) -> str:
     """A line under the table when the cells of a resumed run were computed on more than one device."""
     devices = setup.get("compute", {}).get("devices", {})
@@ -73,7 +94,7 @@ def finish_report(task: str, setup: dict[str, Any], results: dict[str, Any], tab
     """An evaluation runner's report ``{task, setup, results, table}`` (``table(report)`` gives the Markdown
     table), saved as ``<task>.json`` / ``<task>.md`` (and ``plots(report, output)``) when ``output`` is given."""
     report = {"task": task, "setup": setup, "results": results}
-    report["table"] = table(report) + _devices_note(setup)
+    report["table"] = table(report) + _scaling_note(setup) + _devices_note(setup)
     if output:
         save_report(report, output, task, plots)
     return report

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..adapters import ADAPTERS
 from ..adapters.base import text_config
+from ..adapters.rope_compose import own_scaling
 from ..checkpoints.legacy_rope import LegacyKeys
 from ..checkpoints.loading import merge_line
 from ..checkpoints.models import resolve_source
@@ -154,15 +155,13 @@ def holds_patch(block: dict[str, Any]) -> bool:
 
 
 def _own_scaling(block: dict[str, Any], prefix: str, original: int | None) -> dict[str, Any]:
-    """The scaling the checkpoint had before the patch, for the card: its rope_type and pretraining context when its
-    RoPE was already scaled, and whether the patch extended it from its current context or replaced it (scaling
-    from ``original``, the pretraining context)."""
-    own = (block.get("original") or {}).get(prefix + "rope_parameters") or {}
-    if not isinstance(own, dict) or own.get("rope_type", "default") == "default":
+    """The scaling the checkpoint had before the patch, for the card (:func:`rope_compose.own_scaling`): its
+    rope_type and pretraining context when its RoPE was already scaled, and whether the patch replaced it."""
+    own = own_scaling(block, prefix, original)
+    if own is None:
         return {"own_scaling": None, "pretrained_context": None, "replaced": False}
-    pretrained = own.get("original_max_position_embeddings")
-    return {"own_scaling": own["rope_type"], "pretrained_context": pretrained,
-            "replaced": pretrained is not None and pretrained == original}
+    return {"own_scaling": own["rope_type"], "pretrained_context": own["pretrained_context"],
+            "replaced": own["replaced"]}
 
 
 def _as_saved(plain: dict[str, Any], legacy: LegacyKeys | None, prefix: str) -> dict[str, Any]:
