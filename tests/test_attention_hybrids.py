@@ -236,11 +236,15 @@ def test_the_other_attention_level_methods_still_need_plain_rope(method):
 
 @pytest.mark.parametrize("method", list(KNOBS))
 def test_a_statically_scaled_checkpoint_takes_l_up_to_its_current_context(method, tmp_path):
-    """llama3 x4 from 64 to 256: L defaults to the 64 it records; up to 256 (the context its frequencies are
-    scaled for) may be given, past it is refused by name, and so is any other L on a length-dependent scaling."""
+    """llama3 x4 from 64 to 256: L defaults to the 256 its scaled RoPE advertises (the method extends from there,
+    never advertising less); 64 to 256 may be given, past it is refused by name, and so is any other L on a
+    length-dependent scaling."""
     model = build("llama3")
     default = hf_posenc.patch(build("llama3"), method, **KNOBS[method])
-    assert hf_posenc.get_config(default).original_max_position_embeddings == 64
+    assert hf_posenc.get_config(default).original_max_position_embeddings == 256
+    assert default.config.max_position_embeddings > 256
+    recorded = hf_posenc.patch(build("llama3"), method, original_max_position_embeddings=64, **KNOBS[method])
+    assert hf_posenc.get_config(recorded).original_max_position_embeddings == 64
     x = text(100)
     before = logits(model, x)
     hf_posenc.patch(model, method, original_max_position_embeddings=256, **KNOBS[method])

@@ -164,11 +164,16 @@ class RopeDecoderAdapter(Adapter):
         return Layout(slots, selected, config, prefix)
 
     def _original(self, cfg: PosEncConfig, lay: Layout) -> int:
-        """The original context: the one given (checked against the checkpoint), else the checkpoint's."""
+        """The original context: the one given (checked against the checkpoint), else the checkpoint's -- for an
+        attention-level method on a statically scaled RoPE, the context that scaling advertises now (the method
+        extends from there and never advertises less)."""
         rp0 = lay.selected[0].rope_parameters(lay.config)
         recorded = self.original_length(lay.config, rp0)
         L = cfg.original_max_position_embeddings
         if L is None:
+            current = self._scaled_context(cfg, lay)
+            if current is not None:
+                return current
             if recorded is None:
                 raise ValueError(
                     f"original_max_position_embeddings is missing: the config of model_type="
