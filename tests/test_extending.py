@@ -1,49 +1,37 @@
-"""Extending hf_posenc is one file and one test each (docs/contributing.md):
+"""Extending hf_posenc is one file and one test each (docs/contributing.md); the files are in
+``tests/extension_plugins/``, written as a plugin would write them, through public registration only:
 
-- a RoPE scaling is one record: this file writes one -- its frequency function and its MethodSpec with the tune grid
-  and what the engines compute -- and runs it through everything that reads the record: patch, save and load, tune's
-  grid, the serving table of the card, hf-posenc methods and hf-posenc eval;
-- an eval task is one Params dataclass, one runner and one EvalTask record: this file writes one (prefix perplexity)
-  and runs it through hf-posenc eval (its flags made from the Params fields, resumed from its cells), the Python
-  API, hf-posenc patch --eval and the model card."""
+- a RoPE scaling is one record (``sqrt_pi_scaling.py``: its frequency function and its MethodSpec with the tune
+  grid, what the engines compute, its GGUF and freezing facts), run through everything that reads the record: patch,
+  save and load, tune's grid, the serving table of the card, hf-posenc methods, hf-posenc eval, the GGUF writer,
+  --freeze-at and context parallelism;
+- an eval task is one Params dataclass, one runner and one EvalTask record (``prefix_task.py``), run through
+  hf-posenc eval (its flags made from the Params fields, resumed from its cells), the Python API, hf-posenc patch
+  --eval and the model card;
+- an engine is one launcher and one Engine record (``echo_engine.py``), run through serve-config and the card."""
 
 import json
-import math
-from dataclasses import dataclass
 
 import pytest
+from extension_plugins import sqrt_pi_scaling as scaling_plugin
+from extension_plugins.echo_engine import ECHO
+from extension_plugins.prefix_task import PREFIX
+from extension_plugins.sqrt_pi_scaling import GROW, NAME
 from helpers import ORIGINAL, ids, logits, refused, tiny_model
 
 import hf_posenc
 from hf_posenc.cli import main
-from hf_posenc.encodings.rope import default_inv_freq
-from hf_posenc.eval.cells import NUMBER
-from hf_posenc.eval.common import Run
-from hf_posenc.eval.params import ints, param
-from hf_posenc.eval.scoring import token_nll
-from hf_posenc.eval.tasks import Defaults, EvalTask, PatchUse, per_length_entries, register_task, unregister_task
-from hf_posenc.io.reports import markdown_table
-from hf_posenc.methods import _ALIASES, METHODS, EngineSupport, MethodSpec, factor_grid, unregister_method
+from hf_posenc.eval.tasks import register_task, unregister_task
+from hf_posenc.methods import _ALIASES, METHODS, EngineSupport
 from hf_posenc.methods import rope as rope_records
-
-NAME = "sqrt_pi"
-
-
-def rope_sqrt_pi(geom, factor, params, seq_len=None, device=None):
-    """Position interpolation by the square root of the factor (every theta_i / sqrt(s)), in float32."""
-    return default_inv_freq(geom.base, geom.dim, device) / math.sqrt(factor), 1.0
 
 
 @pytest.fixture
 def sqrt_pi():
-    """The new scaling, registered for the test and removed after it (the registry is global)."""
-    spec = MethodSpec(NAME, "rope", "PI by the square root of the factor (a test's scaling).",
-                      tune_grid=factor_grid,
-                      engines={"vLLM": EngineSupport("within_original", "a test's claim", caveat="a test's caveat")})
-    rope_records.register_scaling(spec, rope_records.RopeScaling(
-        rope_sqrt_pi, native=lambda s, L, p, g: {"rope_type": "linear", "factor": math.sqrt(s)}))
+    """The plugin's scalings, registered for the test and removed after it (the registry is global)."""
+    scaling_plugin.register()
     yield METHODS[NAME]
-    unregister_method(NAME)
+    scaling_plugin.unregister()
     assert NAME not in METHODS and NAME not in _ALIASES and NAME not in rope_records.SCALINGS
 
 
@@ -91,51 +79,6 @@ def test_a_method_without_a_grid_is_not_tuned_and_the_error_lists_those_with_one
 
 
 # -- an eval task in one file ------------------------------------------------------------------------------------
-TEXT = "the quick brown fox jumps over the lazy dog. " * 40
-
-
-@dataclass(frozen=True)
-class PrefixParams:
-    lengths: list[int] = param([16, 32], "prefix lengths in tokens.", read=ints)
-    text: str = param(TEXT, "the text whose first tokens are scored.")
-
-
-def run_prefix_nll(settings, params: PrefixParams) -> dict:
-    """The toy task: per length, the mean NLL of the first ``length`` tokens of ``text``, one cell per length."""
-    lengths = params.lengths
-    with Run(settings) as job:
-        _, tok, _ = job.load()
-        ids = tok(params.text, return_tensors="pt").input_ids[0]
-        if max(lengths) > len(ids):
-            raise ValueError(f"--lengths: the text has {len(ids)} tokens, got {max(lengths)}")
-        keys = [[n] for n in lengths]
-
-        def compute(variant, key):
-            model = job.model_for(variant, max(lengths))
-            return {"nll": token_nll(model, ids[None, : key[0]])[0].mean().item()}
-
-        done = job.cells("prefix_nll", {"text": params.text}, {v.label: keys for v in job.variants}, compute,
-                         fields={"nll": NUMBER})
-        results = {label: {str(k[0]): math.exp(c["nll"]) for k, c in zip(keys, cells)} for label, cells in done.items()}
-        return job.report("prefix_nll", {"lengths": lengths}, results, prefix_table, None)
-
-
-def prefix_table(report) -> str:
-    lengths = report["setup"]["lengths"]
-    rows = [[label, *(r[str(n)] for n in lengths)] for label, r in report["results"].items()]
-    return "Prefix perplexity.\n\n" + markdown_table(["method", *(f"{n} tokens" for n in lengths)], rows)
-
-
-PREFIX = EvalTask(
-    name="prefix_nll", report="prefix_nll", summary="perplexity of the text's first tokens (a test task).",
-    title="Prefix perplexity (test task)", params=PrefixParams, run=run_prefix_nll,
-    defaults=Defaults(methods=("none", "pi")),
-    model_index=per_length_entries(dict(task_type="text-generation", task_name="Prefix perplexity",
-                                        dataset_type="text", dataset_name="fox", metric_type="perplexity"),
-                                   "prefix perplexity @ {n} tokens", lambda res, n: res.get(n)),
-    patch=PatchUse(lambda e: PrefixParams(lengths=[16, 32])))
-
-
 @pytest.fixture
 def prefix_task():
     register_task(PREFIX)
@@ -178,23 +121,7 @@ def test_a_task_in_one_file_runs_in_eval_resumes_and_goes_into_patch_and_the_car
 
 
 # -- a RoPE scaling's GGUF and freezing facts, in its record -----------------------------------------------------
-@pytest.fixture
-def sqrt_pi_facts():
-    """sqrt_pi with its GGUF fact (llama.cpp's linear type by sqrt(factor)), and a length-dependent sibling whose
-    record says how it freezes (PI by sqrt(length / L) at a length past L)."""
-    spec = MethodSpec(NAME, "rope", "PI by the square root of the factor (a test's scaling).")
-    rope_records.register_scaling(spec, rope_records.RopeScaling(
-        rope_sqrt_pi, gguf=lambda s, L, p, g: ({"type": "linear", "factor": math.sqrt(s)}, None)))
-    grow = MethodSpec(NAME + "_grow", "rope", "sqrt_pi by the length seen (a test's scaling).")
-    rope_records.register_scaling(grow, rope_records.RopeScaling(
-        rope_sqrt_pi, dynamic="grow", follows_length="its factor follows the length seen",
-        freeze=lambda s, L, p, at: (math.sqrt(at / L), {}), freezes_to="pi", unchanged_within_original=lambda p: True))
-    yield
-    for name in (NAME, NAME + "_grow"):
-        unregister_method(name)
-
-
-def test_a_new_scaling_s_gguf_and_freezing_facts_are_read_from_its_record(sqrt_pi_facts):
+def test_a_new_scaling_s_gguf_and_freezing_facts_are_read_from_its_record(sqrt_pi):
     from hf_posenc.config import PosEncConfig
     from hf_posenc.encodings.rope import RopeGeometry
     from hf_posenc.serving.freezing import check_freeze, freeze_config
@@ -206,27 +133,22 @@ def test_a_new_scaling_s_gguf_and_freezing_facts_are_read_from_its_record(sqrt_p
     meta = llama_cpp_metadata(cfg, RopeGeometry(10000.0, 16, 64))
     assert meta["type"] == "linear" and meta["factor"] == 2.0 and meta["context"] == 256
 
-    grow = PosEncConfig(NAME + "_grow", 4.0, 64)
+    grow = PosEncConfig(GROW, 4.0, 64)
     assert "llama.cpp cannot compute" in refusal(grow, "llama")  # no gguf in its record
     assert freeze_config(grow, 256) == PosEncConfig("pi", 2.0, 64, {})
     with pytest.raises(ValueError, match="changes nothing up to the original context"):
         check_freeze(grow, 64)
     with pytest.raises(ValueError, match="its factor follows the length seen"):
-        check_context_parallel(NAME + "_grow", 2, 128, 2)
+        check_context_parallel(GROW, 2, 128, 2)
 
 
 # -- an engine in one file ---------------------------------------------------------------------------------------
 def test_a_new_engine_is_one_record_that_serve_config_and_the_card_read(tmp_path, tiny_checkpoint, capsys):
-    from hf_posenc.engines.launch import Launch
     from hf_posenc.engines.registry import ENGINES, Engine, register_engine, unregister_engine
     from hf_posenc.serving.launch_settings import serve_config
     from hf_posenc.serving.support import known_status
 
-    def launch(served, length):
-        return Launch("Echo", "same", f"echo serves {served.method} up to {length or served.context} tokens",
-                      command=["echo-serve", served.path])
-
-    register_engine(Engine("echo", "Echo", launch=launch))
+    register_engine(ECHO)
     try:
         with pytest.raises(ValueError, match="clashes with the registered 'echo'"):
             register_engine(Engine("echo", "Echo again"))
