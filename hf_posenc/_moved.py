@@ -1,6 +1,8 @@
 """Modules that moved, still importable by their old names for a while (with a DeprecationWarning that names the
 new one): ``from hf_posenc.publish import PatchJob`` goes on working. :data:`MOVED` is the one list of old -> new
-names (README's "Changes" section says the same); the old name is a view of the new module, not a copy."""
+names (README's "Changes" section says the same); the old name is a view of the new module, not a copy.
+``hf_posenc.finetune`` is now the public function: ``from hf_posenc.finetune import X`` still reaches the module, but
+``import hf_posenc.finetune as ft`` binds the function (Python reads the package's attribute first)."""
 
 from __future__ import annotations
 

@@ -32,9 +32,11 @@ DIM = 16  # head_dim of the tiny llama (64 / 4 heads)
 LONG = [1.0 + 0.25 * i for i in range(DIM // 2)]  # per-dimension factors, non-decreasing
 
 
-def write_tiny_gguf(path, model, arch: str = "llama", context: int = ORIGINAL, extra: dict | None = None) -> str:
+def write_tiny_gguf(path, model, arch: str = "llama", context: int = ORIGINAL, extra: dict | None = None,
+                    floats: dict | None = None) -> str:
     """The tiny llama as llama.cpp's converter lays it out (q/k permuted): norms and embeddings f32, the attention
-    output f16, the MLP Q8_0 (a quantized tensor must come out byte for byte); ``extra``: more f32 tensors."""
+    output f16, the MLP Q8_0 (a quantized tensor must come out byte for byte); ``extra``: more f32 tensors;
+    ``floats``: more ``{arch}.KEY`` float metadata (a scaling another tool wrote)."""
     c = model.config
     w = gguf.GGUFWriter(str(path), arch=arch)
     w.add_name("tiny-llama")
@@ -48,6 +50,8 @@ def write_tiny_gguf(path, model, arch: str = "llama", context: int = ORIGINAL, e
     w.add_rope_freq_base(THETA)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
+    for key, value in (floats or {}).items():
+        w.add_float32(f"{arch}.{key}", value)
 
     def permute(x, n):
         return x.reshape(n, 2, x.shape[0] // n // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
@@ -457,3 +461,27 @@ def test_a_list_of_lengths_starting_with_a_negative_one_reaches_the_flags_own_ch
     err = refused(["serve-check", tiny_gguf, "--engine", "llama.cpp", "--lengths", "-3,5"], capsys)
     assert "argument --lengths: expected one or more comma-separated integers >= 1, got '-3,5'" in err
     assert "expected one argument" not in err
+
+
+def test_a_scaled_gguf_s_own_scaling_is_read_as_llama_cpp_reads_it_and_kept(tiny_gguf, tmp_path):
+    """A factor without a type is llama.cpp's linear scaling (pi on top multiplies it); none on a scaled source would
+    remove its scaling and is refused; --freeze-at composes the frozen method; a qwen2 GGUF, whose llama.cpp graph
+    reads no rope_freqs, refuses the composition by name -- each before anything is written."""
+    model = tiny_model("llama", intermediate_size=96)
+    untyped = write_tiny_gguf(tmp_path / "untyped.gguf", model, context=4 * ORIGINAL,
+                              floats={"rope.scaling.factor": 4.0})
+    done = patch_gguf(untyped, tmp_path / "pi.gguf", PosEncConfig.parse("pi:factor=2"))
+    np.testing.assert_allclose(gguf.GGUFReader(done["output"]).get_tensor(0).data, [8.0] * (DIM // 2), rtol=1e-6)
+    assert metadata(done["output"])["llama.context_length"] == 8 * ORIGINAL and "linear scaling" in done["note"]
+    with pytest.raises(ValueError, match="which none would remove"):
+        patch_gguf(untyped, tmp_path / "none.gguf", PosEncConfig("none"))
+    frozen = patch_gguf(untyped, tmp_path / "frozen.gguf", PosEncConfig("dynamic_ntk", 2.0), freeze_at=8 * ORIGINAL)
+    assert frozen["config"].method == "longrope" and metadata(frozen["output"])["llama.context_length"] > 4 * ORIGINAL
+    qwen = write_tiny_gguf(tmp_path / "qwen.gguf", model, arch="qwen2", context=4 * ORIGINAL,
+                           floats={"rope.scaling.factor": 4.0})
+    with pytest.raises(ValueError, match="qwen2 GGUF: the result is a per-dimension scaling .* --original-max-posi"):
+        patch_gguf(qwen, tmp_path / "qwen-out.gguf", PosEncConfig.parse("yarn:factor=2"))
+    with pytest.raises(ValueError, match="rope_freqs tensor for llama-architecture GGUFs, not qwen2"):
+        patch_gguf(write_tiny_gguf(tmp_path / "plain-qwen.gguf", model, arch="qwen2"), tmp_path / "l3.gguf",
+                   PosEncConfig.parse("llama3:factor=2"))
+    assert not any((tmp_path / n).exists() for n in ("none.gguf", "qwen-out.gguf", "l3.gguf"))

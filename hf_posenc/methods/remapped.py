@@ -19,6 +19,7 @@ from .spec import (
     MAX_KNOB,
     MIN_ORIGINAL_CONTEXT,
     MethodSpec,
+    on_unregister,
     positive_number,
     register_method,
 )
@@ -48,6 +49,13 @@ class RemappedMethod:
 
 
 REMAPPED: dict[str, RemappedMethod] = {}
+
+
+def _forget(name: str) -> None:
+    REMAPPED.pop(name, None)
+
+
+on_unregister(_forget)  # unregister_method removes its scheme too
 
 
 def _add(spec: MethodSpec, defaults, scheme, any_rope: bool = False) -> None:

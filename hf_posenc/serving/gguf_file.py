@@ -178,20 +178,25 @@ def _stated(reader, keys: dict[str, str], path: str) -> StatedScaling:
         return StatedScaling(**kept) if isinstance(kept, dict) else StatedScaling("none", 1.0, 0, 1.0, 0)
     freqs = next((t.data for t in reader.tensors if t.name == ROPE_FREQS), None)
     context = int(_value(reader, keys["context"], 0) or 0)
-    return StatedScaling(str(_value(reader, keys["type"], "") or "none"), float(_value(reader, keys["factor"], 1.0)),
-                         int(_value(reader, keys["original"], 0) or context),
+    factor = float(_value(reader, keys["factor"], 0.0) or _value(reader, keys.get("scale_linear", ""), 0.0) or 1.0)
+    kind = str(_value(reader, keys["type"], "") or ("linear" if factor != 1.0 else "none"))  # llama.cpp's default
+    return StatedScaling(kind, factor, int(_value(reader, keys["original"], 0) or context),
                          float(_value(reader, keys["attn_factor"], 1.0)), context,
                          [float(x) for x in freqs] if freqs is not None else [])
 
 
-def _composed(reader, keys: dict[str, str], cfg: PosEncConfig, stated: StatedScaling,
-              path: str) -> tuple[PosEncConfig, R.RopeGeometry, str]:
+def _composed(reader, keys: dict[str, str], cfg: PosEncConfig, stated: StatedScaling, path: str,
+              arch: str) -> tuple[PosEncConfig, R.RopeGeometry, str]:
     """``cfg`` on top of the source's own scaling (:mod:`.gguf_compose`): the frozen longrope that computes it, the
     geometry over the source's current context, and the note that says so."""
+    what = "a rope_freqs tensor" if stated.freqs else f"a {stated.kind} scaling (factor {stated.factor:g})"
+    if not _reads_rope_freqs(arch):
+        raise ValueError(f"cannot put {cfg.method} on top of the {what} of this {arch} GGUF: the result is a "
+                         f"per-dimension scaling (rope_freqs), which llama.cpp's {arch} graph does not read; give "
+                         "--original-max-position-embeddings to replace the source's scaling instead")
     base = float(_original(reader, keys, path)["freq_base"] or 10000.0)
     dim = _rotary_dim(reader, keys, path)
     result = composed(cfg, base, dim, stated)
-    what = "a rope_freqs tensor" if stated.freqs else f"a {stated.kind} scaling (factor {stated.factor:g})"
     note = (f"the source's RoPE states {what}, context {stated.context}: {cfg.to_text()} is put on top (context "
             f"{SCALINGS[cfg.method].max_position(cfg.factor, stated.context)}), written as a longrope with one list "
             "(a GGUF holds one set of frequencies: shorter inputs get them too); to replace the source's scaling "
@@ -239,11 +244,14 @@ def _writes(cfg: PosEncConfig) -> bool:
     return bool(scaling and scaling.gguf)
 
 
-def _reads_rope_freqs(arch: str) -> bool:
-    from gguf import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS
+# the architectures (of ARCHITECTURES) whose llama.cpp graph passes the rope_freqs factors to its rotation
+# (src/models/llama.cpp: model.get_rope_factors; qwen2.cpp and qwen3.cpp pass none, whatever gguf-py's tensor
+# table lists for them)
+READS_ROPE_FREQS = ("llama",)
 
-    arch_id = next(a for a, n in MODEL_ARCH_NAMES.items() if n == arch)
-    return MODEL_TENSOR.ROPE_FREQS in MODEL_TENSORS.get(arch_id, ())
+
+def _reads_rope_freqs(arch: str) -> bool:
+    return arch in READS_ROPE_FREQS
 
 
 def _rope_metadata(cfg: PosEncConfig, geom: R.RopeGeometry) -> tuple[dict[str, Any], Any]:
@@ -321,8 +329,15 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
     arch = _architecture(reader, src, "patches")
     keys = _keys(arch)
     stated = _stated(reader, keys, src)
-    if stated.scaled and cfg.original_max_position_embeddings is None and cfg.spec.kind == "rope":
-        cfg, geom, note = _composed(reader, keys, cfg, stated, src)
+    on_top = stated.scaled and cfg.original_max_position_embeddings is None
+    if on_top and cfg.spec.kind == "none":
+        raise ValueError(f"{src} already states a RoPE scaling, which none would remove: the source is the unchanged "
+                         "model already (nothing to write); give --original-max-position-embeddings to write plain "
+                         "RoPE over that context")
+    if on_top and cfg.spec.kind == "rope":
+        if freeze_at is not None:  # the static method equal to it at N, over the source's current context
+            cfg, freeze_at = freeze_config(cfg, freeze_at, original=stated.context), None
+        cfg, geom, note = _composed(reader, keys, cfg, stated, src, arch)
     else:
         geom, note = _geometry(reader, keys, cfg, src)
         cfg = PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None,
