@@ -27,9 +27,15 @@ def test_an_old_name_is_a_view_of_the_new_module(old):
         _ = view.no_such_name_here
 
 
+def assert_runs(code: str) -> None:
+    """``code`` run by a fresh Python (old names not warned: the other tests check the warnings) prints ``ok``."""
+    quiet = "import warnings; warnings.simplefilter('ignore', DeprecationWarning)\n"
+    done = subprocess.run([sys.executable, "-c", quiet + code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 def test_the_old_import_forms_users_wrote():
-    code = ("import warnings; warnings.simplefilter('ignore', DeprecationWarning)\n"
-            "from hf_posenc.publish import PatchJob, patch_and_save\n"
+    code = ("from hf_posenc.publish import PatchJob, patch_and_save\n"
             "from hf_posenc.eval.data import read_text_file\n"
             "from hf_posenc.eval import report\n"
             "import hf_posenc, hf_posenc.patch_job, hf_posenc.io.documents, hf_posenc.io.reports\n"
@@ -37,16 +43,14 @@ def test_the_old_import_forms_users_wrote():
             "assert read_text_file is hf_posenc.io.documents.read_text_file\n"
             "assert report.markdown_table is hf_posenc.io.reports.markdown_table\n"
             "print('ok')\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert_runs(code)
 
 
 def test_the_modules_that_became_packages_and_functions_keep_their_old_forms():
     """``hf_posenc.serving`` was a module (now the package, its names in ``.support``); ``hf_posenc.finetune`` was a
     module (now the public function): the old imports still work, and importing the old module path does not turn
     the function back into a module."""
-    code = ("import warnings; warnings.simplefilter('ignore', DeprecationWarning)\n"
-            "import hf_posenc\n"
+    code = ("import hf_posenc\n"
             "from hf_posenc.serving import known_status\n"
             "from hf_posenc.serving.support import known_status as moved\n"
             "assert known_status is moved\n"
@@ -57,8 +61,7 @@ def test_the_modules_that_became_packages_and_functions_keep_their_old_forms():
             "from hf_posenc.loading import from_pretrained\n"
             "assert from_pretrained is hf_posenc.from_pretrained\n"
             "print('ok')\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert_runs(code)
     with pytest.warns(DeprecationWarning, match=r"hf_posenc\.serving\.support\.known_status"):
         import hf_posenc.serving as serving
 

@@ -8,5 +8,12 @@ from .registry import ENGINES as REGISTRY  # noqa: F401
 from .registry import display_name, engine, register_engine, runnable, unregister_engine  # noqa: F401  (re-exported)
 from .settings import EngineSettings  # noqa: F401
 
-ENGINES = runnable()  # the engines serve-check starts (the --engine and --serve-check values)
-ENGINE_NAMES = {key: display_name(key) for key in REGISTRY}  # each as the method records and the cards name it
+
+def __getattr__(name: str):
+    """``ENGINES`` (the engines serve-check starts) and ``ENGINE_NAMES`` (each as records and cards name it), read
+    from the registry when asked, so an engine registered later is among them."""
+    if name == "ENGINES":
+        return runnable()
+    if name == "ENGINE_NAMES":
+        return {key: display_name(key) for key in REGISTRY}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -59,13 +59,18 @@ QUANTIZED_BASIS = ("quantized weights: llama.cpp multiplies them with activation
 def check_engine_flags(engine: str, engine_python: str | None = None, allow_long: bool = False,
                        tensor_parallel_size: int = 1, engine_args: dict[str, Any] | None = None) -> None:
     """An engine serve-check starts, and only the flags that set it up (vLLM's are refused with an engine that does
-    not take them)."""
-    if engine not in runnable():
-        raise ValueError(f"--engine must be one of {list(runnable())}, got {engine!r}")
-    runner = engine_record(engine).runner
-    vllm_only = EngineSettings(engine, engine_python, tensor_parallel_size, dict(engine_args or {}), allow_long).given()
+    not take them); :func:`check_engine_settings` for the flags as one :class:`EngineSettings`."""
+    check_engine_settings(EngineSettings(engine, engine_python, tensor_parallel_size, dict(engine_args or {}),
+                                         allow_long))
+
+
+def check_engine_settings(e: EngineSettings) -> None:
+    if e.name not in runnable():
+        raise ValueError(f"--engine must be one of {list(runnable())}, got {e.name!r}")
+    runner = engine_record(e.name).runner
+    vllm_only = e.given()
     if vllm_only and not runner.takes_vllm_flags:
-        raise ValueError(f"{', '.join(vllm_only)} set up vLLM; --engine {engine} takes none of them "
+        raise ValueError(f"{', '.join(vllm_only)} set up vLLM; --engine {e.name} takes none of them "
                          f"({runner.no_flags_reason})")
 
 
@@ -204,7 +209,7 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
     de-quantized weights."""
     e = engine if isinstance(engine, EngineSettings) else EngineSettings(engine)
     e = e if e.name else dataclasses.replace(e, name=DEFAULT_ENGINE)
-    check_engine_flags(e.name, e.python, e.allow_long, e.tensor_parallel_size, e.args)
+    check_engine_settings(e)
     c = check or CheckSettings()
     engine, engine_python = e.name, e.python
     runner = engine_record(engine).runner

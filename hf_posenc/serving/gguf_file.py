@@ -169,12 +169,12 @@ def _geometry(reader, keys: dict[str, str], cfg: PosEncConfig, path: str) -> tup
     return R.RopeGeometry(base, int(dim), L), note
 
 
-def _stated(reader, keys: dict[str, str], path: str) -> StatedScaling:
+def _stated(reader, keys: dict[str, str], original: dict[str, Any]) -> StatedScaling:
     """The scaling the source states beyond its base: for our own output, the one its source stated (kept in the
-    record); else its metadata's type, factor, YaRN original context, attn_factor, context and rope_freqs."""
-    raw = _value(reader, OWN_KEY)
-    if raw is not None:
-        kept = _stored_record(raw, path)["original"].get("stated")
+    record's ``original``, :func:`_original`); else its metadata's type, factor, YaRN original context, attn_factor,
+    context and rope_freqs."""
+    if _value(reader, OWN_KEY) is not None:
+        kept = original.get("stated")
         return StatedScaling(**kept) if isinstance(kept, dict) else StatedScaling("none", 1.0, 0, 1.0, 0)
     freqs = next((t.data for t in reader.tensors if t.name == ROPE_FREQS), None)
     context = int(_value(reader, keys["context"], 0) or 0)
@@ -185,8 +185,8 @@ def _stated(reader, keys: dict[str, str], path: str) -> StatedScaling:
                          [float(x) for x in freqs] if freqs is not None else [])
 
 
-def _composed(reader, keys: dict[str, str], cfg: PosEncConfig, stated: StatedScaling, path: str,
-              arch: str) -> tuple[PosEncConfig, R.RopeGeometry, str]:
+def _composed(reader, keys: dict[str, str], cfg: PosEncConfig, stated: StatedScaling, original: dict[str, Any],
+              path: str, arch: str) -> tuple[PosEncConfig, R.RopeGeometry, str]:
     """``cfg`` on top of the source's own scaling (:mod:`.gguf_compose`): the frozen longrope that computes it, the
     geometry over the source's current context, and the note that says so."""
     what = "a rope_freqs tensor" if stated.freqs else f"a {stated.kind} scaling (factor {stated.factor:g})"
@@ -194,7 +194,7 @@ def _composed(reader, keys: dict[str, str], cfg: PosEncConfig, stated: StatedSca
         raise ValueError(f"cannot put {cfg.method} on top of the {what} of this {arch} GGUF: the result is a "
                          f"per-dimension scaling (rope_freqs), which llama.cpp's {arch} graph does not read; give "
                          "--original-max-position-embeddings to replace the source's scaling instead")
-    base = float(_original(reader, keys, path)["freq_base"] or 10000.0)
+    base = float(original["freq_base"] or 10000.0)
     dim = _rotary_dim(reader, keys, path)
     result = composed(cfg, base, dim, stated)
     note = (f"the source's RoPE states {what}, context {stated.context}: {cfg.to_text()} is put on top (context "
@@ -328,7 +328,8 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
     reader = _reader(src)
     arch = _architecture(reader, src, "patches")
     keys = _keys(arch)
-    stated = _stated(reader, keys, src)
+    original = _original(reader, keys, src)
+    stated = _stated(reader, keys, original)
     on_top = stated.scaled and cfg.original_max_position_embeddings is None
     if on_top and cfg.spec.kind == "none":
         raise ValueError(f"{src} already states a RoPE scaling, which none would remove: the source is the unchanged "
@@ -337,7 +338,7 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
     if on_top and cfg.spec.kind == "rope":
         if freeze_at is not None:  # the static method equal to it at N, over the source's current context
             cfg, freeze_at = freeze_config(cfg, freeze_at, original=stated.context), None
-        cfg, geom, note = _composed(reader, keys, cfg, stated, src, arch)
+        cfg, geom, note = _composed(reader, keys, cfg, stated, original, src, arch)
     else:
         geom, note = _geometry(reader, keys, cfg, src)
         cfg = PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None,
@@ -352,7 +353,7 @@ def patch_gguf(src: str, dst: str, config: Any, freeze_at: int | None = None) ->
                          "does not read), which the metadata of another method cannot undo; patch the model it was "
                          "converted from instead")
     short, freqs = _rope_metadata(cfg, geom)
-    record = {"config": cfg.to_dict(), "original": _original(reader, keys, src)}
+    record = {"config": cfg.to_dict(), "original": original}
     if stated.scaled:  # the source's own scaling: patching this output again composes on it, never on plain RoPE
         record["original"]["stated"] = stated.to_dict()
     if freeze_at is not None:
