@@ -477,3 +477,26 @@ def test_a_run_resumes_under_another_torch_build_of_the_same_release_only(own_ch
             err = refused(_ppl(own_checkpoint, out), capsys)
             assert ("another setup (versions.t" in err
                     and ("torch: '1.0.0' ->" in err or "transformers: '4.0.0' ->" in err))
+
+
+def test_cells_of_an_earlier_release_resume_from_the_release_that_computes_them_alike(own_checkpoint, tmp_path, capsys):
+    """hf_posenc's own version: a release from CELLS_SINCE on computes every cell as this one does (a restructure
+    moves code, not numbers), so its cells resume; an older one is another setup, named."""
+    from hf_posenc.eval.cells import CELLS_SINCE
+
+    out = tmp_path / "ppl"
+    assert main(_ppl(own_checkpoint, out)) == 0
+    cells = out / "cells.jsonl"
+    lines = cells.read_text().splitlines(keepends=True)
+    for version, resumes in ((CELLS_SINCE, True), ("0.0.9", False)):
+        changed = json.loads(lines[0])
+        changed["fingerprint"]["versions"]["hf_posenc"] = version
+        cells.write_text(json.dumps(changed) + "\n" + "".join(lines[1:]))
+        capsys.readouterr()
+        if resumes:
+            assert main(_ppl(own_checkpoint, out)) == 0
+            assert f"resumed {len(lines) - 1} of {len(lines) - 1} cells" in capsys.readouterr().err
+            assert cells.read_text().splitlines(keepends=True)[1:] == lines[1:]  # nothing computed again
+        else:
+            err = refused(_ppl(own_checkpoint, out), capsys)
+            assert "another setup (versions.hf_posenc: '0.0.9' ->" in err

@@ -5,8 +5,9 @@ from __future__ import annotations
 from ..checkpoints.models import DEFAULT_MODEL
 from ..config_syntax import parse_method_params
 from ..eval.settings import RunSettings
+from ..tuning.evolution import EvolutionSettings
 from ..tuning.objective import DEPTHS, objectives
-from ..tuning.search import TuneSettings, search
+from ..tuning.search import SEARCHES, TuneSettings, search
 from ..tuning.space import DEFAULT_METHODS
 from .flags import (
     LoadFlags,
@@ -52,8 +53,10 @@ def add_parser(sub) -> None:
                    help="compute time the halving may spend (the cells' recorded seconds); default: no limit.")
     s.add_argument("--max-short-cost", type=float, default=0.01, help="a candidate whose perplexity on inputs of the "
                    "original length is more than this fraction above the unpatched model's is disqualified.")
-    s.add_argument("--rank-by", choices=list(objectives()), default="passkey", help="passkey: passkey accuracy at "
-                   "the target, then perplexity beyond the original context; ppl: the other way round.")
+    s.add_argument("--rank-by", choices=list(objectives()), default=None, help="passkey: passkey accuracy at "
+                   "the target, then perplexity beyond the original context; ppl: the other way round; needle_ppl: "
+                   "the loss of the answer tokens of needles hidden in prose (LongRoPE2). Default: passkey for "
+                   "--search grid, ppl for --search evolution.")
     s.add_argument("--depths", type=depths, default=list(DEPTHS), help="passkey depths.")
     s.add_argument("--windows", type=positive, default=1, help="windows of each length per candidate at the first "
                    "rung (doubled at each rung).")
@@ -63,14 +66,43 @@ def add_parser(sub) -> None:
     s.add_argument("--chunk-size", type=positive, default=1024, help="tokens per LM-head chunk.")
     s.add_argument("--no-reference", action="store_true", help="confirm only the winner and the runner-up, not "
                    "also YaRN with its default knobs at the winner's factor (the reference).")
+    _evolution_flags(tu)
     o = tu.add_argument_group("run and output")
     OUTPUT.add(o)
+
+
+def _evolution_flags(tu) -> None:
+    e = tu.add_argument_group("evolutionary search (--search evolution: per-dimension longrope factors, LongRoPE)")
+    e.add_argument("--search", choices=list(SEARCHES), default="grid", help="grid: successive halving over the "
+                   "methods' grids; evolution: search one longrope factor per rotary dimension (mutation and "
+                   "crossover from PI's, NTK's, YaRN's and llama3's factors).")
+    d = EvolutionSettings()
+    e.add_argument("--population", type=positive, default=d.population, help="candidates per generation (>= 2).")
+    e.add_argument("--generations", type=positive, default=d.generations, help="generations of the search.")
+    e.add_argument("--mutation-rate", type=positive_float, default=d.mutation_rate, help="probability that a "
+                   "mutation moves each searched dimension's factor.")
+    e.add_argument("--mutation-step", type=positive_float, default=d.mutation_step, help="standard deviation of a "
+                   "mutation's step, in ln(factor).")
+    e.add_argument("--finalists", type=positive, default=d.finalists, help="the best candidates measured again on "
+                   "twice the windows (the ranking there picks the winner and checks the cheaper sample's).")
+    e.add_argument("--search-attention-factor", action="store_true", help="search the attention factor too "
+                   "(LongRoPE2), between 1 and 1.5; default: LongRoPE's sqrt(1 + ln s / ln L).")
+    e.add_argument("--all-dimensions", action="store_true", help="search every dimension's factor; default: the "
+                   "dimensions that turn within the original context (below the critical dimension) keep factor 1.")
+
+
+def _evolution(args) -> EvolutionSettings | None:
+    if args.search != "evolution":
+        return None
+    return EvolutionSettings(args.population, args.generations, args.mutation_rate, args.mutation_step,
+                             args.finalists, args.search_attention_factor, args.all_dimensions)
 
 
 def run(args, command: str) -> int:
     settings = TuneSettings(args.target_length, args.methods, args.space, parse_method_params(args.method_param),
                             args.budget_minutes, args.max_short_cost, args.rank_by, tuple(args.depths), args.windows,
-                            args.keys, args.reduction, args.chunk_size, not args.no_reference)
+                            args.keys, args.reduction, args.chunk_size, not args.no_reference, args.search,
+                            _evolution(args))
     run = RunSettings(LOAD.settings(args), methods=["none"], seed=args.seed,
                       output=OUTPUT.settings(args, command))
     report = search(settings, document_source(args), run)

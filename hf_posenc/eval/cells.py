@@ -67,17 +67,40 @@ def _tokenizer_by_files(fingerprint: dict[str, Any]) -> Any:
     return settings
 
 
+# the first hf_posenc release that computes every cell as this one does: cells of it or a later release resume; bump
+# it to this release's version whenever a change alters what a cell holds (a formula, a window, a prompt)
+CELLS_SINCE = "0.1.0"
+
+
+def _release(version: Any) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(part) for part in str(version).split("+", 1)[0].split("."))
+    except ValueError:
+        return None
+
+
+def _hf_posenc_cells(version: Any) -> Any:
+    """hf_posenc's version as a resume compares it: every release from :data:`CELLS_SINCE` on computes the same
+    cells (one value for them all); an earlier one stays itself, so its cells are refused, naming it."""
+    release, since = _release(version), _release(CELLS_SINCE)
+    return f"cells of {CELLS_SINCE} or later" if release is not None and release >= since else version
+
+
 def resumable(fingerprint: dict[str, Any]) -> dict[str, Any]:
     """The fingerprint as a resume compares it: torch's version without its build tag (``2.13.0+cpu`` and
     ``2.13.0+cu130`` are one release built for other devices; each cell records the device it was computed on,
-    and a report counts its cells by device), a local model by its files (:func:`comparable_identity`). Every other
-    field, transformers' version included, must match."""
+    and a report counts its cells by device), hf_posenc's by whether it computes cells as this release does
+    (:data:`CELLS_SINCE`), a local model by its files (:func:`comparable_identity`). Every other field,
+    transformers' version included, must match."""
     fingerprint = {**fingerprint, "model": comparable_identity(fingerprint["model"]),
                    "settings": _tokenizer_by_files(fingerprint)} if "model" in fingerprint else fingerprint
-    torch_version = fingerprint.get("versions", {}).get("torch")
-    if not isinstance(torch_version, str):
+    versions = fingerprint.get("versions")
+    if not isinstance(versions, dict):
         return fingerprint
-    return {**fingerprint, "versions": {**fingerprint["versions"], "torch": torch_version.split("+", 1)[0]}}
+    versions = {**versions, "hf_posenc": _hf_posenc_cells(versions.get("hf_posenc"))}
+    if isinstance(versions.get("torch"), str):
+        versions["torch"] = versions["torch"].split("+", 1)[0]
+    return {**fingerprint, "versions": versions}
 
 
 def _key_id(label: str, key: list) -> str:

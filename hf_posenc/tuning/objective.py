@@ -6,7 +6,9 @@ once per candidate):
   positions before L, and per position bucket (the loss-by-position plot);
 - ``short``: one window of L tokens: perplexity on inputs the model already handled, compared with the
   unpatched model's on the same windows (the cost of the patch to short inputs);
-- ``passkey``: one key hidden at a depth of a T-token prompt, teacher-forced (every key token the argmax).
+- ``passkey``: one key hidden at a depth of a T-token prompt, teacher-forced (every key token the argmax);
+- ``needles`` (when ranking by ``needle_ppl``): one window of T tokens of prose with a needle per depth and their
+  questions and answers at its end, the loss of the answer tokens (:mod:`.needles`).
 
 Calibration and confirmation never share data: the windows of each length alternate between the two parts
 (even-numbered windows rank, odd-numbered ones confirm), and the passkey keys of the two parts come from
@@ -25,7 +27,8 @@ from ..eval.cells import NUMBER
 from ..eval.passkey import PasskeyBuilder, passkey_cell
 from ..eval.perplexity import Window, bucket_edges, plan_windows
 from ..eval.scoring import token_nll
-from ..eval.tasks import registered
+from ..eval.tasks import Objective, registered
+from .needles import needle_cell
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 BUCKETS = 32
@@ -88,15 +91,41 @@ class TunePasskey:
         return ["passkey", self.length, self.depth, self.seed]
 
 
-def tune_cell(key: list) -> TuneWindow | TunePasskey:
+@dataclass(frozen=True)
+class TuneNeedles:
+    """Needles at ``depths`` in the prose of a window of ``length`` tokens of document ``doc`` (its token ``digest``)
+    from token ``begin``, their words and keys drawn from ``seed``."""
+
+    length: int
+    doc: str
+    digest: str
+    begin: int
+    seed: int
+    depths: tuple[float, ...]
+
+    def as_list(self) -> list:
+        return ["needles", self.length, self.doc, self.digest, self.begin, self.seed, list(self.depths)]
+
+
+def tune_cell(key: list) -> TuneWindow | TunePasskey | TuneNeedles:
     """The cell of a stored key (the inverse of ``as_list``)."""
-    return TunePasskey(*key[1:]) if key[0] == "passkey" else TuneWindow(*key)
+    if key[0] == "passkey":
+        return TunePasskey(*key[1:])
+    if key[0] == "needles":
+        return TuneNeedles(*key[1:6], tuple(key[6]))
+    return TuneWindow(*key)
+
+
+def kind_of(key: list) -> str:
+    """The kind of a cell key: "long", "short", "passkey" or "needles"."""
+    return key[0]
 
 
 def sample_keys(data: TuneData, part: str, windows: int, keys: int, depths: tuple[float, ...], seed: int,
-                target: int, original: int) -> list[list]:
-    """The cells of one sample: the first ``windows`` windows of each length of ``part`` and ``keys`` passkey
-    keys per depth (a larger sample holds every cell of a smaller one)."""
+                target: int, original: int, needles: bool = False) -> list[list]:
+    """The cells of one sample: the first ``windows`` windows of each length of ``part``, ``keys`` passkey
+    keys per depth, and with ``needles`` a needle cell on each long window (a larger sample holds every cell of a
+    smaller one)."""
     def key(kind, n, w):
         return TuneWindow(kind, n, data.names[w.doc], data.digests[w.doc], w.begin).as_list()
 
@@ -105,6 +134,9 @@ def sample_keys(data: TuneData, part: str, windows: int, keys: int, depths: tupl
     base = seed * 1_000_003 + _PARTS[part] * 500_000
     out += [TunePasskey(target, d, base + k * len(depths) + i).as_list() for k in range(keys)
             for i, d in enumerate(depths)]
+    if needles:
+        out += [TuneNeedles(target, data.names[w.doc], data.digests[w.doc], w.begin, base + 400_000 + i,
+                            tuple(depths)).as_list() for i, w in enumerate(data.long[part][:windows])]
     return out
 
 
@@ -121,6 +153,10 @@ class CellComputer:
         if isinstance(cell, TunePasskey):
             got = passkey_cell(self.model, self.tok, self.builder, cell.length, cell.depth, cell.seed, trials=1)
             return {"hits": got["hits"], "trials": got["trials"]}
+        if isinstance(cell, TuneNeedles):
+            doc = self.data.docs[self._docs[(cell.doc, cell.digest)]]
+            return needle_cell(self.model, self.tok, doc[cell.begin : cell.begin + cell.length], cell.length,
+                               cell.depths, cell.seed, self.chunk_size)
         return self._window(cell)
 
     def _window(self, cell: TuneWindow) -> dict[str, Any]:
@@ -144,40 +180,50 @@ def result_fields(key: list) -> dict[str, Any]:
     cell = tune_cell(key)
     if isinstance(cell, TunePasskey):
         return {"hits": NUMBER, "trials": NUMBER}
+    if isinstance(cell, TuneNeedles):
+        return {"answer_sum": NUMBER, "answer_cnt": NUMBER}
     if cell.kind == "short":
         return {"tokens": NUMBER, "nll_sum": NUMBER}
     return {**dict.fromkeys(("inside_sum", "inside_cnt", "beyond_sum", "beyond_cnt"), NUMBER),
             "bucket_sum": list, "bucket_cnt": list}
 
 
+def _mean_exp(total: float, count: float) -> float | None:
+    return math.exp(total / count) if count else None
+
+
 def measure(keys: list[list], cells: list[dict[str, Any]]) -> dict[str, Any]:
     """A candidate's numbers on one sample: perplexity beyond and before L at T, perplexity of short inputs,
-    passkey accuracy, and the loss by position."""
-    kinds = [getattr(tune_cell(k), "kind", "passkey") for k in keys]
+    passkey accuracy, the loss by position, and (with needle cells) the needle-driven perplexity; None for a number
+    whose cells the sample lacks."""
+    kinds = [kind_of(k) for k in keys]
 
     def total(kind, field):
         return sum(c[field] for k, c in zip(kinds, cells) if k == kind)
 
-    beyond, inside = total("long", "beyond_sum") / total("long", "beyond_cnt"), None
-    if total("long", "inside_cnt"):
-        inside = math.exp(total("long", "inside_sum") / total("long", "inside_cnt"))
     longs = [c for k, c in zip(kinds, cells) if k == "long"]
     curve = [sum(c["bucket_sum"][i] for c in longs) / sum(c["bucket_cnt"][i] for c in longs)
-             for i in range(len(longs[0]["bucket_sum"]))]
+             for i in range(len(longs[0]["bucket_sum"]))] if longs else []
     trials = total("passkey", "trials")
-    return {"ppl_beyond": math.exp(beyond), "ppl_before": inside,
-            "ppl_short": math.exp(total("short", "nll_sum") / total("short", "tokens")),
-            "passkey": total("passkey", "hits") / trials if trials else None, "passkey_trials": trials,
-            "curve": curve}
+    out = {"ppl_beyond": _mean_exp(total("long", "beyond_sum"), total("long", "beyond_cnt")),
+           "ppl_before": _mean_exp(total("long", "inside_sum"), total("long", "inside_cnt")),
+           "ppl_short": _mean_exp(total("short", "nll_sum"), total("short", "tokens")),
+           "passkey": total("passkey", "hits") / trials if trials else None, "passkey_trials": trials,
+           "curve": curve}
+    if "needles" in kinds:
+        out["needle_ppl"] = _mean_exp(total("needles", "answer_sum"), total("needles", "answer_cnt"))
+    return out
 
 
 RANKABLE = ("ppl_beyond", "passkey")  # the numbers of measure() a task's objective may name
+OWN = {"needle_ppl": Objective("needle_ppl", higher_is_better=False)}  # tune's own: no eval task computes it
 
 
 def objectives() -> dict[str, Any]:
-    """What tune can rank by: the eval tasks with an objective among tune's measurements (``--rank-by NAME``)."""
-    return {name: t.objective for name, t in registered().items() if t.objective is not None
-            and t.objective.metric in RANKABLE}
+    """What tune can rank by (``--rank-by NAME``): the eval tasks with an objective among tune's measurements, then
+    tune's own (``needle_ppl``)."""
+    return {**{name: t.objective for name, t in registered().items() if t.objective is not None
+               and t.objective.metric in RANKABLE}, **OWN}
 
 
 def ranking(rank_by: str) -> list[Any]:
@@ -201,7 +247,7 @@ def rank(metrics: dict[str, dict[str, Any]], baseline: dict[str, Any], max_short
         m["disqualified"] = m["short_cost"] > max_short_cost
 
     def value(m, goal):
-        v = m[goal.metric] if m[goal.metric] is not None else (0.0 if goal.higher_is_better else math.inf)
+        v = m[goal.metric] if m.get(goal.metric) is not None else (0.0 if goal.higher_is_better else math.inf)
         return -v if goal.higher_is_better else v
 
     return sorted(metrics, key=lambda label: (metrics[label]["disqualified"],

@@ -30,11 +30,16 @@ from ..eval.settings import KEYWORDS, RunSettings
 from ..eval.variants import Variant
 from ..io.documents import DocumentSource, documents_of, tokenize_documents
 from ..methods import resolve_method
+from ..methods.rope import SCALINGS
+from .evolution import Evolution, EvolutionSettings, frequencies_of, quiet_composition
+from .evolution_report import evolution_plots, evolution_table
+from .needles import check_needles
 from .objective import DEPTHS, CellComputer, TuneData, measure, plan_data, rank, ranking, result_fields, sample_keys
 from .report import tune_plots, tune_table, write_best
 from .space import DEFAULT_METHODS, check_methods, check_pinned, factors, grid_candidates, load_space
 
 BASELINE = Variant("none", PosEncConfig("none"))
+SEARCHES = ("grid", "evolution")
 # the documents, as the CLI's data flags give them (io.documents.gather_documents), and the run's keywords
 DATA_KEYWORDS = ("text_file", "text_dir", "dataset", "dataset_config", "split", "column", "limit", "corpus",
                  "encoding")
@@ -45,9 +50,11 @@ RUN_KEYWORDS = set(KEYWORDS) - {"model", "methods", "factor", "method_params", "
 class TuneSettings:
     """What ``hf-posenc tune`` searches and how (its flags; see the module docstring): the ``target_length``, the
     candidates (``methods``' grids, or a ``space`` file; ``method_params`` pinned for them), the ``budget_minutes``,
-    ``max_short_cost``, ``rank_by``, the passkey ``depths``, ``windows`` and ``keys`` per candidate, the successive
-    halving's ``reduction``, the LM head's ``chunk_size``, and whether YaRN's paper setting runs beside them as a
-    ``reference``. Checked when made (a bad space file or method before the slow load)."""
+    ``max_short_cost``, ``rank_by`` (default: passkey for the grid, ppl for the evolution), the passkey ``depths``,
+    ``windows`` and ``keys`` per candidate, the successive halving's ``reduction``, the LM head's ``chunk_size``,
+    whether YaRN's paper setting runs beside them as a ``reference``, and the ``search``: "grid" (successive
+    halving over the candidates) or "evolution" (per-dimension longrope factors, :mod:`.evolution`, with
+    ``evolution``'s knobs). Checked when made (a bad space file or method before the slow load)."""
 
     target_length: int
     methods: list[str] | None = None
@@ -55,15 +62,25 @@ class TuneSettings:
     method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     budget_minutes: float | None = None
     max_short_cost: float = 0.01
-    rank_by: str = "passkey"
+    rank_by: str | None = None
     depths: tuple[float, ...] = DEPTHS
     windows: int = 1
     keys: int = 1
     reduction: int = 3
     chunk_size: int = 1024
     reference: bool = True
+    search: str = "grid"
+    evolution: EvolutionSettings | None = None
 
     def __post_init__(self):
+        if self.search not in SEARCHES:
+            raise ValueError(f"--search must be one of {', '.join(SEARCHES)}, got {self.search!r}")
+        if self.rank_by is None:
+            object.__setattr__(self, "rank_by", "passkey" if self.search == "grid" else "ppl")
+        if self.search == "evolution":
+            self._check_evolution()
+        elif self.evolution is not None:
+            raise ValueError("the evolution's settings (population, generations, ...) are for --search evolution")
         for name in ("target_length", "windows", "keys", "reduction", "chunk_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -85,6 +102,20 @@ class TuneSettings:
             raise ValueError("--space replaces the grid of --methods: give one or the other")
         if self.methods:
             check_methods(self.methods)
+
+    def _check_evolution(self) -> None:
+        if self.evolution is None:
+            object.__setattr__(self, "evolution", EvolutionSettings())
+        if self.space:
+            raise ValueError("--search evolution makes its own candidates: drop --space")
+        for name in self.methods or ["longrope"]:
+            if not getattr(SCALINGS.get(resolve_method(name).name), "per_dimension", False):
+                per_dim = ", ".join(n for n, sc in SCALINGS.items() if sc.per_dimension)
+                raise ValueError(f"--search evolution searches one factor per rotary dimension; {name!r} has no "
+                                 f"per-dimension factors (methods that have them: {per_dim})")
+        if self.rank_by == "passkey":
+            raise ValueError("--search evolution ranks by a perplexity (ppl or needle_ppl), which separates "
+                             "candidates that passkey accuracy ties: give --rank-by ppl or needle_ppl")
 
     @property
     def budget_seconds(self) -> float | None:
@@ -190,6 +221,7 @@ class Search:
 
 
 TUNE_KEYWORDS = tuple(f.name for f in dataclasses.fields(TuneSettings))
+EVOLUTION_KEYWORDS = tuple(f.name for f in dataclasses.fields(EvolutionSettings))
 
 
 def tune(model, tokenizer=None, *, docs=None, **keywords: Any) -> dict[str, Any]:
@@ -200,7 +232,9 @@ def tune(model, tokenizer=None, *, docs=None, **keywords: Any) -> dict[str, Any]
         tokenizer: the loaded model's tokenizer.
         docs: the documents (:class:`hf_posenc.io.documents.Document` s); else the data keywords, else the default
             corpus.
-        **keywords: :class:`TuneSettings`' (at least ``target_length``), the documents' as the CLI's data flags
+        **keywords: :class:`TuneSettings`' (at least ``target_length``; ``search="evolution"`` with
+            :class:`hf_posenc.tuning.evolution.EvolutionSettings`' keywords: ``population``, ``generations``, ...),
+            the documents' as the CLI's data flags
             say them (``text_file``, ``text_dir``, ``dataset``, ``corpus``, ...: ``DATA_KEYWORDS``) and the run's
             (:data:`hf_posenc.eval.settings.KEYWORDS`: seed, output, dtype, device, ...).
 
@@ -209,6 +243,9 @@ def tune(model, tokenizer=None, *, docs=None, **keywords: Any) -> dict[str, Any]
         :class:`PosEncConfig`) are written.
     """
     own = {k: keywords.pop(k) for k in TUNE_KEYWORDS if k in keywords}
+    evolution = {k: keywords.pop(k) for k in EVOLUTION_KEYWORDS if k in keywords}
+    if evolution:
+        own["evolution"] = EvolutionSettings(**evolution)
     data_keys = {k: keywords.pop(k) for k in DATA_KEYWORDS if k in keywords}
     _check_keywords(docs, data_keys, keywords)
     if "target_length" not in own:
@@ -228,7 +265,8 @@ def search(settings: TuneSettings, docs, run: RunSettings) -> dict[str, Any]:
     windows, keys, reduction, reference = settings.windows, settings.keys, settings.reduction, settings.reference
     method_params, pinned = pinned_original(settings.method_params)
     if not spaced:
-        check_pinned(list(methods or DEFAULT_METHODS), method_params)
+        default = ["longrope"] if settings.search == "evolution" else DEFAULT_METHODS
+        check_pinned(list(methods or default), method_params)
     docs = documents_of(docs)  # read (a bad file refused) before the slow load
     with Run(dataclasses.replace(run, methods=["none"], variants=None)) as job:
         lm, tok, _ = job.load()
@@ -236,22 +274,52 @@ def search(settings: TuneSettings, docs, run: RunSettings) -> dict[str, Any]:
         original = pinned or original_context(lm)
         if original is None:
             raise ValueError(f"{type(lm).__name__} has no fixed context length: tune extends RoPE decoders")
-        candidates = spaced or grid_candidates(list(methods or DEFAULT_METHODS), original, target_length, method_params)
-        job.variants = [BASELINE, *(pin_original(v, pinned) for v in candidates)]
+        if rank_by == "needle_ppl":
+            check_needles(tok, target_length, plan.depths)
         token_docs = tokenize_documents(tok, docs)
-        data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original,
-                         target_length)
         recorded = {"target_length": target_length, "max_short_cost": max_short_cost, "rank_by": rank_by,
                     "depths": list(plan.depths), "windows": windows, "keys": keys, "reduction": reduction,
-                    "reference": reference, "documents": data.names, "document_tokens": [len(t) for t in token_docs]}
-        # the budget changes which cells are computed, never a cell: a resumed run may change it
-        results = Search(job, plan, job.variants[1:], data, recorded, settings.chunk_size, original, pinned).run()
-
-        report = job.report("tune", {**recorded, "budget_minutes": settings.budget_minutes}, results, tune_table,
-                            tune_plots)
+                    "reference": reference}
+        if plan.search == "evolution":
+            report = _evolve(job, plan, token_docs, docs, recorded, original, pinned, method_params)
+        else:
+            candidates = spaced or grid_candidates(list(methods or DEFAULT_METHODS), original, target_length,
+                                                   method_params)
+            job.variants = [BASELINE, *(pin_original(v, pinned) for v in candidates)]
+            data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original,
+                             target_length)
+            recorded.update(documents=data.names, document_tokens=[len(t) for t in token_docs])
+            # the budget changes which cells are computed, never a cell: a resumed run may change it
+            results = Search(job, plan, job.variants[1:], data, recorded, settings.chunk_size, original, pinned).run()
+            report = job.report("tune", {**recorded, "budget_minutes": settings.budget_minutes}, results, tune_table,
+                                tune_plots)
         if job.output and job.processes.is_main:
             write_best(report, job.output)
         return report
+
+
+def _evolve(job: Run, plan: TuneSettings, token_docs, docs, recorded: dict[str, Any], original: int,
+            pinned: int | None, method_params: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The evolutionary search's report (:mod:`.evolution`); its checks come before any cell."""
+    if plan.target_length <= original:
+        raise ValueError(f"--target-length {plan.target_length} is within the model's original context ({original}):"
+                         " there is nothing to extend; give a target beyond it")
+    knobs = {**method_params.get("*", {}), **method_params.get("longrope", {})}
+    if knobs:
+        raise ValueError(f"--search evolution searches longrope's factors itself: --method-param "
+                         f"{', '.join(sorted(knobs))} cannot be fixed (original_max_position_embeddings can)")
+    freqs = frequencies_of(job.loaded[0], original, pinned)
+    data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original,
+                     plan.target_length)
+    recorded = {**recorded, "search": "evolution", "documents": data.names,
+                "document_tokens": [len(t) for t in token_docs]}
+    results = Evolution(job, plan, plan.evolution, data, recorded, original, freqs).run()
+    chosen = [label for label in (results["best"], results["runner_up"]) if label]
+    job.variants = [BASELINE, *(Variant(label, PosEncConfig.from_dict(results["configs"][label])) for label in chosen)]
+    with quiet_composition():
+        return job.report("tune", {**recorded, "budget_minutes": plan.budget_minutes,
+                                   "evolution": dataclasses.asdict(plan.evolution)}, results, evolution_table,
+                          evolution_plots)
 
 
 def pinned_original(method_params: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], int | None]:
