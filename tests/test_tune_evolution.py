@@ -144,11 +144,19 @@ def test_the_short_cost_of_a_candidate_is_shared_by_its_attention_factor(tiny_ch
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+def test_evolution_flags_without_the_evolution_are_refused(tiny_checkpoint, tmp_path, capsys):
+    args = ["tune", "--model", tiny_checkpoint, "--target-length", str(T), "--corpus", "python-docs",
+            "--population", "6", "--output", str(tmp_path / "out")]
+    assert main(args) == 2
+    assert "--population belong(s) to --search evolution" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--target-length", str(ORIGINAL)], "nothing to extend"),
     (["--population", "1"], "--population is a whole number >= 2"),
     (["--methods", "yarn"], "no per-dimension factors"),
     (["--rank-by", "passkey"], "ranks by a perplexity"),
+    (["--method-param", "yarn:beta_fast=16"], "yarn:beta_fast cannot be fixed"),
 ])
 def test_bad_evolution_input_is_refused_clearly(extra, message, tiny_checkpoint, tmp_path, capsys):
     args = _tune(tiny_checkpoint, tmp_path / "out")
@@ -201,6 +209,8 @@ def test_on_a_scaled_checkpoint_the_factors_extend_its_own_and_needles_rank(bert
                             progress=False)
     res = report["results"]
     assert "the checkpoint's own" in {c["origin"] for c in res["candidates"].values()}
+    own_seed = next(c for c in res["candidates"].values() if c["origin"] == "the checkpoint's own")
+    assert own_seed["attention"] == 1.0 and set(own_seed["factors"]) == {1.0}
     assert res["free_from"] == F.critical_pair(own.double(), ORIGINAL)
     assert all(m["needle_ppl"] is not None for m in res["metrics"].values())
     assert "already scaled" in capsys.readouterr().err

@@ -6,6 +6,7 @@ from ..checkpoints.models import DEFAULT_MODEL
 from ..config_syntax import parse_method_params
 from ..eval.settings import RunSettings
 from ..tuning.evolution import EvolutionSettings
+from ..tuning.factors import HOLDS
 from ..tuning.objective import DEPTHS, objectives
 from ..tuning.search import SEARCHES, TuneSettings, search
 from ..tuning.space import DEFAULT_METHODS
@@ -87,15 +88,26 @@ def _evolution_flags(tu) -> None:
                    "twice the windows (the ranking there picks the winner and checks the cheaper sample's).")
     e.add_argument("--search-attention-factor", action="store_true", help="search the attention factor too "
                    "(LongRoPE2), between 1 and 1.5; default: LongRoPE's sqrt(1 + ln s / ln L).")
-    e.add_argument("--all-dimensions", action="store_true", help="search every dimension's factor; default: the "
-                   "dimensions that turn within the original context (below the critical dimension) keep factor 1.")
+    e.add_argument("--hold", choices=list(HOLDS), default=d.hold, help="which high-frequency dimensions keep factor "
+                   "1: critical, those that turn at least once within the original context (LongRoPE2's critical "
+                   "dimension); yarn, those that turn more than 32 times there (the band YaRN leaves unchanged: its "
+                   "ramp stays within reach); none: every dimension searched.")
+
+
+EVOLUTION_FLAGS = {"population": "--population", "generations": "--generations", "mutation_rate": "--mutation-rate",
+                   "mutation_step": "--mutation-step", "finalists": "--finalists",
+                   "search_attention_factor": "--search-attention-factor", "hold": "--hold"}
 
 
 def _evolution(args) -> EvolutionSettings | None:
-    if args.search != "evolution":
-        return None
-    return EvolutionSettings(args.population, args.generations, args.mutation_rate, args.mutation_step,
-                             args.finalists, args.search_attention_factor, args.all_dimensions)
+    given = EvolutionSettings(**{name: getattr(args, name) for name in EVOLUTION_FLAGS})
+    if args.search == "evolution":
+        return given
+    default = EvolutionSettings()
+    changed = [flag for name, flag in EVOLUTION_FLAGS.items() if getattr(given, name) != getattr(default, name)]
+    if changed:
+        raise ValueError(f"{', '.join(changed)} belong(s) to --search evolution; add it, or drop them")
+    return None
 
 
 def run(args, command: str) -> int:

@@ -37,7 +37,7 @@ from ..adapters.rope_compose import LENGTH_DEPENDENT_TYPES
 from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..eval.variants import Variant
-from .factors import SEED_METHODS, Candidate, constrained, critical_pair, crossover, mutate, seed_factors
+from .factors import HOLDS, SEED_METHODS, Candidate, constrained, crossover, held_pairs, mutate, seed_factors
 from .objective import CellComputer, TuneData, kind_of, measure, rank, result_fields, sample_keys
 from .space import factors as grid_factors
 
@@ -48,8 +48,8 @@ BASELINE = Variant("none", PosEncConfig("none"))
 class EvolutionSettings:
     """The evolutionary search's knobs: ``population`` candidates per generation, ``generations``, the per-pair
     ``mutation_rate`` and ``mutation_step`` (in ln lambda), the ``finalists`` measured on the larger sample,
-    whether the attention factor is searched too (``search_attention_factor``; else LongRoPE's default), and
-    whether ``all_dimensions`` are searched (else the pairs below the critical dimension keep factor 1)."""
+    whether the attention factor is searched too (``search_attention_factor``; else LongRoPE's default), and which
+    leading pairs keep factor 1 (``hold``: "critical", "yarn" or "none", :func:`factors.held_pairs`)."""
 
     population: int = 8
     generations: int = 4
@@ -57,7 +57,7 @@ class EvolutionSettings:
     mutation_step: float = 0.1
     finalists: int = 4
     search_attention_factor: bool = False
-    all_dimensions: bool = False
+    hold: str = "critical"
 
     def __post_init__(self):
         for name, least in (("population", 2), ("generations", 1), ("finalists", 2)):
@@ -68,6 +68,8 @@ class EvolutionSettings:
             raise ValueError(f"--mutation-rate is a probability in (0, 1], got {self.mutation_rate!r}")
         if not 0 < self.mutation_step < 5:
             raise ValueError(f"--mutation-step is a step in ln(factor), in (0, 5), got {self.mutation_step!r}")
+        if self.hold not in HOLDS:
+            raise ValueError(f"--hold must be one of {', '.join(HOLDS)}, got {self.hold!r}")
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,11 @@ class Evolution:
         self.original, self.freqs = original, freqs
         self.factor = plan.target_length / original
         self.cap = 2 * self.factor
-        self.free_from = 0 if evo.all_dimensions else critical_pair(freqs.own, freqs.context)
+        self.free_from = held_pairs(freqs.own, freqs.context, evo.hold)
+        if self.free_from >= freqs.own.shape[-1]:
+            raise ValueError(f"--hold {evo.hold}: every rotary pair of the model turns within its context of "
+                             f"{freqs.context} tokens, so every factor stays 1 and nothing is searched; give --hold "
+                             "yarn or none")
         self.compute = CellComputer(job.loaded[0], job.loaded[1], data, original, plan.chunk_size)
         self.rng = random.Random(job.seed)
         self.seen: dict[str, Candidate] = {}
@@ -157,8 +163,12 @@ class Evolution:
         same = Candidate(ones, c.attention, "short")
         return Variant(same.label.replace("longrope-", "longrope-short-"), self.config(same))
 
-    def long_everywhere(self, c: Candidate) -> Variant:
-        """``c`` with its long factors for every length: what vLLM (with --max-model-len past L) and a GGUF compute."""
+    def long_everywhere(self, c: Candidate) -> Variant | None:
+        """``c`` with its long factors for every length: what vLLM (with --max-model-len past L) and a GGUF compute;
+        None on an already-scaled checkpoint, where a composition takes the checkpoint's own frequencies for the short
+        factors whatever the configuration says (not measured there yet)."""
+        if self.freqs.scaled:
+            return None
         cfg = self.config(c)
         return Variant(f"{c.label}-long-factors-everywhere",
                        cfg.replace(params={**cfg.params, "short_factor": list(c.factors)}))
@@ -186,7 +196,8 @@ class Evolution:
                               variants=[v for v, _ in variants.values()], desc=desc, fields=result_fields)
         out = {}
         for label, (v, k) in variants.items():
-            if v.label.startswith("longrope-short-"):
+            if v.label.startswith("longrope-short-"):  # counted in the budget, shown with its candidates
+                self.seconds[label] = self.job.cell_seconds("tune", label, k)
                 continue
             cells, used = list(done[label]), list(k)
             if label not in (BASELINE.label, *(e.label for e in extra)):
@@ -207,9 +218,8 @@ class Evolution:
         """The first generation's seeds: on a scaled checkpoint its own factors (all ones), then each static
         scaling's factors at the extension ratio, then at the grid's other factors (nearest first)."""
         out: dict[str, Candidate] = {}
-        attention = 1.0 if self.evo.search_attention_factor else None
-        if self.freqs.scaled:
-            own = Candidate(tuple(1.0 for _ in range(self.freqs.own.shape[-1])), attention, "the checkpoint's own")
+        if self.freqs.scaled:  # its frequencies and its attention, unchanged
+            own = Candidate(tuple(1.0 for _ in range(self.freqs.own.shape[-1])), 1.0, "the checkpoint's own")
             out[own.label] = own
         ratios = sorted({self.factor, *grid_factors(self.original, self.plan.target_length)},
                         key=lambda f: (abs(f - self.factor), f))
@@ -218,7 +228,9 @@ class Evolution:
                 lam, added = seed_factors(method, self.freqs.own, self.freqs.context, f)
                 c = Candidate(constrained(lam, self.free_from, self.cap),
                               round(added, 4) if self.evo.search_attention_factor else None, f"{method} x{f:g}")
-                out.setdefault(c.label, c)
+                if c.label in out:  # the constraints made two methods one candidate: it is named for both
+                    c = Candidate(c.factors, c.attention, f"{out[c.label].origin}, {method} x{f:g}")
+                out[c.label] = c
         return list(out.values())[: self.evo.population]
 
     def children(self, parents: list[Candidate], count: int) -> list[Candidate]:
@@ -257,9 +269,28 @@ class Evolution:
         with quiet_composition():  # said once above, not once per candidate and cell
             return self._run()
 
+    def check_short(self, population: list[Candidate], sample: list[list]) -> None:
+        """An error before any long cell when every candidate of the first generation costs inputs of the original
+        length more than ``max_short_cost`` (their short cells, one set per attention factor, are cheap)."""
+        shorts = [k for k in sample if kind_of(k) == "short"]
+        reps = {v.label: v for v in (self.short_variant(c) for c in population)}
+        done = self.job.cells("tune", self.settings, {BASELINE.label: shorts, **dict.fromkeys(reps, shorts)},
+                              self.compute, variants=[BASELINE, *reps.values()], desc="tune: short inputs",
+                              fields=result_fields)
+        base = measure(shorts, done[BASELINE.label])["ppl_short"]
+        costs = [measure(shorts, done[label])["ppl_short"] / base - 1 for label in reps]
+        limit = self.plan.max_short_cost
+        if min(costs) > limit:
+            raise ValueError(f"--search evolution: every candidate of the first generation costs inputs of "
+                             f"{self.original} tokens more than --max-short-cost {100 * limit:g}% (at least "
+                             f"{100 * min(costs):+.2f}%: the attention factor scales them too); give "
+                             "--search-attention-factor (searched from 1.0, which leaves them as they were) or a "
+                             "larger --max-short-cost")
+
     def _run(self) -> dict[str, Any]:
         sample = self.keys("calibration", self.plan.windows)
         population, generations, stopped = self.seeds(), [], False
+        self.check_short(population, sample)
         if len(population) < self.evo.population:
             for c in population:
                 self.seen.setdefault(c.label, c)
@@ -281,7 +312,7 @@ class Evolution:
     def over_budget(self, cells: int) -> bool:
         if self.plan.budget_seconds is None or not self.metrics:
             return False
-        per_candidate = self.spent / max(len(self.seconds), 1)
+        per_candidate = self.spent / max(len(self.metrics), 1)
         upcoming = self.evo.population - max(2, self.evo.population // 2) + self.evo.finalists + 4
         return self.spent + per_candidate * upcoming > self.plan.budget_seconds
 
@@ -333,12 +364,15 @@ class Evolution:
         got = self.evaluate([self.seen[label] for label in top], keys, "tune confirmation", extra=extra)
         baseline = got.pop(BASELINE.label)
         rank(got, baseline, self.plan.max_short_cost, self.plan.rank_by)
+        out.update(baseline=baseline, metrics=got)
         everywhere = self.long_everywhere(self.seen[top[0]])
+        if everywhere is None:
+            return out
         shorts = [k for k in keys if kind_of(k) == "short"]
         cells = self.job.cells("tune", self.settings, {everywhere.label: shorts}, self.compute, variants=[everywhere],
                                desc="tune: long factors at short inputs", fields=result_fields)
         short = measure(shorts, cells[everywhere.label])
-        out.update(baseline=baseline, metrics=got, long_everywhere={
+        out.update(long_everywhere={
             "label": everywhere.label, "ppl_short": short["ppl_short"],
             "short_cost": short["ppl_short"] / baseline["ppl_short"] - 1})
         return out

@@ -29,8 +29,13 @@ def _columns(m: dict[str, Any]) -> list[str]:
     return [_num(m.get("ppl_beyond")), _num(m.get("needle_ppl")), pk, _num(m.get("ppl_short"), 3), _cost(m)]
 
 
+def _context(s: dict[str, Any]) -> int:
+    """The context the search extends (a pinned original_max_position_embeddings, else the model's)."""
+    return s.get("extended_context") or s["original_context"]
+
+
 def _head(s: dict[str, Any]) -> list[str]:
-    L = s["original_context"]
+    L = _context(s)
     return [f"ppl beyond {L}", "needle ppl", "passkey (keys)", f"ppl at {L}", "short-input cost"]
 
 
@@ -52,11 +57,13 @@ def evolution_table(report: dict[str, Any]) -> str:
     metric, wording = RANK_NAMES[s["rank_by"]]
     evo = s["evolution"]
     head = _head(s)
-    note = (f"Searched longrope factors for {s['target_length']} tokens on {s['model']} (original context "
-            f"{s['original_context']}, extension ratio {res['factor']:g}): {evo['population']} candidates x up to "
-            f"{evo['generations']} generations, ranked by {wording}; pairs below {res['free_from']} (the critical "
-            f"dimension) kept at 1; candidates more than {100 * s['max_short_cost']:g}% worse than the unpatched "
-            f"model on inputs of {s['original_context']} tokens are disqualified. {res['evaluations']} candidates "
+    held = {"critical": "below the critical dimension", "yarn": "that YaRN leaves unchanged", "none": ""}[evo["hold"]]
+    note = (f"Searched longrope factors for {s['target_length']} tokens on {s['model']} (context extended "
+            f"{_context(s)}, extension ratio {res['factor']:g}): {evo['population']} candidates x up to "
+            f"{evo['generations']} generations, ranked by {wording}; "
+            + (f"the {res['free_from']} pairs {held} kept at 1; " if res["free_from"] else "every pair searched; ")
+            + f"candidates more than {100 * s['max_short_cost']:g}% worse than the unpatched "
+            f"model on inputs of {_context(s)} tokens are disqualified. {res['evaluations']} candidates "
             f"measured{' (stopped by the budget)' if res['stopped_by_budget'] else ''}{_cost_note(s)}. "
             f"Data: {', '.join(s['documents'])}.")
     gens = markdown_table(["generation", "candidates", "new", "best", "from", *head], generation_rows(res))
@@ -67,7 +74,8 @@ def evolution_table(report: dict[str, Any]) -> str:
                               *_columns(fin["metrics"][label])] for i, label in enumerate(fin["ranking"])])
     parts = [note, f"**Best per generation** (calibration, {fin['proxy_windows']} window(s) of each length)", gens,
              f"**Finalists** on {fin['windows']} window(s) of each length; Kendall's tau between this ranking and the "
-             f"generations' (the cheaper sample): {tau}", finals, _confirmed(res, head)]
+             f"generations' on {fin['proxy_windows']} window(s): {tau} (the larger sample holds the smaller one, so "
+             "the agreement is an upper bound)", finals, _confirmed(res, head)]
     return "\n\n".join(parts)
 
 
@@ -91,7 +99,10 @@ def _confirmed(res: dict[str, Any], head: list[str]) -> str:
     text = (f"**Confirmation** (data never used for ranking: {conf['windows']} window(s) of each length, "
             f"{conf['keys_per_depth']} passkey key(s) per depth)\n\n" + markdown_table(["candidate", *head], rows))
     everywhere = conf.get("long_everywhere")
-    if everywhere:
+    if not everywhere:
+        text += ("\n\nOn this already-scaled checkpoint the cost of the long factors at inputs of its context (what an "
+                 "engine taking them for every input computes) is not measured yet.")
+    else:
         text += (f"\n\nInputs up to the original context take the short factors (the checkpoint's own) in "
                  f"transformers; an engine that picks the long factors for every input (vLLM with --max-model-len "
                  f"past the original context, a GGUF) costs them {100 * everywhere['short_cost']:+.2f}% "
@@ -123,5 +134,5 @@ def evolution_plots(report: dict[str, Any], output: str) -> list[str]:
     curves.update({label: (xs, fin["metrics"][label]["curve"]) for label in fin["ranking"][:3]})
     paths.append(plot_lines(curves, f"Loss by position at {s['target_length']} tokens: the finalists",
                             "position in window", "mean NLL (nats)", os.path.join(output, "tune_loss_by_position.png"),
-                            vline=s["original_context"]))
+                            vline=_context(s)))
     return paths

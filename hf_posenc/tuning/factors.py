@@ -49,10 +49,26 @@ class Candidate:
         return f"longrope-{digest}"
 
 
+HOLDS = ("critical", "yarn", "none")
+
+
 def critical_pair(own: torch.Tensor, context: int) -> int:
     """The first rotary pair whose wavelength 2 pi / theta_i exceeds ``context`` (the number of pairs that turn at
     least once within it)."""
     return int((2 * math.pi / own.double() <= context).sum())
+
+
+def held_pairs(own: torch.Tensor, context: int, hold: str) -> int:
+    """How many leading (high-frequency) pairs keep factor 1: ``critical``, those that turn at least once within
+    ``context`` (LongRoPE2's critical dimension); ``yarn``, those that turn more than YaRN's beta_fast (32) times
+    within it, the band YaRN itself leaves unchanged, so YaRN's ramp stays within reach; ``none``: no pair."""
+    if hold == "critical":
+        return critical_pair(own, context)
+    if hold == "yarn":
+        return int((context * own.double() / (2 * math.pi) > 32).sum())
+    if hold == "none":
+        return 0
+    raise ValueError(f"--hold must be one of {', '.join(HOLDS)}, got {hold!r}")
 
 
 def constrained(factors: list[float], free_from: int, cap: float) -> tuple[float, ...]:

@@ -22,8 +22,15 @@ def _pk(m: dict[str, Any]) -> str:
 
 def _row(label: str, m: dict[str, Any], *extra: Any) -> list[Any]:
     cost = m.get("short_cost")
-    return [label, *extra, _pk(m), f"{m['ppl_beyond']:.2f}", f"{m['ppl_short']:.3f}",
+    needles = [] if "needle_ppl" not in m else ["-" if m["needle_ppl"] is None else f"{m['needle_ppl']:.2f}"]
+    return [label, *extra, *needles, _pk(m), f"{m['ppl_beyond']:.2f}", f"{m['ppl_short']:.3f}",
             "-" if cost is None else f"{100 * cost:+.2f}%"]
+
+
+RANKED_BY = {"passkey": "passkey accuracy, then perplexity beyond the original context",
+             "ppl": "perplexity beyond the original context, then passkey accuracy",
+             "needle_ppl": "needle-driven perplexity (the answer tokens of needles in prose), then perplexity beyond "
+                           "the original context, then passkey accuracy"}
 
 
 def _status(label: str, res: dict[str, Any], m: dict[str, Any]) -> str:
@@ -54,11 +61,11 @@ def _rung_data(r: dict[str, Any], s: dict[str, Any]) -> str:
 
 def tune_table(report: dict[str, Any]) -> str:
     s, res = report["setup"], report["results"]
-    head = ["candidate", "passkey (keys)", f"ppl beyond {s['original_context']}", f"ppl at {s['original_context']}",
-            "short-input cost"]
+    head = ["candidate", *(["needle ppl"] if s["rank_by"] == "needle_ppl" else []), "passkey (keys)",
+            f"ppl beyond {s['original_context']}", f"ppl at {s['original_context']}", "short-input cost"]
     last = res["rungs"][-1]
     note = (f"Tuned for {s['target_length']} tokens on {s['model']} (original context {s['original_context']}), "
-            f"ranked by {'passkey accuracy, then perplexity beyond the original context' if s['rank_by'] == 'passkey' else 'perplexity beyond the original context, then passkey accuracy'}; "  # noqa: E501  (one f-string field: unsplittable on Python 3.10)
+            f"ranked by {RANKED_BY[s['rank_by']]}; "
             f"candidates more than {100 * s['max_short_cost']:g}% worse than the unpatched model on inputs of "
             f"{s['original_context']} tokens are disqualified. Data: {', '.join(s['documents'])}. "
             f"{len(res['rungs'])} rung(s) of successive halving"

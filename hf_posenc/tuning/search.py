@@ -144,7 +144,8 @@ class Search:
     def keys(self, part: str, windows: int, keys: int) -> list[list]:
         p = self.plan
         windows = min(windows, len(self.data.long[part]))
-        return sample_keys(self.data, part, windows, keys, p.depths, self.job.seed, p.target_length, self.original)
+        return sample_keys(self.data, part, windows, keys, p.depths, self.job.seed, p.target_length, self.original,
+                           needles=p.rank_by == "needle_ppl")
 
     def measure(self, variants: list[Variant], keys: list[list], desc: str) -> dict[str, dict[str, Any]]:
         done = self.job.cells("tune", self.settings, {v.label: keys for v in variants}, self.compute,
@@ -304,14 +305,15 @@ def _evolve(job: Run, plan: TuneSettings, token_docs, docs, recorded: dict[str, 
     if plan.target_length <= original:
         raise ValueError(f"--target-length {plan.target_length} is within the model's original context ({original}):"
                          " there is nothing to extend; give a target beyond it")
-    knobs = {**method_params.get("*", {}), **method_params.get("longrope", {})}
+    knobs = sorted(f"{m}:{k}" if m != "*" else k for m, ks in method_params.items() for k in ks)
     if knobs:
-        raise ValueError(f"--search evolution searches longrope's factors itself: --method-param "
-                         f"{', '.join(sorted(knobs))} cannot be fixed (original_max_position_embeddings can)")
+        raise ValueError(f"--search evolution searches longrope's factors itself and seeds them from each method's "
+                         f"default knobs: --method-param {', '.join(knobs)} cannot be fixed "
+                         "(original_max_position_embeddings can)")
     freqs = frequencies_of(job.loaded[0], original, pinned)
     data = plan_data(token_docs, [d.name for d in docs], [doc_digest(t) for t in token_docs], original,
                      plan.target_length)
-    recorded = {**recorded, "search": "evolution", "documents": data.names,
+    recorded = {**recorded, "search": "evolution", "extended_context": original, "documents": data.names,
                 "document_tokens": [len(t) for t in token_docs]}
     results = Evolution(job, plan, plan.evolution, data, recorded, original, freqs).run()
     chosen = [label for label in (results["best"], results["runner_up"]) if label]

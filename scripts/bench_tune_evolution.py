@@ -1,0 +1,138 @@
+"""``hf-posenc tune --search evolution`` shown on a real model: SmolLM2-135M (original context 8,192), per-dimension
+longrope factors searched for 12,288 and 16,384 tokens on one book (Pride and Prejudice), then measured on another
+(Frankenstein) beside the usual formulas: YaRN at T / L with its default knobs, the grid tuner's pick
+(``benchmarks/tune/<T>/best.json``, when that benchmark has run), PI, NTK, dynamic NTK and Self-Extend.
+
+Per target, three ordinary commands (each printed in the section, each resumable from its cells):
+1. ``hf-posenc tune --methods longrope --search evolution`` on the tuning book -> ``search/best.json``;
+2. ``hf-posenc eval ppl`` on the other book: perplexity past L beside the truncated baseline (the context gain);
+3. ``hf-posenc eval passkey --haystack text`` on the other book: needles in prose, ``--trials`` keys per depth, with
+   the needles out of truncation's reach counted apart; its JSON also holds each variant's short-input cost through
+   eval ppl at L (the ``--lengths`` of step 2 include L).
+
+CPU cost (2 cores): a 12k forward is ~90 s. The search is about population + (generations - 1) x population / 2
+candidates, one window each, plus the finalists on a second window and the confirmation (~50 forwards at the
+defaults: ~75 min at 12k); eval ppl ~10 forwards per length; eval passkey 5 depths x --trials forwards per variant
+(7 variants x 25 prompts = 175 forwards at the defaults: hours). Kill it and run it again: every step resumes.
+
+    python scripts/bench_tune_evolution.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+
+from _bench import ROOT, comma_list, rel, require_book, run_cli
+
+TUNE_BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg1342.txt")
+TEST_BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg84.txt")
+TITLE = "## Searched per-dimension factors: hf-posenc tune --search evolution on SmolLM2"
+ORIGINAL = 8192
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument("--model", default="smollm2-135m", help="model (Hub id, folder, .gguf file or alias).")
+    p.add_argument("--original", type=int, default=ORIGINAL, help="the model's original context.")
+    p.add_argument("--targets", type=comma_list(int), default=[12288, 16384], help="target lengths (comma-separated).")
+    p.add_argument("--tune-file", default=TUNE_BOOK, help="the book the search ranks on.")
+    p.add_argument("--test-file", default=TEST_BOOK, help="the book the comparison measures on.")
+    p.add_argument("--population", type=int, default=8, help="candidates per generation.")
+    p.add_argument("--generations", type=int, default=4, help="generations of the search.")
+    p.add_argument("--rank-by", default="ppl", choices=["ppl", "needle_ppl"], help="the search's fitness.")
+    p.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9", help="needle depths.")
+    p.add_argument("--trials", type=int, default=5, help="needle keys per depth in the comparison.")
+    p.add_argument("--steps", default="search,ppl,passkey", help="the steps to run (comma-separated).")
+    p.add_argument("--device", default="cpu", help="torch device.")
+    p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "tune_evolution"), help="folder of the runs.")
+    p.add_argument("--write", action="store_true", help="replace this script's section of BENCHMARKS.md.")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars.")
+    return p
+
+
+def variants(args, target: int, searched: str | None) -> list[str]:
+    """The ``--variant`` strings compared at ``target``."""
+    from hf_posenc.config import PosEncConfig
+    from hf_posenc.tuning.space import method_grid
+
+    f = target / args.original
+    se = method_grid("self_extend", args.original, target)[0]
+    out = [f"yarn-x{f:g}=yarn:factor={f:g}", f"pi-x{f:g}=pi:factor={f:g}", f"ntk-x{f:g}=ntk:factor={f:g}",
+           f"dynamic_ntk-x{f:g}=dynamic_ntk:factor={f:g}",
+           f"self_extend=self_extend:window={se['window']},group_size={se['group_size']}"]
+    grid_best = os.path.join(ROOT, "benchmarks", "tune", str(target), "best.json")
+    if os.path.isfile(grid_best):
+        with open(grid_best, encoding="utf-8") as fh:
+            out.append("grid-best=" + PosEncConfig.from_json(fh.read()).to_text())
+    if searched:
+        with open(searched, encoding="utf-8") as fh:
+            out.insert(0, "searched=" + PosEncConfig.from_json(fh.read()).to_text())
+    return out
+
+
+def step(args, name: str, argv: list[str], lines: list[str]) -> None:
+    if name in args.steps.split(","):
+        run_cli(argv, args.no_progress)
+    lines.append(f"- {name}: `hf-posenc {shlex.join(argv)}`")
+
+
+def run_target(args, target: int) -> list[str]:
+    out = os.path.join(args.output, str(target))
+    search, lines = os.path.join(out, "search"), []
+    step(args, "search", ["tune", "--model", args.model, "--target-length", str(target), "--methods", "longrope",
+                          "--search", "evolution", "--population", str(args.population), "--generations",
+                          str(args.generations), "--rank-by", args.rank_by, "--depths", "0.1,0.5,0.9",
+                          "--text-file", rel(args.tune_file), "--device", args.device, "--output", rel(search)], lines)
+    best = os.path.join(search, "best.json")
+    flags = [f"--variant={v}" for v in variants(args, target, best if os.path.isfile(best) else None)]
+    step(args, "ppl", ["eval", "ppl", "--model", args.model, "--lengths", f"{args.original},{target}",
+                       "--max-windows", "1", "--text-file", rel(args.test_file), "--methods", "none", *flags,
+                       "--device", args.device, "--output", rel(os.path.join(out, "ppl"))], lines)
+    step(args, "passkey", ["eval", "passkey", "--model", args.model, "--lengths", str(target), "--depths",
+                           args.depths, "--trials", str(args.trials), "--haystack", "text", "--text-file",
+                           rel(args.test_file), "--methods", "none", *flags, "--device", args.device,
+                           "--output", rel(os.path.join(out, "passkey"))], lines)
+    return [f"### Target {target} tokens", "", *lines, "", *_tables(out)]
+
+
+def _tables(out: str) -> list[str]:
+    parts = []
+    for sub, stem in (("search", "tune"), ("ppl", "perplexity"), ("passkey", "passkey")):
+        path = os.path.join(out, sub, f"{stem}.md")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                parts += [f"**{sub}**", "", f.read().strip(), ""]
+        else:
+            parts += [f"**{sub}**: not run yet (the command above computes it; it resumes).", ""]
+    report = os.path.join(out, "search", "tune.json")
+    if os.path.isfile(report):
+        with open(report, encoding="utf-8") as f:
+            compute = json.load(f)["setup"].get("compute") or {}
+        parts += [f"Search cost: {compute.get('cells', '?')} cells, {compute.get('seconds', 0) / 60:.0f} min of "
+                  "forwards in all.", "", f"![factors]({rel(out)}/search/tune_factors.png)", ""]
+    return parts
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hf_posenc.io.reports import emit_section
+
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    require_book(args.tune_file)
+    require_book(args.test_file)
+    parts = [TITLE, "", f"Command: `python scripts/bench_tune_evolution.py {shlex.join(argv)}`", "",
+             f"Machine: {os.cpu_count()} CPU cores, device {args.device}. Searched on "
+             f"{os.path.basename(args.tune_file)}, measured on {os.path.basename(args.test_file)}.", ""]
+    for target in args.targets:
+        parts += run_target(args, target)
+    emit_section("\n".join(parts).rstrip() + "\n", args.write, os.path.join(ROOT, "BENCHMARKS.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
