@@ -4,7 +4,8 @@ longrope factors searched for 12,288 and 16,384 tokens on one book (Pride and Pr
 (``benchmarks/tune/<T>/best.json``, when that benchmark has run), PI, NTK, dynamic NTK and Self-Extend.
 
 Per target, three ordinary commands (each printed in the section, each resumable from its cells):
-1. ``hf-posenc tune --methods longrope --search evolution`` on the tuning book -> ``search/best.json``;
+1. ``hf-posenc tune --methods longrope --search evolution --search-attention-factor`` on the tuning book ->
+   ``search/best.json`` (the attention factor searched too: LongRoPE's default one alone scales inputs of L tokens);
 2. ``hf-posenc eval ppl`` on the other book: perplexity past L beside the truncated baseline (the context gain);
 3. ``hf-posenc eval passkey --haystack text`` on the other book: needles in prose, ``--trials`` keys per depth, with
    the needles out of truncation's reach counted apart; its JSON also holds each variant's short-input cost through
@@ -86,7 +87,8 @@ def run_target(args, target: int) -> list[str]:
     search, lines = os.path.join(out, "search"), []
     step(args, "search", ["tune", "--model", args.model, "--target-length", str(target), "--methods", "longrope",
                           "--search", "evolution", "--population", str(args.population), "--generations",
-                          str(args.generations), "--rank-by", args.rank_by, "--depths", "0.1,0.5,0.9",
+                          str(args.generations), "--rank-by", args.rank_by, "--search-attention-factor",
+                          "--depths", "0.1,0.5,0.9",
                           "--text-file", rel(args.tune_file), "--device", args.device, "--output", rel(search)], lines)
     best = os.path.join(search, "best.json")
     flags = [f"--variant={v}" for v in variants(args, target, best if os.path.isfile(best) else None)]
