@@ -1,4 +1,5 @@
-"""Self-Extend and DCA beyond one plain RoPE on full-attention layers: a checkpoint whose RoPE is already scaled
+"""The attention-level methods (Self-Extend, DCA, ReRoPE, leaky ReRoPE, STRING) beyond one plain RoPE on
+full-attention layers: a checkpoint whose RoPE is already scaled
 (llama3, YaRN, LongRoPE: its own frequencies and attention factor), sliding/full hybrids (Gemma 3 with a RoPE per
 layer type, gpt-oss with attention sinks, Gemma 2 with soft-capping: full-attention layers replaced, sliding ones
 left as they are), partial rotary (Phi) and MLA (DeepSeek-V3: the decoupled RoPE part, the model's softmax scale).
@@ -9,6 +10,8 @@ type's frequencies computed from its own rope_parameters), the unpatched model i
 cached generation against recomputation, a save/load round trip and unpatch. fp32: "equal" is within 1e-5."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -49,8 +52,13 @@ FAMILIES = {
         topk_group=1, rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                                        "mscale": 1.0, "mscale_all_dim": 0.7, "rope_theta": THETA})),
 }
-KNOBS = {"self_extend": {"group_size": 4, "window": 16}, "dca": {"chunk_size": 48, "local_window": 4}}
-INSIDE = {"self_extend": 16, "dca": 44}  # the longest input the method leaves as it is: the window, the chunk
+KNOBS = {"self_extend": {"group_size": 4, "window": 16}, "dca": {"chunk_size": 48, "local_window": 4},
+         "rerope": {"window": 16}, "leaky_rerope": {"window": 16, "leak": 4.0},
+         "string": {"shifted_offset": 20, "local_window": 4}}
+# the longest input the method leaves as it is: the window, the chunk, the offset (STRING scales every score by
+# attention_factor^2, inside its offset too: 1.0 there)
+INSIDE = {"self_extend": 16, "dca": 44, "rerope": 16, "leaky_rerope": 16, "string": 20}
+INSIDE_KNOBS = {"string": {"attention_factor": 1.0}}
 CASES = [(f, m) for f in FAMILIES for m in KNOBS]
 
 
@@ -87,9 +95,25 @@ def full_frequencies(cfg):
     return 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
 
 
+def query_scale(module, method, t):
+    """ReRoPE's log-n scaling of the query at each position, max(1, ln(i + 1) / ln L), L the context the patch
+    extends (the context the checkpoint advertises); STRING's attention_factor^2 on every score; else 1."""
+    pos = torch.arange(t, dtype=torch.float64)
+    if method in ("rerope", "leaky_rerope"):
+        rp = module.config.rope_parameters.get("full_attention", module.config.rope_parameters)
+        length_dependent = rp.get("rope_type") in ("longrope", "dynamic")  # then L is its original context
+        L = rp["original_max_position_embeddings"] if length_dependent else module.config.max_position_embeddings
+        return (torch.log(pos + 1) / math.log(L)).clamp(min=1)[:, None]
+    if method == "string":
+        return torch.full((t, 1), (0.1 * math.log(2) + 1) ** 2, dtype=torch.float64)
+    return torch.ones(t, 1, dtype=torch.float64)
+
+
 def full_scores(module, q, k, method):
     """Scores of a full-attention layer: each query turned by r(i, j) - (i - j) against key j on the rotated
-    dimensions (given rotated at i and j, so the score sees r(i, j)), the other dimensions as they are."""
+    dimensions (given rotated at i and j, so the score sees r(i, j)), the other dimensions as they are, and the
+    whole score scaled per query as the method scales it (:func:`query_scale`)."""
+    q = q * query_scale(module, method, q.shape[2])
     inv = full_frequencies(module.config)
     first = getattr(module, "qk_nope_head_dim", 0) if hasattr(module, "qk_rope_head_dim") else 0
     rot, half = 2 * inv.numel(), inv.numel()
@@ -152,7 +176,7 @@ def test_inside_the_window_unchanged_and_unpatch_bit_for_bit(family, method):
     model = build(family)
     short, long = text(INSIDE[method]), text(120)
     before_short, before_long = logits(model, short), logits(model, long)
-    hf_posenc.patch(model, method, **KNOBS[method])
+    hf_posenc.patch(model, method, **{**KNOBS[method], **INSIDE_KNOBS.get(method, {})})
     assert (logits(model, short) - before_short).abs().max().item() <= EXACT
     assert (logits(model, long) - before_long).abs().max().item() > 1e-4
     hf_posenc.unpatch(model)
@@ -200,7 +224,6 @@ def test_list_methods_names_the_families():
     listed = hf_posenc.list_methods()
     for method in KNOBS:
         assert {"gemma3_text", "gemma2", "gpt_oss", "phi", "deepseek_v3"} <= set(listed[method]["families"])
-    assert "gemma3_text" not in listed["rerope"]["families"] and "gpt_oss" not in listed["string"]["families"]
 
 
 # -- what stays refused ------------------------------------------------------------------------------------------------
@@ -211,7 +234,7 @@ def test_a_model_whose_every_layer_slides_is_refused_by_name(method):
     model = AutoModelForCausalLM.from_config(cfg).eval()
     with pytest.raises(ValueError, match=f"{method} replaces full attention; model_type='mistral' uses sliding-window "
                                          "attention \\(sliding_window=24\\) on every layer"):
-        hf_posenc.patch(model, method)
+        hf_posenc.patch(model, method, **KNOBS[method])
     assert not hf_posenc.is_patched(model)
 
 
@@ -224,14 +247,6 @@ def test_a_rotary_layout_of_interleaved_pairs_is_refused_by_name():
                                          "CohereAttention's RoPE \\(apply_rotary_pos_emb\\) does not compose"):
         hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])
     assert not hf_posenc.is_patched(model)
-
-
-@pytest.mark.parametrize("method", ["rerope", "string", "leaky_rerope"])
-def test_the_other_attention_level_methods_still_need_plain_rope(method):
-    with pytest.raises(ValueError, match=f"{method} needs one plain RoPE for all layers.*self_extend and dca"):
-        hf_posenc.patch(build("gemma3_text"), method)
-    with pytest.raises(ValueError, match=f"{method} works on the checkpoint's plain RoPE; .*rope_type='llama3'"):
-        hf_posenc.patch(build("llama3"), method)
 
 
 @pytest.mark.parametrize("method", list(KNOBS))
@@ -247,9 +262,12 @@ def test_a_statically_scaled_checkpoint_takes_l_up_to_its_current_context(method
     assert hf_posenc.get_config(recorded).original_max_position_embeddings == 64
     x = text(100)
     before = logits(model, x)
-    hf_posenc.patch(model, method, original_max_position_embeddings=256, **KNOBS[method])
+    hf_posenc.patch(model, method, original_max_position_embeddings=256,
+                    **{**KNOBS[method], **INSIDE_KNOBS.get(method, {})})
     assert hf_posenc.get_config(model).original_max_position_embeddings == 256
-    assert model.config.max_position_embeddings == {"self_extend": (256 - 16) * 4 + 16, "dca": 4 * 256}[method]
+    assert model.config.max_position_embeddings == {  # the longest input whose positions stay below L, else 4 L
+        "self_extend": (256 - 16) * 4 + 16, "dca": 4 * 256, "rerope": 4 * 256, "leaky_rerope": 16 + (256 - 1 - 16) * 4 + 1,
+        "string": 256 + 20 - 4}[method]
     assert (logits(model, text(INSIDE[method])) - before[:, : INSIDE[method]]).abs().max().item() <= EXACT
     model.save_pretrained(tmp_path)
     again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32).eval()

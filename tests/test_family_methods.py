@@ -196,7 +196,7 @@ def test_attention_level_methods_refuse_a_sliding_window_mistral_by_name(method)
         patched("mistral_sw", method)
 
 
-@pytest.mark.parametrize("method", ("string", "rerope", "leaky_rerope", "alibi", "learned", "sinusoidal"))
+@pytest.mark.parametrize("method", ("alibi", "learned", "sinusoidal"))
 def test_gemma3_refuses_what_needs_one_plain_rope_by_name(method):
     model = gemma()
     x = ids(40)

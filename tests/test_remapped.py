@@ -199,8 +199,8 @@ def test_defaults_and_context():
     listed = hf_posenc.list_methods()
     for method in KNOBS:
         assert listed[method]["kind"] == "attention" and not listed[method]["takes_factor"]
-        layered = method in ("self_extend", "dca")  # per-layer-type RoPE and hybrids: tests/test_attention_hybrids.py
-        assert "llama" in listed[method]["families"] and ("gemma3_text" in listed[method]["families"]) == layered
+        # per-layer-type RoPE and hybrids too: tests/test_attention_hybrids.py
+        assert "llama" in listed[method]["families"] and "gemma3_text" in listed[method]["families"]
 
 
 @pytest.mark.parametrize("method,knobs,message", [
@@ -230,10 +230,6 @@ def test_models_it_cannot_serve_are_refused():
     with pytest.raises(ValueError, match="dca replaces full attention; model_type='mistral' uses sliding-window "
                                          "attention \\(sliding_window=32\\)"):
         hf_posenc.patch(mistral, "dca")
-    scaled = tiny_model("llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": THETA})
-    with pytest.raises(ValueError,
-                       match="rerope works on the checkpoint's plain RoPE; this one uses rope_type='linear'"):
-        hf_posenc.patch(scaled, "rerope")
     model = tiny_model("llama")
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="string needs an attention implementation it can replace"):

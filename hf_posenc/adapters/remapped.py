@@ -1,9 +1,10 @@
 """The attention-level methods on RoPE decoders (``hf_posenc.methods.remapped``): checked against the model,
 then applied by selecting the remapped-position attention function on this instance.
 
-Methods marked ``any_rope`` (Self-Extend, DCA) run on every layout :mod:`remapped_layers` plans: a checkpoint's
-scaled RoPE (its own frequencies and attention factor), per-layer-type RoPE, partial rotary, MLA, and sliding/full
-hybrids (full-attention layers only). The others need one plain RoPE on the whole head of full-attention layers."""
+Methods marked ``any_rope`` (every built-in one: Self-Extend, DCA, ReRoPE, leaky ReRoPE, STRING) run on every layout
+:mod:`remapped_layers` plans: a checkpoint's scaled RoPE (its own frequencies and attention factor), per-layer-type
+RoPE, partial rotary, MLA, and sliding/full hybrids (full-attention layers only). A method registered without it needs
+one plain RoPE on the whole head of full-attention layers."""
 
 from __future__ import annotations
 
@@ -19,28 +20,32 @@ from .remapped_layers import layer_plan, pin_frequencies, rotation_tables
 from .rope_native import softmax_rescalers
 
 
+def _proven() -> str:
+    return ", ".join(sorted(name for name, method in REMAPPED.items() if method.any_rope)) or "none"
+
+
 def check_plain_rope(model: nn.Module, name: str, slots: list[RotarySlot], L: int, prefix: str) -> None:
     """A ValueError unless ``model`` has one plain RoPE on the whole head and full attention on every layer: what
     the methods not marked ``any_rope`` are proven on."""
-    config = model.config
+    config, proven = model.config, _proven()
     if prefix or slots[0].layer_type is not None or len(slots) != 1:
         raise ValueError(f"{name} needs one plain RoPE for all layers; this model has per-layer-type or composite "
-                         "RoPE (supported for self_extend and dca).")
+                         f"RoPE (supported for {proven}).")
     rp = config.rope_parameters
     if rp.get("rope_type", "default") != "default" or abs(float(slots[0].get("attention_scaling")) - 1.0) > 0:
         raise ValueError(f"{name} works on the checkpoint's plain RoPE; this one uses "
                          f"rope_type={rp.get('rope_type')!r}. Load it without the scaling, or use another method "
-                         "(self_extend and dca take it).")
+                         f"({proven} take it).")
     rotated = rope_geometry(config, L).dim
     if rotated != head_dim(config):
         raise ValueError(f"{name} needs RoPE on the whole head (partial_rotary_factor 1); this model rotates "
-                         f"{rotated} of {head_dim(config)} dimensions (self_extend and dca take it).")
+                         f"{rotated} of {head_dim(config)} dimensions ({proven} take it).")
     window = getattr(config, "sliding_window", None)
     if window is not None or any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
         raise ValueError(f"{name} replaces full attention; model_type={config.model_type!r} uses sliding-window "
                          f"attention (sliding_window={window!r}). Load it with sliding_window=None.")
     if softmax_rescalers(model):
-        raise ValueError(f"{name} on model_type={config.model_type!r} is not supported (self_extend and dca are).")
+        raise ValueError(f"{name} on model_type={config.model_type!r} is not supported ({proven} are).")
 
 
 def resolve_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -> PosEncConfig:

@@ -68,7 +68,7 @@ PROVEN_SCALINGS = ("yarn", "pi", "ntk", "dynamic_ntk", "llama3", "longrope")
 # equal to transformers' own computation, on text and on image+text inputs (tests/test_mrope_vlm.py); the
 # length-dependent ones with cache="stale".
 MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-# Decoders beyond the tested list on which the attention-level methods marked any_rope (self_extend, dca) are proven
+# Decoders beyond the tested list on which the attention-level methods marked any_rope (every built-in one) are proven
 # (tests/test_attention_hybrids.py): sliding/full hybrids with sinks or soft-capping, partial rotary, MLA.
 ANY_ROPE_ATTENTION_FAMILIES = ("gemma2", "gpt_oss", "phi", "deepseek_v3")
 

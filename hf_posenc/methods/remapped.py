@@ -172,14 +172,15 @@ _add(MethodSpec(
     aliases=("re_rope",), uses_factor=False,
     params={"window": None, "logn_scaling": True, "max_position_embeddings": None}, check=_check_rerope,
     tune_grid=lambda L, T, factors: [{"window": w} for w in (L // 4, L // 2)]),
-    _rerope_defaults, lambda p, L: M.ReRoPE(p["window"], L, p["logn_scaling"]))
+    _rerope_defaults, lambda p, L: M.ReRoPE(p["window"], L, p["logn_scaling"]), any_rope=True)
 _add(MethodSpec(
     "leaky_rerope", KIND,
     "Leaky ReRoPE (Su 2023): relative positions exact within window, then growing leak times slower; queries "
     "scaled by max(1, ln(i + 1) / ln L).",
     uses_factor=False, params={"window": None, "leak": 4.0, "logn_scaling": True}, check=_check_rerope,
     tune_grid=_leaky_grid),
-    _rerope_defaults, lambda p, L: M.ReRoPE(p["window"], L, p["logn_scaling"], leak=float(p["leak"])))
+    _rerope_defaults, lambda p, L: M.ReRoPE(p["window"], L, p["logn_scaling"], leak=float(p["leak"])),
+    any_rope=True)
 
 
 # -- STRING (An et al. 2024) -----------------------------------------------------------------------------------
@@ -217,7 +218,8 @@ _add(MethodSpec(
     aliases=("shifted_rope",), uses_factor=False,
     params={"shifted_offset": None, "local_window": 128, "attention_factor": 0.1 * math.log(2) + 1},
     check=_check_string, tune_grid=_string_grid),
-    _string_defaults, lambda p, L: M.String(p["shifted_offset"], p["local_window"], float(p["attention_factor"])))
+    _string_defaults, lambda p, L: M.String(p["shifted_offset"], p["local_window"], float(p["attention_factor"])),
+    any_rope=True)
 
 
 # -- Dual Chunk Attention (An et al. 2024) ---------------------------------------------------------------------
