@@ -266,8 +266,8 @@ def test_a_statically_scaled_checkpoint_takes_l_up_to_its_current_context(method
                     **{**KNOBS[method], **INSIDE_KNOBS.get(method, {})})
     assert hf_posenc.get_config(model).original_max_position_embeddings == 256
     assert model.config.max_position_embeddings == {  # the longest input whose positions stay below L, else 4 L
-        "self_extend": (256 - 16) * 4 + 16, "dca": 4 * 256, "rerope": 4 * 256, "leaky_rerope": 16 + (256 - 1 - 16) * 4 + 1,
-        "string": 256 + 20 - 4}[method]
+        "self_extend": (256 - 16) * 4 + 16, "dca": 4 * 256, "rerope": 4 * 256,
+        "leaky_rerope": 16 + (256 - 1 - 16) * 4 + 1, "string": 256 + 20 - 4}[method]
     assert (logits(model, text(INSIDE[method])) - before[:, : INSIDE[method]]).abs().max().item() <= EXACT
     model.save_pretrained(tmp_path)
     again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
