@@ -84,6 +84,13 @@ def test_the_static_forms_and_their_numbers():
     assert floor.factor == 4.0
     with pytest.raises(ValueError, match="needs its short_factor and long_factor"):
         freeze_config(PosEncConfig("longrope", 2.0), 2 * L, original=L)
+    # longrope frozen within L keeps its short list and its attention factor, and advertises L (not factor x L)
+    short = freeze_config(PosEncConfig("longrope", 4.0, params={"short_factor": SHORT, "long_factor": LONG}), L // 2,
+                          original=L)
+    assert (short.factor, short.params["long_factor"]) == (1.0, SHORT)
+    assert short.params["attention_factor"] == pytest.approx(R.longrope_attention_factor(4.0, L))
+    model = hf_posenc.patch(tiny_model("llama"), short)
+    assert model.config.max_position_embeddings == L
     with pytest.raises(ValueError, match="needs the context the model was trained for"):
         freeze_config(PosEncConfig("dynamic_ntk", 2.0), 3 * L)
 

@@ -298,12 +298,19 @@ def _freeze_dynamic_yarn(s: float, L: int, p: dict[str, Any], at: int) -> tuple[
 
 
 def _freeze_longrope(s: float, L: int, p: dict[str, Any], at: int) -> tuple[float, dict[str, Any]]:
+    """The list of inputs of ``at`` tokens for every length. Frozen at or below L (the short list, trained for inputs
+    up to L), the factor becomes 1, so that the model advertises L, not s x L; its attention factor, which the factor
+    derives when none is given, is then stated."""
     chosen = p["long_factor" if at > L else "short_factor"]
     if chosen is None:
         raise ValueError("freezing longrope needs its short_factor and long_factor lists; give them, or freeze a model "
                          "(hf_posenc.serving.freezing.freeze fills the default ones for it).")
+    attention = p["attention_factor"]
+    if at <= L:
+        attention = R.longrope_attention_factor(s, L) if attention is None else attention
+        s = 1.0
     return s, {"cache": p["cache"], "short_factor": list(chosen), "long_factor": list(chosen),
-                           "attention_factor": p["attention_factor"]}
+               "attention_factor": attention}
 
 
 # "none" is its own kind: every adapter takes it (the unchanged model, as a baseline)
