@@ -197,3 +197,54 @@ def test_the_model_card_says_the_checkpoint_was_scaled_and_whether_it_was_extend
     hf_posenc.patch(model, "yarn", factor=16.0, original_max_position_embeddings=PRETRAINED)
     assert ("Its RoPE was already scaled (llama3); the patch replaced that scaling, scaling from its pretraining "
             "context of 64 tokens, and its configuration now allows 1024.") in str(build_model_card(model))
+
+
+# -- on a LongRoPE checkpoint (Phi-3's 128k: short factors up to its original context, long ones past it) ------------
+LONGROPE = {"rope_type": "longrope", "rope_theta": THETA, "original_max_position_embeddings": PRETRAINED,
+            "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 3.5], "long_factor": [1.0, 1.5, 2, 3, 4, 5, 6, 8]}
+PHI3_CONTEXT = 4 * PRETRAINED  # 256: what its long factors are trained for
+
+
+def phi3(**over) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("llama", vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=PHI3_CONTEXT,
+                               rope_parameters={**LONGROPE, **over})
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def test_on_a_longrope_checkpoint_the_method_extends_its_long_factors_and_keeps_its_short_ones(tmp_path):
+    model = phi3()
+    base = 1.0 / (THETA ** (torch.arange(0, DIM, 2, dtype=torch.float64) / DIM))
+    own_long = base / torch.tensor(LONGROPE["long_factor"], dtype=torch.float64)
+    own_attention = math.sqrt(1 + math.log(PHI3_CONTEXT / PRETRAINED) / math.log(PRETRAINED))
+    short, between = logits(model, PRETRAINED), logits(model, PRETRAINED + 100)
+    hf_posenc.patch(model, "yarn", factor=2.0, attention_factor=1.0)
+    cfg = hf_posenc.get_config(model)
+    assert cfg.method == "longrope" and cfg.original_max_position_embeddings == PRETRAINED
+    assert model.config.max_position_embeddings == 2 * PHI3_CONTEXT
+    assert cfg.params["short_factor"] == LONGROPE["short_factor"]  # its own, up to its original context
+    want = reference_yarn(own_long, PHI3_CONTEXT, 2.0)  # YaRN on its long frequencies over the context it advertises
+    assert torch.allclose(base / torch.tensor(cfg.params["long_factor"], dtype=torch.float64), want, rtol=1e-6)
+    assert cfg.params["attention_factor"] == pytest.approx(own_attention)
+    assert (logits(model, PRETRAINED) - short).abs().max().item() <= 1e-5  # up to its switch: the checkpoint
+    assert (logits(model, PRETRAINED + 100) - between).abs().max().item() > 1e-4  # its long side: extended
+    # plain transformers computes the saved checkpoint the same; hf_posenc reloads it; unpatch gives it back
+    patched_long = logits(model, 2 * PHI3_CONTEXT - 10)
+    model.save_pretrained(tmp_path)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert plain.config.rope_parameters["rope_type"] == "longrope"
+    assert (logits(plain, 2 * PHI3_CONTEXT - 10) - patched_long).abs().max().item() <= 1e-5
+    again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert (logits(again, 2 * PHI3_CONTEXT - 10) - patched_long).abs().max().item() <= 1e-5
+    hf_posenc.unpatch(model)
+    assert torch.equal(logits(model, PRETRAINED + 100), between)
+    assert model.config.max_position_embeddings == PHI3_CONTEXT
+
+
+def test_on_a_longrope_checkpoint_yarns_attention_factor_multiplies_its_own():
+    model = phi3()
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    own_attention = math.sqrt(1 + math.log(PHI3_CONTEXT / PRETRAINED) / math.log(PRETRAINED))
+    assert hf_posenc.get_config(model).params["attention_factor"] == pytest.approx(
+        own_attention * (0.1 * math.log(2.0) + 1))

@@ -12,6 +12,9 @@ the checkpoint's own per-dimension factors (inputs up to its current context kee
 its own times what the method adds (YaRN's 0.1 ln s + 1, at every length as YaRN applies it;
 ``attention_factor=1.0`` keeps inputs up to the current context exactly as the checkpoint computed them).
 
+On a LongRoPE checkpoint (Phi-3's 128k) the method acts on its long frequencies over the context it advertises, its
+short factors stay for inputs up to its recorded original context, where it switches (:func:`_on_longrope`).
+
 Replacing the checkpoint's scaling instead stays possible: give ``original_max_position_embeddings`` (its
 pretraining context), and the method scales from there, as on an unscaled model.
 """
@@ -49,6 +52,8 @@ def composed_config(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> PosEncC
     own_type = scaled_type(lay)
     context = getattr(lay.config, "max_position_embeddings", None)
     _check_composable(model, cfg, lay, own_type, context)
+    if own_type == "longrope":
+        return _on_longrope(cfg, lay, int(context))
     base, own = _base_and_own(lay, int(context))
     scaling = SCALINGS[cfg.method]
     params = scaling.defaults(dict(cfg.params), own.shape[-1], cfg.factor) if scaling.defaults else dict(cfg.params)
@@ -62,6 +67,36 @@ def composed_config(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> PosEncC
                    "frequencies). To replace its scaling instead, give original_max_position_embeddings=%s.",
                    own_type, context, cfg.to_text(), scaling.max_position(cfg.factor, int(context)), context,
                    recorded_original(lay))
+    return composed
+
+
+def _on_longrope(cfg: PosEncConfig, lay: Layout, context: int) -> PosEncConfig:
+    """``cfg`` on a LongRoPE checkpoint (Phi-3's 128k): its short factors stay for inputs up to its recorded original
+    context, the method acts on its long frequencies over the context it advertises (what they are trained for),
+    and the attention factor is its own times what the method adds. One LongRoPE configuration over its original
+    context, advertising the method's length from the current context."""
+    slot = lay.selected[0]
+    rp = slot.rope_parameters(lay.config)
+    original = rp.get("original_max_position_embeddings") or getattr(lay.config, "original_max_position_embeddings",
+                                                                      None)
+    if not isinstance(original, int) or not 0 < original <= context:
+        raise ValueError(f"the checkpoint's RoPE is LongRoPE but states no original_max_position_embeddings (where it "
+                         f"switches from its short to its long factors), got {original!r}: {cfg.method!r} cannot be "
+                         "put on top of it")
+    geom = rope_geometry(lay.config, context, rp)
+    base = R.default_inv_freq(geom.base, geom.dim).double()
+    own_long = base / torch.tensor(rp["long_factor"], dtype=torch.float64)
+    scaling = SCALINGS[cfg.method]
+    params = scaling.defaults(dict(cfg.params), base.shape[-1], cfg.factor) if scaling.defaults else dict(cfg.params)
+    new, added = scaling.compose(own_long.float(), context, cfg.factor, params)
+    target = scaling.max_position(cfg.factor, context)
+    composed = PosEncConfig("longrope", target / original, original, {
+        "short_factor": [float(f) for f in rp["short_factor"]], "long_factor": (base / new.double()).tolist(),
+        "attention_factor": float(slot.get("attention_scaling")) * float(added)})
+    logger.warning("the checkpoint's RoPE is LongRoPE (context %d, short factors up to %d tokens): hf_posenc extends "
+                   "it from there -- %s on its long factors gives %d tokens (inputs up to %d keep its short factors). "
+                   "To replace its scaling instead, give original_max_position_embeddings=%d.",
+                   context, original, cfg.to_text(), target, original, original)
     return composed
 
 
@@ -123,8 +158,8 @@ def _check_composable(model: nn.Module, cfg: PosEncConfig, lay: Layout, own_type
         raise ValueError(f"{what}, and {cfg.method!r} follows the sequence length, which hf_posenc does not put on "
                          f"top of another scaling; use a static one (pi, ntk, yarn, llama3, longrope), which extends "
                          f"from the checkpoint's current context, or {replace}.")
-    if own_type in LENGTH_DEPENDENT_TYPES:
-        raise ValueError(f"{what}, whose frequencies change with the input's length: hf_posenc does not put "
+    if own_type == "dynamic":
+        raise ValueError(f"{what}, whose frequencies change with every input's length: hf_posenc does not put "
                          f"{cfg.method!r} on top of it yet; {replace}.")
     if lay.layered:
         raise ValueError(f"{what} on a model with per-layer-type RoPE: putting {cfg.method!r} on top of it is not "
