@@ -19,7 +19,8 @@ def test_the_builtin_tasks_are_registered_once_and_iterated():
         ("ppl", []), ("harness", ["ruler_vt", "ruler_cwe"]), ("passkey", [])]
     from hf_posenc.tuning.objective import objectives
 
-    assert objectives() == {"ppl": Objective("ppl_beyond", False), "passkey": Objective("passkey", True)}
+    assert objectives() == {"ppl": Objective("ppl_beyond", False), "passkey": Objective("passkey", True),
+                            "needle_ppl": Objective("needle_ppl", False)}  # tune's own, after the tasks'
 
 
 @pytest.mark.parametrize("evals, said", [(["bleu"], "got 'bleu'"), (["ppl:x"], "got 'ppl:x'"),
