@@ -19,12 +19,16 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": THETA, "factor": FACTOR, "origina
           "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 
 
-def llama31(**rope) -> torch.nn.Module:
+def scaled_llama(rope: dict, context: int) -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = AutoConfig.for_model("llama", vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
-                               rope_parameters={**LLAMA3, **rope})
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+                               rope_parameters=rope)
     return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def llama31(**rope) -> torch.nn.Module:
+    return scaled_llama({**LLAMA3, **rope}, CONTEXT)
 
 
 def logits(model, n: int, seed: int = 1) -> torch.Tensor:
@@ -206,11 +210,7 @@ PHI3_CONTEXT = 4 * PRETRAINED  # 256: what its long factors are trained for
 
 
 def phi3(**over) -> torch.nn.Module:
-    torch.manual_seed(0)
-    cfg = AutoConfig.for_model("llama", vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=PHI3_CONTEXT,
-                               rope_parameters={**LONGROPE, **over})
-    return AutoModelForCausalLM.from_config(cfg).eval()
+    return scaled_llama({**LONGROPE, **over}, PHI3_CONTEXT)
 
 
 def test_on_a_longrope_checkpoint_the_method_extends_its_long_factors_and_keeps_its_short_ones(tmp_path):
