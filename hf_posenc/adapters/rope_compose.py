@@ -52,8 +52,8 @@ def composed_config(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> PosEncC
     own_type = scaled_type(lay)
     context = getattr(lay.config, "max_position_embeddings", None)
     _check_composable(model, cfg, lay, own_type, context)
-    if own_type == "longrope":
-        return _on_longrope(cfg, lay, int(context))
+    if own_type in ON_LENGTH_DEPENDENT:
+        return ON_LENGTH_DEPENDENT[own_type](cfg, lay, int(context))
     base, own = _base_and_own(lay, int(context))
     scaling = SCALINGS[cfg.method]
     params = scaling.defaults(dict(cfg.params), own.shape[-1], cfg.factor) if scaling.defaults else dict(cfg.params)
@@ -98,6 +98,10 @@ def _on_longrope(cfg: PosEncConfig, lay: Layout, context: int) -> PosEncConfig:
                    "To replace its scaling instead, give original_max_position_embeddings=%d.",
                    context, original, cfg.to_text(), target, original, original)
     return composed
+
+
+# the length-dependent own types a scaling is put on top of, each by its rule (the others are refused)
+ON_LENGTH_DEPENDENT = {"longrope": _on_longrope}
 
 
 def _base_and_own(lay: Layout, context: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,7 +162,7 @@ def _check_composable(model: nn.Module, cfg: PosEncConfig, lay: Layout, own_type
         raise ValueError(f"{what}, and {cfg.method!r} follows the sequence length, which hf_posenc does not put on "
                          f"top of another scaling; use a static one (pi, ntk, yarn, llama3, longrope), which extends "
                          f"from the checkpoint's current context, or {replace}.")
-    if own_type == "dynamic":
+    if own_type in LENGTH_DEPENDENT_TYPES and own_type not in ON_LENGTH_DEPENDENT:
         raise ValueError(f"{what}, whose frequencies change with every input's length: hf_posenc does not put "
                          f"{cfg.method!r} on top of it yet; {replace}.")
     if lay.layered:

@@ -39,9 +39,8 @@ from ..encodings import rope as R
 from ..eval.variants import Variant
 from .factors import HOLDS, SEED_METHODS, Candidate, constrained, crossover, held_pairs, mutate, seed_factors
 from .objective import CellComputer, TuneData, kind_of, measure, rank, result_fields, sample_keys
+from .space import BASELINE, yarn_reference
 from .space import factors as grid_factors
-
-BASELINE = Variant("none", PosEncConfig("none"))
 
 
 @dataclass(frozen=True)
@@ -345,8 +344,7 @@ class Evolution:
                 "evaluations": len(self.metrics)}
 
     def reference(self) -> Variant:
-        config = PosEncConfig("yarn", self.factor, self.freqs.pinned)
-        return Variant(f"reference-yarn-factor_{self.factor:g}", config)
+        return yarn_reference(self.factor, self.freqs.pinned)
 
     def _reference_entry(self) -> dict[str, Any] | None:
         if not self.plan.reference:

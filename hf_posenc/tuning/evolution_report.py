@@ -10,6 +10,7 @@ from typing import Any
 from ..eval.perplexity import bucket_edges
 from ..io.reports import markdown_table, plot_lines
 from .objective import BUCKETS
+from .report import passkey_text
 
 RANK_NAMES = {"ppl": ("ppl_beyond", "perplexity beyond the original context"),
               "needle_ppl": ("needle_ppl", "needle-driven perplexity (the answer tokens of needles in prose)")}
@@ -25,8 +26,8 @@ def _cost(m: dict[str, Any]) -> str:
 
 
 def _columns(m: dict[str, Any]) -> list[str]:
-    pk = "-" if m.get("passkey") is None else f"{m['passkey']:.2f} ({m['passkey_trials']})"
-    return [_num(m.get("ppl_beyond")), _num(m.get("needle_ppl")), pk, _num(m.get("ppl_short"), 3), _cost(m)]
+    return [_num(m.get("ppl_beyond")), _num(m.get("needle_ppl")), passkey_text(m), _num(m.get("ppl_short"), 3),
+            _cost(m)]
 
 
 def _context(s: dict[str, Any]) -> int:

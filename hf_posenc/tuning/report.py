@@ -16,14 +16,15 @@ BEST_FILE = "best.json"
 TOP_PLOTTED = 3
 
 
-def _pk(m: dict[str, Any]) -> str:
-    return "-" if m["passkey"] is None else f"{m['passkey']:.2f} ({m['passkey_trials']})"
+def passkey_text(m: dict[str, Any]) -> str:
+    """A candidate's passkey accuracy and its number of keys, as the tables show it ("-" when not measured)."""
+    return "-" if m.get("passkey") is None else f"{m['passkey']:.2f} ({m['passkey_trials']})"
 
 
 def _row(label: str, m: dict[str, Any], *extra: Any) -> list[Any]:
     cost = m.get("short_cost")
     needles = [] if "needle_ppl" not in m else ["-" if m["needle_ppl"] is None else f"{m['needle_ppl']:.2f}"]
-    return [label, *extra, *needles, _pk(m), f"{m['ppl_beyond']:.2f}", f"{m['ppl_short']:.3f}",
+    return [label, *extra, *needles, passkey_text(m), f"{m['ppl_beyond']:.2f}", f"{m['ppl_short']:.3f}",
             "-" if cost is None else f"{100 * cost:+.2f}%"]
 
 

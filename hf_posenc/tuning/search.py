@@ -36,9 +36,17 @@ from .evolution_report import evolution_plots, evolution_table
 from .needles import check_needles
 from .objective import DEPTHS, CellComputer, TuneData, measure, plan_data, rank, ranking, result_fields, sample_keys
 from .report import tune_plots, tune_table, write_best
-from .space import DEFAULT_METHODS, check_methods, check_pinned, factors, grid_candidates, load_space
+from .space import (
+    BASELINE,
+    DEFAULT_METHODS,
+    check_methods,
+    check_pinned,
+    factors,
+    grid_candidates,
+    load_space,
+    yarn_reference,
+)
 
-BASELINE = Variant("none", PosEncConfig("none"))
 SEARCHES = ("grid", "evolution")
 # the documents, as the CLI's data flags give them (io.documents.gather_documents), and the run's keywords
 DATA_KEYWORDS = ("text_file", "text_dir", "dataset", "dataset_config", "split", "column", "limit", "corpus",
@@ -216,9 +224,9 @@ class Search:
         """YaRN with its default knobs at ``winner``'s factor (or the least half-step factor reaching the target)."""
         takes_factor = resolve_method(winner.config.method).uses_factor
         factor = winner.config.factor if takes_factor else factors(self.original, self.plan.target_length)[0]
-        config = PosEncConfig("yarn", factor, self.pinned)
-        same = [v for v in self.candidates if v.config == config]
-        return same[0] if same else Variant(f"reference-yarn-factor_{config.factor:g}", config)
+        reference = yarn_reference(factor, self.pinned)
+        same = [v for v in self.candidates if v.config == reference.config]
+        return same[0] if same else reference
 
 
 TUNE_KEYWORDS = tuple(f.name for f in dataclasses.fields(TuneSettings))

@@ -28,6 +28,16 @@ from ..methods import METHODS, resolve_method
 DEFAULT_METHODS = ("yarn", "dynamic_ntk", "dynamic_yarn", "self_extend", "dca", "string")
 
 
+BASELINE = Variant("none", PosEncConfig("none"))  # the unpatched model every search measures beside its candidates
+
+
+def yarn_reference(factor: float, pinned: int | None) -> Variant:
+    """YaRN with its default knobs at ``factor`` (``pinned``: the original context every candidate is given): what a
+    search's winner is confirmed beside."""
+    config = PosEncConfig("yarn", factor, pinned)
+    return Variant(f"reference-yarn-factor_{config.factor:g}", config)
+
+
 def _half_up(x: float) -> float:
     return max(1.0, math.ceil(x * 2 - 1e-9) / 2)
 
