@@ -48,16 +48,18 @@ def long_frequencies(cfg) -> torch.Tensor:
 
 def reference_yarn(own: torch.Tensor, context: int, s: float, beta_fast=32.0, beta_slow=1.0) -> torch.Tensor:
     """YaRN's NTK-by-parts (Peng et al. 2023, sec. 3.2) on the checkpoint's own frequencies: the index where the
-    turns within L cross beta (log-linear between neighbours), floored / ceiled, a linear ramp over the index."""
+    turns within L cross beta (log-linear between neighbours; past the ends, along the end pair, as YaRN's closed form
+    does on geometric frequencies), floored / ceiled and clamped to the head's dimensions, a linear ramp over it."""
     logs = [math.log(context * t / (2 * math.pi)) for t in own.double().tolist()]
 
     def index(beta):
         for i in range(len(logs) - 1):
             if logs[i] >= math.log(beta) >= logs[i + 1]:
                 return i + (logs[i] - math.log(beta)) / (logs[i] - logs[i + 1])
-        raise AssertionError("beta outside the checkpoint's turns")
+        i = 0 if math.log(beta) > logs[0] else len(logs) - 2
+        return i + (logs[i] - math.log(beta)) / (logs[i] - logs[i + 1])
 
-    low, high = math.floor(index(beta_fast)), math.ceil(index(beta_slow))
+    low, high = max(math.floor(index(beta_fast)), 0), min(math.ceil(index(beta_slow)), 2 * len(logs) - 1)
     out = []
     for i, theta in enumerate(own.double().tolist()):
         ramp = min(max((i - low) / (high - low), 0.0), 1.0)  # 0: kept, 1: interpolated
@@ -248,3 +250,97 @@ def test_on_a_longrope_checkpoint_yarns_attention_factor_multiplies_its_own():
     own_attention = math.sqrt(1 + math.log(PHI3_CONTEXT / PRETRAINED) / math.log(PRETRAINED))
     assert hf_posenc.get_config(model).params["attention_factor"] == pytest.approx(
         own_attention * (0.1 * math.log(2.0) + 1))
+
+
+# -- on per-layer-type RoPE (Gemma 3: linear x8 on the global layers, plain RoPE on the sliding ones) ----------------
+GLOBAL_THETA, LOCAL_THETA, GEMMA_DIM = 1_000_000.0, 10_000.0, 32
+
+
+def gemma3() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(
+        "gemma3_text", vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=GEMMA_DIM, sliding_window=32, sliding_window_pattern=3,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], max_position_embeddings=CONTEXT,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": FACTOR, "rope_theta": GLOBAL_THETA},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": LOCAL_THETA}})
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def test_on_gemma3_the_method_extends_the_scaled_global_layers_and_leaves_the_sliding_ones(tmp_path):
+    model = gemma3()
+    rotary = model.model.rotary_emb
+    own_global, own_local = rotary.full_attention_inv_freq.clone(), rotary.sliding_attention_inv_freq.clone()
+    rope = {k: dict(v) for k, v in model.config.rope_parameters.items()}
+    short, long = logits(model, CONTEXT), logits(model, CONTEXT + 150)
+    hf_posenc.patch(model, "yarn", factor=2.0, attention_factor=1.0)
+    cfg = hf_posenc.get_config(model)
+    assert cfg.method == "longrope" and cfg.params["layer_types"] == ["full_attention"]
+    assert model.config.max_position_embeddings == 2 * CONTEXT
+    base = 1.0 / (GLOBAL_THETA ** (torch.arange(0, GEMMA_DIM, 2, dtype=torch.float64) / GEMMA_DIM))
+    assert torch.allclose(base / torch.tensor(cfg.params["short_factor"], dtype=torch.float64), base / FACTOR)
+    want = reference_yarn(base / FACTOR, CONTEXT, 2.0)  # YaRN on the global layers' x8 frequencies over 512
+    assert torch.allclose(base / torch.tensor(cfg.params["long_factor"], dtype=torch.float64), want, rtol=1e-6)
+    assert model.config.rope_parameters["sliding_attention"] == rope["sliding_attention"]
+    assert torch.equal(rotary.sliding_attention_inv_freq, own_local)
+    assert (logits(model, CONTEXT) - short).abs().max().item() <= 1e-5  # up to its context: the checkpoint
+    patched_long = logits(model, CONTEXT + 150)
+    assert (patched_long - long).abs().max().item() > 1e-4  # past it, the global layers extended
+    model.save_pretrained(tmp_path)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert plain.config.rope_parameters["full_attention"]["rope_type"] == "longrope"
+    assert (logits(plain, CONTEXT + 150) - patched_long).abs().max().item() <= 1e-5
+    again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert (logits(again, CONTEXT + 150) - patched_long).abs().max().item() <= 1e-5
+    for unpatched in (model, again):
+        hf_posenc.unpatch(unpatched)
+        assert torch.equal(unpatched.model.rotary_emb.full_attention_inv_freq, own_global)
+        assert {k: dict(v) for k, v in unpatched.config.rope_parameters.items()} == rope
+        assert torch.equal(logits(unpatched, CONTEXT + 150), long)
+
+
+def test_on_gemma3_cached_decoding_across_the_current_context_equals_recomputing():
+    model = gemma3()
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    prompt = torch.randint(3, 90, (1, CONTEXT - 3), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=6, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=0)
+        for step, got in enumerate(out.logits):
+            want = model(out.sequences[:, : CONTEXT - 3 + step]).logits[:, -1]
+            assert (got - want).abs().max().item() <= 1e-5, step
+
+
+def test_on_gemma3_a_composition_over_differing_layer_types_is_refused_and_replacing_starts_from_its_pretraining():
+    model = gemma3()
+    own = model.model.rotary_emb.full_attention_inv_freq.clone()
+    with pytest.raises(ValueError, match=r"the layer types 'yarn' would change \(full_attention: rope_type='linear', "
+                                         r"sliding_attention: rope_type='default'\) differ.*layer_types="
+                                         r"\['full_attention'\].*original_max_position_embeddings=64"):
+        hf_posenc.patch(model, "yarn", factor=2.0, layer_types=["full_attention", "sliding_attention"])
+    assert not hf_posenc.is_patched(model) and torch.equal(model.model.rotary_emb.full_attention_inv_freq, own)
+
+
+def test_on_gemma3_the_card_and_eval_say_the_global_layers_were_scaled_and_extended():
+    from hf_posenc.eval.variants import applied_now
+    from hf_posenc.publishing.card import build_model_card
+
+    model = gemma3()
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    assert ("Its RoPE was already scaled (linear) to a context of 512 tokens; the patch extends it from there, and its "
+            "configuration now allows 1024.") in str(build_model_card(model))
+    own = applied_now(model)["own_scaling"]
+    assert own["rope_type"] == "linear" and own["context"] == CONTEXT and not own["replaced"]
+
+
+def test_on_gemma3_serve_config_reads_the_changed_layer_types_rope(tmp_path):
+    from hf_posenc.serving.launch_settings import serve_config
+
+    model = gemma3()
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    hf_posenc.save_pretrained(model, tmp_path)
+    launches = {launch.engine: launch for launch in serve_config(str(tmp_path), ["sglang", "tgi", "llama.cpp"])}
+    assert "rope_type 'longrope'" in launches["SGLang"].reason  # the global layers', not the flat lookup's 'default'
+    assert any("one RoPE per layer type (full_attention, sliding_attention" in n for n in launches["SGLang"].notes)
+    assert launches["TGI"].computes == "cannot" and "rope_theta 1e+06" in launches["TGI"].reason
+    assert launches["llama.cpp"].computes == "cannot" and "one RoPE for every layer" in launches["llama.cpp"].reason

@@ -223,3 +223,35 @@ def test_limits_a_patched_checkpoints_trained_context_and_someone_elses_folder(t
     assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["explain.json", "explain.md", "positions.png"]
     short = explain("yarn:factor=2", str(tmp_path / "f"), head_dim=64, rope_theta=10000.0, original=512, length=100)
     assert "nan" not in short["text"]
+
+
+@pytest.mark.parametrize("build", ["llama31", "gemma3"])
+def test_on_an_already_scaled_checkpoint_explain_draws_what_the_patch_computes(build, tmp_path, capsys):
+    """Before = the checkpoint's own RoPE (llama3 x8; Gemma 3's linear x8 global layers), after = the composition
+    the patch applies (its long frequencies), over the context the checkpoint advertises."""
+    import test_compose as C
+
+    import hf_posenc
+
+    model = getattr(C, build)()
+    model.save_pretrained(tmp_path / "ckpt")
+    rotary = model.model.rotary_emb
+    own = getattr(rotary, "full_attention_inv_freq", None) if build == "gemma3" else rotary.inv_freq
+    own = own.double().clone()
+    out = explain("yarn:factor=2", str(tmp_path / "e"), model=str(tmp_path / "ckpt"))
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    composed = hf_posenc.get_config(model)
+    assert out["data"]["composed"] == composed.to_dict() and out["data"]["context"] == C.CONTEXT
+    assert out["length"] == 2 * C.CONTEXT and out["geometry"]["original"] == C.CONTEXT
+    assert torch.allclose(torch.tensor(out["data"]["wavelength_before"], dtype=torch.float64), 2 * math.pi / own,
+                          rtol=1e-6)
+    dim, theta = (C.GEMMA_DIM, C.GLOBAL_THETA) if build == "gemma3" else (C.DIM, C.THETA)
+    base = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    long = base / torch.tensor(composed.params["long_factor"], dtype=torch.float64)
+    assert torch.allclose(torch.tensor(out["data"]["wavelength_after"], dtype=torch.float64), 2 * math.pi / long,
+                          rtol=1e-6)
+    assert out["text"].startswith("The checkpoint's RoPE is already scaled") and "computed as longrope" in out["text"]
+    assert "interpolated (x factor)" in out["data"]["classes"]  # the slow ones halved again, against its own
+    assert "'dynamic_ntk' follows the sequence length" in refused(
+        ["explain", "dynamic_ntk", "--model", str(tmp_path / "ckpt"), "--output", str(tmp_path / "x")], capsys)
+    assert not (tmp_path / "x").exists()

@@ -22,6 +22,7 @@ pretraining context), and the method scales from there, as on an unscaled model.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,44 +47,86 @@ def scaled_type(lay: Layout) -> str | None:
     return scaled[0] if scaled else None
 
 
+@dataclass(frozen=True)
+class OwnRope:
+    """What a composition reads of the checkpoint's RoPE (one rotary slot, or its config alone): the language-model
+    ``config``, the slot's ``rope_parameters``, the frequencies it computes now and its attention scaling, and the
+    layer types it belongs to (per-layer-type RoPE; None: one RoPE for all layers)."""
+
+    config: Any
+    rope: dict[str, Any]
+    inv_freq: torch.Tensor
+    attention: float
+    layer_types: list[str] | None = None
+
+
+def own_rope(lay: Layout) -> OwnRope:
+    """The RoPE of the first rotary slot ``lay`` changes (a composition requires them alike: :func:`_uniform`)."""
+    slot = lay.selected[0]
+    return OwnRope(lay.config, slot.rope_parameters(lay.config), slot.get("inv_freq").detach().double().cpu(),
+                   float(slot.get("attention_scaling")), lay.chosen_types() if lay.layered else None)
+
+
+def own_rope_of_config(config: Any, layer_type: str | None = None) -> OwnRope:
+    """The RoPE a checkpoint's ``config`` describes (its ``layer_type``'s, per-layer-type RoPE), computed by
+    transformers' own initialisation, as its rotary module computes it at load: no weights needed."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rp = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
+    init = ROPE_INIT_FUNCTIONS[rp.get("rope_type", "default")] if rp.get("rope_type", "default") != "default" else None
+    kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+    if init is None:
+        geom = rope_geometry(config, getattr(config, "max_position_embeddings", 1), rp)
+        inv, attention = R.default_inv_freq(geom.base, geom.dim), 1.0
+    else:
+        inv, attention = init(config, "cpu", **kwargs)
+    return OwnRope(config, rp, inv.double(), float(attention), [layer_type] if layer_type else None)
+
+
 def composed_config(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> PosEncConfig:
     """``cfg`` (a RoPE scaling, no original context given) on the checkpoint of ``lay``, whose RoPE is scaled: the
     LongRoPE configuration that computes it (module doc); refused by name where it cannot be composed."""
     own_type = scaled_type(lay)
     context = getattr(lay.config, "max_position_embeddings", None)
     _check_composable(model, cfg, lay, own_type, context)
+    return compose(cfg, own_rope(lay), int(context))
+
+
+def compose(cfg: PosEncConfig, own: OwnRope, context: int) -> PosEncConfig:
+    """``cfg`` on the scaled RoPE ``own`` of a checkpoint advertising ``context`` tokens: the LongRoPE configuration
+    that computes it (module doc); the checks are the caller's (:func:`composed_config`)."""
+    own_type = own.rope.get("rope_type", "default")
     if own_type in ON_LENGTH_DEPENDENT:
-        return ON_LENGTH_DEPENDENT[own_type](cfg, lay, int(context))
-    base, own = _base_and_own(lay, int(context))
+        return ON_LENGTH_DEPENDENT[own_type](cfg, own, context)
+    geom = rope_geometry(own.config, context, own.rope)
+    base = R.default_inv_freq(geom.base, geom.dim).double()
     scaling = SCALINGS[cfg.method]
-    params = scaling.defaults(dict(cfg.params), own.shape[-1], cfg.factor) if scaling.defaults else dict(cfg.params)
-    new, added = scaling.compose(own.float(), int(context), cfg.factor, params)
-    attention = float(lay.selected[0].get("attention_scaling")) * float(added)
-    composed = PosEncConfig("longrope", cfg.factor, int(context), {
-        "short_factor": (base / own).tolist(), "long_factor": (base / new.double()).tolist(),
-        "attention_factor": attention})
+    params = scaling.defaults(dict(cfg.params), base.shape[-1], cfg.factor) if scaling.defaults else dict(cfg.params)
+    new, added = scaling.compose(own.inv_freq.float(), context, cfg.factor, params)
+    composed = PosEncConfig("longrope", cfg.factor, context, {
+        "short_factor": (base / own.inv_freq).tolist(), "long_factor": (base / new.double()).tolist(),
+        "attention_factor": own.attention * float(added), **_layer_types(own)})
     logger.warning("the checkpoint's RoPE is already scaled (rope_type=%r, context %d): hf_posenc extends it from "
                    "there -- %s on top gives %d tokens, computed as longrope (inputs up to %d keep the checkpoint's "
                    "frequencies). To replace its scaling instead, give original_max_position_embeddings=%s.",
-                   own_type, context, cfg.to_text(), scaling.max_position(cfg.factor, int(context)), context,
-                   recorded_original(lay))
+                   own_type, context, cfg.to_text(), scaling.max_position(cfg.factor, context), context,
+                   replacing_original(own))
     return composed
 
 
-def _on_longrope(cfg: PosEncConfig, lay: Layout, context: int) -> PosEncConfig:
+def _on_longrope(cfg: PosEncConfig, own: OwnRope, context: int) -> PosEncConfig:
     """``cfg`` on a LongRoPE checkpoint (Phi-3's 128k): its short factors stay for inputs up to its recorded original
     context, the method acts on its long frequencies over the context it advertises (what they are trained for),
     and the attention factor is its own times what the method adds. One LongRoPE configuration over its original
     context, advertising the method's length from the current context."""
-    slot = lay.selected[0]
-    rp = slot.rope_parameters(lay.config)
-    original = rp.get("original_max_position_embeddings") or getattr(lay.config, "original_max_position_embeddings",
-                                                                      None)
+    rp = own.rope
+    original = rp.get("original_max_position_embeddings") or getattr(own.config, "original_max_position_embeddings",
+                                                                     None)
     if not isinstance(original, int) or not 0 < original <= context:
         raise ValueError(f"the checkpoint's RoPE is LongRoPE but states no original_max_position_embeddings (where it "
                          f"switches from its short to its long factors), got {original!r}: {cfg.method!r} cannot be "
                          "put on top of it")
-    geom = rope_geometry(lay.config, context, rp)
+    geom = rope_geometry(own.config, context, rp)
     base = R.default_inv_freq(geom.base, geom.dim).double()
     own_long = base / torch.tensor(rp["long_factor"], dtype=torch.float64)
     scaling = SCALINGS[cfg.method]
@@ -92,12 +135,18 @@ def _on_longrope(cfg: PosEncConfig, lay: Layout, context: int) -> PosEncConfig:
     target = scaling.max_position(cfg.factor, context)
     composed = PosEncConfig("longrope", target / original, original, {
         "short_factor": [float(f) for f in rp["short_factor"]], "long_factor": (base / new.double()).tolist(),
-        "attention_factor": float(slot.get("attention_scaling")) * float(added)})
+        "attention_factor": own.attention * float(added), **_layer_types(own)})
     logger.warning("the checkpoint's RoPE is LongRoPE (context %d, short factors up to %d tokens): hf_posenc extends "
                    "it from there -- %s on its long factors gives %d tokens (inputs up to %d keep its short factors). "
                    "To replace its scaling instead, give original_max_position_embeddings=%d.",
                    context, original, cfg.to_text(), target, original, original)
     return composed
+
+
+def _layer_types(own: OwnRope) -> dict[str, Any]:
+    """The ``layer_types`` knob of a composition on per-layer-type RoPE (Gemma 3: the scaled global layers), else
+    nothing."""
+    return {"layer_types": own.layer_types} if own.layer_types else {}
 
 
 # the length-dependent own types a scaling is put on top of, each by its rule (the others are refused)
@@ -113,24 +162,36 @@ def _base_and_own(lay: Layout, context: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def recorded_original(lay: Layout) -> int | None:
-    """The original context a scaled checkpoint records (its rope_parameters', else max_position_embeddings): the
-    original_max_position_embeddings a replacement of its scaling is given."""
-    rp = lay.selected[0].rope_parameters(lay.config)
-    recorded = rp.get("original_max_position_embeddings") or getattr(lay.config, "max_position_embeddings", None)
+    """:func:`replacing_original` of the first rotary slot ``lay`` changes."""
+    return replacing_original(own_rope(lay))
+
+
+def replacing_original(own: OwnRope) -> int | None:
+    """The original context a scaled checkpoint records (its rope_parameters', else for a linear scaling its context
+    over its factor, else max_position_embeddings): the original_max_position_embeddings a replacement of its
+    scaling is given."""
+    rp, context = own.rope, getattr(own.config, "max_position_embeddings", None)
+    if not rp.get("original_max_position_embeddings") and rp.get("rope_type") == "linear" and context:
+        return round(context / float(rp["factor"]))  # Gemma 3's x8: its context over its factor
+    recorded = rp.get("original_max_position_embeddings") or context
     return int(recorded) if recorded else None
 
 
 def own_scaling(block: dict[str, Any], prefix: str, original: int | None) -> dict[str, Any] | None:
     """The scaling a patched checkpoint had before its patch, read from its hf_posenc ``block`` (``prefix``: the
-    language model's sub-config path): None when its RoPE was not scaled (or is one per layer type), else its
-    ``rope_type``, the ``pretrained_context`` it records, the ``context`` it advertised, and whether the patch
+    language model's sub-config path): None when its RoPE was not scaled (per-layer-type RoPE: the one layer type
+    the patch changed was not), else its ``rope_type``, the ``pretrained_context`` it records (None: it states
+    none), the ``context`` it advertised, and whether the patch
     ``replaced`` it (scaled from ``original``, the patch's original context, equal to the pretraining one) rather
     than extended it from that context (a composed longrope)."""
     before = block.get("original") or {}
     own = before.get(prefix + "rope_parameters") or {}
+    if isinstance(own, dict) and own and all(isinstance(v, dict) for v in own.values()):  # per layer type
+        chosen = (block.get("params") or {}).get("layer_types") or []
+        own = own.get(chosen[0], {}) if len(chosen) == 1 else {}  # the one type the patch changed
     if not isinstance(own, dict) or own.get("rope_type", "default") == "default":
         return None
-    pretrained = own.get("original_max_position_embeddings")
+    pretrained = own.get("original_max_position_embeddings")  # (a linear scaling states none)
     return {"rope_type": own["rope_type"], "pretrained_context": pretrained,
             "context": before.get(prefix + "max_position_embeddings"),
             "replaced": pretrained is not None and pretrained == original}
@@ -141,7 +202,7 @@ def restates_checkpoint(cfg: PosEncConfig, lay: Layout) -> bool:
     re-applies one): per-dimension factors over its current context whose short ones give its own frequencies."""
     scaling = SCALINGS.get(cfg.method)
     short = cfg.params.get("short_factor")
-    if scaling is None or not scaling.per_dimension or short is None or lay.layered:
+    if scaling is None or not scaling.per_dimension or short is None or not _uniform(lay):
         return False
     if cfg.original_max_position_embeddings != getattr(lay.config, "max_position_embeddings", None):
         return False
@@ -150,14 +211,26 @@ def restates_checkpoint(cfg: PosEncConfig, lay: Layout) -> bool:
                                                                rtol=1e-5, atol=0))
 
 
-def _check_composable(model: nn.Module, cfg: PosEncConfig, lay: Layout, own_type: str, context) -> None:
-    replace = (f"give original_max_position_embeddings={recorded_original(lay)} (the original context it records) to "
-               "replace its scaling instead")
+def _uniform(lay: Layout) -> bool:
+    """Whether every rotary slot a method changes has the same RoPE (one composition computes them all)."""
+    first = lay.selected[0].rope_parameters(lay.config)
+    return all(s.rope_parameters(lay.config) == first for s in lay.selected[1:])
+
+
+def _type_list(lay: Layout) -> str:
+    return ", ".join(f"{s.layer_type}: rope_type={s.rope_parameters(lay.config).get('rope_type', 'default')!r}"
+                     for s in lay.selected)
+
+
+def _scaled_types(lay: Layout) -> list[str]:
+    return sorted(s.layer_type for s in lay.selected
+                  if s.rope_parameters(lay.config).get("rope_type", "default") != "default")
+
+
+def check_rule(cfg: PosEncConfig, own_type: str, replace: str) -> None:
+    """Refuses, by name, a method or an own scaling no composition rule covers (``replace``: how to replace the
+    checkpoint's scaling instead)."""
     what = f"the checkpoint's RoPE is already scaled (rope_type={own_type!r})"
-    if softmax_rescalers(model):
-        raise ValueError(f"{what}, and {type(model).__name__} derives its attention's softmax scale from those RoPE "
-                         f"parameters (MLA: YaRN's mscale_all_dim), which a longrope configuration cannot carry: "
-                         f"putting {cfg.method!r} on top of it is not supported yet; {replace}.")
     if SCALINGS[cfg.method].compose is None:
         raise ValueError(f"{what}, and {cfg.method!r} follows the sequence length, which hf_posenc does not put on "
                          f"top of another scaling; use a static one (pi, ntk, yarn, llama3, longrope), which extends "
@@ -165,9 +238,21 @@ def _check_composable(model: nn.Module, cfg: PosEncConfig, lay: Layout, own_type
     if own_type in LENGTH_DEPENDENT_TYPES and own_type not in ON_LENGTH_DEPENDENT:
         raise ValueError(f"{what}, whose frequencies change with every input's length: hf_posenc does not put "
                          f"{cfg.method!r} on top of it yet; {replace}.")
-    if lay.layered:
-        raise ValueError(f"{what} on a model with per-layer-type RoPE: putting {cfg.method!r} on top of it is not "
-                         f"supported yet; {replace}.")
+
+
+def _check_composable(model: nn.Module, cfg: PosEncConfig, lay: Layout, own_type: str, context) -> None:
+    replace = (f"give original_max_position_embeddings={recorded_original(lay)} (the context its scaling is computed "
+               "from) to replace its scaling instead")
+    what = f"the checkpoint's RoPE is already scaled (rope_type={own_type!r})"
+    if softmax_rescalers(model):
+        raise ValueError(f"{what}, and {type(model).__name__} derives its attention's softmax scale from those RoPE "
+                         f"parameters (MLA: YaRN's mscale_all_dim), which a longrope configuration cannot carry: "
+                         f"putting {cfg.method!r} on top of it is not supported yet; {replace}.")
+    check_rule(cfg, own_type, replace)
+    if lay.layered and not _uniform(lay):
+        raise ValueError(f"{what} on a model with per-layer-type RoPE, and the layer types {cfg.method!r} would "
+                         f"change ({_type_list(lay)}) differ: one composition acts on one RoPE; give layer_types="
+                         f"{_scaled_types(lay)!r} (the scaled ones), or {replace}.")
     if not isinstance(context, int) or context < 1:
         raise ValueError(f"{what}, and its config states no max_position_embeddings (the context it has now) to "
                          f"extend from; {replace}.")

@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from ..adapters import rope_compose as C
 from ..adapters.base import text_config
 from ..adapters.layout import head_dim as head_dim_of
 from ..checkpoints.loading import refuse_lora_folder
@@ -66,7 +67,7 @@ def geometry_of(model: str | None = None, head_dim: int | None = None, rope_thet
     hf_config = read_config(src)
     trained = trained_context(hf_config, src)  # (a patched GGUF's config gets its original values back first)
     lm = text_config(hf_config)[0]
-    rp = getattr(lm, "rope_parameters", None) or {}
+    rp = layer_rope(lm)
     partial = rp.get("partial_rotary_factor") or getattr(lm, "partial_rotary_factor", None) or 1.0
     own = int(head_dim_of(lm) * partial) if getattr(lm, "num_attention_heads", None) else 64
     return Geometry(int(head_dim or own), float(rope_theta or _original_theta(hf_config) or rp.get("rope_theta")
@@ -75,6 +76,47 @@ def geometry_of(model: str | None = None, head_dim: int | None = None, rope_thet
                     int(getattr(lm, "num_attention_heads", None) or getattr(lm, "num_heads", 8)),
                     int(getattr(lm, "relative_attention_num_buckets", 32)),
                     int(getattr(lm, "relative_attention_max_distance", 128)), name)
+
+
+def layer_rope(lm, layer_types: list[str] | None = None) -> dict[str, Any]:
+    """The language model's ``rope_parameters`` a RoPE scaling changes: the flat ones, or on per-layer-type RoPE
+    those of ``layer_types`` (default as the patch chooses: ``full_attention`` beside sliding types, else all),
+    which must be alike to be drawn as one."""
+    rp = getattr(lm, "rope_parameters", None) or {}
+    if not rp or not all(isinstance(v, dict) for v in rp.values()):
+        return rp
+    types = sorted(rp)
+    chosen = layer_types or (["full_attention"] if "full_attention" in types and len(types) > 1 else types)
+    unknown = sorted(set(chosen) - set(types))
+    if unknown:
+        raise ValueError(f"layer_types has {unknown}, which this model does not have; its RoPE layer types: {types}")
+    if any(rp[t] != rp[chosen[0]] for t in chosen[1:]):
+        raise ValueError(f"the layer types {chosen} have different RoPE ({', '.join(f'{t}: {rp[t]}' for t in chosen)})"
+                         f": explain draws one; give layer_types with one of them")
+    return rp[chosen[0]]
+
+
+def _checkpoint_rope(cfg: PosEncConfig, geom: Geometry) -> tuple[Any, int, PosEncConfig] | None:
+    """On a checkpoint whose RoPE is already scaled (read from ``geom.model``'s config; not one hf_posenc patched),
+    what a RoPE scaling given no original context does there, as the patch does it (:mod:`..adapters.rope_compose`):
+    (the checkpoint's own RoPE, the context it advertises, the composed configuration); else None."""
+    if cfg.spec.kind != "rope" or cfg.method == "none" or cfg.original_max_position_embeddings is not None \
+            or geom.model is None:
+        return None
+    hf_config = read_config(resolve_source(geom.model))
+    lm = text_config(hf_config)[0]
+    if getattr(hf_config, CONFIG_KEY, None):
+        return None  # a patched checkpoint: drawn from its stored original geometry
+    rp = layer_rope(lm, cfg.params.get("layer_types"))
+    own_type = rp.get("rope_type", "default")
+    context = getattr(lm, "max_position_embeddings", None)
+    if own_type == "default" or not isinstance(context, int):
+        return None
+    layered = rp is not getattr(lm, "rope_parameters", None)
+    own = C.own_rope_of_config(lm, next(t for t, v in lm.rope_parameters.items() if v is rp) if layered else None)
+    C.check_rule(cfg, own_type, f"give --original-max-position {C.replacing_original(own)} to draw it replacing "
+                 "its scaling instead")
+    return own, context, C.compose(cfg, own, context)
 
 
 def _original_theta(hf_config) -> float | None:
@@ -98,9 +140,19 @@ def _target(cfg: PosEncConfig, geom: Geometry, length: int | None) -> int:
     return n
 
 
-def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[str, Any]:
-    rg = RopeGeometry(geom.rope_theta, geom.head_dim, geom.original)
-    w = A.rope_wavelengths(cfg, rg, length)
+def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str,
+          on: tuple[Any, int, PosEncConfig] | None = None) -> dict[str, Any]:
+    if on is None:
+        w = A.rope_wavelengths(cfg, RopeGeometry(geom.rope_theta, geom.head_dim, geom.original), length)
+        lead = ""
+    else:  # composed on the checkpoint's own scaling: "before" is its own RoPE
+        own, context, composed = on
+        rg = RopeGeometry(geom.rope_theta, geom.head_dim, composed.original_max_position_embeddings)
+        w = A.rope_wavelengths(composed, rg, length, before=own.inv_freq, context=context, factor=cfg.factor)
+        lead = (f"The checkpoint's RoPE is already scaled ({own.rope['rope_type']}, a context of {context:,}): "
+                f"{cfg.to_text()} extends it from there, computed as {composed.method} (inputs up to "
+                f"{composed.original_max_position_embeddings:,} keep the checkpoint's frequencies); \"before\" is "
+                f"the checkpoint's own RoPE, attention temperature {own.attention:.4f} before. ")
     dense = torch.arange(length, dtype=torch.float64)  # every distance (the bound oscillates from one to the next)
     full = (A.decay_bound(2 * math.pi / w["wavelength_before"], dense),
             A.decay_bound(2 * math.pi / w["wavelength_after"], dense))
@@ -110,9 +162,9 @@ def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[s
                         length, "RoPE long-range decay (Su et al. 2021), mean per log-spaced bin of distances:\n"
                         + title, os.path.join(output, "decay.png"))]
     counts = {c: w["classes"].count(c) for c in dict.fromkeys(w["classes"])}
-    L = geom.original
+    L = w["original"]
     near, far = slice(min(L // 2, length - 1), min(L, length)), slice(L, length)
-    text = (f"Of the {len(w['classes'])} rotary dimension pairs: "
+    text = (lead + f"Of the {len(w['classes'])} rotary dimension pairs: "
             + ", ".join(f"{n} {c}" for c, n in counts.items())
             + f". Pairs completing a rotation within L = {L:,}: {w['rotating_before']} before, "
             f"{w['rotating_after']} after. Attention temperature: {w['attention']:.4f}. Longest wavelength: "
@@ -123,7 +175,8 @@ def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[s
     data = {"classes": w["classes"], "wavelength_before": w["wavelength_before"].tolist(),
             "wavelength_after": w["wavelength_after"].tolist(), "attention": w["attention"],
             "rotating_before": w["rotating_before"], "rotating_after": w["rotating_after"],
-            "decay_binned": {k: [v.tolist() for v in A.binned_mean(b)] for k, b in zip(("before", "after"), full)}}
+            "decay_binned": {k: [v.tolist() for v in A.binned_mean(b)] for k, b in zip(("before", "after"), full)},
+            **({"composed": on[2].to_dict(), "own_rope": on[0].rope, "context": on[1]} if on else {})}
     return {"pictures": pictures, "text": text, "data": data}
 
 
@@ -226,11 +279,14 @@ def explain(config: Any, output: str, *, model: str | None = None, head_dim: int
         raise ValueError(f"--head-dim must be even (RoPE rotates pairs of dimensions), got {head_dim}")
     _check_output(output)
     geom = geometry_of(model, head_dim, rope_theta, original)
+    on = _checkpoint_rope(cfg, geom) if original is None else None
+    if on is not None:
+        geom = replace(geom, original=on[1])
     n = _target(cfg, geom, length)
     _clear_earlier(output)
     os.makedirs(output, exist_ok=True)
     if kind in ("rope", "none"):
-        done = _rope(cfg, geom, n, output)
+        done = _rope(cfg, geom, n, output, on)
     elif kind == "attention":
         done = _attention(cfg, geom, n, output, resolution)
     elif kind == "relative_bucket":

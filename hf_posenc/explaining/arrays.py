@@ -55,16 +55,20 @@ def classify(ratio: torch.Tensor, factor: float) -> list[str]:
     return out
 
 
-def rope_wavelengths(cfg: PosEncConfig, geom: R.RopeGeometry, length: int) -> dict[str, Any]:
+def rope_wavelengths(cfg: PosEncConfig, geom: R.RopeGeometry, length: int, before: torch.Tensor | None = None,
+                     context: int | None = None, factor: float | None = None) -> dict[str, Any]:
     """Per rotary dimension pair k: wavelength 2 pi / theta_k before and after, their ratio and class, and the
-    attention temperature; ``rotating``: how many dimensions complete a rotation within L before and after."""
-    before = R.default_inv_freq(geom.base, geom.dim).double()
+    attention temperature; ``rotating``: how many dimensions complete a rotation within L before and after.
+    ``before``: the checkpoint's own frequencies (default: plain RoPE's), over ``context`` tokens (default: the
+    geometry's original context), classed against ``factor`` (default: ``cfg``'s)."""
+    before = R.default_inv_freq(geom.base, geom.dim).double() if before is None else before.double()
     after, attention = frequencies(cfg, geom, length)
     lam0, lam1 = 2 * math.pi / before, 2 * math.pi / after
     ratio = lam1 / lam0
-    L = geom.original_max_position_embeddings
+    L = context or geom.original_max_position_embeddings
     return {"wavelength_before": lam0, "wavelength_after": lam1, "ratio": ratio,
-            "classes": classify(ratio, cfg.factor or 1.0), "attention": attention, "original": L, "length": length,
+            "classes": classify(ratio, factor or cfg.factor or 1.0), "attention": attention, "original": L,
+            "length": length,
             "rotating_before": int((lam0 <= L).sum()), "rotating_after": int((lam1 <= L).sum())}
 
 

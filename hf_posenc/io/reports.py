@@ -72,8 +72,9 @@ def _scaling_note(setup: dict[str, Any]) -> str:
 def _scaling_line(label: str, asked: str, now: dict[str, Any]) -> str:
     """The line of :func:`_scaling_note` for the variant ``label`` (method ``asked``), applied as ``now`` says."""
     own = now["own_scaling"]
-    what = (f"{label}: the checkpoint's RoPE is already scaled ({own['rope_type']}, pretrained for "
-            f"{own['pretrained_context']} tokens, a context of {own['context']})")
+    pretrained = f", pretrained for {own['pretrained_context']} tokens" if own["pretrained_context"] else ""
+    what = (f"{label}: the checkpoint's RoPE is already scaled ({own['rope_type']}{pretrained}, a context of "
+            f"{own['context']})")
     if own["replaced"]:
         return f"{what}; {asked} replaced that scaling, scaling from the pretraining context to {now['context']} " \
                "tokens."

@@ -52,6 +52,24 @@ def describe(path: str) -> Served:
     return served_of(plain, block, os.path.abspath(path), gguf=is_gguf(path))
 
 
+def _rope_layer_types(plain: dict[str, Any]) -> tuple[str, ...] | None:
+    """The layer types of a per-layer-type ``rope_parameters`` (Gemma 3), else None."""
+    rp = plain.get("rope_parameters") or {}
+    return tuple(sorted(rp)) if rp and all(isinstance(v, dict) for v in rp.values()) else None
+
+
+def _served_rope(plain: dict[str, Any], block: dict[str, Any]) -> dict[str, Any]:
+    """config.json's ``rope_parameters``; on per-layer-type RoPE those of the layer type the patch changed (its
+    ``layer_types`` knob, else ``full_attention``, the one a scaling changes by default beside sliding layers)."""
+    rp = dict(plain.get("rope_parameters") or {})
+    types = _rope_layer_types(plain)
+    if types is None:
+        return rp
+    chosen = (block.get("params") or {}).get("layer_types") or (["full_attention"] if "full_attention" in types
+                                                                 else list(types))
+    return dict(rp[chosen[0]])
+
+
 def served_of(plain: dict[str, Any], block: dict[str, Any], path: str, gguf: bool = False) -> Served:
     """:class:`Served` of a checkpoint whose (text) config is ``plain`` and hf_posenc record ``block`` ({} for a
     plain checkpoint), to be found at ``path`` (a folder, a GGUF, or a Hub id for a card)."""
@@ -65,10 +83,11 @@ def served_of(plain: dict[str, Any], block: dict[str, Any], path: str, gguf: boo
         meta, why = _llama_cpp(cfg, plain, block, original, arch)
     return Served(path=path, gguf=gguf, method=method, native=native, family=block.get("family", "rope_decoder"),
                   original=original, context=int(plain.get("max_position_embeddings") or original), model_type=arch,
-                  rope=dict(plain.get("rope_parameters") or {}), support=dict(resolve_method(method).engines),
+                  rope=_served_rope(plain, block), support=dict(resolve_method(method).engines),
                   llama_cpp=meta, llama_cpp_refusal=why, frozen_at=block.get("frozen_at"),
                   restored=_restored(method, block.get("params") or {}, original),
-                  dual_chunk=plain.get("dual_chunk_attention_config"), legacy=None if gguf else stated(plain))
+                  dual_chunk=plain.get("dual_chunk_attention_config"), legacy=None if gguf else stated(plain),
+                  rope_layer_types=_rope_layer_types(plain))
 
 
 def serve_config(path: str, engines: list[str] | None = None, max_length: int | None = None) -> list[Launch]:

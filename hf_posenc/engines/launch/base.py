@@ -21,8 +21,9 @@ class Served:
     path: the folder or ``.gguf`` file; gguf: whether it is a GGUF; method / native / family: from its hf_posenc
     record (``none``, True, ``rope_decoder`` for a plain checkpoint); original: the trained context L; context: the
     context it advertises (``max_position_embeddings``, a GGUF's ``context_length``); model_type: config.json's (or
-    the GGUF architecture); rope: config.json's ``rope_parameters``; support: the method record's
-    ``{engine name: EngineSupport}``; llama_cpp: the RoPE metadata llama.cpp needs for the method (short names:
+    the GGUF architecture); rope: config.json's ``rope_parameters`` (per-layer-type RoPE: those of the layer type
+    the patch changed, ``full_attention`` by default, with every type in ``rope_layer_types``); support: the method
+    record's ``{engine name: EngineSupport}``; llama_cpp: the RoPE metadata llama.cpp needs for the method (short names:
     type, factor, original, base, attn_factor, context; a ``rope_freqs`` tensor as ``freqs: True``), or None with
     ``llama_cpp_refusal`` saying why llama.cpp cannot compute it; frozen_at: the length a dynamic method was
     frozen at; restored: the context hf_posenc.from_pretrained restores for a method saved as the original model;
@@ -46,6 +47,7 @@ class Served:
     restored: int | None = None
     dual_chunk: dict[str, Any] | None = None
     legacy: dict[str, Any] | None = None
+    rope_layer_types: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,10 @@ def launch(served: Served, length: int | None) -> Launch:
     command = ["python", "-m", "sglang.launch_server", "--model-path", served.path, "--context-length", str(n)]
     notes = [f"an SGLang on transformers 4 does not read config.json's rope_parameters: add "
              f"--json-model-override-args '{_legacy(served.rope)}'"]
+    if served.rope_layer_types:
+        notes = [f"config.json holds one RoPE per layer type ({', '.join(served.rope_layer_types)}; rope_type "
+                 f"{kind!r} is the changed layers'): that SGLang's {served.model_type} reads each type's is not "
+                 "checked here (vLLM's Gemma 3 does)"]
     return Launch(ENGINE, NOT_MEASURED, f"SGLang reads rope_type {kind!r} from config.json as transformers does; "
                                         "not measured here.", command=command, env=env, max_length=n,
                   checked=CHECKED, notes=notes)
