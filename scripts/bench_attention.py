@@ -19,6 +19,13 @@ synchronisations, and its peak memory (``torch.cuda.max_memory_allocated`` above
 the same process. Its section is "Attention-level methods on a GPU".
 
     python scripts/bench_attention.py --device cuda --write
+
+A sliding/full hybrid (``--geometry gemma3-270m``: Gemma 3 270M's shape, five sliding-window layers to one full) is
+timed beside its twin with every layer full attention, in one run: the methods change the full-attention layers
+only, so their ratio to native on the hybrid is compared with the all-full model's. Its section is "Attention-level
+methods on a sliding/full hybrid".
+
+    python scripts/bench_attention.py --geometry gemma3-270m --lengths 2048,4096,8192 --memory-length 0 --write
 """
 
 from __future__ import annotations
@@ -47,8 +54,18 @@ GEOMETRIES = {  # random weights of a real model's shape: (model_type, config ke
     "llama-3-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
                                  rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+    "gemma3-270m": ("gemma3_text", dict(vocab_size=262144, hidden_size=640, intermediate_size=2048,
+                                        num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1,
+                                        head_dim=256, query_pre_attn_scalar=256, sliding_window=512,
+                                        max_position_embeddings=32768,
+                                        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
+                                        rope_parameters={"full_attention": {"rope_type": "default",
+                                                                            "rope_theta": 1000000.0},
+                                                         "sliding_attention": {"rope_type": "default",
+                                                                               "rope_theta": 10000.0}})),
 }
 METHODS = ("self_extend", "dca", "string", "rerope", "leaky_rerope")
+HYBRID_TITLE = "## Attention-level methods on a sliding/full hybrid: speed vs native"
 
 
 def tokens(model, length: int):
@@ -57,8 +74,14 @@ def tokens(model, length: int):
     return torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
 
 
-def load(args):
-    """The model to time: ``--model``, or random weights of ``--geometry`` (on ``--device``, in ``--dtype``)."""
+def hybrid(args) -> bool:
+    """Whether ``--geometry`` mixes sliding-window and full-attention layers (then its all-full twin is timed too)."""
+    return bool(args.geometry) and "sliding_attention" in GEOMETRIES[args.geometry][1].get("layer_types", ())
+
+
+def load(args, all_full: bool = False):
+    """The model to time: ``--model``, or random weights of ``--geometry`` (on ``--device``, in ``--dtype``);
+    ``all_full``: the geometry with every layer full attention (a hybrid's twin, the same weights' shapes)."""
     import torch
 
     from hf_posenc.checkpoints.runtime import load_model_and_tokenizer, torch_dtype
@@ -70,6 +93,8 @@ def load(args):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     family, keywords = GEOMETRIES[args.geometry]
+    if all_full:
+        keywords = {**keywords, "layer_types": ["full_attention"] * len(keywords["layer_types"])}
     config = AutoConfig.for_model(family, **keywords)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
@@ -123,10 +148,10 @@ def child(args) -> None:
     print(json.dumps({"variant": args.variant, "increment_mb": status_mb("VmHWM") - base, "seconds": seconds}))
 
 
-def speed(args, variants: list[str]) -> dict[int, dict[str, list[float]]]:
+def speed(args, variants: list[str], all_full: bool = False) -> dict[int, dict[str, list[float]]]:
     from tqdm import tqdm
 
-    model = load(args)
+    model = load(args, all_full)
     lengths = [int(n) for n in args.lengths.split(",") if n.strip()]
     times: dict[int, dict[str, list[float]]] = {n: {v: [] for v in variants} for n in lengths}
     for v in variants:
@@ -198,20 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         child(args)
         return 0
     variants = ["native", *[m.strip() for m in args.methods.split(",") if m.strip()]]
-    times = speed(args, variants)
-    rows, at = [], {}
-    for n, per in times.items():
-        native = statistics.median(per["native"])
-        for v in variants:
-            t = statistics.median(per[v])
-            ratio = round(native / t, 2)  # rounded once: the table and the summary line show the same number
-            rows.append([n, v, round(n / t, 1), round(t, 2), ratio])
-            at.setdefault(v, {})[n] = ratio
+    if hybrid(args):
+        return hybrid_section(args, argv, variants)
+    rows, at = ratios(speed(args, variants), variants)
     mem = memory(args, variants) if args.memory_length else {}
     command = "python scripts/bench_attention.py " + shlex.join(argv)
-    where = (f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}), {args.dtype}"
-             if gpu else f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-             f"{torch.get_num_threads()} threads")
+    where = machine(args)
     lines = [
         GPU_TITLE if gpu else TITLE, "",
         f"Command: `{command.strip()}`  ",
@@ -228,6 +245,57 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", f"Peak memory above the loaded model, {how}, {args.memory_length} tokens:", "",
                   markdown_table(["variant", "peak increment (MB)", "seconds"],
                                  [[v, round(r["increment_mb"]), round(r["seconds"], 1)] for v, r in mem.items()])]
+    emit_section("\n".join(lines), args.write, os.path.join(ROOT, "BENCHMARKS.md"))
+    return 0
+
+
+def machine(args) -> str:
+    import torch
+
+    if args.device.startswith("cuda"):
+        return (f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+                f"{args.dtype}")
+    return f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def ratios(times: dict[int, dict[str, list[float]]], variants: list[str]) -> tuple[list[list], dict]:
+    """Table rows (tokens, variant, tokens/s, seconds, ratio to native) and ``{variant: {tokens: ratio}}``."""
+    rows, at = [], {}
+    for n, per in times.items():
+        native = statistics.median(per["native"])
+        for v in variants:
+            t = statistics.median(per[v])
+            ratio = round(native / t, 2)  # rounded once: the table and the summary line show the same number
+            rows.append([n, v, round(n / t, 1), round(t, 2), ratio])
+            at.setdefault(v, {})[n] = ratio
+    return rows, at
+
+
+def hybrid_section(args, argv: list[str], variants: list[str]) -> int:
+    """A sliding/full hybrid geometry and its all-full twin timed in one run: each method's ratio to the native
+    attention of the same model, side by side (the methods change the full-attention layers only)."""
+    from hf_posenc.io.reports import emit_section, markdown_table
+
+    rows, at = [], {}
+    for label, all_full in (("hybrid", False), ("all full", True)):
+        got, at[label] = ratios(speed(args, variants, all_full), variants)
+        rows += [[label, *r] for r in got]
+    family, keywords = GEOMETRIES[args.geometry]
+    full = keywords["layer_types"].count("full_attention")
+    lines = [
+        HYBRID_TITLE, "",
+        f"Command: `python scripts/bench_attention.py {shlex.join(argv)}`  ",
+        f"Random weights of {args.geometry}'s shape ({family}: {len(keywords['layer_types'])} layers, {full} of them "
+        f"full attention, the others a {keywords['sliding_window']}-token sliding window), beside its twin with every "
+        f"layer full attention; SDPA, the model body's forward, batch 1, every method with its default knobs (from "
+        f"the {keywords['max_position_embeddings']:,}-token context); median of {args.rounds} interleaved round(s) "
+        f"after one warm-up; {machine(args)}.", "",
+        markdown_table(["model", "tokens", "variant", "tokens/s", "seconds", "ratio to native"], rows), "",
+        "**Ratio to native, hybrid vs all full: " + "; ".join(
+            f"{v} " + ", ".join(f"{at['hybrid'][v][n]:.2f} vs {at['all full'][v][n]:.2f} at {n}"
+                                for n in at["hybrid"][v]) for v in variants[1:]) + "** (a method changes the "
+        "full-attention layers only; the sliding ones run the model's own attention).",
+    ]
     emit_section("\n".join(lines), args.write, os.path.join(ROOT, "BENCHMARKS.md"))
     return 0
 
