@@ -61,15 +61,16 @@ def saved(tmp_path_factory):
     return out
 
 
-def _v4_diffs(folders: dict[str, torch.Tensor], tmp_path) -> dict[str, float]:
-    """Max abs diff of transformers 4.57's logits (its own process and environment) to the expected ones."""
+def _v4_diffs(folders: dict[str, torch.Tensor], tmp_path, length: int = LONG) -> dict[str, float]:
+    """Max abs diff of transformers 4.57's logits (its own process and environment) on ``length`` tokens to the
+    expected ones."""
     torch.save(folders, tmp_path / "expected.pt")
     script = textwrap.dedent(f"""
         import json, torch, transformers
         from transformers import AutoModelForCausalLM
         assert transformers.__version__.startswith("4.57"), transformers.__version__
         expected = torch.load({str(tmp_path / 'expected.pt')!r})
-        x = torch.randint(0, 96, (1, {LONG}), generator=torch.Generator().manual_seed(1))
+        x = torch.randint(0, 96, (1, {length}), generator=torch.Generator().manual_seed(1))
         out = {{}}
         for path, ref in expected.items():
             m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -135,15 +136,15 @@ def test_the_keys_written_per_method(saved):
 
 
 def test_a_rope_transformers4_computes_otherwise_is_refused_when_asked_and_left_out_otherwise(tmp_path):
-    model = hf_posenc.patch(gemma(), "yarn", factor=2.0)  # Gemma 3: RoPE per layer type
-    with pytest.raises(ValueError, match=r"transformers4=True for `yarn`.*RoPE per layer type \(full_attention, "
-                                         r"sliding_attention\)"):
+    model = hf_posenc.patch(gemma(), "yarn", factor=2.0, layer_types=["full_attention", "sliding_attention"])
+    with pytest.raises(ValueError, match=r"transformers4=True for `yarn`.*RoPE per layer type with sliding_attention "
+                                         r"RoPE .*computes plain RoPE over rope_local_base_freq there"):
         hf_posenc.save_pretrained(model, str(tmp_path / "asked"), transformers4=True)
     assert not (tmp_path / "asked").exists()  # refused before anything is written
     folder = hf_posenc.save_pretrained(model, str(tmp_path / "plain"))
     config = json.loads(open(os.path.join(folder, "config.json")).read())
     assert "rope_scaling" not in config and "rope_theta" not in config
-    assert "RoPE per layer type" in config["hf_posenc"]["transformers4"]["reason"]
+    assert "RoPE per layer type with sliding_attention" in config["hf_posenc"]["transformers4"]["reason"]
     card = open(os.path.join(folder, "README.md")).read()
     assert "| read right by transformers 4 | no:" in card and "loaders on transformers 5 read it right" in card
     assert hf_posenc.get_config(hf_posenc.from_pretrained(folder)) == hf_posenc.get_config(model)
@@ -238,11 +239,11 @@ def test_upgrade_config_refuses_bad_input_by_name(tmp_path, capsys):
     assert "--in-place --output is required" in refused(["upgrade-config", str(empty), "--in-pl"], capsys)  # no
     # abbreviation taken
     gemma_folder = tmp_path / "gemma"
-    model = hf_posenc.patch(gemma(), "yarn", factor=2.0)
+    model = hf_posenc.patch(gemma(), "yarn", factor=2.0, layer_types=["full_attention", "sliding_attention"])
     type(model).save_pretrained(model, gemma_folder)
     text = (gemma_folder / "config.json").read_text()
     message = refused(["upgrade-config", str(gemma_folder), "--in-place"], capsys)
-    assert "RoPE per layer type (full_attention, sliding_attention)" in message and "transformers 4.57" in message
+    assert "RoPE per layer type with sliding_attention RoPE" in message and "transformers 4.57" in message
     assert (gemma_folder / "config.json").read_text() == text  # nothing written
     _, folder = _plain_save(tmp_path)
     (tmp_path / "taken").mkdir()
@@ -264,3 +265,44 @@ def test_a_plain_rope_with_other_keys_keeps_them_in_rope_scaling():
     assert found.keys[""] == {"rope_theta": 1e6, "partial_rotary_factor": 0.5,
                               "rope_scaling": {"mrope_section": [16, 24, 24], "rope_type": "default",
                                                "type": "default"}}
+
+
+def _gemma_cases(tmp_path) -> dict[str, tuple[str, torch.Tensor, int]]:
+    """Gemma 3 saved by hf_posenc: YaRN x2 on its global layers, and YaRN x2 composed on a checkpoint whose global
+    layers ship linear x8 (a per-type longrope): {name: (folder, hf_posenc's logits, tokens)}."""
+    from test_compose import CONTEXT, gemma3
+
+    out = {}
+    for name, model, n in (("yarn", gemma(), LONG), ("composed", gemma3(), CONTEXT + 100)):
+        hf_posenc.patch(model, "yarn", factor=2.0)
+        folder = hf_posenc.save_pretrained(model, str(tmp_path / name))
+        x = torch.randint(0, 96, (1, n), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            out[name] = folder, model(x).logits.float(), n
+    return out
+
+
+def test_gemma3s_rope_per_layer_type_is_written_as_transformers4_spells_it(tmp_path):
+    from test_compose import GLOBAL_THETA, LOCAL_THETA
+    from test_layered_rope import FULL, SLIDING
+
+    cases = _gemma_cases(tmp_path)
+    for name, (folder, ref, n) in cases.items():
+        config = json.loads(open(os.path.join(folder, "config.json")).read())
+        rp = config["rope_parameters"]
+        assert config["rope_theta"] == rp["full_attention"]["rope_theta"] == (FULL if name == "yarn" else GLOBAL_THETA)
+        assert config["rope_local_base_freq"] == (SLIDING if name == "yarn" else LOCAL_THETA)
+        scaling = config["rope_scaling"]
+        assert scaling["rope_type"] == rp["full_attention"]["rope_type"] == ("yarn" if name == "yarn" else "longrope")
+        assert "| read right by transformers 4 | yes:" in open(os.path.join(folder, "README.md")).read()
+        plain = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()  # transformers 5 as before
+        x = torch.randint(0, 96, (1, n), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            assert (plain(x).logits.float() - ref).abs().max().item() <= 1e-5, name
+
+
+@needs_transformers4
+def test_transformers4_computes_gemma3_saved_by_hf_posenc_alike(tmp_path):
+    for name, (folder, ref, n) in _gemma_cases(tmp_path).items():
+        diffs = _v4_diffs({folder: ref}, tmp_path, length=n)
+        assert diffs[folder] <= 1e-5, (name, diffs)

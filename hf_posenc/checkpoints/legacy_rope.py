@@ -14,8 +14,11 @@ transformers 5 computes from ``rope_parameters``, or the reason it cannot:
   ``max_position_embeddings``: transformers 4.57 switches to the long factors past that field and derives the
   attention factor from ``max_position_embeddings / original_max_position_embeddings``.
 
-Refused (no keys written): a type transformers 4.57 does not have, RoPE per layer type (Gemma 3's nested
-``rope_parameters``), a longrope whose ``factor`` is not that ratio and has no ``attention_factor`` (transformers
+Gemma 3's RoPE per layer type: transformers 4.57 reads its global layers' RoPE from ``rope_theta`` / ``rope_scaling``
+and gives its sliding layers plain RoPE over ``rope_local_base_freq``; those three keys state it.
+
+Refused (no keys written): a type transformers 4.57 does not have, other RoPE per layer type (or Gemma 3's with
+scaled sliding layers), a longrope whose ``factor`` is not that ratio and has no ``attention_factor`` (transformers
 4.57 would derive another attention factor), a yarn or llama3 without the knobs transformers 4.57 requires.
 """
 
@@ -33,6 +36,8 @@ REQUIRED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
             "longrope": ("short_factor", "long_factor")}
 SUB_CONFIGS = ("text_config",)  # composite models: transformers 4 reads the language model's RoPE there
 TRANSFORMERS4 = "transformers 4.57"
+# per-layer-type RoPE transformers 4.57 reads: model_type -> (scaled type, plain type, the plain type's base key)
+LAYERED = {"gemma3_text": ("full_attention", "sliding_attention", "rope_local_base_freq")}
 
 
 @dataclass
@@ -68,8 +73,7 @@ def _flat_keys(config: dict[str, Any]) -> dict[str, Any]:
     rope = config["rope_parameters"]
     nested = sorted(k for k, v in rope.items() if isinstance(v, dict))
     if nested:
-        raise ValueError(f"RoPE per layer type ({', '.join(nested)}): {TRANSFORMERS4} reads one rope_theta and "
-                         "rope_scaling for all layers")
+        return _layered_keys(config, rope, nested)
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in V4_TYPES:
         raise ValueError(f"rope_type {kind!r}: {TRANSFORMERS4} computes {', '.join(V4_TYPES)} only")
@@ -85,6 +89,21 @@ def _flat_keys(config: dict[str, Any]) -> dict[str, Any]:
     if kind == "longrope":
         keys.update(_longrope_context(config, rope))
     return keys
+
+
+def _layered_keys(config: dict[str, Any], rope: dict[str, Any], nested: list[str]) -> dict[str, Any]:
+    """The keys of a per-layer-type RoPE that transformers 4.57 spells its own way (Gemma 3: the global layers'
+    RoPE as rope_theta / rope_scaling, the sliding layers' base as rope_local_base_freq); a ValueError otherwise."""
+    spelled = LAYERED.get(config.get("model_type"))
+    if spelled is None or set(nested) != {spelled[0], spelled[1]}:
+        raise ValueError(f"RoPE per layer type ({', '.join(nested)}): {TRANSFORMERS4} reads one rope_theta and "
+                         "rope_scaling for all layers")
+    glob, local, key = spelled
+    if rope[local].get("rope_type", "default") != "default" or set(rope[local]) - {"rope_type", "rope_theta"} \
+            or "rope_theta" not in rope[local]:
+        raise ValueError(f"RoPE per layer type with {local} RoPE {rope[local]}: {TRANSFORMERS4} computes plain RoPE "
+                         f"over {key} there")
+    return {**_flat_keys({**config, "rope_parameters": rope[glob]}), key: rope[local]["rope_theta"]}
 
 
 def _longrope_context(config: dict[str, Any], rope: dict[str, Any]) -> dict[str, Any]:
