@@ -114,10 +114,31 @@ def _tables(out: str) -> list[str]:
     report = os.path.join(out, "search", "tune.json")
     if os.path.isfile(report):
         with open(report, encoding="utf-8") as f:
-            compute = json.load(f)["setup"].get("compute") or {}
+            tuned = json.load(f)
+        compute = tuned["setup"].get("compute") or {}
+        parts += [_verdict(tuned["results"]), ""] if _verdict(tuned["results"]) else []
         parts += [f"Search cost: {compute.get('cells', '?')} cells, {compute.get('seconds', 0) / 60:.0f} min of "
                   "forwards in all.", "", f"![factors]({rel(out)}/search/tune_factors.png)", ""]
     return parts
+
+
+def _verdict(results: dict) -> str | None:
+    """The confirmation in one sentence: the searched factors beside YaRN past L and on inputs of L, said plainly."""
+    conf = results.get("confirmation") or {}
+    metrics, best = conf.get("metrics") or {}, results.get("best")
+    yarn = next((m for name, m in metrics.items() if name.startswith("reference-yarn")), None)
+    if not best or best not in metrics or yarn is None:
+        return None
+    ours, base = metrics[best], conf.get("baseline") or {}
+    gap = ours["ppl_beyond"] / yarn["ppl_beyond"] - 1
+    past = ("no better than YaRN" if gap >= -0.005 else f"{-gap:.1%} better than YaRN") + (
+        f" ({gap:+.1%})" if gap >= -0.005 else "")
+    return (f"**Confirmation on unseen windows:** the searched factors give perplexity {ours['ppl_beyond']:.2f} past "
+            f"the original context ({past}: {yarn['ppl_beyond']:.2f}; the unpatched model "
+            f"{base.get('ppl_beyond', float('nan')):.2f}); on inputs of the original length they cost "
+            f"{ours.get('short_cost', 0):+.2%} (YaRN {yarn.get('short_cost', 0):+.2%}). Passkey in the search's "
+            f"confirmation: {ours['passkey']:.2f} vs YaRN's {yarn['passkey']:.2f} of {ours['passkey_trials']} keys "
+            "(too few to rank; the passkey step measures more).")
 
 
 def main(argv: list[str] | None = None) -> int:
