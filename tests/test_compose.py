@@ -4,6 +4,7 @@ out here, against plain transformers (the saved longrope), for cached decoding, 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -131,16 +132,17 @@ def test_inputs_up_to_the_current_context_are_the_checkpoints_and_past_it_transf
         assert torch.equal(logits(unpatched, CONTEXT + 200), long)  # the checkpoint again, bit for bit
 
 
-@pytest.mark.parametrize("build", ["llama31", "gemma3"])  # gemma3 (below): its sliding layers' cache too
+@pytest.mark.parametrize("build", ["llama31", "gemma3", "deepseek_v3"])  # (below): sliding layers' cache, MLA's
 def test_cached_decoding_across_the_current_context_equals_recomputing(build):
     model = globals()[build]()
+    context = model.config.max_position_embeddings
     hf_posenc.patch(model, "yarn", factor=2.0)
-    prompt = torch.randint(3, 90, (1, CONTEXT - 4), generator=torch.Generator().manual_seed(2))
+    prompt = torch.randint(3, 90, (1, context - 4), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         out = model.generate(prompt, max_new_tokens=10, do_sample=False, output_logits=True,
                              return_dict_in_generate=True, pad_token_id=0)
-        for step, got in enumerate(out.logits):  # step k: the next token after CONTEXT - 4 + k tokens, recomputed
-            want = model(out.sequences[:, : CONTEXT - 4 + step]).logits[:, -1]  # (past 512: every position's long)
+        for step, got in enumerate(out.logits):  # step k: the next token after context - 4 + k tokens, recomputed
+            want = model(out.sequences[:, : context - 4 + step]).logits[:, -1]  # (past it: every position's long)
             assert (got - want).abs().max().item() <= 1e-5, step
 
 
@@ -176,7 +178,9 @@ def test_a_longrope_over_the_current_context_that_does_not_restate_the_checkpoin
     assert hf_posenc.get_config(model) == composed and model.config.max_position_embeddings == 2 * CONTEXT
 
 
-def test_mla_whose_softmax_scale_follows_the_rope_parameters_is_refused_not_rescaled():
+def deepseek_v3() -> torch.nn.Module:
+    """A tiny DeepSeek-V3 (MLA) as it ships: YaRN x40 over 16, advertising 640, its softmax scale (0.1 ln 40 + 1)^2
+    times qk_head_dim^-0.5 (mscale_all_dim 1)."""
     torch.manual_seed(0)
     rope = {"rope_type": "yarn", "rope_theta": THETA, "factor": 40.0, "original_max_position_embeddings": 16,
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
@@ -185,12 +189,36 @@ def test_mla_whose_softmax_scale_follows_the_rope_parameters_is_refused_not_resc
                                v_head_dim=8, kv_lora_rank=16, q_lora_rank=16, n_routed_experts=4, num_experts_per_tok=2,
                                first_k_dense_replace=1, n_group=1, topk_group=1, moe_intermediate_size=32,
                                max_position_embeddings=640, rope_parameters=rope)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    scale = model.model.layers[0].self_attn.scaling
-    with pytest.raises(ValueError, match=r"derives its attention's softmax scale from those RoPE parameters.*"
-                                         r"original_max_position_embeddings=16"):
-        hf_posenc.patch(model, "yarn", factor=2.0, attention_factor=1.0)
-    assert not hf_posenc.is_patched(model) and model.model.layers[0].self_attn.scaling == scale
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def test_on_mla_the_method_extends_the_yarn_and_keeps_the_checkpoints_softmax_scale(tmp_path):
+    model = deepseek_v3()
+    attn = model.model.layers[0].self_attn
+    scale, own = attn.scaling, model.model.rotary_emb.inv_freq.clone()
+    assert scale == pytest.approx(16 ** -0.5 * (0.1 * math.log(40) + 1) ** 2)  # the checkpoint's, as shipped
+    short, long = logits(model, 640), logits(model, 700)
+    hf_posenc.patch(model, "yarn", factor=2.0, attention_factor=1.0)
+    cfg = hf_posenc.get_config(model)
+    assert cfg.method == "longrope" and model.config.max_position_embeddings == 1280
+    assert attn.scaling == pytest.approx(scale, rel=1e-12)  # kept: not the plain qk_head_dim^-0.5
+    base = 1.0 / (THETA ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
+    want = reference_yarn(own.double(), 640, 2.0)  # YaRN on its x40 frequencies over the 640 it advertises
+    assert torch.allclose(base / torch.tensor(cfg.params["long_factor"], dtype=torch.float64), want, rtol=1e-6)
+    assert (logits(model, 640) - short).abs().max().item() <= 1e-5  # up to its context: the checkpoint
+    patched_long = logits(model, 700)
+    assert (patched_long - long).abs().max().item() > 1e-4
+    model.save_pretrained(tmp_path)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert plain.config.rope_parameters["rope_type"] == "longrope"
+    assert plain.model.layers[0].self_attn.scaling == pytest.approx(scale, rel=1e-12)
+    assert (logits(plain, 700) - patched_long).abs().max().item() <= 1e-5
+    again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert (logits(again, 700) - patched_long).abs().max().item() <= 1e-5
+    for unpatched in (model, again):
+        hf_posenc.unpatch(unpatched)
+        assert unpatched.model.layers[0].self_attn.scaling == scale
+        assert torch.equal(logits(unpatched, 700), long)
 
 
 def test_the_model_card_says_the_checkpoint_was_scaled_and_whether_it_was_extended_or_replaced():
@@ -333,3 +361,16 @@ def test_on_gemma3_serve_config_reads_the_changed_layer_types_rope(tmp_path):
     assert any("one RoPE per layer type (full_attention, sliding_attention" in n for n in launches["SGLang"].notes)
     assert launches["TGI"].computes == "cannot" and "rope_type 'longrope'), but its longrope" in launches["TGI"].reason
     assert launches["llama.cpp"].computes == "cannot" and "one RoPE for every layer" in launches["llama.cpp"].reason
+
+
+def test_on_mla_serve_config_says_what_the_engines_do_with_the_kept_softmax_scale(tmp_path):
+    from hf_posenc.serving.launch_settings import serve_config
+
+    model = deepseek_v3()
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    hf_posenc.save_pretrained(model, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["rope_parameters"]["mscale_all_dim"] == pytest.approx(
+        math.log(40) / math.log(2))
+    launches = {launch.engine: launch for launch in serve_config(str(tmp_path), ["vllm", "sglang"])}
+    assert launches["vLLM"].computes == "cannot"
+    assert any("carries mscale_all_dim" in n for n in launches["SGLang"].notes)

@@ -22,6 +22,7 @@ pretraining context), and the method scales from there, as on an unscaled model.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,13 +84,31 @@ def own_rope_of_config(config: Any, layer_type: str | None = None) -> OwnRope:
     return OwnRope(config, rp, inv.double(), float(attention), [layer_type] if layer_type else None)
 
 
-def composed_config(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> PosEncConfig:
+def composed_config(cfg: PosEncConfig, lay: Layout) -> PosEncConfig:
     """``cfg`` (a RoPE scaling, no original context given) on the checkpoint of ``lay``, whose RoPE is scaled: the
     LongRoPE configuration that computes it (module doc); refused by name where it cannot be composed."""
     own_type = scaled_type(lay)
     context = getattr(lay.config, "max_position_embeddings", None)
-    _check_composable(model, cfg, lay, own_type, context)
+    _check_composable(cfg, lay, own_type, context)
     return compose(cfg, own_rope(lay), int(context))
+
+
+def kept_softmax_scale(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> dict[str, float]:
+    """On a model whose attention's softmax scale transformers derives from the RoPE parameters (DeepSeek-V2/V3 MLA:
+    qk_head_dim^-0.5 x (0.1 mscale_all_dim ln factor + 1)^2, for any scaled rope_type), the key a composed
+    longrope (``cfg``, over the checkpoint's current context) carries so that transformers gives back the
+    checkpoint's own scale at the composed factor: ``{"mscale_all_dim": ...}`` ({} elsewhere, or when that scale is
+    the plain one). The method's temperature rides on its attention_factor, as on any model."""
+    rescalers = softmax_rescalers(model)
+    composed = scaled_type(lay) is not None and cfg.original_max_position_embeddings == getattr(
+        lay.config, "max_position_embeddings", None)
+    if not rescalers or not composed or cfg.method != "longrope":
+        return {}
+    m, _ = rescalers[0]
+    ratio = float(m.scaling) / float(m.qk_head_dim) ** -0.5  # the checkpoint's mscale^2
+    if math.isclose(ratio, 1.0, rel_tol=1e-12):
+        return {}
+    return {"mscale_all_dim": (math.sqrt(ratio) - 1) / (0.1 * math.log(cfg.factor))}
 
 
 def compose(cfg: PosEncConfig, own: OwnRope, context: int) -> PosEncConfig:
@@ -240,14 +259,10 @@ def check_rule(cfg: PosEncConfig, own_type: str, replace: str) -> None:
                          f"{cfg.method!r} on top of it yet; {replace}.")
 
 
-def _check_composable(model: nn.Module, cfg: PosEncConfig, lay: Layout, own_type: str, context) -> None:
+def _check_composable(cfg: PosEncConfig, lay: Layout, own_type: str, context) -> None:
     replace = (f"give original_max_position_embeddings={recorded_original(lay)} (the context its scaling is computed "
                "from) to replace its scaling instead")
     what = f"the checkpoint's RoPE is already scaled (rope_type={own_type!r})"
-    if softmax_rescalers(model):
-        raise ValueError(f"{what}, and {type(model).__name__} derives its attention's softmax scale from those RoPE "
-                         f"parameters (MLA: YaRN's mscale_all_dim), which a longrope configuration cannot carry: "
-                         f"putting {cfg.method!r} on top of it is not supported yet; {replace}.")
     check_rule(cfg, own_type, replace)
     if lay.layered and not _uniform(lay):
         raise ValueError(f"{what} on a model with per-layer-type RoPE, and the layer types {cfg.method!r} would "

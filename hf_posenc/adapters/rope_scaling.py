@@ -40,7 +40,7 @@ from ..methods.rope import SCALINGS, RopeScaling
 from .base import PatchRecord
 from .consistent_cache import CacheWatcher, RecomputeOnChange, layers_of_type, rerotate_cache, watch
 from .layout import Layout, RotarySlot, rope_geometry
-from .rope_compose import composed_config, restates_checkpoint, scaled_type
+from .rope_compose import composed_config, kept_softmax_scale, restates_checkpoint, scaled_type
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
 
 logger = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ class Scaled:
 
     def resolve(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -> PosEncConfig:
         if cfg.original_max_position_embeddings is None and scaled_type(lay) is not None:
-            return composed_config(model, cfg, lay)  # extends from the checkpoint's current scaling, never replaces it
+            return composed_config(cfg, lay)  # extends from the checkpoint's current scaling, never replaces it
         params = dict(cfg.params)
         if lay.layered:
             params["layer_types"] = lay.chosen_types()
@@ -231,10 +231,12 @@ class Scaled:
             natives[s.layer_type] = native_rope_parameters(cfg, geom, rp)
         for s in lay.selected:
             s.set_default_type(record)
+        kept = kept_softmax_scale(model, cfg, lay)  # (before the config advertises the new length)
         length = scaling.max_position(cfg.factor, cfg.original_max_position_embeddings)
         record.set_config(lay.prefix + "max_position_embeddings", length)
         if any(n is None for n in natives.values()):
             return False
+        natives = {t: {**n, **kept} for t, n in natives.items()}
         return self._save_native(model, cfg, lay, natives, ours, length, record)
 
     @staticmethod
@@ -280,7 +282,8 @@ class Scaled:
         if reason:
             logger.warning("%s is not saved as native rope_parameters for model_type=%r: %s; hf_posenc.from_pretrained "
                            "re-applies it.", cfg.method, config.model_type, reason)
-            rescale_softmax(model, {}, record)
+            if not any("mscale_all_dim" in n and n["rope_type"] == "longrope" for n in natives.values()):
+                rescale_softmax(model, {}, record)  # (a composition on MLA keeps the checkpoint's own scale)
             return False
         rescale_softmax(model, changes["rope_parameters"], record)
         for name, value in changes.items():

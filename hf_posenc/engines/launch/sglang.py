@@ -86,6 +86,10 @@ def launch(served: Served, length: int | None) -> Launch:
     command = ["python", "-m", "sglang.launch_server", "--model-path", served.path, "--context-length", str(n)]
     notes = [f"an SGLang on transformers 4 does not read config.json's rope_parameters: add "
              f"--json-model-override-args '{_legacy(served.rope)}'"]
+    if "mscale_all_dim" in served.rope and kind == "longrope":
+        notes.append("this longrope carries mscale_all_dim (an MLA checkpoint's own softmax scale, which transformers "
+                     "derives from it): that SGLang's model applies it to a longrope is not checked here (vLLM 0.32's "
+                     "DeepSeek applies it to deepseek_yarn only)")
     if served.rope_layer_types:
         notes = [f"config.json holds one RoPE per layer type ({', '.join(served.rope_layer_types)}; rope_type "
                  f"{kind!r} is the changed layers'): that SGLang's {served.model_type} reads each type's is not "
