@@ -221,6 +221,18 @@ def test_on_a_scaled_checkpoint_the_factors_extend_its_own_and_needles_rank(bert
         hf_posenc.patch(model, winner.replace(params={**winner.params, "attention_factor": 1.0}))
         assert torch.allclose(model(ids).logits, before, atol=1e-5)  # inputs up to its context: its own frequencies
         assert model.config.max_position_embeddings == T
+        # what an engine taking the long factors for every input computes: on a short input, the winner's logits at
+        # the first positions of a long one (causal attention: they see only those tokens, at the long factors)
+        hf_posenc.unpatch(model)
+        hf_posenc.patch(model, winner)
+        long_ids = torch.randint(0, 1000, (1, T))
+        at_start = model(long_ids).logits[:, :ORIGINAL]
+        hf_posenc.unpatch(model)
+        everywhere = res["confirmation"]["long_everywhere"]
+        hf_posenc.patch(model, PosEncConfig.from_dict(everywhere["config"]))
+        assert torch.allclose(model(long_ids[:, :ORIGINAL]).logits, at_start, atol=1e-5)
+        assert everywhere["short_cost"] == pytest.approx(everywhere["ppl_short"] / res["confirmation"]["baseline"][
+            "ppl_short"] - 1)
 
 
 def test_two_processes_share_a_generation_and_find_the_single_process_best(tiny_checkpoint, tmp_path):

@@ -277,3 +277,49 @@ def test_allow_long_starts_the_engine_past_the_stated_context(folders):
     assert report["setup"]["engine_max_model_len"] == 401 and "forced past config.json" in report["table"]
     assert report["results"]["100"]["verdict"] == "same"
     assert report["results"]["400"]["verdict"] in ("same", "differs") and "relative_diff" in report["results"]["400"]
+
+
+LONG_FACTOR = [1.0] * 8 + [1.5] * 8 + [2.0] * 16  # one per rotary pair of head dim 64: a searched-like longrope
+
+
+@pytest.fixture(scope="module")
+def longrope_folder(tmp_path_factory, bert_tokenizer):
+    """A longrope over L with its own temperature (attention_factor 1.0, where vLLM would derive 1.06)."""
+    return save_tiny(tmp_path_factory.mktemp("longrope"), bert_tokenizer, "longrope", factor=2.0,
+                     short_factor=[1.0] * 32, long_factor=LONG_FACTOR, attention_factor=1.0)
+
+
+def test_a_longrope_is_saved_with_the_temperature_vllm_reads_and_serve_config_says_which_inputs_it_matches(
+        longrope_folder, tmp_path):
+    from hf_posenc.serving.launch_settings import serve_config
+
+    rope = json.loads(open(os.path.join(longrope_folder, "config.json")).read())["rope_parameters"]
+    assert rope["short_mscale"] == rope["long_mscale"] == rope["attention_factor"] == 1.0
+    (short,) = serve_config(longrope_folder, ["vllm"], max_length=L)
+    assert short.computes == "same" and short.python["max_model_len"] == L
+    (long,) = serve_config(longrope_folder, ["vllm"])
+    assert long.computes == "past_original" and long.python["max_model_len"] == 2 * L
+    assert f"the same as hf_posenc for inputs longer than {L} tokens" in long.reason
+    bare = tmp_path / "bare"  # the same config without the mscale keys: vLLM would derive another temperature
+    bare.mkdir()
+    config = json.loads(open(os.path.join(longrope_folder, "config.json")).read())
+    for key in ("short_mscale", "long_mscale"):
+        del config["rope_parameters"][key]
+    (bare / "config.json").write_text(json.dumps(config))
+    (cannot,) = serve_config(str(bare), ["vllm"])
+    assert cannot.computes == "cannot" and "temperature 1.0" in cannot.reason and "attention_factor" in cannot.reason
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_serve_check_of_a_longrope_with_its_own_temperature(longrope_folder, tmp_path):
+    """vLLM takes the long factors for every input when --max-model-len is past L (the same past L, not below), the
+    short ones when it is L (the same below L)."""
+    past = serve_check(longrope_folder, EngineSettings(python=vllm_python()), CheckSettings([100, 400]),
+                       docs=prose(), progress=False)
+    assert past["setup"]["engine_max_model_len"] == 2 * L
+    assert past["results"]["400"]["verdict"] == "same", past["results"]["400"]
+    assert past["results"]["100"]["verdict"] == "differs", past["results"]["100"]  # the long factors at 100 tokens
+    short = serve_check(longrope_folder, EngineSettings(python=vllm_python(), args={"max_model_len": L}),
+                        CheckSettings([100]), docs=prose(), progress=False)
+    assert short["results"]["100"]["verdict"] == "same", short["results"]["100"]

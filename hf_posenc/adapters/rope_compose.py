@@ -6,7 +6,8 @@ transformers implements -- with L = the context the checkpoint advertises now (`
 rule in :mod:`hf_posenc.encodings.rope` (``compose_*``): ``yarn`` x2 on a 128k Llama 3.1 gives 256k, keeps the
 dimensions that turn often within 128k and halves the slowest; ``pi`` x2 halves every one. The result is one
 LongRoPE configuration, which transformers and hf_posenc compute natively (vLLM reads longrope otherwise: it picks
-the short or the long factors once, by ``--max-model-len``, and derives its own temperature): ``short_factor`` =
+the short or the long factors once, by ``--max-model-len``, with ``short_mscale`` / ``long_mscale`` as the
+temperature, which hf_posenc writes: ``hf-posenc serve-config`` says which inputs a launch matches): ``short_factor`` =
 the checkpoint's own per-dimension factors (inputs up to its current context keep its frequencies), ``long_factor``
 = the composed ones (past it), ``original_max_position_embeddings`` = its current context, ``attention_factor`` =
 its own times what the method adds (YaRN's 0.1 ln s + 1, at every length as YaRN applies it;

@@ -184,9 +184,16 @@ def _native_yarn(s: float, L: int, p: dict[str, Any], geom) -> dict[str, Any]:
 
 
 def _native_longrope(s: float, L: int, p: dict[str, Any], geom) -> dict[str, Any]:
-    return {"rope_type": "longrope", "factor": s, "original_max_position_embeddings": L,
-            "short_factor": [float(x) for x in p["short_factor"]], "long_factor": [float(x) for x in p["long_factor"]],
-            **_floats(p, "attention_factor")}
+    """transformers' longrope; an ``attention_factor`` other than the one vLLM derives from the advertised context
+    (sqrt(1 + ln s / ln L)) is also written as ``short_mscale`` / ``long_mscale``, which vLLM reads instead."""
+    out = {"rope_type": "longrope", "factor": s, "original_max_position_embeddings": L,
+           "short_factor": [float(x) for x in p["short_factor"]], "long_factor": [float(x) for x in p["long_factor"]],
+           **_floats(p, "attention_factor")}
+    derived = R.longrope_attention_factor(math.ceil(s * L) / L, L)  # vLLM's, from max_position_embeddings / L
+    if p.get("attention_factor") is not None and not math.isclose(float(p["attention_factor"]), derived,
+                                                                 rel_tol=1e-9):
+        out["short_mscale"] = out["long_mscale"] = float(p["attention_factor"])
+    return out
 
 
 def _longrope_defaults(params: dict[str, Any], half: int, factor: float) -> dict[str, Any]:
@@ -214,14 +221,17 @@ LLAMA_CPP_SAME = {"llama.cpp": EngineSupport("same", "measured by hf-posenc serv
                                                      "relative")}
 
 
-# measured by hf-posenc serve-check: SmolLM2-135M given llama3 x2, then yarn x2 on top (hf_posenc saves that as a
-# longrope over 16,384 tokens), at 4,096 tokens, vLLM 0.32 (CPU build)
+# measured by hf-posenc serve-check: a tiny longrope with its own temperature (tests/test_vllm.py), and earlier
+# SmolLM2-135M given llama3 x2, then yarn x2 on top (a longrope over 16,384 tokens, saved before the mscale keys) at
+# 4,096 tokens, vLLM 0.32 (CPU build)
 VLLM_LONGROPE = {"vLLM": EngineSupport(
-    "differs", "measured by hf-posenc serve-check on SmolLM2-135M given llama3 x2 then yarn x2 on top (a longrope over "
-               "16,384 tokens) at 4,096 tokens, vLLM 0.32 (CPU): mean NLL 3.682 vs hf_posenc's 3.643 (1.1e-2 "
-               "relative). vLLM picks longrope's short or long factors once, by --max-model-len, for every input, and "
-               "derives its own temperature instead of attention_factor",
-    caveat="vLLM picks longrope's short or long factors once by --max-model-len and derives its own temperature")}
+    "differs", "measured by hf-posenc serve-check: vLLM picks longrope's short or long factors once, by "
+               "--max-model-len, for every input (transformers switches per input): a tiny longrope is the same at L/2 "
+               "with --max-model-len L and past L with 2 L, and differs at L/2 with 2 L; its temperature comes from "
+               "short_mscale / long_mscale, which hf_posenc writes (a folder without them: derived from the context "
+               "ratio -- SmolLM2-135M given llama3 x2 then yarn x2, at 4,096 tokens: mean NLL 3.682 vs 3.643), vLLM "
+               "0.32 (CPU); serve-config says which inputs a launch matches",
+    caveat="vLLM picks longrope's short or long factors once by --max-model-len")}
 
 
 def _yarn_grid(original: int, target: int, factors: list[float]) -> list[dict[str, Any]]:

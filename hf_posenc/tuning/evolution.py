@@ -37,6 +37,7 @@ from ..adapters.rope_compose import LENGTH_DEPENDENT_TYPES
 from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..eval.variants import Variant
+from ..patching import get_config, patch, trying
 from .factors import HOLDS, SEED_METHODS, Candidate, constrained, crossover, held_pairs, mutate, seed_factors
 from .objective import CellComputer, TuneData, kind_of, measure, rank, result_fields, sample_keys
 from .space import BASELINE, yarn_reference
@@ -80,6 +81,7 @@ class Frequencies:
     context: int
     pinned: int | None
     scaled: bool = False
+    replacing: int | None = None  # a scaled checkpoint's: the original context a replacement of its scaling is given
 
 
 def frequencies_of(model, context: int, pinned: int | None) -> Frequencies:
@@ -101,8 +103,10 @@ def frequencies_of(model, context: int, pinned: int | None) -> Frequencies:
         raise ValueError(f"--search evolution: the checkpoint's RoPE is {rp['rope_type']!r}, whose frequencies change "
                          "with the input's length; give --method-param original_max_position_embeddings=N to search "
                          "factors that replace its scaling instead")
-    return Frequencies(own_frequencies(slots[0], lm).detach().double().cpu(), context, None,
-                       rp.get("rope_type", "default") != "default")
+    own = own_frequencies(slots[0], lm).detach().double().cpu()
+    scaled = rp.get("rope_type", "default") != "default"
+    replacing = rope_compose.replacing_original(rope_compose.OwnRope(lm, rp, own, 1.0)) if scaled else None
+    return Frequencies(own, context, None, scaled, replacing)
 
 
 @contextlib.contextmanager
@@ -162,15 +166,21 @@ class Evolution:
         same = Candidate(ones, c.attention, "short")
         return Variant(same.label.replace("longrope-", "longrope-short-"), self.config(same))
 
-    def long_everywhere(self, c: Candidate) -> Variant | None:
-        """``c`` with its long factors for every length: what vLLM (with --max-model-len past L) and a GGUF compute;
-        None on an already-scaled checkpoint, where a composition takes the checkpoint's own frequencies for the short
-        factors whatever the configuration says (not measured there yet)."""
-        if self.freqs.scaled:
-            return None
+    def long_everywhere(self, c: Candidate) -> Variant:
+        """``c`` with its long factors for every length: what vLLM (with --max-model-len past L) and a GGUF compute.
+        On an already-scaled checkpoint ``c`` is a composition whose short factors are the checkpoint's own, so the
+        variant is its composed long factors (relative to the base frequencies) in both lists, replacing the
+        checkpoint's scaling from the original context it records, with the composed attention factor."""
         cfg = self.config(c)
-        return Variant(f"{c.label}-long-factors-everywhere",
-                       cfg.replace(params={**cfg.params, "short_factor": list(c.factors)}))
+        label = f"{c.label}-long-factors-everywhere"
+        if not self.freqs.scaled:
+            return Variant(label, cfg.replace(params={**cfg.params, "short_factor": list(c.factors)}))
+        with quiet_composition(), trying(self.job.loaded[0], []) as model:
+            composed = get_config(patch(model, cfg))
+        long, start = composed.params["long_factor"], self.freqs.replacing
+        return Variant(label, PosEncConfig("longrope", self.plan.target_length / start, start, {
+            "short_factor": list(long), "long_factor": list(long),
+            "attention_factor": composed.params["attention_factor"]}))
 
     # -- measuring ---------------------------------------------------------------------------------------------
     def keys(self, part: str, windows: int, passkeys: int = 0) -> list[list]:
@@ -364,14 +374,12 @@ class Evolution:
         rank(got, baseline, self.plan.max_short_cost, self.plan.rank_by)
         out.update(baseline=baseline, metrics=got)
         everywhere = self.long_everywhere(self.seen[top[0]])
-        if everywhere is None:
-            return out
         shorts = [k for k in keys if kind_of(k) == "short"]
         cells = self.job.cells("tune", self.settings, {everywhere.label: shorts}, self.compute, variants=[everywhere],
                                desc="tune: long factors at short inputs", fields=result_fields)
         short = measure(shorts, cells[everywhere.label])
         out.update(long_everywhere={
-            "label": everywhere.label, "ppl_short": short["ppl_short"],
+            "label": everywhere.label, "config": everywhere.config.to_dict(), "ppl_short": short["ppl_short"],
             "short_cost": short["ppl_short"] / baseline["ppl_short"] - 1})
         return out
 

@@ -100,10 +100,7 @@ def _confirmed(res: dict[str, Any], head: list[str]) -> str:
     text = (f"**Confirmation** (data never used for ranking: {conf['windows']} window(s) of each length, "
             f"{conf['keys_per_depth']} passkey key(s) per depth)\n\n" + markdown_table(["candidate", *head], rows))
     everywhere = conf.get("long_everywhere")
-    if not everywhere:
-        text += ("\n\nOn this already-scaled checkpoint the cost of the long factors at inputs of its context (what an "
-                 "engine taking them for every input computes) is not measured yet.")
-    else:
+    if everywhere:
         text += (f"\n\nInputs up to the original context take the short factors (the checkpoint's own) in "
                  f"transformers; an engine that picks the long factors for every input (vLLM with --max-model-len "
                  f"past the original context, a GGUF) costs them {100 * everywhere['short_cost']:+.2f}% "

@@ -9,8 +9,8 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-COMPUTES = ("same", "not measured", "within_original", "cannot")
-SAME, NOT_MEASURED, WITHIN, CANNOT = COMPUTES
+COMPUTES = ("same", "not measured", "within_original", "past_original", "cannot")
+SAME, NOT_MEASURED, WITHIN, PAST, CANNOT = COMPUTES
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ class Served:
 @dataclass(frozen=True)
 class Launch:
     """One engine's settings for one checkpoint. computes: ``same`` (measured on this engine), ``not measured``
-    (the engine reads the fields transformers reads), ``within_original`` (the same up to L only) or ``cannot``;
+    (the engine reads the fields transformers reads), ``within_original`` (the same up to L only),
+    ``past_original`` (the same for inputs longer than L only: longrope's long factors for every input) or ``cannot``;
     reason: why, in a sentence; steps: commands to run first (a conversion); command: the server's command line;
     env: its environment variables; files: {name: text ending with a line break} to write first (an Ollama
     Modelfile); python: the same launch as keywords of the engine's Python API (``vllm.LLM``, ``llama_cpp.Llama``)

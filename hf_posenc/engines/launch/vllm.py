@@ -1,21 +1,29 @@
 """vLLM: ``vllm serve FOLDER --max-model-len N`` (``vllm.LLM(model=FOLDER, max_model_len=N)``).
 
 vLLM reads the RoPE of ``config.json`` (``rope_parameters``) as transformers does and derives its maximum model
-length from it (the context it advertises); its rotary table (``cos_sin_cache``) holds that many positions, plain
-RoPE included, so a longer ``--max-model-len`` (allowed only with ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``) reads past
-the table: NaN or garbage, vLLM's own warning says so. The launch never goes past the advertised context. A GGUF is
-not served here: vLLM takes a GGUF's configuration from transformers' GGUF reader, which reads no RoPE scaling.
+length from it (the context it advertises) -- except longrope, whose short or long factors it picks once, by
+``--max-model-len``, with the temperature of ``short_mscale`` / ``long_mscale`` (else its own derivation). Its
+rotary table (``cos_sin_cache``) holds that many positions, plain RoPE included, so a longer ``--max-model-len``
+(allowed only with ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``) reads past the table: NaN or garbage, vLLM's own warning
+says so. The launch never goes past the advertised context. A GGUF is not served here: vLLM takes a GGUF's
+configuration from transformers' GGUF reader, which reads no RoPE scaling.
 """
 
 from __future__ import annotations
 
+import math
+
+from ...encodings.rope import longrope_attention_factor
 from ..registry import Engine, register_engine
 from ..vllm_engine import RUNNER
-from .base import CANNOT, INT32_MAX, NOT_MEASURED, SAME, WITHIN, Launch, Most, Served, length_for, not_native
+from .base import CANNOT, INT32_MAX, NOT_MEASURED, PAST, SAME, WITHIN, Launch, Most, Served, length_for, not_native
 
 ENGINE = "vLLM"
 MOST = Most(INT32_MAX, "vLLM's model runner holds each sequence's length as int32: gpu_model_runner's seq_lens")
 CHECKED = "launched with these settings by tests/test_serve_config.py (vLLM 0.32, CPU build)"
+# measured by tests/test_vllm.py::test_serve_check_of_a_longrope_with_its_own_temperature (vLLM 0.32, CPU build)
+CHECKED_LONGROPE = ("measured by hf-posenc serve-check on a tiny longrope with its own attention_factor: the same at "
+                    "L / 2 with --max-model-len L and past L with --max-model-len 2 L, vLLM 0.32 (CPU)")
 
 
 def launch(served: Served, length: int | None) -> Launch:
@@ -30,6 +38,8 @@ def launch(served: Served, length: int | None) -> Launch:
     if not served.native:
         return not_native(served, ENGINE, f"vLLM loads the folder as the unpatched model (config.json states the "
                                           f"original context, {served.original}) and refuses longer inputs")
+    if served.rope.get("rope_type") == "longrope":
+        return _longrope(served, length)
     support = served.support.get(ENGINE)
     if support is not None and support.computes == "differs":
         return Launch(ENGINE, CANNOT, f"vLLM computes `{served.method}` otherwise: {support.basis}.")
@@ -48,6 +58,42 @@ def launch(served: Served, length: int | None) -> Launch:
               "measured here (hf-posenc serve-check --engine vllm measures this folder).")
     return Launch(ENGINE, computes, reason, command=["vllm", "serve", served.path, "--max-model-len", str(n)],
                   python={"model": served.path, "max_model_len": n}, max_length=n, checked=CHECKED)
+
+
+def _temperatures(served: Served) -> tuple[float, float]:
+    """(vLLM's, transformers') attention temperature of the longrope in config.json: vLLM takes short_mscale /
+    long_mscale, else sqrt(1 + ln(max_position_embeddings / L) / ln L); transformers its attention_factor, else the
+    same formula of its factor."""
+    rope, L = served.rope, int(served.rope["original_max_position_embeddings"])
+    theirs = rope.get("long_mscale") or longrope_attention_factor(served.context / L, L)
+    ours = rope.get("attention_factor") or longrope_attention_factor(float(rope.get("factor") or served.context / L), L)
+    return float(theirs), float(ours)
+
+
+def _longrope(served: Served, length: int | None) -> Launch:
+    """longrope (a searched one, a composition on a scaled checkpoint): vLLM takes the short factors for every input
+    when --max-model-len is at most L, the long ones for every input past it (transformers switches per input)."""
+    rope, L = served.rope, int(served.rope["original_max_position_embeddings"])
+    theirs, ours = _temperatures(served)
+    if not math.isclose(theirs, ours, rel_tol=1e-6) or rope.get("short_mscale", theirs) != theirs:
+        return Launch(ENGINE, CANNOT, f"vLLM's longrope applies the attention temperature {theirs:.6g} (from "
+                                      f"short_mscale / long_mscale, else derived from the context ratio), transformers "
+                                      f"{ours:.6g} (attention_factor): re-save the model with hf_posenc, which writes "
+                                      "short_mscale / long_mscale equal to attention_factor.", checked=CHECKED)
+    n = length_for(served, length, ENGINE, served.context, most=MOST)
+    command = ["vllm", "serve", served.path, "--max-model-len", str(n)]
+    python = {"model": served.path, "max_model_len": n}
+    if n <= L or rope["short_factor"] == rope["long_factor"]:
+        return Launch(ENGINE, SAME, f"vLLM reads longrope from config.json; with --max-model-len {n} "
+                                    f"{'(at most its switch, ' + str(L) + ')' if n <= L else '(one factor list)'} "
+                                    f"it takes the factors transformers takes for every input: {CHECKED_LONGROPE}.",
+                      command=command, python=python, max_length=n, checked=CHECKED)
+    return Launch(ENGINE, PAST, f"vLLM reads longrope from config.json but, with --max-model-len {n} past its switch "
+                                f"({L}), takes the long factors for every input: the same as hf_posenc for inputs "
+                                f"longer than {L} tokens; shorter ones get the long factors too (transformers: the "
+                                f"short ones; hf-posenc tune reports that cost). Serve with --max-model-len {L} for "
+                                f"short inputs exactly: {CHECKED_LONGROPE}.",
+                  command=command, python=python, max_length=n, checked=CHECKED)
 
 
 register_engine(Engine("vllm", ENGINE, launch=launch, runner=RUNNER))
