@@ -319,7 +319,10 @@ def test_serve_check_of_a_longrope_with_its_own_temperature(longrope_folder, tmp
                        docs=prose(), progress=False)
     assert past["setup"]["engine_max_model_len"] == 2 * L
     assert past["results"]["400"]["verdict"] == "same", past["results"]["400"]
-    assert past["results"]["100"]["verdict"] == "differs", past["results"]["100"]  # the long factors at 100 tokens
     short = serve_check(longrope_folder, EngineSettings(python=vllm_python(), args={"max_model_len": L}),
                         CheckSettings([100]), docs=prose(), progress=False)
     assert short["results"]["100"]["verdict"] == "same", short["results"]["100"]
+    # at 100 tokens the engine launched past L computes the long factors (random weights barely feel them: the
+    # mean NLL moves by ~3e-6, still within serve-check's 1e-3), the one launched at L the short ones hf_posenc takes
+    long_at_100, short_at_100 = past["results"]["100"], short["results"]["100"]
+    assert long_at_100["max_token_diff"] > 30 * short_at_100["max_token_diff"], (long_at_100, short_at_100)
