@@ -74,6 +74,11 @@ def _longrope(served: Served, length: int | None) -> Launch:
     """longrope (a searched one, a composition on a scaled checkpoint): vLLM takes the short factors for every input
     when --max-model-len is at most L, the long ones for every input past it (transformers switches per input)."""
     rope, L = served.rope, int(served.rope["original_max_position_embeddings"])
+    if "mscale_all_dim" in rope:
+        return Launch(ENGINE, CANNOT, "this longrope carries mscale_all_dim (an MLA checkpoint's own softmax scale, "
+                                      "which transformers derives from it), and vLLM 0.32's DeepSeek applies "
+                                      "mscale_all_dim to its deepseek_yarn only: it would serve another softmax "
+                                      "scale.", checked=CHECKED)
     theirs, ours = _temperatures(served)
     if not math.isclose(theirs, ours, rel_tol=1e-6) or rope.get("short_mscale", theirs) != theirs:
         return Launch(ENGINE, CANNOT, f"vLLM's longrope applies the attention temperature {theirs:.6g} (from "
