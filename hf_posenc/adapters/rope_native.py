@@ -13,6 +13,7 @@ from torch import nn
 
 from ..config import PosEncConfig
 from ..encodings import rope as R
+from ..io.logs import errors_only
 from ..methods.rope import SCALINGS
 
 # what a scaling keeps of the checkpoint's rope_parameters: how the rotation is laid out, not its frequencies (the
@@ -53,7 +54,8 @@ def native_mismatch(config: Any, changes: dict[str, Any], ours: dict[Any, tuple[
     built afresh from it, and its frequencies and attention scaling are compared with ours."""
     data = {**config.to_dict(), **changes}
     try:
-        rebuilt = type(config).from_dict(data)
+        with errors_only("transformers.modeling_rope_utils"):  # (keys only engines read: vLLM's short_mscale)
+            rebuilt = type(config).from_dict(data)
     except Exception as err:  # a config class that refuses the values: not native
         return f"{type(config).__name__} does not accept them ({type(err).__name__}: {err})"
     modules = {}

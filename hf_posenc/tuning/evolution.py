@@ -21,8 +21,6 @@ grid search's does.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import random
 import sys
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from ..adapters.rope_compose import LENGTH_DEPENDENT_TYPES
 from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..eval.variants import Variant
+from ..io.logs import errors_only
 from ..patching import get_config, patch, trying
 from .factors import HOLDS, SEED_METHODS, Candidate, constrained, crossover, held_pairs, mutate, seed_factors
 from .objective import CellComputer, TuneData, kind_of, measure, rank, result_fields, sample_keys
@@ -109,16 +108,9 @@ def frequencies_of(model, context: int, pinned: int | None) -> Frequencies:
     return Frequencies(own, context, None, scaled, replacing)
 
 
-@contextlib.contextmanager
 def quiet_composition():
     """The warning that a scaled checkpoint is extended from its own scaling, silenced for the block."""
-    logger = logging.getLogger(rope_compose.__name__)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+    return errors_only(rope_compose.__name__)
 
 
 def _kendall(a: list[str], b: list[str]) -> float | None:
