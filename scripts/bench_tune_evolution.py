@@ -111,6 +111,10 @@ def _tables(out: str) -> list[str]:
                 parts += [f"**{sub}**", "", f.read().strip(), ""]
         else:
             parts += [f"**{sub}**: not run yet (the command above computes it; it resumes).", ""]
+    ppl = os.path.join(out, "ppl", "perplexity.json")
+    if os.path.isfile(ppl):
+        with open(ppl, encoding="utf-8") as f:
+            parts += [_ppl_verdict(json.load(f)["results"], os.path.basename(out)), ""]
     report = os.path.join(out, "search", "tune.json")
     if os.path.isfile(report):
         with open(report, encoding="utf-8") as f:
@@ -139,6 +143,28 @@ def _verdict(results: dict) -> str | None:
             f"{ours.get('short_cost', 0):+.2%} (YaRN {yarn.get('short_cost', 0):+.2%}). Passkey in the search's "
             f"confirmation: {ours['passkey']:.2f} vs YaRN's {yarn['passkey']:.2f} of {ours['passkey_trials']} keys "
             "(too few to rank; the passkey step measures more).")
+
+
+def _ppl_verdict(results: dict, target: str) -> str:
+    """The ppl step in one sentence: past L beside the truncated baseline (the context gain), and inputs of L."""
+    past = {v: r[target].get("past_original") for v, r in results.items() if target in r}
+    gains = {v: r[target].get("context_gain") for v, r in results.items() if target in r}
+    short = {v: r[k]["ppl"] for v, r in results.items() for k in r if k != target}
+    truncated = next((v for v in past if v.startswith("none-truncated")), None)
+    ranked = sorted((v for v in past if past[v] and gains.get(v) is not None), key=lambda v: past[v]["ppl"])
+    best = ranked[0] if ranked else None
+    if best is None or truncated is None or "searched" not in past:
+        return ""
+    helped = [v for v in ranked if gains[v] > 1.0]
+    return (f"**On the other book (ppl step):** past the original context the searched factors give "
+            f"{past['searched']['ppl']:.2f} (context gain x{gains['searched']:.3f}), YaRN "
+            f"{past['yarn-x1.5']['ppl'] if 'yarn-x1.5' in past else float('nan'):.2f}, the best {best} "
+            f"{past[best]['ppl']:.2f}, truncating {past[truncated]['ppl']:.2f}: "
+            + (f"{', '.join(helped)} beat truncating" if helped else "no method beats truncating here: the context "
+               "past L is not used, the methods only avoid breaking")
+            + f"; on inputs of the original length the searched factors give {short.get('searched', float('nan')):.2f}"
+            f" (unpatched {short.get('none', float('nan')):.2f}, YaRN {short.get('yarn-x1.5', float('nan')):.2f}). "
+            "One window of each length: a difference below a few percent is not a ranking.")
 
 
 def main(argv: list[str] | None = None) -> int:
