@@ -328,12 +328,12 @@ def test_on_gemma3_the_method_extends_the_scaled_global_layers_and_leaves_the_sl
         assert torch.equal(logits(unpatched, CONTEXT + 150), long)
 
 
-def test_on_gemma3_a_composition_over_differing_layer_types_is_refused_and_replacing_starts_from_its_pretraining():
+def test_on_gemma3_a_composition_over_differing_layer_types_is_refused_naming_what_the_patch_takes():
     model = gemma3()
     own = model.model.rotary_emb.full_attention_inv_freq.clone()
     with pytest.raises(ValueError, match=r"the layer types 'yarn' would change \(full_attention: rope_type='linear', "
                                          r"sliding_attention: rope_type='default'\) differ.*layer_types="
-                                         r"\['full_attention'\].*original_max_position_embeddings=64"):
+                                         r"\['full_attention'\].*original_max_position_embeddings=512"):
         hf_posenc.patch(model, "yarn", factor=2.0, layer_types=["full_attention", "sliding_attention"])
     assert not hf_posenc.is_patched(model) and torch.equal(model.model.rotary_emb.full_attention_inv_freq, own)
 
@@ -361,6 +361,20 @@ def test_on_gemma3_serve_config_reads_the_changed_layer_types_rope(tmp_path):
     assert any("one RoPE per layer type (full_attention, sliding_attention" in n for n in launches["SGLang"].notes)
     assert launches["TGI"].computes == "cannot" and "rope_type 'longrope'), but its longrope" in launches["TGI"].reason
     assert launches["llama.cpp"].computes == "cannot" and "one RoPE for every layer" in launches["llama.cpp"].reason
+
+
+def test_on_mla_extended_twice_the_softmax_scale_stays_the_checkpoints(tmp_path):
+    """A composed DeepSeek saved natively is a longrope checkpoint: extending it again (over its switch) keeps the
+    softmax scale it shipped with, as the first extension did."""
+    model = deepseek_v3()
+    scale = model.model.layers[0].self_attn.scaling
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert again.model.layers[0].self_attn.scaling == pytest.approx(scale, rel=1e-12)
+    hf_posenc.patch(again, "yarn", factor=2.0)
+    assert again.config.max_position_embeddings == 4 * 640
+    assert again.model.layers[0].self_attn.scaling == pytest.approx(scale, rel=1e-12)
 
 
 def test_on_mla_serve_config_says_what_the_engines_do_with_the_kept_softmax_scale(tmp_path):

@@ -255,3 +255,15 @@ def test_on_an_already_scaled_checkpoint_explain_draws_what_the_patch_computes(b
     assert "'dynamic_ntk' follows the sequence length" in refused(
         ["explain", "dynamic_ntk", "--model", str(tmp_path / "ckpt"), "--output", str(tmp_path / "x")], capsys)
     assert not (tmp_path / "x").exists()
+
+
+def test_on_a_longrope_checkpoint_explain_starts_from_its_long_frequencies(tmp_path):
+    """Phi-3-style: a method on top acts on its long factors (past its switch), so they are the "before"."""
+    import test_compose as C
+
+    C.phi3().save_pretrained(tmp_path / "ckpt")
+    out = explain("yarn:factor=2", str(tmp_path / "e"), model=str(tmp_path / "ckpt"))
+    base = 1.0 / (C.THETA ** (torch.arange(0, C.DIM, 2, dtype=torch.float64) / C.DIM))
+    own_long = base / torch.tensor(C.LONGROPE["long_factor"], dtype=torch.float64)
+    assert torch.allclose(torch.tensor(out["data"]["wavelength_before"], dtype=torch.float64), 2 * math.pi / own_long,
+                          rtol=1e-6)

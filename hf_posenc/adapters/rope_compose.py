@@ -80,8 +80,10 @@ def own_rope_of_config(config: Any, layer_type: str | None = None) -> OwnRope:
     if init is None:
         geom = rope_geometry(config, getattr(config, "max_position_embeddings", 1), rp)
         inv, attention = R.default_inv_freq(geom.base, geom.dim), 1.0
-    else:
-        inv, attention = init(config, "cpu", **kwargs)
+    else:  # a longrope: its long frequencies, those past its switch, where a method on top acts
+        past = int(getattr(config, "max_position_embeddings", 0)) + 1
+        long = {"seq_len": past} if rp.get("rope_type") == "longrope" else {}
+        inv, attention = init(config, "cpu", **kwargs, **long)
     return OwnRope(config, rp, inv.double(), float(attention), [layer_type] if layer_type else None)
 
 
@@ -101,8 +103,10 @@ def kept_softmax_scale(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> dict
     checkpoint's own scale at the composed factor: ``{"mscale_all_dim": ...}`` ({} elsewhere, or when that scale is
     the plain one). The method's temperature rides on its attention_factor, as on any model."""
     rescalers = softmax_rescalers(model)
-    composed = scaled_type(lay) is not None and cfg.original_max_position_embeddings == getattr(
-        lay.config, "max_position_embeddings", None)
+    own = lay.selected[0].rope_parameters(lay.config)
+    over = (getattr(lay.config, "max_position_embeddings", None),  # a composition over the current context, or
+            own.get("original_max_position_embeddings") if own.get("rope_type") == "longrope" else None)  # its switch
+    composed = scaled_type(lay) is not None and cfg.original_max_position_embeddings in over
     if not rescalers or not composed or cfg.method != "longrope":
         return {}
     m, _ = rescalers[0]
@@ -187,13 +191,10 @@ def recorded_original(lay: Layout) -> int | None:
 
 
 def replacing_original(own: OwnRope) -> int | None:
-    """The original context a scaled checkpoint records (its rope_parameters', else for a linear scaling its context
-    over its factor, else max_position_embeddings): the original_max_position_embeddings a replacement of its
-    scaling is given."""
+    """The original context a scaled checkpoint records (its rope_parameters', else max_position_embeddings): the
+    original_max_position_embeddings a replacement of its scaling is given."""
     rp, context = own.rope, getattr(own.config, "max_position_embeddings", None)
-    if not rp.get("original_max_position_embeddings") and rp.get("rope_type") == "linear" and context:
-        return round(context / float(rp["factor"]))  # Gemma 3's x8: its context over its factor
-    recorded = rp.get("original_max_position_embeddings") or context
+    recorded = rp.get("original_max_position_embeddings") or context  # (a linear scaling records none: its context)
     return int(recorded) if recorded else None
 
 

@@ -21,6 +21,8 @@ from .base import CANNOT, INT32_MAX, NOT_MEASURED, PAST, SAME, WITHIN, Launch, M
 ENGINE = "vLLM"
 MOST = Most(INT32_MAX, "vLLM's model runner holds each sequence's length as int32: gpu_model_runner's seq_lens")
 CHECKED = "launched with these settings by tests/test_serve_config.py (vLLM 0.32, CPU build)"
+# model types vLLM 0.32 builds with deepseek_v2.py, which turns any scaled rope_type into its own YaRN variants
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2")
 # measured by tests/test_vllm.py::test_serve_check_of_a_longrope_with_its_own_temperature (vLLM 0.32, CPU build)
 CHECKED_LONGROPE = ("measured by hf-posenc serve-check on a tiny longrope with its own attention_factor: the same at "
                     "L / 2 with --max-model-len L and past L with --max-model-len 2 L, vLLM 0.32 (CPU)")
@@ -74,13 +76,13 @@ def _longrope(served: Served, length: int | None) -> Launch:
     """longrope (a searched one, a composition on a scaled checkpoint): vLLM takes the short factors for every input
     when --max-model-len is at most L, the long ones for every input past it (transformers switches per input)."""
     rope, L = served.rope, int(served.rope["original_max_position_embeddings"])
-    if "mscale_all_dim" in rope:
-        return Launch(ENGINE, CANNOT, "this longrope carries mscale_all_dim (an MLA checkpoint's own softmax scale, "
-                                      "which transformers derives from it), and vLLM 0.32's DeepSeek applies "
-                                      "mscale_all_dim to its deepseek_yarn only: it would serve another softmax "
-                                      "scale.", checked=CHECKED)
+    if "mscale_all_dim" in rope or served.model_type in DEEPSEEK_TYPES:
+        return Launch(ENGINE, CANNOT, f"vLLM 0.32's DeepSeek model ({served.model_type}) relabels any scaled rope_type "
+                                      "as its deepseek_yarn (or deepseek_llama_scaling) and computes YaRN "
+                                      "frequencies, not these longrope lists.", checked=CHECKED)
     theirs, ours = _temperatures(served)
-    if not math.isclose(theirs, ours, rel_tol=1e-6) or rope.get("short_mscale", theirs) != theirs:
+    short = rope.get("short_mscale") or longrope_attention_factor(served.context / L, L)  # vLLM's default for each
+    if not math.isclose(theirs, ours, rel_tol=1e-6) or not math.isclose(float(short), ours, rel_tol=1e-6):
         return Launch(ENGINE, CANNOT, f"vLLM's longrope applies the attention temperature {theirs:.6g} (from "
                                       f"short_mscale / long_mscale, else derived from the context ratio), transformers "
                                       f"{ours:.6g} (attention_factor): re-save the model with hf_posenc, which writes "
