@@ -267,3 +267,11 @@ def test_on_a_longrope_checkpoint_explain_starts_from_its_long_frequencies(tmp_p
     own_long = base / torch.tensor(C.LONGROPE["long_factor"], dtype=torch.float64)
     assert torch.allclose(torch.tensor(out["data"]["wavelength_before"], dtype=torch.float64), 2 * math.pi / own_long,
                           rtol=1e-6)
+
+
+def test_on_per_layer_type_rope_explain_draws_the_layer_types_asked(tmp_path):
+    import test_compose as C
+
+    C.gemma3().save_pretrained(tmp_path / "ckpt")
+    out = explain('pi:factor=2,layer_types=["sliding_attention"]', str(tmp_path / "e"), model=str(tmp_path / "ckpt"))
+    assert out["geometry"]["rope_theta"] == C.LOCAL_THETA  # the sliding layers' base, not the global layers'

@@ -55,9 +55,10 @@ class Geometry:
 
 
 def geometry_of(model: str | None = None, head_dim: int | None = None, rope_theta: float | None = None,
-                original: int | None = None) -> Geometry:
-    """The geometry of ``model`` (its config alone: no weights are read), each value replaced by the one given;
-    without ``model``, the default model's, unless all three are given."""
+                original: int | None = None, layer_types: list[str] | None = None) -> Geometry:
+    """The geometry of ``model`` (its config alone: no weights are read; on per-layer-type RoPE, that of
+    ``layer_types``, as :func:`layer_rope` picks them), each value replaced by the one given; without ``model``, the
+    default model's, unless all three are given."""
     if model is None and None not in (head_dim, rope_theta, original):
         return Geometry(int(head_dim), float(rope_theta), int(original), num_heads=8)
 
@@ -67,7 +68,7 @@ def geometry_of(model: str | None = None, head_dim: int | None = None, rope_thet
     hf_config = read_config(src)
     trained = trained_context(hf_config, src)  # (a patched GGUF's config gets its original values back first)
     lm = text_config(hf_config)[0]
-    rp = layer_rope(lm)
+    rp = layer_rope(lm, layer_types)
     partial = rp.get("partial_rotary_factor") or getattr(lm, "partial_rotary_factor", None) or 1.0
     own = int(head_dim_of(lm) * partial) if getattr(lm, "num_attention_heads", None) else 64
     return Geometry(int(head_dim or own), float(rope_theta or _original_theta(hf_config) or rp.get("rope_theta")
@@ -278,7 +279,7 @@ def explain(config: Any, output: str, *, model: str | None = None, head_dim: int
     if head_dim is not None and head_dim % 2:
         raise ValueError(f"--head-dim must be even (RoPE rotates pairs of dimensions), got {head_dim}")
     _check_output(output)
-    geom = geometry_of(model, head_dim, rope_theta, original)
+    geom = geometry_of(model, head_dim, rope_theta, original, cfg.params.get("layer_types"))
     on = _checkpoint_rope(cfg, geom) if original is None else None
     if on is not None:
         geom = replace(geom, original=on[1])
