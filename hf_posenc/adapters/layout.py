@@ -90,6 +90,19 @@ def _other_towers(config: Any) -> list[Any]:
     return [c for c in subs if c is not None and c is not lm]
 
 
+def per_layer_type(rope_parameters: Any) -> bool:
+    """Whether ``rope_parameters`` holds one RoPE per layer type (Gemma 3: ``{"full_attention": {...}, ...}``)."""
+    return isinstance(rope_parameters, dict) and bool(rope_parameters) and all(
+        isinstance(v, dict) for v in rope_parameters.values())
+
+
+def default_layer_types(types: list[str]) -> list[str]:
+    """The layer types a RoPE scaling changes when none are named: ``full_attention`` beside other (sliding-window)
+    types -- a window never sees a position past its width -- else every type."""
+    types = sorted(set(types))
+    return ["full_attention"] if "full_attention" in types and len(types) > 1 else types
+
+
 def head_dim(hf_config: Any) -> int:
     return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 

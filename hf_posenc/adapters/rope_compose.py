@@ -33,7 +33,7 @@ from torch import nn
 from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..methods.rope import SCALINGS
-from .layout import Layout, rope_geometry
+from .layout import Layout, per_layer_type, rope_geometry
 from .rope_native import softmax_rescalers
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def own_rope_of_config(config: Any, layer_type: str | None = None) -> OwnRope:
         inv, attention = R.default_inv_freq(geom.base, geom.dim), 1.0
     else:  # a longrope: its long frequencies, those past its switch, where a method on top acts
         past = int(getattr(config, "max_position_embeddings", 0)) + 1
-        long = {"seq_len": past} if rp.get("rope_type") == "longrope" else {}
+        long = {"seq_len": past} if rp.get("rope_type") in ON_LENGTH_DEPENDENT else {}
         inv, attention = init(config, "cpu", **kwargs, **long)
     return OwnRope(config, rp, inv.double(), float(attention), [layer_type] if layer_type else None)
 
@@ -105,9 +105,9 @@ def kept_softmax_scale(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> dict
     rescalers = softmax_rescalers(model)
     own = lay.selected[0].rope_parameters(lay.config)
     over = (getattr(lay.config, "max_position_embeddings", None),  # a composition over the current context, or
-            own.get("original_max_position_embeddings") if own.get("rope_type") == "longrope" else None)  # its switch
-    composed = scaled_type(lay) is not None and cfg.original_max_position_embeddings in over
-    if not rescalers or not composed or cfg.method != "longrope":
+            own.get("original_max_position_embeddings") if own.get("rope_type") in ON_LENGTH_DEPENDENT else None)
+    composed = scaled_type(lay) is not None and cfg.original_max_position_embeddings in over  # (^ over its switch)
+    if not rescalers or not composed or not SCALINGS[cfg.method].per_dimension:
         return {}
     m, _ = rescalers[0]
     ratio = float(m.scaling) / float(m.qk_head_dim) ** -0.5  # the checkpoint's mscale^2
@@ -207,7 +207,7 @@ def own_scaling(block: dict[str, Any], prefix: str, original: int | None) -> dic
     than extended it from that context (a composed longrope)."""
     before = block.get("original") or {}
     own = before.get(prefix + "rope_parameters") or {}
-    if isinstance(own, dict) and own and all(isinstance(v, dict) for v in own.values()):  # per layer type
+    if per_layer_type(own):
         chosen = (block.get("params") or {}).get("layer_types") or []
         own = own.get(chosen[0], {}) if len(chosen) == 1 else {}  # the one type the patch changed
     if not isinstance(own, dict) or own.get("rope_type", "default") == "default":

@@ -27,7 +27,7 @@ from ..methods.remapped import REMAPPED
 from ..methods.rope import SCALINGS
 from .base import Adapter, PatchRecord, text_config
 from .decoder_swaps import SWAPS, TABLE_NAME, Swapped
-from .layout import Layout, RotarySlot, rotary_slots
+from .layout import Layout, RotarySlot, default_layer_types, rotary_slots
 from .mrope import check_mrope
 from .remapped import Remapped
 from .rope_compose import LENGTH_DEPENDENT_TYPES, restates_checkpoint
@@ -141,7 +141,7 @@ class RopeDecoderAdapter(Adapter):
             return slots
         types = [s.layer_type for s in slots]
         if wanted is None:
-            wanted = ["full_attention"] if "full_attention" in types and len(set(types)) > 1 else sorted(set(types))
+            wanted = default_layer_types(types)
         unknown = sorted(set(wanted) - set(types))
         if unknown:
             raise ValueError(f"layer_types has {unknown}, which this model does not have; its RoPE layer types: "

@@ -237,7 +237,7 @@ class Scaled:
         if any(n is None for n in natives.values()):
             return False
         natives = {t: {**n, **kept} for t, n in natives.items()}
-        return self._save_native(model, cfg, lay, natives, ours, length, record)
+        return self._save_native(model, cfg, lay, natives, ours, length, record, keeps_scale=bool(kept))
 
     @staticmethod
     def _set_frequencies(s: RotarySlot, scaling: RopeScaling, geom: R.RopeGeometry, cfg: PosEncConfig,
@@ -268,9 +268,10 @@ class Scaled:
 
     @staticmethod
     def _save_native(model: nn.Module, cfg: PosEncConfig, lay: Layout, natives: dict, ours: dict, length: int,
-                     record: PatchRecord) -> bool:
+                     record: PatchRecord, keeps_scale: bool) -> bool:
         """Writes the native ``rope_parameters`` (and what transformers reads beside them) into the config,
-        where transformers rebuilds exactly our frequencies from them; returns whether it did."""
+        where transformers rebuilds exactly our frequencies from them; returns whether it did. ``keeps_scale``: a
+        composition on MLA, whose softmax scale stays the checkpoint's either way."""
         config = lay.config
         changes: dict[str, Any] = {}
         changes["rope_parameters"] = natives[None] if None in natives else {**config.rope_parameters, **natives}
@@ -282,8 +283,8 @@ class Scaled:
         if reason:
             logger.warning("%s is not saved as native rope_parameters for model_type=%r: %s; hf_posenc.from_pretrained "
                            "re-applies it.", cfg.method, config.model_type, reason)
-            if not any("mscale_all_dim" in n and n["rope_type"] == "longrope" for n in natives.values()):
-                rescale_softmax(model, {}, record)  # (a composition on MLA keeps the checkpoint's own scale)
+            if not keeps_scale:  # (a composition on MLA keeps the checkpoint's own scale)
+                rescale_softmax(model, {}, record)
             return False
         rescale_softmax(model, changes["rope_parameters"], record)
         for name, value in changes.items():

@@ -23,6 +23,7 @@ import torch
 
 from ..adapters import rope_compose as C
 from ..adapters.base import text_config
+from ..adapters.layout import default_layer_types, per_layer_type
 from ..adapters.layout import head_dim as head_dim_of
 from ..checkpoints.loading import refuse_lora_folder
 from ..checkpoints.models import DEFAULT_MODEL, read_config, resolve_source
@@ -84,10 +85,10 @@ def layer_rope(lm, layer_types: list[str] | None = None) -> dict[str, Any]:
     those of ``layer_types`` (default as the patch chooses: ``full_attention`` beside sliding types, else all),
     which must be alike to be drawn as one."""
     rp = getattr(lm, "rope_parameters", None) or {}
-    if not rp or not all(isinstance(v, dict) for v in rp.values()):
+    if not per_layer_type(rp):
         return rp
     types = sorted(rp)
-    chosen = layer_types or (["full_attention"] if "full_attention" in types and len(types) > 1 else types)
+    chosen = layer_types or default_layer_types(types)
     unknown = sorted(set(chosen) - set(types))
     if unknown:
         raise ValueError(f"layer_types has {unknown}, which this model does not have; its RoPE layer types: {types}")
@@ -101,8 +102,7 @@ def _checkpoint_rope(cfg: PosEncConfig, geom: Geometry) -> tuple[Any, int, PosEn
     """On a checkpoint whose RoPE is already scaled (read from ``geom.model``'s config; not one hf_posenc patched),
     what a RoPE scaling given no original context does there, as the patch does it (:mod:`..adapters.rope_compose`):
     (the checkpoint's own RoPE, the context it advertises, the composed configuration); else None."""
-    if cfg.spec.kind != "rope" or cfg.method == "none" or cfg.original_max_position_embeddings is not None \
-            or geom.model is None:
+    if cfg.spec.kind != "rope" or cfg.original_max_position_embeddings is not None or geom.model is None:
         return None
     hf_config = read_config(resolve_source(geom.model))
     lm = text_config(hf_config)[0]

@@ -11,7 +11,7 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
-from ..adapters.layout import rope_geometry
+from ..adapters.layout import default_layer_types, per_layer_type, rope_geometry
 from ..checkpoints.legacy_rope import stated
 from ..config import PosEncConfig
 from ..engines.launch import LAUNCHERS, Launch, Served
@@ -54,8 +54,8 @@ def describe(path: str) -> Served:
 
 def _rope_layer_types(plain: dict[str, Any]) -> tuple[str, ...] | None:
     """The layer types of a per-layer-type ``rope_parameters`` (Gemma 3), else None."""
-    rp = plain.get("rope_parameters") or {}
-    return tuple(sorted(rp)) if rp and all(isinstance(v, dict) for v in rp.values()) else None
+    rp = plain.get("rope_parameters")
+    return tuple(sorted(rp)) if per_layer_type(rp) else None
 
 
 def _served_rope(plain: dict[str, Any], block: dict[str, Any]) -> dict[str, Any]:
@@ -65,8 +65,7 @@ def _served_rope(plain: dict[str, Any], block: dict[str, Any]) -> dict[str, Any]
     types = _rope_layer_types(plain)
     if types is None:
         return rp
-    chosen = (block.get("params") or {}).get("layer_types") or (["full_attention"] if "full_attention" in types
-                                                                 else list(types))
+    chosen = (block.get("params") or {}).get("layer_types") or default_layer_types(list(types))
     return dict(rp[chosen[0]])
 
 

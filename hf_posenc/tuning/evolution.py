@@ -36,7 +36,6 @@ from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..eval.variants import Variant
 from ..io.logs import errors_only
-from ..patching import get_config, patch, trying
 from .factors import HOLDS, SEED_METHODS, Candidate, constrained, crossover, held_pairs, mutate, seed_factors
 from .objective import CellComputer, TuneData, kind_of, measure, rank, result_fields, sample_keys
 from .space import BASELINE, yarn_reference
@@ -74,13 +73,17 @@ class EvolutionSettings:
 @dataclass(frozen=True)
 class Frequencies:
     """What the search extends: the checkpoint's own frequencies (plain RoPE's, or its scaled ones), over its
-    ``context``; ``pinned``: the original context every candidate is given (then the plain frequencies)."""
+    ``context``; ``pinned``: the original context every candidate is given (then the plain frequencies);
+    ``checkpoint``: an already-scaled checkpoint's RoPE, which the candidates compose on (None: plain RoPE)."""
 
     own: torch.Tensor
     context: int
     pinned: int | None
-    scaled: bool = False
-    replacing: int | None = None  # a scaled checkpoint's: the original context a replacement of its scaling is given
+    checkpoint: rope_compose.OwnRope | None = None
+
+    @property
+    def scaled(self) -> bool:
+        return self.checkpoint is not None
 
 
 def frequencies_of(model, context: int, pinned: int | None) -> Frequencies:
@@ -104,8 +107,8 @@ def frequencies_of(model, context: int, pinned: int | None) -> Frequencies:
                          "factors that replace its scaling instead")
     own = own_frequencies(slots[0], lm).detach().double().cpu()
     scaled = rp.get("rope_type", "default") != "default"
-    replacing = rope_compose.replacing_original(rope_compose.OwnRope(lm, rp, own, 1.0)) if scaled else None
-    return Frequencies(own, context, None, scaled, replacing)
+    checkpoint = rope_compose.OwnRope(lm, rp, own, float(slots[0].get("attention_scaling"))) if scaled else None
+    return Frequencies(own, context, None, checkpoint)
 
 
 def quiet_composition():
@@ -165,11 +168,12 @@ class Evolution:
         checkpoint's scaling from the original context it records, with the composed attention factor."""
         cfg = self.config(c)
         label = f"{c.label}-long-factors-everywhere"
-        if not self.freqs.scaled:
+        own = self.freqs.checkpoint
+        if own is None:
             return Variant(label, cfg.replace(params={**cfg.params, "short_factor": list(c.factors)}))
-        with quiet_composition(), trying(self.job.loaded[0], []) as model:
-            composed = get_config(patch(model, cfg))
-        long, start = composed.params["long_factor"], self.freqs.replacing
+        with quiet_composition():  # what patching computes for c, from the checkpoint's RoPE
+            composed = rope_compose.compose(cfg, own, self.freqs.context)
+        long, start = composed.params["long_factor"], rope_compose.replacing_original(own)
         return Variant(label, PosEncConfig("longrope", self.plan.target_length / start, start, {
             "short_factor": list(long), "long_factor": list(long),
             "attention_factor": composed.params["attention_factor"]}))

@@ -84,16 +84,17 @@ def launch(served: Served, length: int | None) -> Launch:
     n = length_for(served, length, ENGINE, None if kind == "default" else served.context, most=MOST)
     env = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"} if n > derived_context(served) else {}
     command = ["python", "-m", "sglang.launch_server", "--model-path", served.path, "--context-length", str(n)]
-    notes = [f"an SGLang on transformers 4 does not read config.json's rope_parameters: add "
-             f"--json-model-override-args '{_legacy(served.rope)}'"]
-    if "mscale_all_dim" in served.rope and kind == "longrope":
-        notes.append("this longrope carries mscale_all_dim (an MLA checkpoint's own softmax scale, which transformers "
-                     "derives from it): that SGLang's model applies it to a longrope is not checked here (vLLM 0.32's "
-                     "DeepSeek applies it to deepseek_yarn only)")
-    if served.rope_layer_types:
+    if served.rope_layer_types:  # (no one-RoPE override to offer for transformers 4)
         notes = [f"config.json holds one RoPE per layer type ({', '.join(served.rope_layer_types)}; rope_type "
                  f"{kind!r} is the changed layers'): that SGLang's {served.model_type} reads each type's is not "
                  "checked here (vLLM's Gemma 3 does)"]
+    else:
+        notes = [f"an SGLang on transformers 4 does not read config.json's rope_parameters: add "
+                 f"--json-model-override-args '{_legacy(served.rope)}'"]
+    if "mscale_all_dim" in served.rope and kind == "longrope":
+        notes.append("this longrope carries mscale_all_dim (an MLA checkpoint's own softmax scale, which transformers "
+                     "derives from it): that SGLang's model applies it to a longrope is not checked here (vLLM 0.32's "
+                     "DeepSeek relabels any scaled rope_type as its own YaRN)")
     return Launch(ENGINE, NOT_MEASURED, f"SGLang reads rope_type {kind!r} from config.json as transformers does; "
                                         "not measured here.", command=command, env=env, max_length=n,
                   checked=CHECKED, notes=notes)

@@ -62,14 +62,14 @@ def launch(served: Served, length: int | None) -> Launch:
                   python={"model": served.path, "max_model_len": n}, max_length=n, checked=CHECKED)
 
 
-def _temperatures(served: Served) -> tuple[float, float]:
-    """(vLLM's, transformers') attention temperature of the longrope in config.json: vLLM takes short_mscale /
-    long_mscale, else sqrt(1 + ln(max_position_embeddings / L) / ln L); transformers its attention_factor, else the
-    same formula of its factor."""
+def _temperatures(served: Served) -> tuple[float, float, float]:
+    """vLLM's short and long attention temperatures of the longrope in config.json, and transformers': vLLM takes
+    short_mscale / long_mscale, each else sqrt(1 + ln(max_position_embeddings / L) / ln L); transformers its
+    attention_factor, else the same formula of its factor."""
     rope, L = served.rope, int(served.rope["original_max_position_embeddings"])
-    theirs = rope.get("long_mscale") or longrope_attention_factor(served.context / L, L)
+    derived = longrope_attention_factor(served.context / L, L)
     ours = rope.get("attention_factor") or longrope_attention_factor(float(rope.get("factor") or served.context / L), L)
-    return float(theirs), float(ours)
+    return float(rope.get("short_mscale") or derived), float(rope.get("long_mscale") or derived), float(ours)
 
 
 def _longrope(served: Served, length: int | None) -> Launch:
@@ -80,9 +80,9 @@ def _longrope(served: Served, length: int | None) -> Launch:
         return Launch(ENGINE, CANNOT, f"vLLM 0.32's DeepSeek model ({served.model_type}) relabels any scaled rope_type "
                                       "as its deepseek_yarn (or deepseek_llama_scaling) and computes YaRN "
                                       "frequencies, not these longrope lists.", checked=CHECKED)
-    theirs, ours = _temperatures(served)
-    short = rope.get("short_mscale") or longrope_attention_factor(served.context / L, L)  # vLLM's default for each
-    if not math.isclose(theirs, ours, rel_tol=1e-6) or not math.isclose(float(short), ours, rel_tol=1e-6):
+    short, long, ours = _temperatures(served)
+    if not (math.isclose(short, ours, rel_tol=1e-6) and math.isclose(long, ours, rel_tol=1e-6)):
+        theirs = long if not math.isclose(long, ours, rel_tol=1e-6) else short
         return Launch(ENGINE, CANNOT, f"vLLM's longrope applies the attention temperature {theirs:.6g} (from "
                                       f"short_mscale / long_mscale, else derived from the context ratio), transformers "
                                       f"{ours:.6g} (attention_factor): re-save the model with hf_posenc, which writes "
