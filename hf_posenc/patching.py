@@ -92,6 +92,7 @@ def _apply(model: nn.Module, cfg: PosEncConfig) -> None:
                          f"(Gemma 3, OLMo 3, ...); model_type={model.config.model_type!r} has none. Omit it.")
     resolved = adapter.resolve(model, cfg)
     record = PatchRecord(model, resolved, adapter)
+    record.below = _record(model)  # a checkpoint's own scaling this patch goes on top of (see patch)
     try:
         record.isolate_config()
         native = adapter.apply(model, resolved, record)
@@ -124,9 +125,12 @@ def adopt(model: nn.Module, cfg: PosEncConfig, block: dict, reapply: bool = Fals
 def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
     """Change the positional encoding of ``model`` in place.
 
-    Only this instance changes. Patching a patched model starts again from the original, so patches never
-    compound; if the new patch is refused, the previous one stays in place. On a checkpoint whose RoPE is already
-    scaled, a RoPE scaling extends from its current context (docs/rope-scalings.md).
+    Only this instance changes. Patching a patched model starts again from the model as it was before its patch,
+    so patches never compound; if the new patch is refused, the previous one stays in place. On a checkpoint whose
+    RoPE is already scaled, a RoPE scaling extends from its current context (docs/rope-scalings.md). A checkpoint
+    saved with a RoPE scaling (a patched or fine-tuned model, loaded by :func:`hf_posenc.from_pretrained`, which
+    re-applies it) is such a checkpoint: its scaling is where every later patch starts, as on the same folder
+    loaded by plain transformers, and :func:`unpatch` returns to it.
 
     Args:
         model: a transformers model, or a peft model (the model it wraps is patched).
@@ -148,20 +152,39 @@ def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
         raise ValueError(f"patch() needs a transformers model (a torch.nn.Module), got {type(model).__name__}.")
     cfg = as_config(method, **kwargs)
     inner = holder(model)  # a peft model: the model it wraps
-    previous = get_config(inner)
+    top = _record(inner)
+    previous = top.config if top is not None and not top.checkpoint else None
     if previous is not None:
         unpatch(inner)
+    under = _record(inner)  # the scaling the checkpoint was saved with (the patch goes on top of it), else None
     try:
         _apply(inner, cfg)
         if inner is not model:
             _check_under_wrapper(model, inner)
     except BaseException:
-        if _record(inner) is not None:
+        if _record(inner) is not under:
             unpatch(inner)
         if previous is not None:
             _apply(inner, previous)
         raise
     return model
+
+
+def keep_as_checkpoint(model: nn.Module) -> nn.Module:
+    """Mark the patch on ``model`` (the RoPE scaling its checkpoint was saved with, just re-applied by
+    :func:`hf_posenc.from_pretrained`) as what the checkpoint is: later patches go on top of it and
+    :func:`unpatch` returns to it (a second ``unpatch`` to the model without it)."""
+    _record(model).checkpoint = True
+    return model
+
+
+def checkpoint_config(model: nn.Module) -> PosEncConfig | None:
+    """The RoPE scaling ``model``'s checkpoint was saved with and every patch starts from
+    (:func:`keep_as_checkpoint`), or None."""
+    rec = _record(model)
+    while rec is not None and not rec.checkpoint:
+        rec = rec.below
+    return rec.config if rec is not None else None
 
 
 def _check_under_wrapper(wrapper: nn.Module, inner: nn.Module) -> None:
@@ -195,7 +218,8 @@ def unpatch(model: nn.Module) -> nn.Module:
         model: a patched model (an unpatched one is returned unchanged); a peft model's wrapped model is unpatched.
 
     Returns:
-        ``model``, as it was before its patch.
+        ``model``, as it was before its patch (a checkpoint saved with a RoPE scaling: with that scaling, as loaded;
+        unpatched once more, without it).
 
     Raises:
         ValueError: a model loaded from a checkpoint whose saved weights hold the changed position table.
@@ -207,8 +231,11 @@ def unpatch(model: nn.Module) -> nn.Module:
             f"this model was loaded from a checkpoint saved after {rec.config.method!r}, whose weights hold the "
             "changed position table; the original table is not in it, so it cannot be unpatched or re-patched. "
             "Load the base model to start from the original.")
-    inner.__dict__.pop(_STATE, None)
     if rec is not None:
+        if rec.below is None:
+            inner.__dict__.pop(_STATE, None)
+        else:
+            inner.__dict__[_STATE] = rec.below
         rec.undo()
     return model
 
@@ -230,12 +257,14 @@ def trying(model: nn.Module, configs: list[PosEncConfig]):
     """``with trying(model, configs):`` -- each config is applied once on entry, so that one that does not fit
     ``model`` fails before any work; inside, patch freely; on exit ``model`` is as it was (its own patch, if it
     had one, applied again)."""
-    before = get_config(model)
+    top, before = _record(model), get_config(model)
     try:
         for cfg in configs:
             patch(model, cfg)
         yield model
     finally:
-        unpatch(model)
-        if before is not None:
+        now = _record(model)
+        if now is not top and now is not None and not now.checkpoint:
+            unpatch(model)  # the patch tried last (on top of the checkpoint's own scaling, if it has one)
+        if _record(model) is not top and before is not None:
             patch(model, before)

@@ -111,9 +111,16 @@ def test_from_pretrained_applies_posenc_at_load(tmp_path):
     direct = hf_posenc.patch(tiny_model("qwen2"), "pi", factor=2.0)
     x = ids(LONG)
     assert (logits(loaded, x) - logits(direct, x)).abs().max().item() <= 1e-6
-    # a given posenc replaces the stored one
+    # a given posenc goes on top of a stored RoPE scaling (what the saved checkpoint is), as on the folder loaded by
+    # plain transformers (tests/test_saved_scaling.py); a stored attention-level method is replaced
     direct.save_pretrained(tmp_path / "pi")
     swapped = hf_posenc.from_pretrained(str(tmp_path / "pi"), posenc=hf_posenc.PosEncConfig("yarn", 2.0))
+    on_plain = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tmp_path / "pi", dtype=torch.float32).eval(),
+                               "yarn", factor=2.0)
+    assert swapped.config.max_position_embeddings == 4 * ORIGINAL
+    assert (logits(swapped, x) - logits(on_plain, x)).abs().max().item() <= 1e-6
+    hf_posenc.patch(tiny_model("qwen2"), "self_extend", group_size=4, window=16).save_pretrained(tmp_path / "se")
+    swapped = hf_posenc.from_pretrained(str(tmp_path / "se"), posenc=hf_posenc.PosEncConfig("yarn", 2.0))
     yarn = hf_posenc.patch(tiny_model("qwen2"), "yarn", factor=2.0)
     assert (logits(swapped, x) - logits(yarn, x)).abs().max().item() <= 1e-6
 

@@ -15,7 +15,7 @@ import torch
 
 from ..adapters import ADAPTERS
 from ..config import CONFIG_KEY, PosEncConfig, SavedBlock, as_config
-from ..patching import adopt, patch
+from ..patching import adopt, keep_as_checkpoint, patch
 from ..serving.gguf_file import stored_patch
 from .models import drop_gguf_quantizer, read_config, resolve_source
 from .weights import HUB_FILE_KWARGS, read_tensors
@@ -53,7 +53,10 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
             (``lora.save_lora(merged=False)``) loads as a peft model (:func:`load_lora`; needs peft).
         posenc: a PosEncConfig, a dict (``{"method": "yarn", "factor": 4}``) or a method name; when None,
             the ``hf_posenc`` block stored in the checkpoint's ``config.json`` (by ``save_pretrained`` of a
-            patched model) is applied again. A given ``posenc`` replaces a stored one.
+            patched model) is applied again. A given ``posenc`` replaces a stored one, except a stored RoPE
+            scaling, which is what the checkpoint is (a fine-tuned YaRN x2 model): ``posenc`` goes on top of it, as
+            on the same folder loaded by plain transformers (a RoPE scaling extends from its current context; give
+            ``original_max_position_embeddings`` to replace it), and ``unpatch`` returns to it.
         auto_class: the transformers class to load with (default: the class named in the config's
             ``architectures``, else ``AutoModelForCausalLM``).
         **hf_kwargs: passed to ``auto_class.from_pretrained`` (dtype, device_map, revision, ...).
@@ -79,7 +82,8 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
         hf_config = adapter.prepare_load_config(hf_config, block)
         delattr(hf_config, CONFIG_KEY)
         if requested is not None:
-            logger.info("replacing the stored patch %s by %s", stored.method, requested.method)
+            logger.info("%s the stored patch %s", "on top of" if stored.spec.kind == "rope" else "replacing",
+                        stored.method)
     written = None  # a GGUF written by ``patch --gguf``: the original values back in the config, its patch applied
     if block is None and kwargs.get("gguf_file"):
         written = stored_patch(os.path.join(source.path, kwargs["gguf_file"]), hf_config)
@@ -97,8 +101,11 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
                          f"does not fit this model ({type(model).__name__}); the file was edited or corrupted.")
     if adopted:
         return adopt(model, stored, block, reapply=adapter.reapplies(block))
-    spec = requested or stored or written or shipped_dca(hf_config, path_or_id)
-    if spec is not None:
+    own = stored if stored is not None and stored.spec.kind == "rope" else None  # a scaling: what the checkpoint is
+    if own is not None:
+        keep_as_checkpoint(patch(model, own))  # a requested patch goes on top of it
+    spec = requested or (stored if own is None else None) or written or shipped_dca(hf_config, path_or_id)
+    if spec is not None and spec != own:
         patch(model, spec)
         extra = adapter.extra_weights(model) if adapter is not None and requested is None else []
         if extra:  # weights the patch added (a learned table): the saved, possibly trained, values

@@ -13,6 +13,7 @@ from ..io.digests import file_digests
 from ..io.files import OutputLock, check_output_folder
 from ..io.provenance import environment, recorded_command
 from ..io.reports import finish_report
+from ..patching import checkpoint_config
 from .cells import CellStore, run_cells
 from .engine_choice import EngineChoice
 from .processes import Processes, device_name
@@ -116,6 +117,9 @@ class Run:
                 "dtype": self.dtype, "attn_implementation": self.attention, "versions": versions}
         if self.engine.served:  # cells of the transformers engine keep the fingerprint they always had
             kept["engine"] = self.engine.describe()
+        own = checkpoint_config(lm)
+        if own is not None:  # a checkpoint saved with a RoPE scaling: its variants (and "none") start from it
+            kept["checkpoint_scaling"] = own.to_dict()
         return kept
 
     def model_for(self, variant, longest: int):

@@ -1,0 +1,136 @@
+"""A checkpoint saved with a RoPE scaling (hf_posenc's YaRN x2 save, then fine-tuned past its original context) is what
+that checkpoint is: loaded by ``hf_posenc.from_pretrained`` (which re-applies the stored block), a later patch goes on
+top of it exactly as on the same folder loaded by plain transformers -- a RoPE scaling extends from its current
+context (never shrinks it back to the pretraining one), an attention-level method acts on its scaled frequencies --
+and ``unpatch`` returns to it, a second ``unpatch`` to the model without it."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from helpers import ORIGINAL, ids, logits, tiny_model
+from transformers import AutoModelForCausalLM
+
+import hf_posenc
+from hf_posenc.patching import checkpoint_config, trying
+
+CONTEXT = 2 * ORIGINAL  # what the saved YaRN x2 checkpoint advertises
+LONG = 3 * ORIGINAL + 5  # past the composed x1.5 reach's half, past the checkpoint's context
+
+
+def saved(tmp_path, method: str = "yarn", **knobs):
+    """A tiny llama patched with ``method`` x2 over its 64 tokens, its weights then changed (as fine-tuning does:
+    what the checkpoint is can no longer be told apart from its scaling), saved by hf_posenc."""
+    model = hf_posenc.patch(tiny_model("llama"), method, factor=2.0, **knobs)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    model.save_pretrained(tmp_path / method)
+    return str(tmp_path / method)
+
+
+def plain(folder: str):
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def loaded(folder: str, **kw):
+    return hf_posenc.from_pretrained(folder, dtype=torch.float32, **kw).eval()
+
+
+@pytest.mark.parametrize("method", ["yarn", "pi", "llama3"])
+def test_a_scaling_on_a_saved_scaled_checkpoint_extends_it_as_on_the_plain_loaded_folder(tmp_path, method):
+    folder = saved(tmp_path, method)
+    ours = loaded(folder)
+    assert ours.config.max_position_embeddings == CONTEXT and checkpoint_config(ours).method == method
+    hf_posenc.patch(ours, "yarn", factor=1.5)
+    reference = hf_posenc.patch(plain(folder), "yarn", factor=1.5)  # plain transformers' reading of the folder
+    at_load = loaded(folder, posenc="yarn:factor=1.5")
+    for model in (ours, at_load):
+        cfg = hf_posenc.get_config(model)
+        assert model.config.max_position_embeddings == int(1.5 * CONTEXT)  # 192: was 96 (1.5 x 64), a shrink
+        assert cfg.method == "longrope" and cfg.original_max_position_embeddings == CONTEXT
+        x = ids(LONG)
+        assert (logits(model, x) - logits(reference, x)).abs().max().item() <= 1e-5
+
+
+def test_unpatch_returns_to_the_checkpoint_as_loaded_then_to_the_model_without_its_scaling(tmp_path):
+    folder = saved(tmp_path)
+    model = loaded(folder)
+    x = ids(LONG)
+    as_loaded = logits(model, x)
+    assert (as_loaded - logits(plain(folder), x)).abs().max().item() <= 1e-5
+    hf_posenc.patch(model, "yarn", factor=1.5)
+    hf_posenc.patch(model, "pi", factor=2.0)  # replaces the yarn on top, not the checkpoint's own
+    assert model.config.max_position_embeddings == 2 * CONTEXT
+    hf_posenc.unpatch(model)
+    assert torch.equal(logits(model, x), as_loaded)
+    assert hf_posenc.get_config(model).method == "yarn" and model.config.max_position_embeddings == CONTEXT
+    hf_posenc.unpatch(model)  # the stored scaling too: the saved weights with plain RoPE over 64
+    assert not hf_posenc.is_patched(model) and model.config.max_position_embeddings == ORIGINAL
+    assert model.config.rope_parameters.get("rope_type", "default") == "default"
+
+
+def test_a_shrink_of_the_saved_context_is_refused_unless_the_replacement_reaches_it(tmp_path):
+    folder = saved(tmp_path)
+    model = loaded(folder)
+    x = ids(LONG)
+    before = logits(model, x)
+    with pytest.raises(ValueError, match=r"would advertise 96 tokens, fewer than the 128.*at least 2"):
+        hf_posenc.patch(model, "yarn", factor=1.5, original_max_position_embeddings=ORIGINAL)
+    assert torch.equal(logits(model, x), before) and hf_posenc.get_config(model).method == "yarn"
+    hf_posenc.patch(model, "yarn", factor=3.0, original_max_position_embeddings=ORIGINAL)  # an explicit replacement
+    reference = hf_posenc.patch(plain(folder), "yarn", factor=3.0, original_max_position_embeddings=ORIGINAL)
+    assert model.config.max_position_embeddings == 3 * ORIGINAL
+    assert (logits(model, x) - logits(reference, x)).abs().max().item() <= 1e-5
+
+
+def test_an_attention_level_method_acts_on_the_saved_scaling(tmp_path):
+    folder = saved(tmp_path)
+    model, reference = loaded(folder), plain(folder)
+    knobs = dict(group_size=4, window=32)
+    inside = ids(knobs["window"])
+    as_loaded = logits(model, inside)
+    hf_posenc.patch(model, "self_extend", **knobs)
+    hf_posenc.patch(reference, "self_extend", **knobs)
+    assert hf_posenc.get_config(model).original_max_position_embeddings == CONTEXT
+    x = ids(LONG)
+    assert (logits(model, x) - logits(reference, x)).abs().max().item() <= 1e-5
+    assert (logits(model, inside) - as_loaded).abs().max().item() <= 1e-5  # inside its window: the checkpoint
+
+
+def test_a_composition_saved_again_loads_back_and_its_copies_unpatch_to_the_checkpoint(tmp_path):
+    folder = saved(tmp_path)
+    model = hf_posenc.patch(loaded(folder), "yarn", factor=1.5)
+    x = ids(LONG)
+    composed = logits(model, x)
+    model.save_pretrained(tmp_path / "again")
+    for again in (loaded(str(tmp_path / "again")), plain(str(tmp_path / "again"))):
+        assert (logits(again, x) - composed).abs().max().item() <= 1e-5
+    checkpoint = logits(loaded(folder), x)
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert torch.equal(logits(twin, x), composed)
+        hf_posenc.unpatch(twin)
+        assert torch.equal(logits(twin, x), checkpoint) and checkpoint_config(twin).method == "yarn"
+    assert torch.equal(logits(model, x), composed)  # the copies' unpatch left the model alone
+
+
+def test_trying_variants_leaves_the_checkpoint_and_its_patch_as_they_were(tmp_path):
+    model = hf_posenc.patch(loaded(saved(tmp_path)), "yarn", factor=1.5)
+    x = ids(LONG)
+    before, cfg = logits(model, x), hf_posenc.get_config(model)
+    with trying(model, [hf_posenc.PosEncConfig("none"), hf_posenc.PosEncConfig("pi", 2.0)]):
+        hf_posenc.patch(model, "none")
+        assert model.config.max_position_embeddings == CONTEXT  # "none": the checkpoint as saved
+    assert hf_posenc.get_config(model) == cfg and torch.equal(logits(model, x), before)
+    hf_posenc.unpatch(model)
+    assert hf_posenc.get_config(model).method == "yarn" and checkpoint_config(model) is not None
+
+
+def test_a_length_dependent_saved_scaling_is_not_replaced_silently(tmp_path):
+    model = loaded(saved(tmp_path, "dynamic_ntk"))
+    with pytest.raises(ValueError, match=r"rope_type='dynamic'.*original_max_position_embeddings="):
+        hf_posenc.patch(model, "yarn", factor=2.0)
+    assert hf_posenc.get_config(model).method == "dynamic_ntk"
