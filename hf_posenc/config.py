@@ -7,8 +7,10 @@ SavedBlock: The ``hf_posenc`` block that a patched checkpoint's ``config.json`` 
 PosEncConfig), by which family adapter, whether plain transformers rebuilds it (``native``), the config fields the patch
 changed as they were (``original``), and which hf_posenc wrote it (``version``, ``schema``).
 
-Schema 1: hf_posenc 0.1.0 (no ``schema`` key). Schema 2: the same fields plus ``schema``. A reader takes every
-schema up to its own and refuses a newer one, naming it.
+Schema 1: hf_posenc 0.1.0 (no ``schema`` key). Schema 2: the same fields plus ``schema``. Schema 3 (written only
+where it is used): plus ``asked``, the configuration asked for when what was applied is a composition over the
+checkpoint's own scaling (``yarn:factor=2`` on Llama 3.1, applied as a longrope). A reader takes every schema up to
+its own and refuses a newer one, naming it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from .methods import MIN_ORIGINAL_CONTEXT, check_factor, resolve_method, resolve
 
 CONFIG_KEY = "hf_posenc"  # the key of the block in config.json
 BLOCK_FIELDS = {"version", "native", "original", "family", "schema"}  # what a stored block adds to a PosEncConfig
-SCHEMA = 2
+SCHEMA = 3  # the newest schema this hf_posenc reads (and writes, where a block has ``asked``)
+PLAIN_SCHEMA = 2  # what a block without ``asked`` is written with: earlier releases read it
 CONFIG_FIELDS = ("method", "factor", "original_max_position_embeddings", "params")
 # the family adapters' names: hf_posenc.adapters registers them when imported (it imports this)
 FAMILIES: list[str] = []
@@ -44,8 +47,18 @@ class PosEncConfig:
     factor: float | None = None
     original_max_position_embeddings: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    # what was asked, when this configuration is the composition computed from it on a checkpoint whose RoPE is
+    # already scaled (``yarn:factor=2`` on Llama 3.1, applied as a longrope); not part of the configuration's value
+    asked: PosEncConfig | None = field(default=None, compare=False, repr=False)
+
+    def __repr__(self) -> str:
+        own = (f"PosEncConfig(method={self.method!r}, factor={self.factor!r}, original_max_position_embeddings="
+               f"{self.original_max_position_embeddings!r}, params={self.params!r}")
+        return own + (f", asked={self.asked.to_text()!r})" if self.asked is not None else ")")
 
     def __post_init__(self) -> None:
+        if self.asked is not None and not isinstance(self.asked, PosEncConfig):
+            raise ValueError(f"asked must be the PosEncConfig a composition was computed from, got {self.asked!r}.")
         spec = resolve_method(self.method)
         self.method = spec.name
         factor = self.factor if self.factor is not None else spec.default_factor
@@ -162,11 +175,14 @@ class SavedBlock:
     native: bool = False
     original: dict[str, Any] = field(default_factory=dict)
     version: str = __version__
-    schema: int = SCHEMA
+    schema: int | None = None  # None: the one its content needs (PLAIN_SCHEMA, or SCHEMA with ``asked``)
 
     def to_dict(self) -> dict[str, Any]:
+        asked = self.config.asked
+        schema = self.schema or (SCHEMA if asked is not None else PLAIN_SCHEMA)
         return {**self.config.to_dict(), "family": self.family, "native": self.native, "original": dict(self.original),
-                "version": self.version, "schema": self.schema}
+                **({"asked": asked.to_text()} if asked is not None else {}), "version": self.version,
+                "schema": schema}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "this checkpoint", as_text: bool = False) -> "SavedBlock":
@@ -186,7 +202,7 @@ class SavedBlock:
             if not isinstance(data.get(key), kind):
                 raise ValueError(f"{where} has {key}={data.get(key)!r}; expected a {kind.__name__}. The file was "
                                  "edited or corrupted: save the checkpoint again from its base model.")
-        unknown = sorted(set(data) - set(CONFIG_FIELDS) - set(checks) - {"schema", "transformers4"})
+        unknown = sorted(set(data) - set(CONFIG_FIELDS) - set(checks) - {"schema", "transformers4", "asked"})
         if unknown:
             raise ValueError(f"{where} has unknown field(s) {unknown}.")
         if data["family"] not in FAMILIES:
@@ -195,6 +211,10 @@ class SavedBlock:
                              "checkpoint again.")
         try:
             config = PosEncConfig.from_dict({k: data[k] for k in CONFIG_FIELDS if k in data}, as_text)
+            if "asked" in data:
+                if not isinstance(data["asked"], str):
+                    raise ValueError(f"asked={data['asked']!r}: expected the text form of a configuration")
+                config.asked = PosEncConfig.parse(data["asked"])
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
         return cls(config, data["family"], data["native"], dict(data["original"]), data["version"], schema)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hf_posenc
-from hf_posenc.config import SCHEMA, SavedBlock
+from hf_posenc.config import PLAIN_SCHEMA, SavedBlock
 
 RELEASE = os.path.join(os.path.dirname(__file__), "data", "release-0.1.0")
 
@@ -27,14 +27,14 @@ def test_checkpoints_of_release_0_1_0_load_to_the_same_outputs(name):
 def test_the_block_round_trips_with_its_schema():
     model = hf_posenc.patch(__import__("helpers").tiny_model("llama"), "yarn", factor=2.0)
     block = model.config.hf_posenc
-    assert block["schema"] == SCHEMA and block["family"] == "rope_decoder" and block["native"] is True
+    assert block["schema"] == PLAIN_SCHEMA and block["family"] == "rope_decoder" and block["native"] is True
     again = SavedBlock.from_dict(block)
     assert again.to_dict() == block and again.config == hf_posenc.get_config(model)
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"schema": 99}, "has schema 99 \\(written by hf_posenc '0.1.0'\\); this hf_posenc \\(.*\\) reads schemas up to 2"),
-    ({"schema": "2"}, "has schema='2'; expected an integer from 1 to 2"),
+    ({"schema": 99}, "has schema 99 \\(written by hf_posenc '0.1.0'\\); this hf_posenc \\(.*\\) reads schemas up to 3"),
+    ({"schema": "2"}, "has schema='2'; expected an integer from 1 to 3"),
     ({"version": 3}, "has version=3; expected a str"),
     ({"original": [1, 2]}, "has original=\\[1, 2\\]; expected a dict"),
     ({"family": "t5_relative"}, "names the family 't5_relative', which does not fit this model \\(LlamaForCausalLM\\)"),

@@ -7,6 +7,7 @@ and ``unpatch`` returns to it, a second ``unpatch`` to the model without it."""
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 
 import pytest
@@ -134,3 +135,67 @@ def test_a_length_dependent_saved_scaling_is_not_replaced_silently(tmp_path):
     with pytest.raises(ValueError, match=r"rope_type='dynamic'.*original_max_position_embeddings="):
         hf_posenc.patch(model, "yarn", factor=2.0)
     assert hf_posenc.get_config(model).method == "dynamic_ntk"
+
+
+def test_the_context_of_the_checkpoint_as_loaded_is_the_one_it_advertises(tmp_path):
+    from hf_posenc.checkpoints.context import original_context
+
+    folder = saved(tmp_path)
+    model = loaded(folder)
+    assert original_context(model) == original_context(plain(folder)) == CONTEXT  # what eval measures past
+    hf_posenc.patch(model, "yarn", factor=1.5)
+    assert original_context(model) == CONTEXT
+    hf_posenc.patch(model, "yarn", factor=3.0, original_max_position_embeddings=ORIGINAL)
+    assert original_context(model) == ORIGINAL  # a replacement: from the context it names
+
+
+def test_eval_ppl_on_a_saved_scaled_checkpoint_measures_past_its_context_and_composes_on_it(tmp_path, bert_tokenizer):
+    """What scripts/bench_extend_again.py runs on SmolLM2's fine-tuned YaRN x2, on a tiny one."""
+    from hf_posenc.cli import main
+
+    model = hf_posenc.patch(tiny_model("llama", vocab_size=bert_tokenizer.vocab_size), "yarn", factor=2.0)
+    model.save_pretrained(tmp_path / "ckpt")
+    bert_tokenizer.save_pretrained(tmp_path / "ckpt")
+    out, length = tmp_path / "ppl", CONTEXT + 32
+    assert main(["eval", "ppl", "--model", str(tmp_path / "ckpt"), "--variant", "composed=yarn:factor=1.5",
+                 "--variant", f"replacing=yarn:factor=3,original_max_position_embeddings={ORIGINAL}",
+                 "--variant", "checkpoint=none", "--lengths", str(length), "--corpus", "python-docs", "--limit", "1",
+                 "--max-windows", "1", "--no-progress", "--no-plots", "--output", str(out)]) == 0
+    report = json.loads((out / "perplexity.json").read_text())
+    setup, results = report["setup"], report["results"]
+    assert setup["original_context"] == CONTEXT and setup["truncated_baseline"]["context"] == CONTEXT
+    composed = setup["applied"]["composed"]
+    assert composed["context"] == int(1.5 * CONTEXT) and composed["config"]["method"] == "longrope"
+    assert setup["applied"]["replacing"]["context"] == 3 * ORIGINAL
+    assert setup["applied"]["checkpoint"]["context"] == CONTEXT
+    for label in ("composed", "replacing", "checkpoint"):
+        assert results[label][str(length)]["past_original"]["from"] == CONTEXT
+    first = json.loads((out / "cells.jsonl").read_text().splitlines()[0])
+    assert first["fingerprint"]["checkpoint_scaling"]["method"] == "yarn"
+
+
+def test_get_config_and_the_saved_block_say_what_was_asked_on_top_of_the_checkpoint(tmp_path):
+    folder = saved(tmp_path)
+    model = hf_posenc.patch(loaded(folder), "yarn", factor=1.5)
+    cfg = hf_posenc.get_config(model)
+    assert cfg.method == "longrope" and cfg.asked == hf_posenc.PosEncConfig("yarn", 1.5)
+    assert repr(cfg).endswith("asked='yarn:factor=1.5')")
+    block = model.config.hf_posenc
+    assert block["asked"] == "yarn:factor=1.5" and block["schema"] == 3
+    assert block["original"]["rope_parameters"]["rope_type"] == "yarn"  # what was there
+    model.save_pretrained(tmp_path / "again")
+    again = loaded(str(tmp_path / "again"))
+    assert hf_posenc.get_config(again) == cfg and hf_posenc.get_config(again).asked.to_text() == "yarn:factor=1.5"
+    plain_block = hf_posenc.patch(tiny_model("llama"), "yarn", factor=2.0).config.hf_posenc
+    assert "asked" not in plain_block and plain_block["schema"] == 2  # what earlier releases read
+
+
+def test_a_bad_asked_in_a_saved_block_is_refused_naming_the_checkpoint(tmp_path):
+    model = hf_posenc.patch(loaded(saved(tmp_path)), "yarn", factor=1.5)
+    model.save_pretrained(tmp_path / "again")
+    path = tmp_path / "again" / "config.json"
+    data = json.loads(path.read_text())
+    data["hf_posenc"]["asked"] = "yran:factor=2"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"again: the 'hf_posenc' block of its config.json: .*'yran'"):
+        hf_posenc.from_pretrained(str(tmp_path / "again"))

@@ -93,7 +93,9 @@ def composed_config(cfg: PosEncConfig, lay: Layout) -> PosEncConfig:
     own_type = scaled_type(lay)
     context = getattr(lay.config, "max_position_embeddings", None)
     _check_composable(cfg, lay, own_type, context)
-    return compose(cfg, own_rope(lay), int(context))
+    composed = compose(cfg, own_rope(lay), int(context))
+    composed.asked = cfg
+    return composed
 
 
 def kept_softmax_scale(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> dict[str, float]:
