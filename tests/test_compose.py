@@ -227,7 +227,8 @@ def test_the_model_card_says_the_checkpoint_was_scaled_and_whether_it_was_extend
     model = llama31()
     hf_posenc.patch(model, "yarn", factor=2.0)
     assert ("Its RoPE was already scaled (llama3, pretrained for 64 tokens) to a context of 512 tokens; the patch "
-            "(yarn:factor=2) extends it from there, and its configuration now allows 1024.") in str(build_model_card(model))
+            "(yarn:factor=2) extends it from there, and its configuration now allows 1024.") \
+        in str(build_model_card(model))
     hf_posenc.unpatch(model)
     hf_posenc.patch(model, "yarn", factor=16.0, original_max_position_embeddings=PRETRAINED)
     assert ("Its RoPE was already scaled (llama3); the patch replaced that scaling, scaling from its pretraining "
@@ -344,8 +345,8 @@ def test_on_gemma3_the_card_and_eval_say_the_global_layers_were_scaled_and_exten
 
     model = gemma3()
     hf_posenc.patch(model, "yarn", factor=2.0)
-    assert ("Its RoPE was already scaled (linear) to a context of 512 tokens; the patch (yarn:factor=2) extends it from "
-            "there, and its configuration now allows 1024.") in str(build_model_card(model))
+    assert ("Its RoPE was already scaled (linear) to a context of 512 tokens; the patch (yarn:factor=2) extends it "
+            "from there, and its configuration now allows 1024.") in str(build_model_card(model))
     own = applied_now(model)["own_scaling"]
     assert own["rope_type"] == "linear" and own["context"] == CONTEXT and not own["replaced"]
 

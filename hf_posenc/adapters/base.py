@@ -44,7 +44,7 @@ class PatchRecord:
         self.adapter = adapter
         self._undo: list[tuple] = []
         self.reversible = True  # False for a model adopted from a checkpoint that holds the patched weights
-        self.checkpoint = False  # True: the scaling a checkpoint was saved with, re-applied at load; patches stack on it
+        self.checkpoint = False  # the scaling a checkpoint was saved with, re-applied at load: patches go on top
         self.below: PatchRecord | None = None  # the record this one was applied on top of (a checkpoint's), if any
         self.config_original: dict[str, Any] = {}  # model-config fields the patch changed, as they were
 
