@@ -91,8 +91,6 @@ def _apply(model: nn.Module, cfg: PosEncConfig) -> None:
         raise ValueError(f"layer_types={cfg.params['layer_types']!r}: it applies to decoders with per-layer-type RoPE "
                          f"(Gemma 3, OLMo 3, ...); model_type={model.config.model_type!r} has none. Omit it.")
     resolved = adapter.resolve(model, cfg)
-    if resolved.asked is None and cfg.asked is not None:  # a composition re-applied (a stored block): what was asked
-        resolved.asked = cfg.asked
     record = PatchRecord(model, resolved, adapter)
     record.below = _record(model)  # a checkpoint's own scaling this patch goes on top of (see patch)
     try:
@@ -159,6 +157,8 @@ def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
     if previous is not None:
         unpatch(inner)
     under = _record(inner)  # the scaling the checkpoint was saved with (the patch goes on top of it), else None
+    if under is not None and cfg == under.config:
+        return model  # the checkpoint's own scaling: the model as loaded
     try:
         _apply(inner, cfg)
         if inner is not model:

@@ -218,7 +218,10 @@ def test_limits_a_patched_checkpoints_trained_context_and_someone_elses_folder(t
     hf_posenc.patch(model, "yarn", factor=2.0)
     model.save_pretrained(tmp_path / "patched")
     out = explain("yarn:factor=2", str(tmp_path / "e"), model=str(tmp_path / "patched"))
-    assert out["geometry"]["original"] == ORIGINAL and out["length"] == 2 * ORIGINAL  # not the advertised 2L
+    # the saved yarn x2 is what that checkpoint is: yarn x2 on top extends it from its 2L, as the patch does
+    on_top = hf_posenc.patch(hf_posenc.from_pretrained(str(tmp_path / "patched")), "yarn", factor=2.0)
+    assert out["geometry"]["original"] == 2 * ORIGINAL and out["length"] == 4 * ORIGINAL
+    assert out["data"]["composed"] == hf_posenc.get_config(on_top).to_dict()
     explain("dca", str(tmp_path / "e"), head_dim=64, rope_theta=10000.0, original=512)  # replaces the earlier one
     assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["explain.json", "explain.md", "positions.png"]
     short = explain("yarn:factor=2", str(tmp_path / "f"), head_dim=64, rope_theta=10000.0, original=512, length=100)

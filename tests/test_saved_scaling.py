@@ -130,11 +130,49 @@ def test_trying_variants_leaves_the_checkpoint_and_its_patch_as_they_were(tmp_pa
     assert hf_posenc.get_config(model).method == "yarn" and checkpoint_config(model) is not None
 
 
-def test_a_length_dependent_saved_scaling_is_not_replaced_silently(tmp_path):
-    model = loaded(saved(tmp_path, "dynamic_ntk"))
-    with pytest.raises(ValueError, match=r"rope_type='dynamic'.*original_max_position_embeddings="):
-        hf_posenc.patch(model, "yarn", factor=2.0)
-    assert hf_posenc.get_config(model).method == "dynamic_ntk"
+@pytest.mark.parametrize("method", ["dynamic_ntk", "longrope"])
+def test_a_length_dependent_saved_scaling_is_replaced_by_a_later_patch_from_the_model_without_it(tmp_path, method,
+                                                                                                  caplog):
+    """Its per-length hooks would act under a patch on top, so it is not kept (rope_compose.kept_scaling): a patch
+    starts from the saved weights without it, exactly, and from_pretrained says so."""
+    folder = saved(tmp_path, method)
+    assert checkpoint_config(loaded(folder)) is None
+    reference = hf_posenc.patch(hf_posenc.unpatch(loaded(folder)), "yarn", factor=3.0)
+    x = ids(LONG)
+    for model in (hf_posenc.patch(loaded(folder), "yarn", factor=3.0), loaded(folder, posenc="yarn:factor=3")):
+        assert torch.equal(logits(model, x), logits(reference, x))
+    with caplog.at_level("INFO", logger="hf_posenc.checkpoints.loading"):
+        loaded(folder, posenc="yarn:factor=3")
+    assert f"replacing the stored patch {method}" in caplog.text
+
+
+def test_a_record_pickled_without_the_new_fields_still_patches_and_unpatches():
+    model = hf_posenc.patch(tiny_model("llama"), "yarn", factor=2.0)
+    record = model.__dict__["_hf_posenc_record"]
+    for name in ("checkpoint", "below"):  # as a release before them pickled it
+        record.__dict__.pop(name)
+    hf_posenc.patch(model, "pi", factor=2.0)
+    hf_posenc.unpatch(model)
+    assert not hf_posenc.is_patched(model)
+
+
+def test_asked_is_not_carried_to_a_model_where_nothing_is_composed(tmp_path):
+    cfg = hf_posenc.get_config(hf_posenc.patch(loaded(saved(tmp_path)), "yarn", factor=1.5))
+    other = hf_posenc.patch(tiny_model("llama", max_position_embeddings=CONTEXT), cfg)  # a plain longrope here
+    assert hf_posenc.get_config(other).asked is None
+    assert "asked" not in other.config.hf_posenc and other.config.hf_posenc["schema"] == 2
+
+
+def test_asking_for_the_checkpoints_own_scaling_or_none_keeps_the_checkpoint_and_its_context(tmp_path):
+    from hf_posenc.checkpoints.context import original_context
+
+    model = loaded(saved(tmp_path))
+    x = ids(LONG)
+    as_loaded, own = logits(model, x), hf_posenc.get_config(model)
+    for cfg in (own, "none"):
+        hf_posenc.patch(model, cfg)
+        assert original_context(model) == CONTEXT and torch.equal(logits(model, x), as_loaded)
+    assert checkpoint_config(model) == own
 
 
 def test_the_context_of_the_checkpoint_as_loaded_is_the_one_it_advertises(tmp_path):

@@ -38,6 +38,9 @@ class PatchRecord:
     ``("configs", [(module, config), ...])`` -- never a closure, so that ``copy.deepcopy`` and pickle of the
     model carry a log that points at the copy's own objects: unpatching a copy restores the copy."""
 
+    checkpoint = False  # (class defaults: records pickled by a release without these fields)
+    below: PatchRecord | None = None
+
     def __init__(self, model: nn.Module, config: PosEncConfig, adapter: "Adapter"):
         self.model = model
         self.config = config

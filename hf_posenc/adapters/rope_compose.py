@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import PosEncConfig
+from ..config import PosEncConfig, SavedBlock
 from ..encodings import rope as R
 from ..methods.rope import SCALINGS
 from .layout import Layout, per_layer_type, rope_geometry
@@ -40,6 +40,22 @@ logger = logging.getLogger(__name__)
 
 # rope types whose frequencies transformers recomputes with the length: their "own frequencies" are not one set
 LENGTH_DEPENDENT_TYPES = ("dynamic", "longrope")
+
+
+def kept_scaling(block: Any) -> PosEncConfig | None:
+    """The RoPE scaling a checkpoint was saved with by hf_posenc (``block``: its config.json's hf_posenc block) when
+    that scaling is what the checkpoint is -- a static one (pi, ntk, yarn, llama3) that plain transformers computes
+    from the saved config (``native``) -- so that later patches start from it, as on that folder loaded by plain
+    transformers; else None: a length-dependent one (its per-length hooks would act under a patch on top) or one
+    transformers does not compute is replaced by a later patch, which starts from the model without it."""
+    if not isinstance(block, dict) or block.get("native") is not True:
+        return None
+    try:
+        cfg = SavedBlock.from_dict(block).config
+    except ValueError:
+        return None
+    scaling = SCALINGS.get(cfg.method)
+    return cfg if cfg.spec.kind == "rope" and scaling is not None and scaling.dynamic is None else None
 
 
 def scaled_type(lay: Layout) -> str | None:

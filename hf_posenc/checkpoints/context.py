@@ -21,7 +21,8 @@ def original_context(model) -> int | None:
     """The context length the model was trained for (before any hf_posenc patch; a checkpoint saved with a RoPE
     scaling, as loaded: the context it advertises, as plain transformers reads it); None when the family has no
     fixed one (T5's relative buckets)."""
-    cfg = get_config(model)
-    if cfg is not None and cfg.original_max_position_embeddings and checkpoint_config(model) is not cfg:
+    cfg, own = get_config(model), checkpoint_config(model)
+    as_loaded = own is not None and (cfg is own or cfg.method == "none")  # a saved scaling: the checkpoint's context
+    if cfg is not None and cfg.original_max_position_embeddings and not as_loaded:
         return cfg.original_max_position_embeddings
     return getattr(text_config(model.config)[0], "max_position_embeddings", None)

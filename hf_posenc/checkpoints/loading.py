@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from ..adapters import ADAPTERS
+from ..adapters.rope_compose import kept_scaling
 from ..config import CONFIG_KEY, PosEncConfig, SavedBlock, as_config
-from ..patching import adopt, keep_as_checkpoint, patch
+from ..patching import adopt, get_config, keep_as_checkpoint, patch
 from ..serving.gguf_file import stored_patch
 from .models import drop_gguf_quantizer, read_config, resolve_source
 from .weights import HUB_FILE_KWARGS, read_tensors
@@ -53,9 +54,10 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
             (``lora.save_lora(merged=False)``) loads as a peft model (:func:`load_lora`; needs peft).
         posenc: a PosEncConfig, a dict (``{"method": "yarn", "factor": 4}``) or a method name; when None,
             the ``hf_posenc`` block stored in the checkpoint's ``config.json`` (by ``save_pretrained`` of a
-            patched model) is applied again. A given ``posenc`` replaces a stored one, except a stored RoPE
-            scaling, which is what the checkpoint is (a fine-tuned YaRN x2 model): ``posenc`` goes on top of it, as
-            on the same folder loaded by plain transformers (a RoPE scaling extends from its current context; give
+            patched model) is applied again. A given ``posenc`` replaces a stored one, except a stored static RoPE
+            scaling saved natively (pi, ntk, yarn, llama3: :func:`rope_compose.kept_scaling`), which is what the
+            checkpoint is (a fine-tuned YaRN x2 model): ``posenc`` goes on top of it, as on the same folder loaded
+            by plain transformers (a RoPE scaling extends from its current context; give
             ``original_max_position_embeddings`` to replace it), and ``unpatch`` returns to it.
         auto_class: the transformers class to load with (default: the class named in the config's
             ``architectures``, else ``AutoModelForCausalLM``).
@@ -82,8 +84,7 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
         hf_config = adapter.prepare_load_config(hf_config, block)
         delattr(hf_config, CONFIG_KEY)
         if requested is not None:
-            logger.info("%s the stored patch %s", "on top of" if stored.spec.kind == "rope" else "replacing",
-                        stored.method)
+            logger.info("%s the stored patch %s", "on top of" if kept_scaling(block) else "replacing", stored.method)
     written = None  # a GGUF written by ``patch --gguf``: the original values back in the config, its patch applied
     if block is None and kwargs.get("gguf_file"):
         written = stored_patch(os.path.join(source.path, kwargs["gguf_file"]), hf_config)
@@ -101,7 +102,7 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
                          f"does not fit this model ({type(model).__name__}); the file was edited or corrupted.")
     if adopted:
         return adopt(model, stored, block, reapply=adapter.reapplies(block))
-    own = stored if stored is not None and stored.spec.kind == "rope" else None  # a scaling: what the checkpoint is
+    own = kept_scaling(block)  # a static scaling saved natively: what the checkpoint is
     if own is not None:
         keep_as_checkpoint(patch(model, own))  # a requested patch goes on top of it
     spec = requested or (stored if own is None else None) or written or shipped_dca(hf_config, path_or_id)
@@ -114,6 +115,8 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
             with torch.no_grad():
                 for name, tensor in saved.items():
                     state[name].copy_(tensor.to(state[name].dtype))
+    if stored is not None and requested is None:  # a stored composition: what was asked for it
+        get_config(model).asked = stored.asked
     return model
 
 

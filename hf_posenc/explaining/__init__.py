@@ -106,8 +106,9 @@ def _checkpoint_rope(cfg: PosEncConfig, geom: Geometry) -> tuple[Any, int, PosEn
         return None
     hf_config = read_config(resolve_source(geom.model))
     lm = text_config(hf_config)[0]
-    if getattr(hf_config, CONFIG_KEY, None):
-        return None  # a patched checkpoint: drawn from its stored original geometry
+    block = getattr(hf_config, CONFIG_KEY, None)
+    if block and C.kept_scaling(block) is None:
+        return None  # a patched checkpoint: drawn from its stored original geometry (a kept scaling: its saved one)
     rp = layer_rope(lm, cfg.params.get("layer_types"))
     own_type = rp.get("rope_type", "default")
     context = getattr(lm, "max_position_embeddings", None)
@@ -121,8 +122,11 @@ def _checkpoint_rope(cfg: PosEncConfig, geom: Geometry) -> tuple[Any, int, PosEn
 
 
 def _original_theta(hf_config) -> float | None:
-    """A patched checkpoint's original rope_theta (ntk saves a new one)."""
+    """A patched checkpoint's original rope_theta (ntk saves a new one; a scaling the checkpoint is keeps the saved
+    one: ``rope_compose.kept_scaling``)."""
     block = getattr(hf_config, CONFIG_KEY, None)
+    if C.kept_scaling(block) is not None:
+        return None
     original = (block or {}).get("original", {}) if isinstance(block, dict) else {}
     rp = original.get("rope_parameters") or {}
     return rp.get("rope_theta") or original.get("rope_theta")

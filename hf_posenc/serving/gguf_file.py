@@ -32,6 +32,7 @@ from collections import Counter
 from typing import Any
 
 from ..adapters.base import text_config
+from ..adapters.rope_compose import kept_scaling
 from ..checkpoints.models import read_config, resolve_source
 from ..config import CONFIG_KEY, PosEncConfig, as_config
 from ..encodings import rope as R
@@ -496,11 +497,12 @@ def original_before_load(model: str, cfg: PosEncConfig) -> int | None:
 
 def trained_context(hf_config, source) -> int | None:
     """The context a model (``hf_config``, loaded from ``source``) was trained for, from its config alone: a patched
-    checkpoint's stored original (its config advertises the extended one), a GGUF written by :func:`patch_gguf`'s
+    checkpoint's stored original (its config advertises the extended one; a scaling the checkpoint is, its
+    advertised context: :func:`rope_compose.kept_scaling`), a GGUF written by :func:`patch_gguf`'s
     record (``hf_config`` gets the original values back), else ``max_position_embeddings``; None if none is stated."""
     block = getattr(hf_config, CONFIG_KEY, None)
-    if isinstance(block, dict) and block.get("original_max_position_embeddings"):
-        return int(block["original_max_position_embeddings"])
+    if isinstance(block, dict) and block.get("original_max_position_embeddings") and kept_scaling(block) is None:
+        return int(block["original_max_position_embeddings"])  # (a kept scaling: the context the checkpoint has)
     if "gguf_file" in source.kwargs:
         stored = stored_patch(os.path.join(source.path, source.kwargs["gguf_file"]), hf_config)
         if stored is not None:
