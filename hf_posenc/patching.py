@@ -128,9 +128,10 @@ def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
     Only this instance changes. Patching a patched model starts again from the model as it was before its patch,
     so patches never compound; if the new patch is refused, the previous one stays in place. On a checkpoint whose
     RoPE is already scaled, a RoPE scaling extends from its current context (docs/rope-scalings.md). A checkpoint
-    saved with a RoPE scaling (a patched or fine-tuned model, loaded by :func:`hf_posenc.from_pretrained`, which
-    re-applies it) is such a checkpoint: its scaling is where every later patch starts, as on the same folder
-    loaded by plain transformers, and :func:`unpatch` returns to it.
+    saved with a static RoPE scaling (a patched or fine-tuned model, loaded by :func:`hf_posenc.from_pretrained`,
+    which re-applies it) is such a checkpoint: its scaling is where every later patch starts, as on the same folder
+    loaded by plain transformers, and :func:`unpatch` returns to it; ``"none"`` (the baseline) is the model without
+    any patch, that scaling included.
 
     Args:
         model: a transformers model, or a peft model (the model it wraps is patched).
@@ -156,6 +157,9 @@ def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
     previous = top.config if top is not None and not top.checkpoint else None
     if previous is not None:
         unpatch(inner)
+    if cfg.method == "none":  # the baseline: the model without any hf_posenc patch (a checkpoint's scaling too)
+        while _record(inner) is not None:
+            unpatch(inner)
     under = _record(inner)  # the scaling the checkpoint was saved with (the patch goes on top of it), else None
     if under is not None and cfg == under.config:
         return model  # the checkpoint's own scaling: the model as loaded
@@ -259,14 +263,19 @@ def trying(model: nn.Module, configs: list[PosEncConfig]):
     """``with trying(model, configs):`` -- each config is applied once on entry, so that one that does not fit
     ``model`` fails before any work; inside, patch freely; on exit ``model`` is as it was (its own patch, if it
     had one, applied again)."""
-    top, before = _record(model), get_config(model)
+    chain, rec = [], _record(model)  # the records on the model now, the checkpoint's own scaling first
+    while rec is not None:
+        chain.insert(0, rec)
+        rec = rec.below
     try:
         for cfg in configs:
             patch(model, cfg)
         yield model
     finally:
-        now = _record(model)
-        if now is not top and now is not None and not now.checkpoint:
-            unpatch(model)  # the patch tried last (on top of the checkpoint's own scaling, if it has one)
-        if _record(model) is not top and before is not None:
-            patch(model, before)
+        while _record(model) is not None and _record(model) not in chain:
+            unpatch(model)  # the patch tried last
+        kept = chain.index(_record(model)) + 1 if _record(model) is not None else 0
+        for rec in chain[kept:]:  # what a tried patch took off ("none": the checkpoint's scaling too), again
+            patch(model, rec.config)
+            if rec.checkpoint:
+                keep_as_checkpoint(model)

@@ -85,7 +85,8 @@ def test_pose_run_reports_eval_ppl_and_passkey_numbers_before_and_after_and_the_
 
     saved = hf_posenc.from_pretrained(str(out)).eval()  # the saved model: the method, and the numbers of "after"
     assert hf_posenc.get_config(saved).method == "yarn"
-    _same_ppl(section["after"], *_eval_ppl(saved, tok, tiny_checkpoint, config, 128))
+    # (its own configuration restated: the saved model; yarn x2 asked again would extend it to 4L)
+    _same_ppl(section["after"], *_eval_ppl(saved, tok, tiny_checkpoint, hf_posenc.get_config(saved), 128))
     assert section["after"]["past_original"]["ppl"] != section["before"]["past_original"]["ppl"]  # it trained
     assert section["after"]["truncated"]["ppl"] != section["before"]["truncated"]["ppl"]
 
@@ -110,7 +111,7 @@ def test_lora_run_at_full_length_with_an_explicit_eval_length(tiny_checkpoint, t
     model, tok = _fresh(tiny_checkpoint, config)  # LoRA starts as the identity: the numbers of the patched model
     _same_ppl(section["before"], *_eval_ppl(model, tok, tiny_checkpoint, config, 96))
     trained = load_lora(str(out)).eval().get_base_model()  # its adapters in place; the patch is the base model's
-    _same_ppl(section["after"], *_eval_ppl(trained, tok, tiny_checkpoint, config, 96))
+    _same_ppl(section["after"], *_eval_ppl(trained, tok, tiny_checkpoint, hf_posenc.get_config(trained), 96))
     assert section["after"]["ppl"] != section["before"]["ppl"]
     assert "needles" not in report["table"] and "| after training (yarn) |" in report["table"]
 

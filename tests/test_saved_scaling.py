@@ -124,7 +124,7 @@ def test_trying_variants_leaves_the_checkpoint_and_its_patch_as_they_were(tmp_pa
     before, cfg = logits(model, x), hf_posenc.get_config(model)
     with trying(model, [hf_posenc.PosEncConfig("none"), hf_posenc.PosEncConfig("pi", 2.0)]):
         hf_posenc.patch(model, "none")
-        assert model.config.max_position_embeddings == CONTEXT  # "none": the checkpoint as saved
+        assert model.config.max_position_embeddings == ORIGINAL  # "none": without any patch, the stored one too
     assert hf_posenc.get_config(model) == cfg and torch.equal(logits(model, x), before)
     hf_posenc.unpatch(model)
     assert hf_posenc.get_config(model).method == "yarn" and checkpoint_config(model) is not None
@@ -163,24 +163,23 @@ def test_asked_is_not_carried_to_a_model_where_nothing_is_composed(tmp_path):
     assert "asked" not in other.config.hf_posenc and other.config.hf_posenc["schema"] == 2
 
 
-def test_asking_for_the_checkpoints_own_scaling_or_none_keeps_the_checkpoint_and_its_context(tmp_path):
+def test_asking_for_the_checkpoints_own_scaling_keeps_it_and_none_is_the_model_without_it(tmp_path):
+    folder = saved(tmp_path)
+    model = hf_posenc.patch(loaded(folder), "yarn", factor=1.5)
+    x = ids(LONG)
+    own = checkpoint_config(model)
+    hf_posenc.patch(model, own)
+    assert torch.equal(logits(model, x), logits(loaded(folder), x)) and checkpoint_config(model) == own
+    hf_posenc.patch(model, "none")  # the baseline of every evaluation: no patch at all
+    assert checkpoint_config(model) is None and model.config.max_position_embeddings == ORIGINAL
+    assert torch.equal(logits(model, x), logits(hf_posenc.unpatch(hf_posenc.unpatch(loaded(folder))), x))
+
+
+def test_the_original_context_is_the_stored_scalings_pretraining_one_until_a_patch_extends_it(tmp_path):
     from hf_posenc.checkpoints.context import original_context
 
     model = loaded(saved(tmp_path))
-    x = ids(LONG)
-    as_loaded, own = logits(model, x), hf_posenc.get_config(model)
-    for cfg in (own, "none"):
-        hf_posenc.patch(model, cfg)
-        assert original_context(model) == CONTEXT and torch.equal(logits(model, x), as_loaded)
-    assert checkpoint_config(model) == own
-
-
-def test_the_context_of_the_checkpoint_as_loaded_is_the_one_it_advertises(tmp_path):
-    from hf_posenc.checkpoints.context import original_context
-
-    folder = saved(tmp_path)
-    model = loaded(folder)
-    assert original_context(model) == original_context(plain(folder)) == CONTEXT  # what eval measures past
+    assert original_context(model) == ORIGINAL  # what eval measures past, as for the model patched in memory
     hf_posenc.patch(model, "yarn", factor=1.5)
     assert original_context(model) == CONTEXT
     hf_posenc.patch(model, "yarn", factor=3.0, original_max_position_embeddings=ORIGINAL)
@@ -188,26 +187,28 @@ def test_the_context_of_the_checkpoint_as_loaded_is_the_one_it_advertises(tmp_pa
 
 
 def test_eval_ppl_on_a_saved_scaled_checkpoint_measures_past_its_context_and_composes_on_it(tmp_path, bert_tokenizer):
-    """What scripts/bench_extend_again.py runs on SmolLM2's fine-tuned YaRN x2, on a tiny one."""
+    """eval ppl on a folder saved with yarn x2: a scaling asked composes on it, its own restated is the checkpoint."""
     from hf_posenc.cli import main
 
     model = hf_posenc.patch(tiny_model("llama", vocab_size=bert_tokenizer.vocab_size), "yarn", factor=2.0)
     model.save_pretrained(tmp_path / "ckpt")
     bert_tokenizer.save_pretrained(tmp_path / "ckpt")
     out, length = tmp_path / "ppl", CONTEXT + 32
+    own = str(hf_posenc.get_config(model))  # the checkpoint's own scaling, restated: the checkpoint as saved
     assert main(["eval", "ppl", "--model", str(tmp_path / "ckpt"), "--variant", "composed=yarn:factor=1.5",
                  "--variant", f"replacing=yarn:factor=3,original_max_position_embeddings={ORIGINAL}",
-                 "--variant", "checkpoint=none", "--lengths", str(length), "--corpus", "python-docs", "--limit", "1",
+                 "--variant", f"checkpoint={own}", "--lengths", str(length), "--corpus", "python-docs", "--limit", "1",
                  "--max-windows", "1", "--no-progress", "--no-plots", "--output", str(out)]) == 0
     report = json.loads((out / "perplexity.json").read_text())
     setup, results = report["setup"], report["results"]
-    assert setup["original_context"] == CONTEXT and setup["truncated_baseline"]["context"] == CONTEXT
+    assert setup["original_context"] == ORIGINAL and setup["truncated_baseline"]["context"] == ORIGINAL
     composed = setup["applied"]["composed"]
     assert composed["context"] == int(1.5 * CONTEXT) and composed["config"]["method"] == "longrope"
     assert setup["applied"]["replacing"]["context"] == 3 * ORIGINAL
     assert setup["applied"]["checkpoint"]["context"] == CONTEXT
     for label in ("composed", "replacing", "checkpoint"):
-        assert results[label][str(length)]["past_original"]["from"] == CONTEXT
+        assert results[label][str(length)]["past_original"]["from"] == ORIGINAL
+    assert results["composed"][str(length)]["ppl"] != results["checkpoint"][str(length)]["ppl"]
     first = json.loads((out / "cells.jsonl").read_text().splitlines()[0])
     assert first["fingerprint"]["checkpoint_scaling"]["method"] == "yarn"
 

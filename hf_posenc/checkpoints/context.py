@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..adapters.base import text_config
 from ..adapters.learned_absolute import table_positions
-from ..patching import checkpoint_config, get_config
+from ..patching import get_config
 
 
 def context_length(model) -> int | None:
@@ -18,11 +18,10 @@ def context_length(model) -> int | None:
 
 
 def original_context(model) -> int | None:
-    """The context length the model was trained for (before any hf_posenc patch; a checkpoint saved with a RoPE
-    scaling, as loaded: the context it advertises, as plain transformers reads it); None when the family has no
-    fixed one (T5's relative buckets)."""
-    cfg, own = get_config(model), checkpoint_config(model)
-    as_loaded = own is not None and (cfg is own or cfg.method == "none")  # a saved scaling: the checkpoint's context
-    if cfg is not None and cfg.original_max_position_embeddings and not as_loaded:
+    """The context length the model was trained for (before any hf_posenc patch: a checkpoint saved with a RoPE
+    scaling, its pretraining context, which evaluations measure past); None when the family has no fixed one (T5's
+    relative buckets)."""
+    cfg = get_config(model)
+    if cfg is not None and cfg.original_max_position_embeddings:
         return cfg.original_max_position_embeddings
     return getattr(text_config(model.config)[0], "max_position_embeddings", None)

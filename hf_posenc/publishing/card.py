@@ -211,7 +211,7 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         model_name=name, repo_id=repo_id, base_model=base.repo_id, adapter=adapter, checkpoint=checkpoint,
         merge_line=merge_line(repo_id, checkpoint) if adapter else None,
         method=cfg.method, method_summary=resolve_method(cfg.method).summary, factor=cfg.factor,
-        asked=cfg.asked.to_text() if cfg.asked is not None else None,
+        asked=cfg.asked.to_text() if cfg.asked is not None else None, config_text=cfg.to_text(),
         params={k: v for k, v in cfg.params.items() if v is not None},
         original_context=original, new_context=getattr(lm_config, "max_position_embeddings", None),
         **_own_scaling(block, prefix, original),
