@@ -118,7 +118,7 @@ class Run:
         if self.engine.served:  # cells of the transformers engine keep the fingerprint they always had
             kept["engine"] = self.engine.describe()
         own = checkpoint_config(lm)
-        if own is not None:  # a checkpoint saved with a RoPE scaling: its variants (and "none") start from it
+        if own is not None:  # a checkpoint saved with a RoPE scaling: its variants (not "none") start from it
             kept["checkpoint_scaling"] = own.to_dict()
         return kept
 
