@@ -24,7 +24,7 @@ the same process. Its section is "Attention-level methods on a GPU".
 A sliding/full hybrid (``--geometry gemma3-270m``: Gemma 3 270M's shape, five sliding-window layers to one full) is
 timed beside its twin with every layer full attention, in one run: the methods change the full-attention layers
 only, so their ratio to native on the hybrid is compared with the all-full model's. Its section is "Attention-level
-methods on a sliding/full hybrid".
+methods on a sliding/full hybrid" (on a GPU: "... hybrid on a GPU").
 
     python scripts/bench_attention.py --geometry gemma3-270m --lengths 2048,4096,8192 --memory-length 0 --write
 """
@@ -67,6 +67,7 @@ GEOMETRIES = {  # random weights of a real model's shape: (model_type, config ke
 }
 METHODS = ("self_extend", "dca", "string", "rerope", "leaky_rerope")
 HYBRID_TITLE = "## Attention-level methods on a sliding/full hybrid: speed vs native"
+HYBRID_GPU_TITLE = "## Attention-level methods on a sliding/full hybrid on a GPU: speed vs native"
 
 
 def tokens(model, length: int):
@@ -286,7 +287,7 @@ def hybrid_section(args, argv: list[str], variants: list[str]) -> int:
     family, keywords = GEOMETRIES[args.geometry]
     full = keywords["layer_types"].count("full_attention")
     lines = [
-        HYBRID_TITLE, "",
+        HYBRID_GPU_TITLE if args.device.startswith("cuda") else HYBRID_TITLE, "",
         f"Command: `python scripts/bench_attention.py {shlex.join(argv)}`  ",
         f"Random weights of {args.geometry}'s shape ({family}: {len(keywords['layer_types'])} layers, {full} of them "
         f"full attention, the others a {keywords['sliding_window']}-token sliding window), beside its twin with every "

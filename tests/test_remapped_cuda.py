@@ -8,6 +8,7 @@ written-out reference (fp32, CPU), cached decode against the full forward, left 
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -56,6 +57,22 @@ def test_the_flash_path_matches_the_written_out_decoder(method, flash_on_cpu):
     assert flash_on_cpu["causal"] > 0 and flash_on_cpu["rectangle"] > 0 and flash_on_cpu["band"] > 0
     full = logits(model, x[:1, :150])
     assert (cached_last_logits(model, x[:1, :150], 97) - full[:, 96:149]).abs().max().item() <= 1e-5
+
+
+def test_query_blocks_are_larger_on_the_fused_gpu_path_only():
+    """2,048 query rows a block where flash and memory-efficient attention compute (CUDA, fp16/bf16, no autograd):
+    launches, not work, bound small blocks there (BENCHMARKS.md); 256 for the eager kernel, whose fp32 scores grow
+    with the block; a block the state names is kept everywhere."""
+    state = patched("qwen2", "self_extend").model.layers[0].self_attn.__dict__[remapped_attention.STATE_ATTR]
+    assert state.block is None
+    assert state.rows(torch.zeros(1, 4, 8, 16)) == 256
+    assert state.rows(SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, requires_grad=False)) == 2048
+    assert state.rows(SimpleNamespace(is_cuda=True, dtype=torch.float32, requires_grad=False)) == 256
+    assert state.rows(SimpleNamespace(is_cuda=True, dtype=torch.float16, requires_grad=True)) == 256
+    with torch.no_grad():
+        assert state.rows(SimpleNamespace(is_cuda=True, dtype=torch.float16, requires_grad=True)) == 2048
+    state.block = 64
+    assert state.rows(SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, requires_grad=False)) == 64
 
 
 def test_flash_piece_folds_grouped_heads_and_keeps_the_square_causal(monkeypatch):

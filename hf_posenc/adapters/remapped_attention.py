@@ -7,11 +7,12 @@ query at ``query_at(i)`` rotates the given query further by ``query_at(i) - i`` 
 likewise the keys: the keys in the KV cache stay as transformers stored them. Each layer rotates with its own
 RoPE (:class:`remapped_keys.RotationTables`: its frequencies, scaled or not, and the dimensions it rotates).
 
-Queries run in blocks (``RemapState.block`` rows; DCA's never cross a chunk). For one block a piece allows,
-per query, an interval of keys whose ends move with the query (``i - d_max``, ``i - d_min``) or stay
-(``key_lo``, ``key_hi``). Its keys split into a *core* every query of the block reads (a plain rectangle:
-no mask) and at most two ragged edges as wide as the block: a causal square (the kernel's own causal flag)
-or a band with a small boolean mask. Memory stays ``heads x block x block`` beyond the kernel's own.
+Queries run in blocks (``RemapState.block`` rows, else 2,048 on the fused GPU path and 256 elsewhere; DCA's never
+cross a chunk). For one block a piece allows, per query, an interval of keys whose ends move with the query
+(``i - d_max``, ``i - d_min``) or stay (``key_lo``, ``key_hi``). Its keys split into a *core* every query of the block
+reads (a plain rectangle: no mask) and at most two ragged edges as wide as the block: a causal square (the kernel's
+own causal flag) or a band with a small boolean mask. Memory stays ``heads x block x block`` beyond the kernel's
+own.
 
 Kernels, chosen per call in :func:`kernel`: on CPU without autograd,
 ``aten._scaled_dot_product_flash_attention_for_cpu``, which returns the log-sum-exp, with grouped-query heads folded
@@ -39,13 +40,17 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from ..encodings.remap import Piece, Scheme
 from .attention import CacheOffset, fold_groups, register_attention, repeat_heads, unfold_groups
 from .cache_argument import passed_cache
-from .cuda_kernels import band_piece, flash_piece, flash_usable
+from .cuda_kernels import FLASH_DTYPES, band_piece, flash_piece, flash_usable
 from .remapped_keys import KeyViews, RotationTables
 
 NAME = "hf_posenc_remapped"
 STATE_ATTR = "_hf_posenc_remapped"
 TABLES_ATTR = "_hf_posenc_remapped_rope"  # on an attention module: its RotationTables, None for a layer left alone
 KEPT_ATTR = "_hf_posenc_rotated_keys"  # on a KV cache object: the rotated keys it goes with (KeyViews)
+# Query rows per block when the state names none. On the fused GPU path each block costs a dozen kernel launches and
+# their Python whatever its size, so blocks are larger there (its bands of heads x block x block in fp16/bf16 stay
+# small beside the model); the eager kernel (fp32, autograd) keeps 256, its fp32 scores being heads x block x keys.
+DEFAULT_BLOCK = {"eager": 256, "fused_gpu": 2048}
 
 
 class RemapState(CacheOffset):
@@ -56,7 +61,7 @@ class RemapState(CacheOffset):
         self.__dict__.update(state)
         register()
 
-    def __init__(self, scheme: Scheme, block: int = 256, layers: frozenset[int] | None = None,
+    def __init__(self, scheme: Scheme, block: int | None = None, layers: frozenset[int] | None = None,
                  delegate: str = "sdpa"):
         super().__init__()
         self.scheme, self.block, self.layers, self.delegate = scheme, block, layers, delegate
@@ -65,6 +70,14 @@ class RemapState(CacheOffset):
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_cache": None, "_starts": None}
+
+    def rows(self, query: torch.Tensor) -> int:
+        """Query rows per block: ``block`` where set, else :data:`DEFAULT_BLOCK`'s for the kernel ``query`` takes."""
+        if self.block:
+            return self.block
+        grad = torch.is_grad_enabled() and query.requires_grad
+        fused_gpu = query.is_cuda and query.dtype in FLASH_DTYPES and not grad
+        return DEFAULT_BLOCK["fused_gpu" if fused_gpu else "eager"]
 
     def body_hook(self, module, args, kwargs) -> None:
         super().body_hook(module, args, kwargs)
@@ -152,7 +165,7 @@ def remapped_attention(module, query, key, value, attention_mask, dropout: float
                       dropout if module.training else 0.0, kwargs.get("softcap"), kwargs.get("s_aux"))
     starts = state.row_starts(attention_mask, k_total)
     if starts is None:
-        kept = state.rotated_keys(module, key, tables) if q <= state.block else None
+        kept = state.rotated_keys(module, key, tables) if q <= state.rows(query) else None
         out = attend(state, tables, query, key, value, past, scoring, kept)
     else:
         out = query.new_zeros(b, h, q, value.shape[-1])
@@ -195,9 +208,10 @@ def attend(state: RemapState, tables: RotationTables, query, key, value, p0: int
     factor = scheme.query_scale(q_pos)
     if factor is not None:
         query = query * factor.to(query.dtype)[:, None]
-    keys = KeyViews(key, tables, whole=q_len > state.block, kept=kept, unchanged=min(p0, k_len))
+    rows = state.rows(query)
+    keys = KeyViews(key, tables, whole=q_len > rows, kept=kept, unchanged=min(p0, k_len))
     outs = []
-    for a, e in scheme.blocks(p0, p0 + q_len, state.block):
+    for a, e in scheme.blocks(p0, p0 + q_len, rows):
         qa, pos = query[:, :, a - p0 : e - p0], q_pos[a - p0 : e - p0]
         parts = []
         for piece in scheme.pieces(a, e):
