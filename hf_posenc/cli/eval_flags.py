@@ -42,6 +42,11 @@ def add_run_flags(p: argparse.ArgumentParser, task) -> None:
     g.add_argument("--factor", type=float, default=None,
                    help=f"context-extension factor for every method that takes one (default: "
                         f"{task.defaults.factor or DEFAULT_FACTOR:g}).")
+    g.add_argument("--original-context", type=positive, default=None, metavar="TOKENS",
+                   help="the context L the run measures past and truncates the baseline to (default: the model's "
+                        "own: its pretraining context, or for a RoPE scaling it was saved with, that scaling's "
+                        "original). Give it for a checkpoint trained at its scaled context, e.g. 16384 for SmolLM2 "
+                        "fine-tuned with YaRN x2, to measure what a further extension adds past that.")
     method_param_flag(g, "a method knob, e.g. beta_fast=16 (every method that takes it) or yarn.beta_fast=16; "
                       "values are read as JSON, e.g. 'layer_types=[\"full_attention\"]' (per-layer-type RoPE); "
                       "repeatable.", per_method=True)
@@ -81,7 +86,7 @@ def run_settings(args: argparse.Namespace, task, command: str) -> RunSettings:
         load=_load_flags(task).settings(args),
         methods=methods, factor=args.factor if args.factor is not None else task.defaults.factor or DEFAULT_FACTOR,
         method_params=parse_method_params(args.method_param),
-        variants=args.variant, seed=args.seed,
+        variants=args.variant, seed=args.seed, original_context=args.original_context,
         output=OUTPUT.settings(args, command),
         engine=engine)
 

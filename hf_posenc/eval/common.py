@@ -50,6 +50,13 @@ def model_identity(model: str, lm, src) -> dict[str, Any]:
     return identity
 
 
+def check_original_context(value) -> None:
+    """A given original context is a positive whole number of tokens."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"original_context (--original-context) is the context L a run measures past and truncates "
+                         f"to, a positive whole number of tokens (e.g. 16384), got {value!r}")
+
+
 class Run:
     """One evaluation run: its variants, its model (loaded once, per process), its processes and cells, as
     ``settings`` (:class:`settings.RunSettings`) say. Its engine: transformers, or vLLM (every variant computed by
@@ -59,6 +66,7 @@ class Run:
     def __init__(self, settings: RunSettings):
         s, load, out, engine = settings, settings.load, settings.output, settings.engine
         self.settings = settings
+        check_original_context(s.original_context)
         self.variants = build_variants(s.methods, s.factor, s.method_params or {}, s.variants)  # before the slow load
         if engine.allow_long:
             raise ValueError("allow_long is serve-check's (vLLM started past the context config.json advertises); an "
@@ -106,6 +114,11 @@ class Run:
         self.started = time.time()
         return self.loaded
 
+    def original(self, lm) -> int | None:
+        """The context L this run measures past and truncates to: ``original_context`` where given, else the
+        model's own (:func:`checkpoints.context.original_context`)."""
+        return self.settings.original_context or original_context(lm)
+
     @property
     def attention(self) -> str:
         return self.attn_implementation or self.loaded[0].config._attn_implementation
@@ -117,6 +130,8 @@ class Run:
                 "dtype": self.dtype, "attn_implementation": self.attention, "versions": versions}
         if self.engine.served:  # cells of the transformers engine keep the fingerprint they always had
             kept["engine"] = self.engine.describe()
+        if self.settings.original_context:  # cells truncated at, and counted past, another L than the model's
+            kept["original_context"] = self.settings.original_context
         own = checkpoint_config(lm)
         if own is not None:  # a checkpoint saved with a RoPE scaling: its variants (not "none") start from it
             kept["checkpoint_scaling"] = own.to_dict()
@@ -149,7 +164,7 @@ class Run:
         """The report (written by the main process only, when there is an output folder)."""
         lm, _, src = self.loaded
         setup = {
-            "model": self.model, "model_source": src.label or src.path, "original_context": original_context(lm),
+            "model": self.model, "model_source": src.label or src.path, "original_context": self.original(lm),
             "variants": {v.label: v.config.to_dict() for v in self.variants}, "applied": applied(lm, self.variants),
             "seed": self.seed,
             "dtype": self.dtype, "device": self.device, "processes": self.processes.world,
@@ -157,6 +172,9 @@ class Run:
             "environment": environment(),
             "seconds": round(time.time() - self.started, 1), **settings,
         }
+        if self.settings.original_context:
+            setup["original_context_given"] = True
+            setup["model_original_context"] = original_context(lm)
         if self.engine.served:
             setup["engine"] = {**self.engine.describe(), "fallbacks": self.engine.fallbacks,
                                "on_vllm": [v.label for v in self.variants if self.engine.on_vllm(v)

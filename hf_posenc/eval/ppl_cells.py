@@ -81,15 +81,19 @@ class Baseline:
     stride: int
 
 
-def truncated_variant(original: int | None, stride: int | None, lengths: list[int]) -> Baseline | None:
+def truncated_variant(original: int | None, stride: int | None, lengths: list[int],
+                      checkpoint: PosEncConfig | None = None) -> Baseline | None:
     """The truncated-context baseline of a run (None when no length exceeds the original context): the unpatched
-    model, labelled with its context and stride (a cell computed with another stride is another cell)."""
+    model, or ``checkpoint`` (the RoPE scaling a checkpoint was saved with, restated: the checkpoint as it is),
+    labelled with its context and stride (a cell computed with another stride is another cell)."""
     if original is None or max(lengths) <= original:
         return None
     stride = stride or max(1, original // 4)
     if not 1 <= stride < original:
         raise ValueError(f"--truncated-stride must be from 1 to the original context - 1 ({original - 1}: every "
                          f"scored token keeps at least one token before it), got {stride}")
+    if checkpoint is not None:
+        return Baseline(Variant(f"checkpoint-truncated-{original}-stride-{stride}", checkpoint), stride)
     return Baseline(Variant(f"none-truncated-{original}-stride-{stride}", PosEncConfig("none")), stride)
 
 

@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoints.context import original_context
 from ..io.documents import corpus_stream, documents_of, gather_documents, given_documents
 from ..io.reports import markdown_table, plot_heatmap, plot_lines
 from .cells import NUMBER
@@ -88,7 +87,7 @@ def passkey_run(settings: RunSettings, params: PasskeyParams) -> dict[str, Any]:
                                                    *k, trials, digits, scoring, batch_size),
                          fields={"hits": NUMBER, "trials": NUMBER, "samples": list})
         results = {label: aggregate_passkey(lengths, [(n, d, c) for (n, d, _), c in zip(cells, values)],
-                                            original_context(lm)) for label, values in done.items()}
+                                            job.original(lm)) for label, values in done.items()}
         settings.update(lengths=lengths, depths=depths, batch_size=batch_size)
         return job.report("passkey", settings, results, passkey_table, passkey_plots)
 

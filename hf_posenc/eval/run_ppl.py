@@ -8,9 +8,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoints.context import original_context
 from ..io import documents as D
 from ..io.reports import markdown_table, plot_lines
+from ..patching import checkpoint_config
 from .common import Run
 from .key_tokens import (
     ALPHA,
@@ -121,8 +121,10 @@ def ppl_run(settings: RunSettings, params: PplParams) -> dict[str, Any]:
         docs = D.documents_of(p.docs)  # read (and a bad file refused) before the slow load
         lm, tok, _ = job.load()
         require_causal_lm(lm)  # before the documents are read and tokenized
-        original = original_context(lm)
-        baseline = truncated_variant(original, p.truncated_stride, p.lengths) \
+        original = job.original(lm)
+        # a context given past a scaled checkpoint's pretraining one is the checkpoint's own: truncated as it is
+        own = checkpoint_config(lm) if settings.original_context else None
+        baseline = truncated_variant(original, p.truncated_stride, p.lengths, own) \
             if p.truncated_baseline or p.key_tokens else None
         if p.key_tokens and baseline is None:
             raise ValueError(f"--key-tokens needs a length past the original context ({original}), got {p.lengths}")
@@ -260,7 +262,15 @@ class _PplCells:
         if self.baseline is not None and p.truncated_baseline:
             out["truncated_baseline"] = {"label": self.baseline.variant.label, "context": self.original,
                                          "stride": self.baseline.stride}
+            if self.baseline.variant.config.method != "none":  # a checkpoint truncated as it is: its scaling
+                out["truncated_baseline"]["config"] = self.baseline.variant.config.to_dict()
         return out
+
+
+def _baseline_model(base: dict[str, Any]) -> str:
+    """What the truncated baseline is: the unpatched model, or a checkpoint with the RoPE scaling it was saved with."""
+    method = (base.get("config") or {}).get("method", "none")
+    return "the unpatched model" if method == "none" else f"the checkpoint as it is (its own {method} scaling)"
 
 
 def _past(r: dict[str, Any] | None) -> str:
@@ -318,8 +328,9 @@ def ppl_table(report: dict[str, Any]) -> str:
                  + (f", and (xG) the context gain: the truncated baseline's perplexity of the same tokens over the "
                     "method's (> 1: the context past L helped; < 1: it hurt; about 1: the method only avoids "
                     "breaking). "
-                    f"Baseline {base['label']}: the unpatched model scoring each token with at most {base['context']} "
-                    f"tokens before it (forwards of {base['context']} tokens moved by {base['stride']})."
+                    f"Baseline {base['label']}: {_baseline_model(base)} scoring each token with at most "
+                    f"{base['context']} tokens before it (forwards of {base['context']} tokens moved by "
+                    f"{base['stride']})."
                     if base else "."))
     if keyed:
         note += (f" Key tokens (LongPPL, Fang et al. 2024): tokens whose log-probability with the whole window exceeds "

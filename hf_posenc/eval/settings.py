@@ -44,7 +44,9 @@ class OutputSettings:
 class RunSettings:
     """One evaluation run: ``load``, the ``methods`` compared (names, PosEncConfigs or Variants; with ``factor`` and
     ``method_params`` ``{method or "*": {knob: value}}``) and labelled ``variants`` (``LABEL=METHOD:K=V`` strings),
-    ``seed``, ``output``, ``engine``; ``loaded``: a (model, tokenizer, source) already in memory."""
+    ``seed``, ``original_context`` (the context L a run measures past and truncates to; None: the model's own, see
+    :func:`checkpoints.context.original_context`), ``output``, ``engine``; ``loaded``: a (model, tokenizer, source)
+    already in memory."""
 
     load: LoadSettings
     methods: list[Any] | None = None
@@ -52,6 +54,7 @@ class RunSettings:
     method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     variants: list[Any] | None = None
     seed: int = 0
+    original_context: int | None = None  # the L a run measures past and truncates to (None: the model's own)
     output: OutputSettings = field(default_factory=OutputSettings)
     engine: EngineSettings = field(default_factory=EngineSettings)
     loaded: tuple | None = None
