@@ -69,8 +69,9 @@ def test_eval_ppl_measures_past_the_given_context_beside_the_checkpoint_truncate
 
 
 def test_on_a_model_without_a_saved_scaling_the_baseline_stays_the_unpatched_model(tiny_checkpoint, tmp_path):
-    report = run_perplexity(model=tiny_checkpoint, methods=["none", "yarn"], factor=2.0, lengths=[40], original_context=32,
-                            docs=[Document("lines", TEXT)], max_windows=1, progress=False, plots=False)
+    report = run_perplexity(model=tiny_checkpoint, methods=["none", "yarn"], factor=2.0, lengths=[40],
+                            original_context=32, docs=[Document("lines", TEXT)], max_windows=1, progress=False,
+                            plots=False)
     setup = report["setup"]
     assert setup["original_context"] == 32 and setup["model_original_context"] == ORIGINAL
     assert setup["truncated_baseline"]["label"] == "none-truncated-32-stride-8"
