@@ -113,3 +113,14 @@ def tuned_run_flags(p, output: str, depths: str, trials: int) -> None:
     p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", output), help="folder of the runs.")
     p.add_argument("--write", action="store_true", help="replace this script's section of BENCHMARKS.md.")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars.")
+
+
+def run_then_write(args, argv: list[str], run_all, section) -> int:
+    """A resumable benchmark's last steps: ``run_all(args)`` unless ``--no-run``, then its section printed (and
+    written into BENCHMARKS.md with ``--write``), its command recorded without ``--no-run``."""
+    from hf_posenc.io.reports import emit_section
+
+    if not args.no_run:
+        run_all(args)
+    emit_section(section(args, [a for a in argv if a != "--no-run"]), args.write, os.path.join(ROOT, "BENCHMARKS.md"))
+    return 0

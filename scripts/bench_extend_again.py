@@ -30,7 +30,7 @@ import os
 import shlex
 import sys
 
-from _bench import BOOK, ROOT, load_json, rel, require_book, run_cli
+from _bench import BOOK, ROOT, load_json, rel, require_book, run_cli, run_then_write
 from bench_finetune_long import _needles, _ppl, _table
 from bench_finetune_long import build_parser as training_parser
 from bench_finetune_long import commands as training_commands
@@ -152,17 +152,12 @@ def section(args, argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_posenc.io.reports import emit_section
-
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     require_book(args.text_file)
     if args.length <= CONTEXT:
         raise SystemExit(f"--length must be past the checkpoint's 16,384 tokens, got {args.length}")
-    if not args.no_run:
-        run_all(args)
-    emit_section(section(args, [a for a in argv if a != "--no-run"]), args.write, os.path.join(ROOT, "BENCHMARKS.md"))
-    return 0
+    return run_then_write(args, argv, run_all, section)
 
 
 if __name__ == "__main__":

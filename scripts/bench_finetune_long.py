@@ -29,7 +29,7 @@ import re
 import shlex
 import sys
 
-from _bench import BOOK, ROOT, comma_list, load_json, rel, require_book, run_cli
+from _bench import BOOK, ROOT, comma_list, load_json, rel, require_book, run_cli, run_then_write
 
 TITLE = "## Fine-tuning past L: PoSE + LoRA / full on SmolLM2, before and after at 16,384 tokens"
 BOOKS = os.path.dirname(BOOK)
@@ -382,8 +382,6 @@ def section(args, argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hf_posenc.io.reports import emit_section
-
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     require_book(args.text_file)
@@ -392,10 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--runs {unknown}: not among {', '.join(RUNS)}")
     for b in args.train:
         require_book(os.path.join(BOOKS, b))
-    if not args.no_run:
-        run_all(args)
-    emit_section(section(args, [a for a in argv if a != "--no-run"]), args.write, os.path.join(ROOT, "BENCHMARKS.md"))
-    return 0
+    return run_then_write(args, argv, run_all, section)
 
 
 if __name__ == "__main__":
