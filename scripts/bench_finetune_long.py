@@ -173,13 +173,16 @@ def ceiling(args) -> dict:
 
 
 def train(args, run: str, argv: list[str]) -> None:
-    """``hf-posenc finetune`` unless the checkpoint is there; its report copied to ``<output>/<run>/``."""
+    """``hf-posenc finetune`` unless the checkpoint is there; its report copied to ``<output>/<run>/`` unless one is
+    there already (a checkpoint trained again, as on a new machine, leaves the recorded training as it was)."""
     import shutil
 
     report = os.path.join(_checkpoint(args, run), "hf_posenc_eval", "finetune.json")
     if load_json(report) is None:  # (resumed from its last checkpoint when an earlier call was stopped)
         run_cli(argv, args.no_progress)
     dest = os.path.join(args.output, _folder(args, run), "training")
+    if load_json(os.path.join(dest, "finetune.json")) is not None:
+        return
     os.makedirs(dest, exist_ok=True)
     for name in ("finetune.json", "finetune.md", "finetune_loss.png"):
         if os.path.isfile(os.path.join(os.path.dirname(report), name)):
