@@ -15,10 +15,12 @@ then extended once more to 24,576 tokens, on the held-out book (Frankenstein):
 Both evaluations run with ``--original-context 16384``: past the context the checkpoint was trained at, not the
 pretraining 8,192 that its stored scaling records (``eval``'s default).
 
-Perplexity of the tokens past 16,384 (one window of 24,576) and needles in the book's prose (``--trials`` keys per
-depth; depths below 1 - 16,384 / 24,576 = 0.33 are out of the truncated model's reach, measured first). Every number
-comes from an ordinary ``hf-posenc`` command printed in the section, whose cells resume. CPU cost (2 cores): the
-training ~45 min, a 24,576-token forward ~5 min (each needle is one); on a GPU, minutes in all (``--device cuda``).
+Perplexity of a 16,384-token window (inside the checkpoint's context: the composed scaling keeps the checkpoint's
+frequencies there, the replacing one does not), of the tokens past 16,384 (one window of 24,576), and needles in the
+book's prose (``--trials`` keys per depth; depths below 1 - 16,384 / 24,576 = 0.33 are out of the truncated model's
+reach, measured first). Every number comes from an ordinary ``hf-posenc`` command printed in the section, whose
+cells resume. CPU cost (2 cores): the training ~45-75 min, a 24,576-token forward ~5.5 min (each needle is one); on
+a GPU, minutes in all (``--device cuda``).
 
     python scripts/bench_extend_again.py --write
 """
@@ -41,6 +43,9 @@ RUN = "yarn-full"
 CONTEXT = 16384  # what the checkpoint was trained at (SmolLM2's 8,192 x 2): the evaluations measure past it
 VARIANTS = {  # label -> (configuration on the checkpoint, what it is)
     "composed": ("yarn:factor=1.5", "YaRN x1.5 composed over the checkpoint's YaRN x2"),
+    "composed-own-temperature": ("yarn:factor=1.5,attention_factor=1",
+                                 "YaRN x1.5 composed, the checkpoint's attention temperature kept (YaRN x1.5's own "
+                                 "not added: inputs up to 16,384 are then exactly the checkpoint)"),
     "replacing": ("yarn:factor=3,original_max_position_embeddings=8192",
                   "YaRN x3 from 8,192, replacing the checkpoint's YaRN x2"),
     "checkpoint": ("yarn:factor=2,original_max_position_embeddings=8192",
@@ -81,13 +86,14 @@ def commands(args) -> dict[str, list[str]]:
     trained = training_commands(t, RUN)
     checkpoint = trained["train"][trained["train"].index("--output") + 1]
     variants = [a for label, (cfg, _) in VARIANTS.items() for a in ("--variant", f"{label}={cfg}")]
-    common = ["--lengths", str(args.length), "--original-context", str(CONTEXT), "--device", args.device,
-              "--model", checkpoint, *variants]
+    common = ["--original-context", str(CONTEXT), "--device", args.device, "--model", checkpoint, *variants]
     out = lambda part: ["--output", rel(os.path.join(args.output, part))]  # noqa: E731
     return {"train": trained["train"],
-            "ppl": ["eval", "ppl", *common, "--text-file", rel(args.text_file), "--max-windows", "1", *out("ppl")],
-            "needles": ["eval", "passkey", *common, "--trials", str(args.trials), "--haystack", "text",
-                        "--text-file", rel(args.text_file), "--depths", args.depths, *out("needles")]}
+            "ppl": ["eval", "ppl", "--lengths", f"{CONTEXT},{args.length}", *common,
+                    "--text-file", rel(args.text_file), "--max-windows", "1", *out("ppl")],
+            "needles": ["eval", "passkey", "--lengths", str(args.length), *common, "--trials", str(args.trials),
+                        "--haystack", "text", "--text-file", rel(args.text_file), "--depths", args.depths,
+                        *out("needles")]}
 
 
 def reach(args, context: int = CONTEXT) -> tuple[str, str]:
@@ -118,14 +124,15 @@ def rows(args) -> tuple[list[list[str]], dict | None]:
     base = _ppl(ppl, ppl["setup"]["truncated_baseline"]["label"], args.length) if ppl else None
     table = []
     for label, (cfg, what) in VARIANTS.items():
-        r = _ppl(ppl, label, args.length)
+        r, inside = _ppl(ppl, label, args.length), _ppl(ppl, label, CONTEXT)
         past = r["past_original"]["ppl"] if r and r.get("past_original") else None
         gain = f"{r['context_gain']:.3f}" if r and "context_gain" in r else "–"
-        table.append([f"`{label}`: {what} (`{cfg}`)", f"{past:.2f}" if past else "–", gain,
+        table.append([f"`{label}`: {what} (`{cfg}`)", f"{inside['ppl']:.2f}" if inside else "–",
+                      f"{past:.2f}" if past else "–", gain,
                       *_needles(needles, label, args.length, depths)])
     if base and base.get("past_original"):
         edge = 1 - CONTEXT / args.length
-        table.append(["the checkpoint as it is, truncated to its 16,384 tokens",
+        table.append(["the checkpoint as it is, truncated to its 16,384 tokens", "–",
                       f"{base['past_original']['ppl']:.2f}", "1",
                       *["✓" if d >= edge else "✗" for d in depths], ""])
     return table, ppl
@@ -142,7 +149,8 @@ def section(args, argv: list[str]) -> str:
              f"`{cmds['train'][cmds['train'].index('--output') + 1]}` (bench_finetune_long.py's {RUN} run, "
              f"{args.steps} steps). Measured on {os.path.basename(args.text_file)} (never trained on), its first "
              f"{args.length} tokens.", "",
-             *_table(["variant", "ppl past 16,384", "context gain vs the checkpoint truncated",
+             *_table(["variant", "ppl at 16,384 (its context)", "ppl past 16,384 (at 24,576)",
+                      "context gain vs the checkpoint truncated",
                       *[f"needle @ {d}" for d in args.depths.split(",")], "needles before the last 16,384 (hits)"],
                      table), "",
              "Context gain: the checkpoint truncated to 16,384 tokens over the variant's perplexity of the same "
