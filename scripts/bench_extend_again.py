@@ -138,6 +138,32 @@ def rows(args) -> tuple[list[list[str]], dict | None]:
     return table, ppl
 
 
+def reading(args, ppl: dict | None) -> list[str]:
+    """What the perplexities say, from the numbers: gain or only no loss past 16,384, and which extension keeps the
+    checkpoint inside its context."""
+    got = {label: (_ppl(ppl, label, CONTEXT), _ppl(ppl, label, args.length)) for label in VARIANTS}
+    if ppl is None or any(inside is None or past is None or "context_gain" not in past
+                          for label, (inside, past) in got.items() if label != "checkpoint"):
+        return []
+    extensions = {label: v for label, v in got.items() if label != "checkpoint"}
+    gains = {label: past["context_gain"] for label, (_, past) in extensions.items()}
+    own_inside, own_past = got["checkpoint"][0]["ppl"], got["checkpoint"][1]["past_original"]["ppl"]
+    best = min(extensions, key=lambda label: extensions[label][1]["past_original"]["ppl"])
+    same = [label for label, (inside, _) in extensions.items() if abs(inside["ppl"] - own_inside) <= 1e-3 * own_inside]
+    verdict = ("every extension gains over truncating there (context gain > 1)" if min(gains.values()) > 1 else
+               "no extension beats the checkpoint truncated to 16,384 tokens on those tokens (context gain "
+               f"{min(gains.values()):.3f} to {max(gains.values()):.3f}): they avoid the checkpoint's own loss past "
+               f"its context ({own_past:.2f}), they do not use the longer context measurably"
+               if max(gains.values()) < 1 else "the extensions differ in whether they gain over truncating")
+    kept = (f"Inside 16,384 tokens {', '.join(f'`{label}`' for label in same)} equal(s) the checkpoint "
+            f"({own_inside:.2f}); " if same else "Inside 16,384 tokens no extension equals the checkpoint; ")
+    others = ", ".join(f"`{label}` {inside['ppl']:.2f}" for label, (inside, _) in extensions.items()
+                       if label not in same)
+    return [f"**Reading it.** Past 16,384, {verdict}. Lowest past 16,384: `{best}` "
+            f"({extensions[best][1]['past_original']['ppl']:.2f}). {kept}"
+            + (f"the others change it ({others})." if others else "") + " One window of one book.", ""]
+
+
 def section(args, argv: list[str]) -> str:
     table, ppl = rows(args)
     pending = any("–" in row for row in table) or ppl is None
@@ -155,6 +181,7 @@ def section(args, argv: list[str]) -> str:
                      table), "",
              "Context gain: the checkpoint truncated to 16,384 tokens over the variant's perplexity of the same "
              "tokens (> 1: the context past 16,384 helped). –: not measured yet.", "",
+             *reading(args, ppl),
              *[f"`hf-posenc {shlex.join(c)}`  " for c in cmds.values()]]
     return "\n".join(lines).rstrip() + "\n"
 
