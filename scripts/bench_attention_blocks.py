@@ -30,8 +30,10 @@ def timed(model, x) -> float:
 
 
 def set_block(model, block: int) -> None:
+    from hf_posenc.adapters.remapped_attention import STATE_ATTR
+
     for module in model.modules():
-        state = module.__dict__.get("_hf_posenc_remapped")
+        state = module.__dict__.get(STATE_ATTR)
         if state is not None:
             state.block = block
 
