@@ -310,6 +310,31 @@ def test_a_longrope_is_saved_with_the_temperature_vllm_reads_and_serve_config_sa
     assert cannot.computes == "cannot" and "temperature 1.0" in cannot.reason and "attention_factor" in cannot.reason
 
 
+def test_serve_check_reports_what_serve_config_says_an_engine_cannot_compute_without_starting_it(
+        longrope_folder, tmp_path):
+    """A longrope with two lists on llama.cpp (a GGUF holds one), and one without the mscale keys on vLLM (it would
+    derive another temperature): 'not computable', serve-config's reason, no engine started (neither exists here);
+    --confirm-refusal still goes on to start it (and so needs it)."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in os.listdir(longrope_folder):
+        if name != "config.json":
+            os.symlink(os.path.join(longrope_folder, name), bare / name)
+    config = json.loads(open(os.path.join(longrope_folder, "config.json")).read())
+    for key in ("short_mscale", "long_mscale"):
+        del config["rope_parameters"][key]
+    (bare / "config.json").write_text(json.dumps(config))
+    cases = [(longrope_folder, EngineSettings("llama.cpp"), "--freeze-at"),
+             (str(bare), EngineSettings(python="/nowhere/python"), "attention_factor")]
+    for i, (folder, engine, named) in enumerate(cases):
+        report = serve_check(folder, engine, CheckSettings([100, 400]), output=str(tmp_path / f"report{i}"))
+        assert report["setup"]["engine_started"] is False
+        for r in report["results"].values():
+            assert r["verdict"] == "not computable" and "cannot" in r["reason"] and named in r["reason"], r
+    with pytest.raises(ValueError, match="nowhere"):
+        serve_check(str(bare), EngineSettings(python="/nowhere/python"), CheckSettings([100], confirm_refusal=True))
+
+
 @needs_vllm
 @pytest.mark.vllm
 def test_serve_check_of_a_longrope_with_its_own_temperature(longrope_folder, tmp_path):
@@ -322,7 +347,22 @@ def test_serve_check_of_a_longrope_with_its_own_temperature(longrope_folder, tmp
     short = serve_check(longrope_folder, EngineSettings(python=vllm_python(), args={"max_model_len": L}),
                         CheckSettings([100]), docs=prose(), progress=False)
     assert short["results"]["100"]["verdict"] == "same", short["results"]["100"]
+    assert f"maximum model length {L}, as --engine-arg max_model_len gave it" in short["table"]
     # at 100 tokens the engine launched past L computes the long factors (random weights barely feel them: the
     # mean NLL moves by ~3e-6, still within serve-check's 1e-3), the one launched at L the short ones hf_posenc takes
     long_at_100, short_at_100 = past["results"]["100"], short["results"]["100"]
     assert long_at_100["max_token_diff"] > 30 * short_at_100["max_token_diff"], (long_at_100, short_at_100)
+
+
+def test_the_engine_gets_an_hour_per_model_step_unless_the_user_set_it(monkeypatch):
+    """vLLM's own 300 s per model step ends a long CPU prefill (SmolLM2 at 24,576 tokens on 2 cores); a value the user
+    set is kept, and a launcher's rank variables are not passed on."""
+    from hf_posenc.engines.vllm_engine import engine_env
+
+    monkeypatch.delenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", raising=False)
+    monkeypatch.setenv("RANK", "3")
+    env = engine_env()
+    assert env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == "3600" and "RANK" not in env
+    monkeypatch.setenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "20")
+    assert engine_env(["1"]) == {**engine_env(), "CUDA_VISIBLE_DEVICES": "1"}
+    assert engine_env()["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == "20"

@@ -34,7 +34,8 @@ def add_parser(sub) -> None:
                         "quantized GGUF, which llama.cpp multiplies with activations rounded to 8 bits).")
     c.add_argument("--confirm-refusal", action="store_true",
                    help="for a checkpoint no engine computes: start the engine anyway and check that it refuses the "
-                        "lengths past the original context ('served wrong' if it takes one).")
+                        "lengths past the original context ('served wrong' if it takes one); for one serve-config says "
+                        "this engine cannot compute: score it anyway (its verdicts show how far apart it is).")
     c.add_argument("--allow-long", action="store_true",
                    help="start the engine for the longest length even past the context config.json states "
                         "(VLLM_ALLOW_LONG_MAX_MODEL_LEN, as a deployment forcing --max-model-len does), to see what it "

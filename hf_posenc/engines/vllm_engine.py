@@ -58,13 +58,20 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "G
                       "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
 
 
+# vLLM ends the engine when one model step runs past VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300 s by default): the
+# prefill of one long prompt on a CPU is longer (SmolLM2-135M at 24,576 tokens on 2 cores, vLLM 0.32); a value the
+# user set is kept
+STEP_TIMEOUT = ("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
+
+
 def engine_env(gpus: list[str] | None = None) -> dict[str, str]:
     """The engine process's environment: this one without the launcher's variables, with ``gpus`` as the visible
-    devices when given."""
+    devices when given, and an hour for one model step unless the user set it (:data:`STEP_TIMEOUT`)."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES
            and not k.startswith(("TORCHELASTIC_", "ACCELERATE_"))}
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    env.setdefault(STEP_TIMEOUT[0], STEP_TIMEOUT[1])
     return env
 
 
@@ -314,7 +321,8 @@ def open_scorer(path: str, settings, dtype: str, context: int, setup: dict[str, 
     with VllmEngine(path, python=settings.python, dtype=dtype, tensor_parallel_size=settings.tensor_parallel_size,
                     engine_args=settings.args, allow_long=settings.allow_long,
                     max_model_len=context + 1 if settings.allow_long else None) as served:
-        setup.update(engine_max_model_len=served.max_model_len, engine_started=True, allow_long=settings.allow_long)
+        setup.update(engine_max_model_len=served.max_model_len, engine_started=True, allow_long=settings.allow_long,
+                     max_model_len_given="max_model_len" in (settings.args or {}))
         yield EngineLM(served, None)
 
 

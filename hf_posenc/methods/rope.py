@@ -221,17 +221,16 @@ LLAMA_CPP_SAME = {"llama.cpp": EngineSupport("same", "measured by hf-posenc serv
                                                      "relative")}
 
 
-# measured by hf-posenc serve-check: a tiny longrope with its own temperature (tests/test_vllm.py), and earlier
-# SmolLM2-135M given llama3 x2, then yarn x2 on top (a longrope over 16,384 tokens, saved before the mscale keys) at
-# 4,096 tokens, vLLM 0.32 (CPU build)
+# measured by hf-posenc serve-check: a tiny longrope with its own temperature (tests/test_vllm.py), and SmolLM2-135M
+# given llama3 x2, then yarn x2 on top (scripts/bench_serve_composed.py), vLLM 0.32 (CPU build)
 VLLM_LONGROPE = {"vLLM": EngineSupport(
     "differs",
     "measured by hf-posenc serve-check: vLLM picks longrope's short or long factors once, by --max-model-len, for "
-    "every input (transformers switches per input): a tiny longrope is the same at L/2 with --max-model-len L and "
-    "past L with 2 L, and takes the long factors at L/2 with 2 L; its temperature comes from short_mscale / "
-    "long_mscale, which hf_posenc writes (a folder without them: derived from the context ratio -- SmolLM2-135M given "
-    "llama3 x2 then yarn x2, at 4,096 tokens: mean NLL 3.682 vs 3.643), vLLM 0.32 (CPU); serve-config says which "
-    "inputs a launch matches",
+    "every input (transformers switches per input), with the temperature of short_mscale / long_mscale, which "
+    "hf_posenc writes: by default (its maximum length the switch L) the same as hf_posenc for every input it takes; "
+    "with --max-model-len past L the same past L only (SmolLM2-135M given llama3 x2 then yarn x2: the same at 8,192 "
+    "by default and at 24,576 with --max-model-len 24,577, which differs at 8,192), vLLM 0.32 (CPU); serve-config "
+    "says which inputs a launch matches",
     caveat="vLLM picks longrope's short or long factors once by --max-model-len")}
 
 

@@ -8,9 +8,11 @@ text for each length ``n``. Per length: the mean NLL each way, the largest per-t
 engine would not take that many tokens; its own words: a prompt also needs room for the one token the engine generates
 after it, so vLLM takes at most its maximum model length less one). A
 checkpoint whose method no engine implements (``native: false`` in its block: the attention-level methods,
-dynamic YaRN, the family swaps) is reported ``not computable`` without starting the engine; with
-``confirm_refusal`` the engine is started anyway to show that it refuses the lengths past the original context
-(a length it accepts there is ``served wrong``).
+dynamic YaRN, the family swaps), or one that ``hf-posenc serve-config`` says this engine cannot compute (a longrope
+with two factor lists on llama.cpp, a temperature vLLM derives otherwise), is reported ``not computable`` with that
+reason, without starting the engine; with ``confirm_refusal`` the engine is started anyway (for a method no engine
+implements: to show that it refuses the lengths past the original context; a length it accepts there is ``served
+wrong``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import torch
 
 from ..checkpoints import loading
 from ..checkpoints.runtime import load_tokenizer, torch_dtype
-from ..config import CONFIG_KEY, SavedBlock
 from ..engines.registry import display_name, runnable
 from ..engines.registry import engine as engine_record
 from ..engines.scorer import EngineRefused
@@ -38,7 +39,9 @@ from ..io.files import check_output_folder
 from ..io.provenance import environment, recorded_command
 from ..io.reports import finish_report, markdown_table
 from ..methods import resolve_method
-from .gguf_file import is_gguf, served_facts
+from .checkpoint_facts import original_of, read_block
+from .gguf_file import is_gguf
+from .launch_settings import serve_config
 
 DEFAULT_ENGINE = "vllm"  # serve-check's engine when none is named
 LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU
@@ -78,48 +81,6 @@ def engine_ready(engine: str, engine_python: str | None = None) -> str:
     """The engine's version, once it is known to be installed (a clear error otherwise): asked before the slow work
     of a check, and by ``hf-posenc patch --serve-check`` before its own."""
     return engine_record(engine).runner.ready(EngineSettings(engine, engine_python))
-
-
-def read_block(folder: str, command: str = "hf-posenc serve-check") -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config.json, its hf_posenc block) of a checkpoint folder; a plain checkpoint's block is ``{}``. A GGUF file
-    (checked by llama.cpp alone): its metadata in those terms (:func:`gguf_block`). ``command``: the command that
-    reads it, named in the errors (a file that is neither, a folder without config.json, a LoRA adapter folder)."""
-    if is_gguf(folder):
-        return gguf_block(folder)
-    if os.path.isfile(folder):
-        raise ValueError(f"{folder} is a file but not a GGUF one (it does not start with the 'GGUF' magic); {command} "
-                         "reads a checkpoint folder or a .gguf file")
-    loading.refuse_lora_folder(folder, command)
-    path = os.path.join(folder, "config.json")
-    if not os.path.isfile(path):
-        raise ValueError(f"{folder} is not a saved checkpoint folder (no config.json); {command} reads the folder "
-                         "'hf-posenc patch --output' wrote")
-    with open(path, encoding="utf-8") as f:
-        config = json.load(f)
-    plain = config.get("text_config", config)
-    block = config.get(CONFIG_KEY) or {}
-    if block:
-        SavedBlock.from_dict(block, folder)  # a malformed block is refused by name
-    return plain, block
-
-
-def gguf_block(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A GGUF's context and the patch :func:`hf_posenc.serving.gguf_file.patch_gguf` recorded in it, as (config, block)
-    (a method written into a GGUF is one llama.cpp computes: native), and its quantized weight types."""
-    facts = served_facts(path)
-    plain = {"max_position_embeddings": facts["context"], "quantized": facts["quantized"], "arch": facts["arch"],
-             "llama_cpp": facts["metadata"]}
-    block = ({"method": facts["method"], "native": True, "original_max_position_embeddings": facts["original"],
-              **({"frozen_at": facts["frozen_at"]} if facts.get("frozen_at") else {})}
-             if facts["method"] != "none" else {})
-    return plain, block
-
-
-def original_of(plain: dict[str, Any], block: dict[str, Any]) -> int:
-    L = block.get("original_max_position_embeddings") or plain.get("max_position_embeddings")
-    if not L:
-        raise ValueError("the checkpoint states no context length (max_position_embeddings); pass --lengths")
-    return int(L)
 
 
 def default_lengths(original: int, advertised: int) -> list[int]:
@@ -232,9 +193,10 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
     setup: dict[str, Any] = {"folder": os.path.abspath(folder), "method": method, "native": native, "engine": engine,
                              "original_context": original, "rtol": rtol, "rtol_basis": basis, "dtype": dtype,
                              "command": recorded_command(command), "environment": environment()}
-    if not native and not confirm_refusal:
-        lengths = lengths or default_lengths(original, 2 * original)
-        reason = f"no engine implements `{method}` (the checkpoint's block says native: false)"
+    reason = None if confirm_refusal else _why_not_computable(folder, engine, method, native)
+    if reason:
+        lengths = lengths or default_lengths(original, 2 * original if not native else
+                                             int(plain.get("max_position_embeddings") or original))
         results = {str(n): {"verdict": NOT_COMPUTABLE, "reason": reason} for n in lengths}
         setup.update(lengths=lengths, engine_started=False, seconds=round(time.time() - started, 1))
         return finish_report("serve_check", setup, results, serve_table, output)
@@ -253,6 +215,18 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
     results = {str(n): limited.get(str(n)) or results[str(n)] for n in lengths}
     setup.update(lengths=lengths, seconds=round(time.time() - started, 1))
     return finish_report("serve_check", setup, results, serve_table, output)
+
+
+def _why_not_computable(folder: str, engine: str, method: str, native: bool) -> str | None:
+    """Why ``engine`` computes the checkpoint at no length (None when it computes it somewhere): a method no engine
+    implements, or ``hf-posenc serve-config``'s ``cannot`` for this engine (a longrope llama.cpp's converter cannot
+    write, a temperature vLLM derives otherwise, ...)."""
+    if not native:
+        return f"no engine implements `{method}` (the checkpoint's block says native: false)"
+    (launch,) = serve_config(folder, [engine])
+    if launch.computes != "cannot":
+        return None
+    return f"{launch.reason} (hf-posenc serve-config: cannot; --confirm-refusal starts the engine anyway)"
 
 
 def _past_what_the_engine_computes(engine: str, method: str, lengths: list[int],
@@ -318,6 +292,8 @@ def serve_table(report: dict[str, Any]) -> str:
                else " (engine not started)" if not s.get("engine_max_model_len") else
                f" (maximum model length {s['engine_max_model_len']}, forced past config.json by "
                "VLLM_ALLOW_LONG_MAX_MODEL_LEN)" if s.get("allow_long") else
+               f" (maximum model length {s['engine_max_model_len']}, as --engine-arg max_model_len gave it)"
+               if s.get("max_model_len_given") else
                f" (maximum model length {s['engine_max_model_len']}, derived from config.json)")
             + f"; same = within {s['rtol']:g} relative ({s.get('rtol_basis', 'float32 weights both ways')}).")
     rows = [[n, r["verdict"], _num(r.get("hf_posenc_nll"), ".6f"), _num(r.get("engine_nll"), ".6f"),

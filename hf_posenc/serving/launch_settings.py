@@ -18,7 +18,7 @@ from ..engines.launch import LAUNCHERS, Launch, Served
 from ..engines.launch.base import TooLong, fence_for
 from ..methods import resolve_method
 from ..methods.remapped import REMAPPED
-from .check import original_of, read_block
+from .checkpoint_facts import original_of, read_block
 from .gguf_file import ARCHITECTURES, is_gguf, llama_cpp_metadata, refusal
 
 
