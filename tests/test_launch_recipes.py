@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from hf_posenc.engines.launch import LAUNCHERS, Launch
-from hf_posenc.serving.launch_settings import _launch, serve_config, served_of
+from hf_posenc.serving.launch_settings import engine_launch, serve_config, served_of
 
 HOSTILE = ["plain", "with space", "it's", 'say "hi"', "cost $HOME", "tick `touch TICKED`", "$(touch DOLLAR)",
            "line\nbreak", "x\nEOF\ntouch PWNED\ncat > /dev/null <<'EOF'", "EOF", "EOF\n", "semi;colon&pipe|",
@@ -84,7 +84,7 @@ def _refuses_by_name(launch: Launch, path: str) -> bool:
 @pytest.mark.parametrize("engine", list(LAUNCHERS))
 def test_the_shell_lines_write_the_announced_files_and_pass_each_argument_intact(tmp_path, engine, name, gguf):
     checkpoint = served(tmp_path, name, gguf)
-    launch = _launch(engine, checkpoint, None)
+    launch = engine_launch(engine, checkpoint, None)
     if launch.command is None:
         if engine == "ollama" and any(c in name for c in UNWRITABLE_IN_A_MODELFILE):
             assert _refuses_by_name(launch, launch_gguf(checkpoint)), launch.reason
@@ -117,7 +117,7 @@ def test_the_modelfile_names_the_gguf_as_ollama_reads_it_and_the_model_name_is_o
         checkpoint = served(tmp_path, name, gguf)
         if name == "model.gguf ":
             checkpoint = dataclasses.replace(checkpoint, path=str(tmp_path / name), gguf=True)
-        launch = _launch("ollama", checkpoint, None)
+        launch = engine_launch("ollama", checkpoint, None)
         if launch.command is None:
             assert any(c in name for c in UNWRITABLE_IN_A_MODELFILE)
             assert _refuses_by_name(launch, launch_gguf(checkpoint)), launch.reason
@@ -130,7 +130,7 @@ def test_the_modelfile_names_the_gguf_as_ollama_reads_it_and_the_model_name_is_o
 
 def test_a_crafted_gguf_name_runs_nothing_when_the_printed_lines_are_pasted(tmp_path):
     checkpoint = served(tmp_path, "x\nEOF\ntouch PWNED\ncat > /dev/null <<'EOF'", gguf=True)
-    launch = _launch("ollama", checkpoint, None)
+    launch = engine_launch("ollama", checkpoint, None)
     if launch.command is not None:  # written: it must be written safely
         files, _, err = run_pasted(tmp_path, launch, "\n".join(launch.shell()) + "\n")
         assert "PWNED" not in files and files == launch.files, (files, err)
@@ -191,7 +191,7 @@ def test_a_context_past_what_the_engine_takes_is_refused_by_name(tmp_path, engin
         for checkpoint in (served(tmp_path, "m", gguf),
                            dataclasses.replace(served(tmp_path, "m", gguf), context=HUGE)):  # one that states it
             for length in (HUGE, None, 2**32):
-                launch = _launch(engine, checkpoint, length)
+                launch = engine_launch(engine, checkpoint, length)
                 assert launch.max_length is None or launch.max_length < 2**32, (engine, launch)
                 asked = checkpoint.context if length is None else length
                 assert asked < 2**31 or str(asked) not in "\n".join(launch.shell()), launch

@@ -366,3 +366,17 @@ def test_the_engine_gets_an_hour_per_model_step_unless_the_user_set_it(monkeypat
     monkeypatch.setenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "20")
     assert engine_env(["1"]) == {**engine_env(), "CUDA_VISIBLE_DEVICES": "1"}
     assert engine_env()["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == "20"
+
+
+def test_a_config_serve_config_cannot_read_is_left_to_the_engine_not_a_traceback(tmp_path):
+    """A composite config whose text part leaves its head count out (a default): serve-config cannot judge it, so
+    serve-check goes on to the engine (here: none installed, said by name) instead of failing inside the pre-check."""
+    folder = tmp_path / "llava"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llava", "text_config": {
+        "model_type": "llama", "hidden_size": 2048, "max_position_embeddings": 4096}}))
+    from hf_posenc.serving.check import _why_not_computable
+
+    assert _why_not_computable(str(folder), "vllm", "none", True) is None
+    with pytest.raises(ValueError, match="/nowhere/python. is not an executable file"):
+        serve_check(str(folder), EngineSettings(python="/nowhere/python"), CheckSettings([100]))

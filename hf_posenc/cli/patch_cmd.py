@@ -67,7 +67,8 @@ def add_parser(sub) -> None:
     v = pa.add_argument_group("serving check (its verdicts go into the model card's Serving section)")
     v.add_argument("--serve-check", choices=list(runnable()), default=None,
                    help="check the saved folder in this engine before it is moved into place (see 'hf-posenc "
-                        "serve-check --help'); a method no engine computes is reported so without starting it.")
+                        "serve-check --help'); a method no engine computes, or one serve-config says this engine "
+                        "cannot, is reported so without starting it.")
     v.add_argument("--serve-check-lengths", type=ints, default=None,
                    help="token counts of that check (default: half the original context, and the advertised one "
                         "less one token, at most 32768).")

@@ -40,8 +40,8 @@ from ..io.provenance import environment, recorded_command
 from ..io.reports import finish_report, markdown_table
 from ..methods import resolve_method
 from .checkpoint_facts import original_of, read_block
-from .gguf_file import is_gguf
-from .launch_settings import serve_config
+from .gguf_file import ARCHITECTURES, is_gguf
+from .launch_settings import describe, engine_launch
 
 DEFAULT_ENGINE = "vllm"  # serve-check's engine when none is named
 LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU
@@ -218,15 +218,22 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
 
 
 def _why_not_computable(folder: str, engine: str, method: str, native: bool) -> str | None:
-    """Why ``engine`` computes the checkpoint at no length (None when it computes it somewhere): a method no engine
-    implements, or ``hf-posenc serve-config``'s ``cannot`` for this engine (a longrope llama.cpp's converter cannot
-    write, a temperature vLLM derives otherwise, ...)."""
+    """Why ``engine`` computes the checkpoint at no length (None when it computes it somewhere, or when that is not
+    known before measuring): a method no engine implements, or ``hf-posenc serve-config``'s ``cannot`` for this
+    engine where it is grounded (a longrope with two lists on a llama-architecture GGUF, a temperature vLLM derives
+    otherwise). Where serve-config cannot judge the checkpoint (an architecture whose GGUF reading hf_posenc does not
+    write out, a config without its attention geometry, fields it does not know), the engine measures it."""
     if not native:
         return f"no engine implements `{method}` (the checkpoint's block says native: false)"
-    (launch,) = serve_config(folder, [engine])
-    if launch.computes != "cannot":
+    try:
+        served = describe(folder)
+        launch = engine_launch(engine, served, None)
+    except (ValueError, TypeError, KeyError):  # a config serve-config does not read: left to the measurement
         return None
-    return f"{launch.reason} (hf-posenc serve-config: cannot; --confirm-refusal starts the engine anyway)"
+    unjudged = engine == "llama.cpp" and (served.model_type not in ARCHITECTURES or not served.rope)
+    if launch.computes != "cannot" or unjudged or "attention geometry" in (served.llama_cpp_refusal or ""):
+        return None
+    return f"{launch.reason} (hf-posenc serve-config: cannot; serve-check --confirm-refusal scores it anyway)"
 
 
 def _past_what_the_engine_computes(engine: str, method: str, lengths: list[int],

@@ -100,10 +100,10 @@ def serve_config(path: str, engines: list[str] | None = None, max_length: int | 
     if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
         raise ValueError(f"--max-length must be a whole number of tokens >= 2, got {max_length!r}")
     served = describe(path)
-    return [_launch(e, served, max_length) for e in engines]
+    return [engine_launch(e, served, max_length) for e in engines]
 
 
-def _launch(engine: str, served: Served, max_length: int | None) -> Launch:
+def engine_launch(engine: str, served: Served, max_length: int | None) -> Launch:
     """One engine's launch; a length past what it computes is that engine's ``cannot``, the others still answer."""
     try:
         return LAUNCHERS[engine](served, max_length)
@@ -119,4 +119,4 @@ def card_launches(plain: dict[str, Any], block: dict[str, Any], repo_id: str) ->
     served = served_of(plain, block, repo_id)
     return [{"engine": launch.engine, "computes": launch.computes, "reason": launch.reason,
              "shell": "\n".join(launch.shell()), "fence": fence_for(launch.shell()), "checked": launch.checked}
-            for launch in (_launch(name, served, None) for name in LAUNCHERS)]
+            for launch in (engine_launch(name, served, None) for name in LAUNCHERS)]
