@@ -148,12 +148,37 @@ def section(args, reports: dict, computes: dict[str, str], paths: dict[str, str]
     lines += ["", "Commands (`hf-posenc serve-check ... --corpus python-docs --output ...`):", ""]
     lines += [f"- {label}: `hf-posenc serve-check {' '.join(rel(a) if os.path.exists(a) else a for a in argv)}`"
               for label, (argv, _) in reports.items()]
-    refused = [(label, n, r["reason"]) for label, (_, rep) in reports.items() for n, r in rep["results"].items()
-               if r["verdict"] not in ("same", "differs") and r.get("reason")]
+    refused = {label: r["reason"] for label, (_, rep) in reports.items() for r in rep["results"].values()
+               if r["verdict"] not in ("same", "differs") and r.get("reason")}
     if refused:
         lines += ["", "Not scored, in serve-check's words: " + "; ".join(
-            f"{WHAT[label]} at {int(n):,}: \"{why}\"" for label, n, why in refused)]
-    return "\n".join(lines) + "\n"
+            f"{WHAT[label]}: \"{why}\"" for label, why in refused.items())]
+    return "\n".join(lines + ["", reading(reports, short, long)]) + "\n"
+
+
+def reading(reports: dict, short: int, long: int) -> str:
+    """What the numbers say, from them: which launch matches where, and what one list costs short inputs."""
+    own = reports["vllm-default"][1]["results"][str(short)]
+    wide = reports["vllm-max-model-len-long"][1]["results"]
+    gguf = reports["llama.cpp-composed-gguf"][1]["results"]
+    same_text = (reports["llama.cpp-composed-gguf"][1]["setup"]["text"]["digest"]
+                 == reports["vllm-max-model-len-long"][1]["setup"]["text"]["digest"])
+    cost = gguf[str(short)]["engine_nll"] / wide[str(short)]["hf_posenc_nll"] - 1
+    return (f"**Reading it.** Every engine that computes the composition computes hf_posenc's numbers where it "
+            f"computes it (within {max(r['relative_diff'] for r in (own, wide[str(long)], *gguf.values())):.0e}). "
+            f"vLLM takes one factor list per launch: by default (its maximum length the switch, 16,384) the "
+            f"checkpoint's own short factors, {own['verdict']} at {short:,} tokens, and longer inputs refused; with "
+            f"`--max-model-len` past the switch the long ones for every input, {wide[str(long)]['verdict']} at "
+            f"{long:,} and {wide[str(short)]['verdict']} at {short:,} (mean NLL {wide[str(short)]['engine_nll']:.4f} "
+            f"where the checkpoint gives {wide[str(short)]['hf_posenc_nll']:.4f}: "
+            f"{wide[str(short)]['relative_diff']:+.1%}). Serving both lengths exactly takes two launches (serve-config "
+            f"says which). The GGUF holds the long list alone, so llama.cpp and hf_posenc agree on it at both lengths, "
+            f"and inputs up to 16,384 pay the long factors' cost"
+            + (f": {cost:+.1%} mean NLL at {short:,} tokens against the composed folder's short factors (the same "
+               "tokens)." if same_text else ".")
+            + " llama.cpp's converter writes no factors for a llama-architecture longrope, so the composed folder "
+            "is refused there by name before anything runs; freezing it (`--freeze-at N`) gives the one list a GGUF "
+            "can hold.")
 
 
 def main() -> None:
