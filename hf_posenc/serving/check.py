@@ -41,7 +41,7 @@ from ..io.reports import finish_report, markdown_table
 from ..methods import resolve_method
 from .checkpoint_facts import original_of, read_block
 from .gguf_file import ARCHITECTURES, is_gguf
-from .launch_settings import describe, engine_launch
+from .launch_settings import engine_launch, served_of
 
 DEFAULT_ENGINE = "vllm"  # serve-check's engine when none is named
 LONGEST_DEFAULT = 32768  # the default lengths stop here: the reference forward of a long text costs minutes on CPU
@@ -193,7 +193,7 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
     setup: dict[str, Any] = {"folder": os.path.abspath(folder), "method": method, "native": native, "engine": engine,
                              "original_context": original, "rtol": rtol, "rtol_basis": basis, "dtype": dtype,
                              "command": recorded_command(command), "environment": environment()}
-    reason = None if confirm_refusal else _why_not_computable(folder, engine, method, native)
+    reason = None if confirm_refusal else _why_not_computable(folder, engine, plain, block)
     if reason:
         lengths = lengths or default_lengths(original, 2 * original if not native else
                                              int(plain.get("max_position_embeddings") or original))
@@ -217,21 +217,24 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
     return finish_report("serve_check", setup, results, serve_table, output)
 
 
-def _why_not_computable(folder: str, engine: str, method: str, native: bool) -> str | None:
-    """Why ``engine`` computes the checkpoint at no length (None when it computes it somewhere, or when that is not
-    known before measuring): a method no engine implements, or ``hf-posenc serve-config``'s ``cannot`` for this
-    engine where it is grounded (a longrope with two lists on a llama-architecture GGUF, a temperature vLLM derives
-    otherwise). Where serve-config cannot judge the checkpoint (an architecture whose GGUF reading hf_posenc does not
-    write out, a config without its attention geometry, fields it does not know), the engine measures it."""
-    if not native:
+def _why_not_computable(folder: str, engine: str, plain: dict[str, Any], block: dict[str, Any]) -> str | None:
+    """Why ``engine`` computes the checkpoint at ``folder`` (its config ``plain`` and hf_posenc record ``block``) at
+    no length (None when it computes it somewhere, or when that is not known before measuring): a method no engine
+    implements, or ``hf-posenc serve-config``'s ``cannot`` for this engine where it is grounded (a longrope with two
+    lists on a llama-architecture GGUF, a temperature vLLM derives otherwise). Where serve-config cannot judge the
+    checkpoint (an architecture whose GGUF reading hf_posenc does not write out, a config without its attention
+    geometry, fields it does not know), the engine measures it."""
+    method = block.get("method", "none")
+    if block and not block.get("native", True):
         return f"no engine implements `{method}` (the checkpoint's block says native: false)"
     try:
-        served = describe(folder)
+        served = served_of(plain, block, os.path.abspath(folder), gguf=is_gguf(folder))
         launch = engine_launch(engine, served, None)
     except (ValueError, TypeError, KeyError):  # a config serve-config does not read: left to the measurement
         return None
-    unjudged = engine == "llama.cpp" and (served.model_type not in ARCHITECTURES or not served.rope)
-    if launch.computes != "cannot" or unjudged or "attention geometry" in (served.llama_cpp_refusal or ""):
+    unjudged = engine == "llama.cpp" and (served.model_type not in ARCHITECTURES or not served.rope
+                                          or not plain.get("hidden_size"))
+    if launch.computes != "cannot" or unjudged:
         return None
     return f"{launch.reason} (hf-posenc serve-config: cannot; serve-check --confirm-refusal scores it anyway)"
 
