@@ -124,7 +124,8 @@ def section(args, reports: dict, computes: dict[str, str], paths: dict[str, str]
     short, long = args.lengths
     versions = {r["setup"]["engine"]: r["setup"].get("engine_version") for _, r in reports.values()
                 if r["setup"].get("engine_version")}
-    composed = json.load(open(os.path.join(paths["composed"], "config.json"), encoding="utf-8"))["rope_parameters"]
+    with open(os.path.join(paths["composed"], "config.json"), encoding="utf-8") as f:
+        composed = json.load(f)["rope_parameters"]
     lines = [TITLE, "",
              "Reproduce: `HF_POSENC_VLLM_PYTHON=.venv-vllm/bin/python python scripts/bench_serve_composed.py "
              f"--lengths {short},{long} --write` (" + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
