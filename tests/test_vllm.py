@@ -375,9 +375,9 @@ def test_a_config_serve_config_cannot_read_is_left_to_the_engine_not_a_traceback
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "llava", "text_config": {
         "model_type": "llama", "hidden_size": 2048, "max_position_embeddings": 4096}}))
-    from hf_posenc.serving.check import _why_not_computable, read_block
+    from hf_posenc.serving.check import _engine_cannot, read_block
 
     plain, block = read_block(str(folder))
-    assert _why_not_computable(str(folder), "vllm", plain, block) is None
+    assert _engine_cannot(str(folder), "vllm", plain, block) is None
     with pytest.raises(ValueError, match="/nowhere/python. is not an executable file"):
         serve_check(str(folder), EngineSettings(python="/nowhere/python"), CheckSettings([100]))

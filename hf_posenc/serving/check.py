@@ -193,7 +193,8 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
     setup: dict[str, Any] = {"folder": os.path.abspath(folder), "method": method, "native": native, "engine": engine,
                              "original_context": original, "rtol": rtol, "rtol_basis": basis, "dtype": dtype,
                              "command": recorded_command(command), "environment": environment()}
-    reason = None if confirm_refusal else _why_not_computable(folder, engine, plain, block)
+    reason = (None if confirm_refusal else _engine_cannot(folder, engine, plain, block) if native else
+              f"no engine implements `{method}` (the checkpoint's block says native: false)")
     if reason:
         lengths = lengths or default_lengths(original, 2 * original if not native else
                                              int(plain.get("max_position_embeddings") or original))
@@ -217,16 +218,12 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
     return finish_report("serve_check", setup, results, serve_table, output)
 
 
-def _why_not_computable(folder: str, engine: str, plain: dict[str, Any], block: dict[str, Any]) -> str | None:
-    """Why ``engine`` computes the checkpoint at ``folder`` (its config ``plain`` and hf_posenc record ``block``) at
-    no length (None when it computes it somewhere, or when that is not known before measuring): a method no engine
-    implements, or ``hf-posenc serve-config``'s ``cannot`` for this engine where it is grounded (a longrope with two
-    lists on a llama-architecture GGUF, a temperature vLLM derives otherwise). Where serve-config cannot judge the
-    checkpoint (an architecture whose GGUF reading hf_posenc does not write out, a config without its attention
-    geometry, fields it does not know), the engine measures it."""
-    method = block.get("method", "none")
-    if block and not block.get("native", True):
-        return f"no engine implements `{method}` (the checkpoint's block says native: false)"
+def _engine_cannot(folder: str, engine: str, plain: dict[str, Any], block: dict[str, Any]) -> str | None:
+    """Why ``engine`` computes the natively patched checkpoint at ``folder`` (its config ``plain`` and hf_posenc
+    record ``block``) at no length: ``hf-posenc serve-config``'s ``cannot`` for this engine where it is grounded (a
+    longrope with two lists on a llama-architecture GGUF, a temperature vLLM derives otherwise); None when it computes
+    it somewhere, or where serve-config cannot judge the checkpoint (an architecture whose GGUF reading hf_posenc does
+    not write out, a config without its attention geometry, fields it does not know): the engine measures it."""
     try:
         served = served_of(plain, block, os.path.abspath(folder), gguf=is_gguf(folder))
         launch = engine_launch(engine, served, None)
