@@ -94,6 +94,8 @@ def _apply(model: nn.Module, cfg: PosEncConfig) -> None:
     record = PatchRecord(model, resolved, adapter)
     record.below = _record(model)  # a checkpoint's own scaling this patch goes on top of (see patch)
     try:
+        if record.below is not None:  # its per-length hooks stand aside while this patch is on top
+            record.set_attr(record.below, "covered", True)
         record.isolate_config()
         native = adapter.apply(model, resolved, record)
         record.set_config(CONFIG_KEY, record.block(native))
@@ -128,10 +130,10 @@ def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
     Only this instance changes. Patching a patched model starts again from the model as it was before its patch,
     so patches never compound; if the new patch is refused, the previous one stays in place. On a checkpoint whose
     RoPE is already scaled, a RoPE scaling extends from its current context (docs/rope-scalings.md). A checkpoint
-    saved with a static RoPE scaling (a patched or fine-tuned model, loaded by :func:`hf_posenc.from_pretrained`,
-    which re-applies it) is such a checkpoint: its scaling is where every later patch starts, as on the same folder
-    loaded by plain transformers, and :func:`unpatch` returns to it; ``"none"`` (the baseline) is the model without
-    any patch, that scaling included.
+    saved with a RoPE scaling of fixed frequencies (a patched, composed or fine-tuned model, loaded by
+    :func:`hf_posenc.from_pretrained`, which re-applies it) is such a checkpoint: its scaling is where every later
+    patch starts, as on the same folder loaded by plain transformers, and :func:`unpatch` returns to it; ``"none"``
+    (the baseline) is the model without any patch, that scaling included.
 
     Args:
         model: a transformers model, or a peft model (the model it wraps is patched).

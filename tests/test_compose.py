@@ -361,7 +361,10 @@ def test_on_gemma3_serve_config_reads_the_changed_layer_types_rope(tmp_path):
     assert "rope_type 'longrope'" in launches["SGLang"].reason  # the global layers', not the flat lookup's 'default'
     assert any("one RoPE per layer type (full_attention, sliding_attention" in n for n in launches["SGLang"].notes)
     assert launches["TGI"].computes == "cannot" and "rope_type 'longrope'), but its longrope" in launches["TGI"].reason
-    assert launches["llama.cpp"].computes == "cannot" and "one RoPE for every layer" in launches["llama.cpp"].reason
+    # llama.cpp: as a llama GGUF it could not hold it (one RoPE for every layer); how its converter writes a Gemma 3
+    # hf_posenc does not know, so it is not measured (serve-check measures it) rather than refused
+    assert launches["llama.cpp"].computes == "not measured", launches["llama.cpp"].reason
+    assert "one RoPE for every layer" in launches["llama.cpp"].reason and "gemma3_text" in launches["llama.cpp"].reason
 
 
 def test_on_mla_extended_twice_the_softmax_scale_stays_the_checkpoints(tmp_path):

@@ -12,7 +12,7 @@ import pickle
 
 import pytest
 import torch
-from helpers import ORIGINAL, ids, logits, tiny_model
+from helpers import ORIGINAL, cached_last_logits, greedy, ids, logits, tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
@@ -130,11 +130,48 @@ def test_trying_variants_leaves_the_checkpoint_and_its_patch_as_they_were(tmp_pa
     assert hf_posenc.get_config(model).method == "yarn" and checkpoint_config(model) is not None
 
 
-@pytest.mark.parametrize("method", ["dynamic_ntk", "longrope"])
-def test_a_length_dependent_saved_scaling_is_replaced_by_a_later_patch_from_the_model_without_it(tmp_path, method,
-                                                                                                  caplog):
-    """Its per-length hooks would act under a patch on top, so it is not kept (rope_compose.kept_scaling): a patch
-    starts from the saved weights without it, exactly, and from_pretrained says so."""
+def test_a_saved_composition_extended_again_grows_from_its_context_as_on_the_plain_loaded_folder(tmp_path):
+    """A checkpoint that ships llama3 x8 (512 tokens), given yarn x2 by hf_posenc (a longrope over 512, 1,024 tokens)
+    and saved: loaded by hf_posenc and given yarn x2 again, it advertises 2,048 (it stayed at 1,024 when the saved
+    longrope was replaced from the checkpoint's llama3), the same as the plain-loaded folder given it, its own
+    per-length switch standing aside under the patch on top (cached decoding across the switch equals
+    recomputation); unpatch returns to it bit for bit, a second to the shipped llama3."""
+    llama3 = {"rope_type": "llama3", "rope_theta": 50_000.0, "factor": 8.0, "original_max_position_embeddings": 64,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    model = hf_posenc.patch(tiny_model("llama", max_position_embeddings=512, rope_parameters=llama3), "yarn",
+                            factor=2.0)
+    model.save_pretrained(tmp_path / "composed")
+    folder = str(tmp_path / "composed")
+    ours = loaded(folder)
+    assert ours.config.max_position_embeddings == 1024 and checkpoint_config(ours).method == "longrope"
+    x = ids(520)  # past the saved longrope's switch at 512
+    as_loaded = logits(ours, x)
+    hf_posenc.patch(ours, "yarn", factor=2.0)
+    reference = hf_posenc.patch(plain(folder), "yarn", factor=2.0)
+    for model in (ours, loaded(folder, posenc="yarn:factor=2")):
+        assert model.config.max_position_embeddings == 2048
+        assert hf_posenc.get_config(model).original_max_position_embeddings == 512
+        assert (logits(model, x) - logits(reference, x)).abs().max().item() <= 1e-5
+    sequences, generated = greedy(ours, x[:, :508], n=10)  # the cache crosses the switch at 512 while decoding
+    recomputed = torch.stack([logits(ours, sequences[:, :n])[:, -1] for n in range(508, 518)], 1)
+    assert (generated - recomputed).abs().max().item() <= 1e-5
+    by_hand = cached_last_logits(ours, sequences, 508)  # a hand-written cached loop: re-rotated keys at the switch,
+    assert (by_hand - cached_last_logits(reference, sequences, 508)).abs().max().item() <= 1e-5  # once (not twice:
+    assert (by_hand - recomputed).abs().max().item() <= 5e-4  # 1.8e-3 with the saved longrope's hook acting too)
+    on_top = logits(ours, sequences)
+    for twin in (copy.deepcopy(ours), pickle.loads(pickle.dumps(ours))):  # the copies' hooks stand aside as well
+        assert torch.equal(cached_last_logits(twin, sequences, 508), by_hand)
+        assert torch.equal(logits(twin, sequences), on_top)
+    hf_posenc.unpatch(ours)
+    assert torch.equal(logits(ours, x), as_loaded) and ours.config.max_position_embeddings == 1024
+    hf_posenc.unpatch(ours)
+    assert ours.config.max_position_embeddings == 512 and ours.config.rope_parameters["rope_type"] == "llama3"
+
+
+def test_a_dynamic_saved_scaling_is_replaced_by_a_later_patch_from_the_model_without_it(tmp_path, caplog):
+    """Its frequencies grow with every length, so it is not kept (rope_compose.kept_scaling): a patch starts from the
+    saved weights without it, exactly, and from_pretrained says so."""
+    method = "dynamic_ntk"
     folder = saved(tmp_path, method)
     assert checkpoint_config(loaded(folder)) is None
     reference = hf_posenc.patch(hf_posenc.unpatch(loaded(folder)), "yarn", factor=3.0)

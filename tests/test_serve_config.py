@@ -248,3 +248,48 @@ def test_the_dual_chunk_config_is_refused_for_another_method_or_family_and_nothi
     err = refused(["patch", "--model", llama, "--method", "dca", "--gguf", str(tmp_path / "x.gguf"),
                    "--dual-chunk-config"], capsys)
     assert "drop --dual-chunk-config" in err
+
+
+def test_llama_cpp_is_not_measured_where_hf_posenc_does_not_know_how_it_reads_the_checkpoint(tmp_path):
+    """hf_posenc writes out llama.cpp's reading of llama, qwen2 and qwen3 GGUFs only. YaRN x2 on a gemma3_text's
+    full-attention layers (per-layer-type RoPE, which those GGUFs cannot hold): 'not measured' for llama.cpp and
+    Ollama, naming what hf_posenc does not know, with the conversion and launch; serve-check's pre-check leaves it
+    to the engine. Self-Extend on the same model stays 'cannot' (no GGUF of any architecture holds it), as does llama3
+    on a qwen2 (whose llama.cpp graph reads no rope_freqs); a plain llama whose config.json lacks hidden_size is 'not
+    measured' too."""
+    from hf_posenc.serving.check import _engine_cannot, read_block
+
+    torch.manual_seed(0)
+    rope = {"full_attention": {"rope_type": "default", "rope_theta": THETA},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 7_000.0}}
+    config = tiny_config("gemma3_text", head_dim=16, sliding_window=12, rope_parameters=rope,
+                         layer_types=["sliding_attention", "full_attention"])
+    folders = {}
+    for method, knobs in {"yarn": {"factor": 2.0}, "self_extend": {}}.items():
+        model = AutoModelForCausalLM.from_config(config)
+        hf_posenc.patch(model, method, **knobs)
+        folders[method] = str(tmp_path / method)
+        model.save_pretrained(folders[method])
+    llama, ollama = serve_config(folders["yarn"], ["llama.cpp", "ollama"])
+    for launch in (llama, ollama):
+        assert launch.computes == "not measured", launch.reason
+        assert "does not know how llama.cpp's converter writes a gemma3_text checkpoint" in launch.reason
+        assert "layer_types" in launch.reason and "serve-check --engine llama.cpp" in launch.reason
+    assert llama.steps and llama.steps[0][:2] == ["python", "convert_hf_to_gguf.py"]
+    assert llama.python["n_ctx"] == 2 * ORIGINAL and "Modelfile" in ollama.files
+    plain, block = read_block(folders["yarn"])
+    assert _engine_cannot(folders["yarn"], "llama.cpp", plain, block) is None
+    (attention,) = serve_config(folders["self_extend"], ["llama.cpp"])
+    assert attention.computes == "cannot" and "self_extend" in attention.reason
+    model = AutoModelForCausalLM.from_config(tiny_config("qwen2"))
+    hf_posenc.patch(model, "llama3", factor=2.0)
+    model.save_pretrained(tmp_path / "qwen2-llama3")
+    (known,) = serve_config(str(tmp_path / "qwen2-llama3"), ["llama.cpp"])
+    assert known.computes == "cannot" and "rope_freqs" in known.reason and "not qwen2" in known.reason
+    geometry = tmp_path / "no-geometry"
+    geometry.mkdir()
+    cfg = tiny_config("llama").to_dict()
+    del cfg["hidden_size"]
+    (geometry / "config.json").write_text(json.dumps(cfg))
+    (unknown,) = serve_config(str(geometry), ["llama.cpp"])
+    assert unknown.computes == "not measured" and "no hidden_size" in unknown.reason

@@ -40,6 +40,7 @@ class PatchRecord:
 
     checkpoint = False  # (class defaults: records pickled by a release without these fields)
     below: PatchRecord | None = None
+    covered = False  # a patch went on top of this one: its per-length hooks leave the rotary module to that patch
 
     def __init__(self, model: nn.Module, config: PosEncConfig, adapter: "Adapter"):
         self.model = model

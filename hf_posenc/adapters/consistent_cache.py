@@ -137,8 +137,10 @@ class RecomputeOnChange:
     dynamic YaRN (``cache="exact"``): at every step that grows the length past the longest seen, i.e. each step
     past the original context costs a forward over the whole sequence, and every step equals recomputing it."""
 
-    def __init__(self, model: nn.Module, hooks: list):
-        self.model, self.hooks = model, hooks
+    record = None  # (class default: an instance pickled by a release without it)
+
+    def __init__(self, model: nn.Module, hooks: list, record: Any = None):
+        self.model, self.hooks, self.record = model, hooks, record  # record: the patch whose hooks these are
 
     def __call__(self, input_ids: torch.Tensor, **kwargs: Any) -> dict:
         name = cache_keyword(kwargs)  # generate passes it as ``cache`` (transformers >= 5.24) or ``past_key_values``

@@ -44,10 +44,11 @@ LENGTH_DEPENDENT_TYPES = ("dynamic", "longrope")
 
 def kept_scaling(block: Any) -> PosEncConfig | None:
     """The RoPE scaling a checkpoint was saved with by hf_posenc (``block``: its config.json's hf_posenc block) when
-    that scaling is what the checkpoint is -- a static one (pi, ntk, yarn, llama3) that plain transformers computes
-    from the saved config (``native``) -- so that later patches start from it, as on that folder loaded by plain
-    transformers; else None: a length-dependent one (its per-length hooks would act under a patch on top) or one
-    transformers does not compute is replaced by a later patch, which starts from the model without it."""
+    that scaling is what the checkpoint is -- one with fixed frequencies (pi, ntk, yarn, llama3, and longrope, whose
+    two fixed lists include a composition's) that plain transformers computes from the saved config (``native``) --
+    so that later patches start from it, as on that folder loaded by plain transformers (a patch on top covers its
+    per-length switch: :attr:`PatchRecord.covered`); else None: one whose frequencies grow with the length (dynamic
+    NTK) or one transformers does not compute is replaced by a later patch, which starts from the model without it."""
     if not isinstance(block, dict) or block.get("native") is not True:
         return None
     try:
@@ -55,7 +56,7 @@ def kept_scaling(block: Any) -> PosEncConfig | None:
     except ValueError:
         return None
     scaling = SCALINGS.get(cfg.method)
-    return cfg if cfg.spec.kind == "rope" and scaling is not None and scaling.dynamic is None else None
+    return cfg if cfg.spec.kind == "rope" and scaling is not None and scaling.dynamic in (None, "switch") else None
 
 
 def scaled_type(lay: Layout) -> str | None:

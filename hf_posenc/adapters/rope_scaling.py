@@ -59,10 +59,17 @@ class LengthAwareRope:
     so a cached call that changes them is a hand-written loop: warned once, then re-rotated."""
 
     def __init__(self, scaling: RopeScaling, geom: R.RopeGeometry, cfg: PosEncConfig, slot: RotarySlot,
-                 watcher: CacheWatcher | None = None, layers: list[int] | None = None, regenerates: bool = False):
+                 watcher: CacheWatcher | None = None, layers: list[int] | None = None, regenerates: bool = False,
+                 record: PatchRecord | None = None):
         self.fn, self.grow = scaling.frequencies, scaling.dynamic == "grow"
         self.geom, self.cfg, self.slot, self.watcher, self.layers = geom, cfg, slot, watcher, layers
-        self.regenerates = regenerates
+        self.regenerates, self.record = regenerates, record
+
+    @property
+    def covered(self) -> bool:
+        """Whether a patch went on top of this hook's own (a checkpoint's longrope under a composition): then the
+        rotary module is that patch's, and this hook changes nothing."""
+        return bool(getattr(getattr(self, "record", None), "covered", False))  # (a hook pickled without it)
 
     def key(self, n: int) -> int | None:
         """What the frequencies of a row of ``n`` tokens depend on: None within the original context."""
@@ -81,6 +88,8 @@ class LengthAwareRope:
 
     def changes(self, before: list[int], after: list[int]) -> bool:
         """Whether rows growing from ``before`` to ``after`` tokens get other frequencies (any row)."""
+        if self.covered:
+            return False
         for b, a in zip(before, after):
             kb, ka = self.key(b), self.key(a)
             if kb != ka:
@@ -90,7 +99,8 @@ class LengthAwareRope:
         return False
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        if self.slot.layer_type is not None and _argument(args, kwargs, 2, "layer_type") != self.slot.layer_type:
+        if self.covered or (self.slot.layer_type is not None
+                            and _argument(args, kwargs, 2, "layer_type") != self.slot.layer_type):
             return None
         position_ids = _argument(args, kwargs, 1, "position_ids")
         lengths = _row_lengths(position_ids)
@@ -257,11 +267,11 @@ class Scaled:
         watcher = watch(model, s.module, record, watchers) if mode in ("consistent", "exact") else None
         layers = layers_of_type(lay.config, s.layer_type)
         regenerates = mode == "exact" or (mode == "consistent" and scaling.dynamic == "switch")
-        hook = LengthAwareRope(scaling, geom, cfg, s, watcher, layers, regenerates)
+        hook = LengthAwareRope(scaling, geom, cfg, s, watcher, layers, regenerates, record)
         if regenerates:
             recompute = model.__dict__.get("prepare_inputs_for_generation")
-            if not isinstance(recompute, RecomputeOnChange):
-                recompute = RecomputeOnChange(model, [])
+            if not isinstance(recompute, RecomputeOnChange) or recompute.record is not record:  # (not one below's)
+                recompute = RecomputeOnChange(model, [], record)
                 record.set_attr(model, "prepare_inputs_for_generation", recompute)
             recompute.hooks.append(hook)
         record.add_hook(s.module.register_forward_hook(hook, with_kwargs=True))

@@ -54,10 +54,10 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
             (``lora.save_lora(merged=False)``) loads as a peft model (:func:`load_lora`; needs peft).
         posenc: a PosEncConfig, a dict (``{"method": "yarn", "factor": 4}``) or a method name; when None,
             the ``hf_posenc`` block stored in the checkpoint's ``config.json`` (by ``save_pretrained`` of a
-            patched model) is applied again. A given ``posenc`` replaces a stored one, except a stored static RoPE
-            scaling saved natively (pi, ntk, yarn, llama3: :func:`rope_compose.kept_scaling`), which is what the
-            checkpoint is (a fine-tuned YaRN x2 model): ``posenc`` goes on top of it, as on the same folder loaded
-            by plain transformers (a RoPE scaling extends from its current context; give
+            patched model) is applied again. A given ``posenc`` replaces a stored one, except a stored RoPE scaling
+            of fixed frequencies saved natively (pi, ntk, yarn, llama3, longrope: :func:`rope_compose.kept_scaling`),
+            which is what the checkpoint is (a fine-tuned YaRN x2 model): ``posenc`` goes on top of it, as on the
+            same folder loaded by plain transformers (a RoPE scaling extends from its current context; give
             ``original_max_position_embeddings`` to replace it), and ``unpatch`` returns to it.
         auto_class: the transformers class to load with (default: the class named in the config's
             ``architectures``, else ``AutoModelForCausalLM``).

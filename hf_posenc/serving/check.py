@@ -40,7 +40,7 @@ from ..io.provenance import environment, recorded_command
 from ..io.reports import finish_report, markdown_table
 from ..methods import resolve_method
 from .checkpoint_facts import original_of, read_block
-from .gguf_file import ARCHITECTURES, is_gguf
+from .gguf_file import is_gguf
 from .launch_settings import engine_launch, served_of
 
 DEFAULT_ENGINE = "vllm"  # serve-check's engine when none is named
@@ -222,16 +222,15 @@ def _engine_cannot(folder: str, engine: str, plain: dict[str, Any], block: dict[
     """Why ``engine`` computes the natively patched checkpoint at ``folder`` (its config ``plain`` and hf_posenc
     record ``block``) at no length: ``hf-posenc serve-config``'s ``cannot`` for this engine where it is grounded (a
     longrope with two lists on a llama-architecture GGUF, a temperature vLLM derives otherwise); None when it computes
-    it somewhere, or where serve-config cannot judge the checkpoint (an architecture whose GGUF reading hf_posenc does
-    not write out, a config without its attention geometry, fields it does not know): the engine measures it."""
+    it somewhere, where serve-config cannot judge the checkpoint (it says ``not measured``: an architecture whose GGUF
+    reading hf_posenc does not write out, a config without its attention geometry) or cannot read its config: the
+    engine measures it."""
     try:
         served = served_of(plain, block, os.path.abspath(folder), gguf=is_gguf(folder))
         launch = engine_launch(engine, served, None)
     except (ValueError, TypeError, KeyError):  # a config serve-config does not read: left to the measurement
         return None
-    unjudged = engine == "llama.cpp" and (served.model_type not in ARCHITECTURES or not served.rope
-                                          or not plain.get("hidden_size"))
-    if launch.computes != "cannot" or unjudged:
+    if launch.computes != "cannot":
         return None
     return f"{launch.reason} (hf-posenc serve-config: cannot; serve-check --confirm-refusal scores it anyway)"
 

@@ -216,9 +216,9 @@ def _rotary_dim(reader, keys: dict[str, str], path: str) -> int:
     return int(dim)
 
 
-def refusal(cfg: PosEncConfig, arch: str) -> str | None:
-    """Why llama.cpp cannot compute ``cfg`` from a GGUF of ``arch`` (None: it can)."""
-    name, p = cfg.method, cfg.params
+def method_refusal(cfg: PosEncConfig) -> str | None:
+    """Why no GGUF, of any architecture, holds ``cfg``'s method (None: a GGUF's RoPE metadata can express it)."""
+    name = cfg.method
     scaling = _scaling(cfg)
     if scaling is not None and scaling.gguf is None and scaling.gguf_refusal:
         return scaling.gguf_refusal.format(name=name, architectures=", ".join(ARCHITECTURES))
@@ -226,6 +226,16 @@ def refusal(cfg: PosEncConfig, arch: str) -> str | None:
         return (f"llama.cpp cannot compute {name} (a{'n' if cfg.spec.kind[0] in 'aeiou' else ''} {cfg.spec.kind} "
                 "method); a GGUF's RoPE metadata expresses only none, pi (linear), ntk (freq_base), yarn and llama3 "
                 "(rope_freqs)")
+    return None
+
+
+def refusal(cfg: PosEncConfig, arch: str) -> str | None:
+    """Why llama.cpp cannot compute ``cfg`` from a GGUF of ``arch`` (None: it can): :func:`method_refusal`, then
+    what the architecture's GGUF reading adds."""
+    why = method_refusal(cfg)
+    if why:
+        return why
+    name, p, scaling = cfg.method, cfg.params, _scaling(cfg)
     if p.get("layer_types") is not None:
         return "layer_types: a GGUF of these architectures has one RoPE for every layer"
     why = scaling.gguf_check(p, arch) if scaling.gguf_check else None

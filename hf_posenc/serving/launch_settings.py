@@ -19,7 +19,7 @@ from ..engines.launch.base import TooLong, fence_for
 from ..methods import resolve_method
 from ..methods.remapped import REMAPPED
 from .checkpoint_facts import original_of, read_block
-from .gguf_file import ARCHITECTURES, is_gguf, llama_cpp_metadata, refusal
+from .gguf_file import ARCHITECTURES, is_gguf, llama_cpp_metadata, method_refusal, refusal
 
 
 def _geometry(plain: dict[str, Any], block: dict[str, Any], original: int):
@@ -31,12 +31,27 @@ def _geometry(plain: dict[str, Any], block: dict[str, Any], original: int):
     return rope_geometry(cfg, original, rp)
 
 
+def _unjudged(plain: dict[str, Any], arch: str) -> str | None:
+    """What hf_posenc does not know to judge llama.cpp's reading of a checkpoint by (None: it knows all of it)."""
+    unknown = [f"how llama.cpp's converter writes a {arch or 'model_type-less'} checkpoint (hf_posenc writes out "
+               f"{', '.join(ARCHITECTURES)})" if arch not in ARCHITECTURES else "",
+               "" if plain.get("hidden_size") else "its attention geometry (config.json states no hidden_size)",
+               "" if plain.get("rope_parameters") else "its RoPE (config.json states no rope_parameters)"]
+    return "; ".join(u for u in unknown if u) or None
+
+
 def _llama_cpp(cfg: PosEncConfig, plain: dict[str, Any], block: dict[str, Any], original: int,
-               arch: str) -> tuple[dict[str, Any] | None, str | None]:
+               arch: str) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """llama.cpp's RoPE metadata for the checkpoint, or None with why it cannot compute it -- and, where that
+    depends on what hf_posenc does not know of the checkpoint (another architecture, no attention geometry), what
+    it does not know: then only the engine can tell (serve-check measures it)."""
+    why = method_refusal(cfg)
+    if why:
+        return None, why, None
     why = refusal(cfg, arch if arch in ARCHITECTURES else "llama")
     if why or not plain.get("hidden_size"):
-        return None, why or "the checkpoint states no attention geometry (hidden_size)"
-    return llama_cpp_metadata(cfg, _geometry(plain, block, original)), None
+        return None, why, _unjudged(plain, arch)
+    return llama_cpp_metadata(cfg, _geometry(plain, block, original)), None, None
 
 
 def _restored(method: str, params: dict[str, Any], original: int) -> int | None:
@@ -76,14 +91,15 @@ def served_of(plain: dict[str, Any], block: dict[str, Any], path: str, gguf: boo
     method = block.get("method", "none")
     native = bool(block.get("native", True)) if block else True
     arch = str(plain.get("model_type") or plain.get("arch") or "")
-    meta, why = (plain.get("llama_cpp"), None) if gguf else (None, None)  # a GGUF holds its metadata
+    meta, why, unjudged = (plain.get("llama_cpp"), None, None) if gguf else (None, None, None)  # a GGUF holds it
     if native and not gguf:
         cfg = PosEncConfig.from_dict(block) if block else PosEncConfig("none")
-        meta, why = _llama_cpp(cfg, plain, block, original, arch)
+        meta, why, unjudged = _llama_cpp(cfg, plain, block, original, arch)
     return Served(path=path, gguf=gguf, method=method, native=native, family=block.get("family", "rope_decoder"),
                   original=original, context=int(plain.get("max_position_embeddings") or original), model_type=arch,
                   rope=_served_rope(plain, block), support=dict(resolve_method(method).engines),
-                  llama_cpp=meta, llama_cpp_refusal=why, frozen_at=block.get("frozen_at"),
+                  llama_cpp=meta, llama_cpp_refusal=why, llama_cpp_unjudged=unjudged,
+                  frozen_at=block.get("frozen_at"),
                   restored=_restored(method, block.get("params") or {}, original),
                   dual_chunk=plain.get("dual_chunk_attention_config"), legacy=None if gguf else stated(plain),
                   rope_layer_types=_rope_layer_types(plain))

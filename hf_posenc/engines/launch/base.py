@@ -25,7 +25,9 @@ class Served:
     the patch changed, ``full_attention`` by default, with every type in ``rope_layer_types``); support: the method
     record's ``{engine name: EngineSupport}``; llama_cpp: the RoPE metadata llama.cpp needs for the method (short names:
     type, factor, original, base, attn_factor, context; a ``rope_freqs`` tensor as ``freqs: True``), or None with
-    ``llama_cpp_refusal`` saying why llama.cpp cannot compute it; frozen_at: the length a dynamic method was
+    ``llama_cpp_refusal`` saying why llama.cpp cannot compute it -- unless ``llama_cpp_unjudged`` names what
+    hf_posenc does not know of the checkpoint to tell (another architecture's GGUF reading, no attention geometry):
+    then llama.cpp may compute it, and only the engine says; frozen_at: the length a dynamic method was
     frozen at; restored: the context hf_posenc.from_pretrained restores for a method saved as the original model;
     dual_chunk: config.json's ``dual_chunk_attention_config`` (``patch --dual-chunk-config``); legacy: the
     transformers-4 keys (``rope_theta``, ``rope_scaling``, ...) config.json carries when they state the RoPE of its
@@ -43,6 +45,7 @@ class Served:
     support: dict[str, Any] = field(default_factory=dict)
     llama_cpp: dict[str, Any] | None = None
     llama_cpp_refusal: str | None = None
+    llama_cpp_unjudged: str | None = None
     frozen_at: int | None = None
     restored: int | None = None
     dual_chunk: dict[str, Any] | None = None

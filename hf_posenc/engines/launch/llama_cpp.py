@@ -70,6 +70,22 @@ def gguf_of(served: Served) -> tuple[str, list[list[str]]]:
     return gguf, [["python", "convert_hf_to_gguf.py", served.path, "--outfile", gguf, "--outtype", "f32"]]
 
 
+def unjudged_reason(served: Served, engine: str = "llama.cpp") -> str:
+    """Why hf_posenc cannot say whether llama.cpp computes the checkpoint ``served`` (its ``llama_cpp_unjudged``)."""
+    why = (f"; read as a llama checkpoint it would not be computed ({served.llama_cpp_refusal})"
+           if served.llama_cpp_refusal else "")
+    return (f"{engine} may or may not compute this checkpoint: hf_posenc does not know {served.llama_cpp_unjudged}"
+            f"{why}; not measured here (hf-posenc serve-check --engine llama.cpp measures it).")
+
+
+def _unjudged(served: Served, length: int | None) -> Launch:
+    gguf, steps = gguf_of(served)
+    n = length_for(served, length, ENGINE, most=MOST)
+    return Launch(ENGINE, NOT_MEASURED, unjudged_reason(served), steps=steps,
+                  command=["llama-server", "-m", gguf, "--ctx-size", str(n)], python={"model_path": gguf, "n_ctx": n},
+                  max_length=n, checked=CHECKED)
+
+
 def launch(served: Served, length: int | None) -> Launch:
     if not served.native:
         return not_native(served, ENGINE, "converted, it is the unpatched model, and llama.cpp computes plain RoPE "
@@ -77,6 +93,8 @@ def launch(served: Served, length: int | None) -> Launch:
                                           "served wrong there (measured: hf-posenc serve-check --engine llama.cpp "
                                           "--confirm-refusal)")
     support = served.support.get(ENGINE)
+    if served.llama_cpp is None and served.llama_cpp_unjudged:
+        return _unjudged(served, length)
     if served.llama_cpp is None and not (support is not None and support.computes == "within_original"):
         why = served.llama_cpp_refusal or ""
         if "beta_fast=" in why:

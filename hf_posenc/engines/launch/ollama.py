@@ -16,7 +16,7 @@ import re
 
 from ..registry import Engine, register_engine
 from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native
-from .llama_cpp import gguf_of
+from .llama_cpp import gguf_of, unjudged_reason
 
 ENGINE = "Ollama"
 CHECKED = ("not launched here: read from Ollama's llm/llama_server.go (llama-server, no RoPE flags), llm/server.go "
@@ -49,7 +49,7 @@ def launch(served: Served, length: int | None) -> Launch:
     if not served.native:
         return not_native(served, ENGINE, "Ollama runs the converted GGUF through llama.cpp, which computes plain RoPE "
                                           "past the original context: served wrong there")
-    if served.llama_cpp is None:
+    if served.llama_cpp is None and not served.llama_cpp_unjudged:
         return Launch(ENGINE, CANNOT, f"Ollama runs GGUFs through llama.cpp, which cannot compute this checkpoint: "
                                       f"{served.llama_cpp_refusal}.", checked=CHECKED)
     n = length_for(served, length, ENGINE, served.context, most=MOST)
@@ -66,8 +66,10 @@ def launch(served: Served, length: int | None) -> Launch:
     steps.append(["ollama", "create", name, "-f", "Modelfile"])
     notes = ["Ollama releases before PR #16031 (2026-05-29) ran llama and qwen2 GGUFs in their own engine, which "
              "applies rope.scaling.factor as linear scaling whatever the type: a yarn GGUF is served as pi there"]
-    return Launch(ENGINE, NOT_MEASURED, "Ollama runs the GGUF with llama.cpp's llama-server, which reads the method "
-                                        "from its metadata (see llama.cpp); not measured here.",
+    reason = (unjudged_reason(served, "Ollama (llama.cpp's llama-server)") if served.llama_cpp is None else
+              "Ollama runs the GGUF with llama.cpp's llama-server, which reads the method from its metadata (see "
+              "llama.cpp); not measured here.")
+    return Launch(ENGINE, NOT_MEASURED, reason,
                   files={"Modelfile": f"FROM {from_value(gguf)}\nPARAMETER num_ctx {n}\n"}, steps=steps,
                   command=["ollama", "run", name], max_length=n, checked=CHECKED, notes=notes)
 
