@@ -165,7 +165,7 @@ def test_engine_refuses_a_non_computable_checkpoint_past_the_original_context(fo
 def test_eval_ppl_on_vllm_equals_transformers(folders, tmp_path):
     """Windows inside and past L, and the truncated baseline, on vLLM: the transformers engine's numbers."""
     common = dict(model=folders["plain"], methods=["none", "yarn"], factor=2.0, lengths=[200, 400], docs=prose(),
-                  truncated_stride=64, progress=False)
+                  max_windows=2, truncated_stride=64, progress=False)
     ref = run_perplexity(**common)
     got = run_perplexity(**common, engine="vllm", engine_python=vllm_python(), output=str(tmp_path))
     assert got["setup"]["engine"]["on_vllm"] == ["none", "yarn"]
@@ -173,6 +173,7 @@ def test_eval_ppl_on_vllm_equals_transformers(folders, tmp_path):
     for label, per_len in ref["results"].items():
         for n, r in per_len.items():
             assert got["results"][label][n]["ppl"] == pytest.approx(r["ppl"], rel=1e-3), (label, n)
+            assert got["results"][label][n]["windows"] == r["windows"] == 2, (label, n)
     cells = (tmp_path / "cells.jsonl").read_text().splitlines()
     assert json.loads(cells[0])["fingerprint"]["engine"]["name"] == "vllm"
 

@@ -54,11 +54,27 @@ def require_lm_eval() -> str:
     return version("lm_eval")
 
 
-@functools.lru_cache(maxsize=8)
-def _task_manager(metadata: str):
+@functools.lru_cache(maxsize=1)
+def _every_task():
+    """lm-eval's TaskManager over every task it ships (its index: each name and the file defining it), built once
+    per process: reading its ~14,000 YAML files takes ~20 s on 2 cores."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(metadata=json.loads(metadata))
+    return TaskManager()
+
+
+@functools.lru_cache(maxsize=8)
+def _task_manager(metadata: str, task: str):
+    """A TaskManager that loads ``task`` with ``metadata`` (RULER's length and tokenizer): over the folder that
+    defines the task only (its index read from :func:`_every_task`, not again per metadata), else over every task."""
+    from lm_eval.tasks import TaskManager
+
+    entry = _every_task().task_index.get(task)
+    defined_in = getattr(entry, "yaml_path", None)
+    if defined_in is None:  # a tag, or a task defined in Python only
+        return TaskManager(metadata=json.loads(metadata))
+    return TaskManager(include_defaults=False, include_path=os.path.dirname(str(defined_in)),
+                       metadata=json.loads(metadata))
 
 
 def check_tasks(tasks: list[str]) -> list[str]:
@@ -67,7 +83,7 @@ def check_tasks(tasks: list[str]) -> list[str]:
     if not tasks:
         raise ValueError("--tasks needs at least one lm-eval task, e.g. niah_single_1,niah_multikey_2,ruler_vt")
     require_lm_eval()
-    known = set(_task_manager("{}").all_tasks)
+    known = set(_every_task().all_tasks)
     tasks = [SHORT_NAMES.get(t, t) if t not in known else t for t in tasks]
     for name in tasks:
         if name not in known:
@@ -187,7 +203,8 @@ def harness_cell(model, tokenizer, tokenizer_dir: str, task: str, length: int, *
                                        batch_size=batch_size)
             else:
                 lm = HFLM(pretrained=model, tokenizer=tokenizer, max_length=length + gen, batch_size=batch_size)
-            res = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=limit, task_manager=_task_manager(metadata),
+            res = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=limit,
+                                          task_manager=_task_manager(metadata, task),
                                           gen_kwargs={"max_gen_toks": max_gen_tokens} if max_gen_tokens else None,
                                           log_samples=True, random_seed=seed, numpy_random_seed=seed,
                                           torch_random_seed=seed, fewshot_random_seed=seed)
