@@ -3,10 +3,15 @@ that tests import, are in helpers.py)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from helpers import FAMILIES, tiny_config, tiny_model
 from transformers import AutoModelForCausalLM
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n 2: one thread per worker, the cores shared between them
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(params=FAMILIES)

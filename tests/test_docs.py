@@ -26,7 +26,7 @@ def test_the_readme_opens_with_the_two_commands_and_stays_short():
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     assert blocks[0].startswith("bash scripts/setup.sh && .venv/bin/hf-posenc eval ppl")  # the main job
     assert blocks[1].strip() == ("bash scripts/setup.sh --vllm --llama-cpp --transformers4 && "
-                                 ".venv/bin/python -m pytest -q tests")
+                                 ".venv/bin/python -m pytest -q -n 2 --dist loadfile tests")
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
         assert blocks[1].strip() in f.read()  # CI runs the test command written in the README
     lines = text.splitlines()
