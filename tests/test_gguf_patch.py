@@ -485,3 +485,27 @@ def test_a_scaled_gguf_s_own_scaling_is_read_as_llama_cpp_reads_it_and_kept(tiny
         patch_gguf(write_tiny_gguf(tmp_path / "plain-qwen.gguf", model, arch="qwen2"), tmp_path / "l3.gguf",
                    PosEncConfig.parse("llama3:factor=2"))
     assert not any((tmp_path / n).exists() for n in ("none.gguf", "qwen-out.gguf", "l3.gguf"))
+
+
+def test_a_gguf_read_again_is_parsed_once_and_a_changed_or_rewritten_one_again(tiny_gguf, tmp_path, monkeypatch):
+    """The metadata of a GGUF is parsed once per state of the file: the same file read again is the same reader; a
+    file rewritten by patch --gguf, or changed by another tool, is read anew (its new metadata, never the old)."""
+    from hf_posenc.serving import gguf_file as G
+
+    parsed = []
+    real = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path, mode="r": parsed.append(path) or real(path, mode))
+    out = str(tmp_path / "out.gguf")
+    patch_gguf(tiny_gguf, out, PosEncConfig.parse("yarn:factor=2"))
+    first = G._reader(out)
+    assert G._reader(out) is first and parsed.count(out) == 1
+    patch_gguf(tiny_gguf, out, PosEncConfig.parse("pi:factor=4"))  # the same output written again
+    assert json.loads(G._value(G._reader(out), OWN_KEY))["config"]["method"] == "pi" and parsed.count(out) == 2
+    other = str(tmp_path / "copy.gguf")
+    with open(out, "rb") as f, open(other, "wb") as g:
+        g.write(f.read())
+    before = G._reader(other)
+    stat = os.stat(other)
+    os.utime(other, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # touched: same bytes, another state
+    assert G._reader(other) is not before
+    assert len(G._READERS) <= G._READERS_KEPT

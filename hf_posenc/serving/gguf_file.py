@@ -28,7 +28,7 @@ import json
 import math
 import os
 import tempfile
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Any
 
 from ..adapters.base import text_config
@@ -76,6 +76,24 @@ def is_gguf(path: str) -> bool:
         return False
 
 
+# The last few GGUF files read, by identity and state: parsing a file's metadata (its vocabulary above all) takes
+# seconds, and one command reads the same file several times (its facts, its record, its patch). A file changed or
+# replaced since has another key; a file this module writes is forgotten (its old mapping would keep the space).
+_READERS: OrderedDict[tuple, Any] = OrderedDict()
+_READERS_KEPT = 2
+
+
+def _file_key(path: str) -> tuple:
+    st = os.stat(path)
+    return (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _forget(path: str) -> None:
+    real = os.path.realpath(path)
+    for key in [k for k in _READERS if k[0] == real]:
+        del _READERS[key]
+
+
 def _reader(path: str):
     from gguf import GGUFReader
 
@@ -84,11 +102,20 @@ def _reader(path: str):
     if not is_gguf(path):
         raise ValueError(f"{path} is not a GGUF file (it does not start with the 'GGUF' magic); --gguf patches a "
                          ".gguf model (give an HF folder with --output instead)")
+    key = _file_key(path)
+    if key in _READERS:
+        _READERS.move_to_end(key)
+        return _READERS[key]
     try:
-        return GGUFReader(path, "r")
+        reader = GGUFReader(path, "r")
     except Exception as err:  # noqa: BLE001 -- the reader's own words, whatever it raises on a damaged file
         raise ValueError(f"{path} cannot be read as GGUF ({' '.join(str(err).split())[:200]}); it is truncated or "
                          "damaged") from None
+    _forget(path)
+    _READERS[key] = reader
+    while len(_READERS) > _READERS_KEPT:
+        _READERS.popitem(last=False)
+    return reader
 
 
 def _architecture(reader, path: str, does: str) -> str:
@@ -464,6 +491,7 @@ def _write_locked(reader, path: str, arch: str, metadata: dict[str, Any], scalin
         os.chmod(tmp, 0o666 & ~umask())
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        _forget(path)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
