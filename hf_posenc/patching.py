@@ -84,13 +84,17 @@ def get_config(model: nn.Module) -> PosEncConfig | None:
     return rec.config if rec is not None else None
 
 
-def _apply(model: nn.Module, cfg: PosEncConfig) -> None:
+def _apply(model: nn.Module, cfg: PosEncConfig, asked: PosEncConfig | None = None) -> None:
+    """Apply ``cfg`` on top of what ``model`` has; ``asked``: what was asked for it when ``cfg`` is a composition
+    applied again (read back from a record or a saved block), kept beside it in the record and the block."""
     warn_if_untested()
     adapter = find_adapter(model, cfg.spec)
     if cfg.params.get("layer_types") is not None and not adapter.takes_layer_types():
         raise ValueError(f"layer_types={cfg.params['layer_types']!r}: it applies to decoders with per-layer-type RoPE "
                          f"(Gemma 3, OLMo 3, ...); model_type={model.config.model_type!r} has none. Omit it.")
     resolved = adapter.resolve(model, cfg)
+    if asked is not None:
+        resolved.asked = asked
     record = PatchRecord(model, resolved, adapter)
     record.below = _record(model)  # a checkpoint's own scaling this patch goes on top of (see patch)
     try:
@@ -113,7 +117,7 @@ def adopt(model: nn.Module, cfg: PosEncConfig, block: dict, reapply: bool = Fals
     (applying it to such weights changes none). It cannot be unpatched: the original weights are not in
     the checkpoint."""
     if reapply:
-        _apply(model, cfg)
+        _apply(model, cfg, cfg.asked)
         record = _record(model)
     else:
         record = PatchRecord(model, cfg, find_adapter(model, cfg.spec))
@@ -153,7 +157,16 @@ def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"patch() needs a transformers model (a torch.nn.Module), got {type(model).__name__}.")
-    cfg = as_config(method, **kwargs)
+    return _patch(model, as_config(method, **kwargs))
+
+
+def reapply(model: nn.Module, cfg: PosEncConfig) -> nn.Module:
+    """:func:`patch` with a configuration read back from a record or a saved block: a composition keeps what was
+    asked for it (``cfg.asked``), which the longrope it computes does not say."""
+    return _patch(model, cfg, cfg.asked)
+
+
+def _patch(model: nn.Module, cfg: PosEncConfig, asked: PosEncConfig | None = None) -> nn.Module:
     inner = holder(model)  # a peft model: the model it wraps
     top = _record(inner)
     previous = top.config if top is not None and not top.checkpoint else None
@@ -166,14 +179,14 @@ def patch(model: nn.Module, method: Any, **kwargs: Any) -> nn.Module:
     if under is not None and cfg == under.config:
         return model  # the checkpoint's own scaling: the model as loaded
     try:
-        _apply(inner, cfg)
+        _apply(inner, cfg, asked)
         if inner is not model:
             _check_under_wrapper(model, inner)
     except BaseException:
         if _record(inner) is not under:
             unpatch(inner)
         if previous is not None:
-            _apply(inner, previous)
+            _apply(inner, previous, previous.asked)
         raise
     return model
 
@@ -278,6 +291,6 @@ def trying(model: nn.Module, configs: list[PosEncConfig]):
             unpatch(model)  # the patch tried last
         kept = chain.index(_record(model)) + 1 if _record(model) is not None else 0
         for rec in chain[kept:]:  # what a tried patch took off ("none": the checkpoint's scaling too), again
-            patch(model, rec.config)
+            reapply(model, rec.config)
             if rec.checkpoint:
                 keep_as_checkpoint(model)

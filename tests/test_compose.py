@@ -164,6 +164,20 @@ def test_what_cannot_be_composed_or_would_shrink_is_refused_before_anything_chan
     assert hf_posenc.get_config(model).method == "yarn" and model.config.max_position_embeddings == 1024
 
 
+def test_a_replacement_is_announced_only_once_it_is_not_refused_and_says_what_it_advertises(caplog):
+    model = llama31()
+    with caplog.at_level("WARNING", logger="hf_posenc"), pytest.raises(ValueError, match="fewer than the 512"):
+        hf_posenc.patch(model, "pi", factor=2.0, original_max_position_embeddings=PRETRAINED)
+    assert "replaces it" not in caplog.text  # refused: nothing is replaced
+    hf_posenc.patch(model, "dynamic_ntk", factor=2.0, original_max_position_embeddings=PRETRAINED)
+    assert "hf_posenc replaces it with 'dynamic_ntk'" in caplog.text
+    assert "it advertises 64 tokens where the checkpoint advertises 512" in caplog.text
+    assert model.config.max_position_embeddings == PRETRAINED
+    caplog.clear()
+    hf_posenc.patch(model, "pi", factor=16.0, original_max_position_embeddings=PRETRAINED)
+    assert "hf_posenc replaces it with 'pi'" in caplog.text and "advertises" not in caplog.text  # 1,024 > 512
+
+
 def test_a_longrope_over_the_current_context_that_does_not_restate_the_checkpoint_is_not_taken_as_one():
     """Only the composed configuration itself (short factors = the checkpoint's own) is taken over the current
     context; other lists there would silently drop the checkpoint's scaling."""

@@ -266,6 +266,27 @@ def test_get_config_and_the_saved_block_say_what_was_asked_on_top_of_the_checkpo
     assert "asked" not in plain_block and plain_block["schema"] == 2  # what earlier releases read
 
 
+def test_what_was_asked_stays_through_a_refused_patch_a_trial_and_a_load_saved_again(tmp_path):
+    """A composition applied again -- the earlier patch after a refused one, a model after trying(), a loaded
+    folder -- keeps what was asked for it in get_config and in the block it saves."""
+    def said(m) -> tuple:
+        return hf_posenc.get_config(m).asked.to_text(), m.config.hf_posenc.get("asked")
+
+    model = hf_posenc.patch(loaded(saved(tmp_path)), "yarn", factor=1.5)
+    with pytest.raises(ValueError, match="fewer than the 128"):
+        hf_posenc.patch(model, "pi", factor=1.5, original_max_position_embeddings=ORIGINAL)
+    assert said(model) == ("yarn:factor=1.5", "yarn:factor=1.5")
+    with trying(model, [hf_posenc.PosEncConfig("pi", 2.0)]):
+        pass
+    assert said(model) == ("yarn:factor=1.5", "yarn:factor=1.5")
+    model.save_pretrained(tmp_path / "composed")
+    again = loaded(str(tmp_path / "composed"))
+    assert said(again) == ("yarn:factor=1.5", "yarn:factor=1.5")
+    again.save_pretrained(tmp_path / "resaved")
+    block = json.loads((tmp_path / "resaved" / "config.json").read_text())["hf_posenc"]
+    assert block["asked"] == "yarn:factor=1.5" and block["schema"] == 3
+
+
 def test_a_bad_asked_in_a_saved_block_is_refused_naming_the_checkpoint(tmp_path):
     model = hf_posenc.patch(loaded(saved(tmp_path)), "yarn", factor=1.5)
     model.save_pretrained(tmp_path / "again")

@@ -207,6 +207,7 @@ class Scaled:
         if lay.layered:
             params["layer_types"] = lay.chosen_types()
         defaults = SCALINGS[cfg.method].defaults
+        replaced = []  # (own rope_type, layer type, base): said once the patch is known not to be refused
         for s in lay.selected:
             rp = s.rope_parameters(lay.config)
             geom = rope_geometry(lay.config, L, rp)
@@ -220,13 +221,14 @@ class Scaled:
                 params = defaults(params, geom.dim // 2, cfg.factor)
             old = rp.get("rope_type", "default")
             if old != "default" and not restates_checkpoint(cfg, lay):
-                logger.warning(
-                    "model already uses rope_type=%r%s; hf_posenc replaces it with %r computed from rope_theta=%s and "
-                    "original context %d, as original_max_position_embeddings asks.", old,
-                    f" for {s.layer_type}" if s.layer_type else "", cfg.method, geom.base, L,
-                )
+                replaced.append((old, s.layer_type, geom.base))
         resolved = PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None, L, params)
         _refuse_shrink(resolved, lay)
+        for old, layer_type, base in replaced:
+            logger.warning(
+                "model already uses rope_type=%r%s; hf_posenc replaces it with %r computed from rope_theta=%s and "
+                "original context %d, as original_max_position_embeddings asks%s.", old,
+                f" for {layer_type}" if layer_type else "", cfg.method, base, L, _advertised_less(resolved, lay))
         return resolved
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, record: PatchRecord) -> bool:
@@ -318,6 +320,17 @@ def _refuse_shrink(cfg: PosEncConfig, lay: Layout) -> None:
                          f"advertises now: give a factor of at least "
                          f"{least:g} to replace it, or drop original_max_position_embeddings to extend from its "
                          f"current context (x{cfg.factor:g} -> {spec.max_position(cfg.factor, now):,} tokens).")
+
+
+def _advertised_less(cfg: PosEncConfig, lay: Layout) -> str:
+    """What a replacing scaling that keeps its original context as the advertised one (dynamic NTK) gives up, said
+    beside the replacement: '' when it advertises no fewer tokens than the checkpoint does now."""
+    now = getattr(lay.config, "max_position_embeddings", None)
+    after = SCALINGS[cfg.method].max_position(cfg.factor, cfg.original_max_position_embeddings)
+    if not isinstance(now, int) or after >= now:
+        return ""
+    return (f"; it advertises {after:,} tokens where the checkpoint advertises {now:,}, and inputs up to "
+            f"{cfg.original_max_position_embeddings:,} tokens take the unscaled frequencies")
 
 
 def rescale_softmax(model: nn.Module, rope_parameters: dict[str, Any], record: PatchRecord) -> None:

@@ -16,7 +16,7 @@ import torch
 from ..adapters import ADAPTERS
 from ..adapters.rope_compose import kept_scaling
 from ..config import CONFIG_KEY, PosEncConfig, SavedBlock, as_config
-from ..patching import adopt, get_config, keep_as_checkpoint, patch
+from ..patching import adopt, keep_as_checkpoint, patch, reapply
 from ..serving.gguf_file import stored_patch
 from .models import drop_gguf_quantizer, read_config, resolve_source
 from .weights import HUB_FILE_KWARGS, read_tensors
@@ -104,10 +104,10 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
         return adopt(model, stored, block, reapply=adapter.reapplies(block))
     own = kept_scaling(block)  # a static scaling saved natively: what the checkpoint is
     if own is not None:
-        keep_as_checkpoint(patch(model, own))  # a requested patch goes on top of it
+        keep_as_checkpoint(reapply(model, own))  # a requested patch goes on top of it
     spec = requested or (stored if own is None else None) or written or shipped_dca(hf_config, path_or_id)
     if spec is not None and spec != own:
-        patch(model, spec)
+        (patch if spec is requested else reapply)(model, spec)
         extra = adapter.extra_weights(model) if adapter is not None and requested is None else []
         if extra:  # weights the patch added (a learned table): the saved, possibly trained, values
             saved = read_tensors(source.path, extra, **kwargs)
@@ -115,8 +115,6 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
             with torch.no_grad():
                 for name, tensor in saved.items():
                     state[name].copy_(tensor.to(state[name].dtype))
-    if stored is not None and requested is None:  # a stored composition: what was asked for it
-        get_config(model).asked = stored.asked
     return model
 
 
