@@ -212,8 +212,8 @@ def test_limits_a_patched_checkpoints_trained_context_and_someone_elses_folder(t
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "model.safetensors").write_text("not ours")
-    assert "holds files explain did not write" in refused(["explain", "pi", "--factor", "2", *common, "--output",
-                                                           str(theirs)], capsys)
+    err = refused(["explain", "pi", "--factor", "2", *common, "--output", str(theirs)], capsys)
+    assert "already holds files that hf-posenc explain did not write" in err
     model = AutoModelForCausalLM.from_config(tiny_config("llama"))
     hf_posenc.patch(model, "yarn", factor=2.0)
     model.save_pretrained(tmp_path / "patched")
@@ -223,7 +223,8 @@ def test_limits_a_patched_checkpoints_trained_context_and_someone_elses_folder(t
     assert out["geometry"]["original"] == 2 * ORIGINAL and out["length"] == 4 * ORIGINAL
     assert out["data"]["composed"] == hf_posenc.get_config(on_top).to_dict()
     explain("dca", str(tmp_path / "e"), head_dim=64, rope_theta=10000.0, original=512)  # replaces the earlier one
-    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["explain.json", "explain.md", "positions.png"]
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == [".hf_posenc-output.json", "explain.json",
+                                                                    "explain.md", "positions.png"]
     short = explain("yarn:factor=2", str(tmp_path / "f"), head_dim=64, rope_theta=10000.0, original=512, length=100)
     assert "nan" not in short["text"]
 
@@ -278,3 +279,32 @@ def test_on_per_layer_type_rope_explain_draws_the_layer_types_asked(tmp_path):
     C.gemma3().save_pretrained(tmp_path / "ckpt")
     out = explain('pi:factor=2,layer_types=["sliding_attention"]', str(tmp_path / "e"), model=str(tmp_path / "ckpt"))
     assert out["geometry"]["rope_theta"] == C.LOCAL_THETA  # the sliding layers' base, not the global layers'
+
+
+def test_explain_never_deletes_a_file_it_did_not_write_and_an_interrupted_one_leaves_the_earlier_output(
+        tmp_path, capsys, monkeypatch):
+    from hf_posenc.explaining import pictures
+
+    common = ["--head-dim", "64", "--rope-theta", "10000", "--original-max-position", "512"]
+    theirs = tmp_path / "theirs"  # an explain.json of someone else's naming their files
+    theirs.mkdir()
+    (theirs / "explain.json").write_text('{"pictures": ["README.md", "results.json"]}')
+    (theirs / "README.md").write_text("# mine")
+    (theirs / "results.json").write_text("{}")
+    assert "did not write" in refused(["explain", "yarn:factor=2", *common, "--output", str(theirs)], capsys)
+    assert sorted(p.name for p in theirs.iterdir()) == ["README.md", "explain.json", "results.json"]
+    out = tmp_path / "e"
+    explain("yarn:factor=2", str(out), head_dim=64, rope_theta=10000.0, original=512)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (out / "notes.txt").write_text("mine")  # a file put beside an earlier explain's: it is not replaced
+    assert "notes.txt" in refused(["explain", "pi:factor=2", *common, "--output", str(out)], capsys)
+    (out / "notes.txt").unlink()
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pictures, "remapped", killed)  # interrupted while drawing the new method
+    with pytest.raises(KeyboardInterrupt):
+        explain("dca", str(out), head_dim=64, rope_theta=10000.0, original=512)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier output, whole
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".e.")] == []  # no staged folder left

@@ -368,3 +368,37 @@ def test_a_weight_file_given_as_the_model_is_named(broken_folder, tmp_path, caps
     weights = broken_folder / "model.safetensors"
     err = refused(_eval(weights, tmp_path / "o", "--corpus", "python-docs"), capsys)
     assert f"model '{weights}' is a file; --model takes the folder" in err
+
+
+@pytest.mark.parametrize("command", [["eval", "ppl", "--lengths", "64", "--max-windows", "1"],
+                                     ["tune", "--target-length", "128"]])
+def test_a_folder_holding_a_report_an_evaluation_would_replace_is_refused_before_the_load(
+        command, tmp_path, capsys, stop_at_load):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    name = "perplexity.md" if command[0] == "eval" else "best.json"
+    (theirs / name).write_text("mine")
+    err = refused([*command, "--corpus", "python-docs", "--no-progress", "--output", str(theirs)], capsys)
+    assert f"already holds {name}, which no hf-posenc evaluation wrote there" in err and STOP not in err
+    assert sorted(p.name for p in theirs.iterdir()) == [name] and (theirs / name).read_text() == "mine"
+    (theirs / "cells.jsonl").write_text("")  # an earlier run's folder: its reports are rewritten as it resumes
+    assert STOP in refused([*command, "--corpus", "python-docs", "--no-progress", "--output", str(theirs)], capsys)
+
+
+def test_a_tune_rerun_without_a_winner_removes_the_earlier_best_json(tmp_path):
+    from hf_posenc.tuning.report import write_best
+
+    cfg = hf_posenc.PosEncConfig("pi", 16.0)
+    report = {"results": {"best": "p16", "configs": {"p16": cfg.to_dict()}}}
+    assert write_best(report, str(tmp_path)) == str(tmp_path / "best.json")
+    assert hf_posenc.PosEncConfig.from_json((tmp_path / "best.json").read_text()) == cfg
+    report["results"]["best"] = None  # the same output run again (--overwrite): every candidate disqualified
+    assert write_best(report, str(tmp_path)) is None and not (tmp_path / "best.json").exists()
+
+
+@pytest.mark.parametrize("seed", ["99999999999999999999999", "-1", "4294967296", "1.5"])
+@pytest.mark.parametrize("command", [["eval", "passkey"], ["tune"], ["patch", "--method", "pi"], ["finetune"]])
+def test_a_seed_no_generator_takes_is_refused_naming_the_flag(command, seed, tmp_path, capsys):
+    err = refused([*command, "--seed", seed, "--output", str(tmp_path / "o")], capsys)
+    assert "argument --seed: expected a whole number from 0 to 4294967295" in err and "Overflow" not in err
+    assert not (tmp_path / "o").exists()

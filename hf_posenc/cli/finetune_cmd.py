@@ -9,7 +9,7 @@ from ..training.finetune import PoseSettings, check_pose_method, finetune
 from ..training.long_eval import DEPTHS, LongEvalSettings
 from ..training.lora import LoraSettings, require_peft
 from ..training.settings import CheckpointSettings, TrainSettings
-from .flags import LoadFlags, data_flags, floats, method_config, method_flags, names, positive
+from .flags import LoadFlags, data_flags, floats, method_config, method_flags, names, positive, seed
 from .parser import DefaultsShown
 
 # the built-in corpus's 4 documents: these trained on, that one held out (document 0 shares passages with 3)
@@ -72,7 +72,7 @@ def add_parser(sub) -> None:
     t.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no",
                    help="compute the forward and backward passes in bf16 (CPUs and recent GPUs) or fp16 (CUDA) "
                         "under autocast, keeping float32 weights and optimizer state.")
-    t.add_argument("--seed", type=int, default=0, help="random seed (data order, initialisation).")
+    t.add_argument("--seed", type=seed, default=0, help="random seed (data order, initialisation).")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
     _checkpoint_flags(ft)
 

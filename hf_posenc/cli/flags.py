@@ -31,6 +31,7 @@ def argument_type(read):
 
 ints, floats, depths = argument_type(P.ints), argument_type(P.floats), argument_type(P.depths)
 positive, positive_float, names = argument_type(P.positive), argument_type(P.positive_float), argument_type(P.names)
+seed = argument_type(P.seed)
 
 
 def comma_choices(allowed: list[str]):
@@ -244,7 +245,7 @@ class OutputFlags:
         g.add_argument("--output", required=self.required, default=None, help=self.output_help)
         g.add_argument("--overwrite", action="store_true", help="discard finished cells of another setup in --output "
                        "instead of refusing to mix them.")
-        g.add_argument("--seed", type=int, default=0, help=self.seed_help)
+        g.add_argument("--seed", type=seed, default=0, help=self.seed_help)
         g.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
         g.add_argument("--no-plots", action="store_true", help=self.plots_help)
 

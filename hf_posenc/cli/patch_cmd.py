@@ -11,7 +11,18 @@ from ..publishing.patch_job import PatchEvals, PatchJob, UploadSettings, patch_a
 from ..serving.freezing import check_freeze
 from ..serving.gguf_file import original_before_load, patch_gguf
 from ..tuning.report import tune_report_beside
-from .flags import LoadFlags, depths, encoding_flag, ints, method_config, method_flags, names, positive, upload_flags
+from .flags import (
+    LoadFlags,
+    depths,
+    encoding_flag,
+    ints,
+    method_config,
+    method_flags,
+    names,
+    positive,
+    seed,
+    upload_flags,
+)
 from .parser import DefaultsShown
 
 LOAD = LoadFlags(DEFAULT_MODEL, "Hub id, local folder, .gguf file or alias of the base model.",
@@ -62,7 +73,7 @@ def add_parser(sub) -> None:
     e.add_argument("--max-windows", type=positive, default=1, help="perplexity windows per document and length.")
     e.add_argument("--depths", type=depths, default=[0.5], help="passkey needle depths.")
     e.add_argument("--trials", type=positive, default=2, help="passkey keys per (length, depth).")
-    e.add_argument("--seed", type=int, default=0, help="random seed.")
+    e.add_argument("--seed", type=seed, default=0, help="random seed.")
     e.add_argument("--no-progress", action="store_true", help="hide the progress bars.")
     v = pa.add_argument_group("serving check (its verdicts go into the model card's Serving section)")
     v.add_argument("--serve-check", choices=list(runnable()), default=None,

@@ -14,7 +14,7 @@ from ..io.files import OutputLock, check_output_folder
 from ..io.provenance import environment, recorded_command
 from ..io.reports import finish_report
 from ..patching import checkpoint_config
-from .cells import CellStore, run_cells
+from .cells import CELLS_FILE, CellStore, run_cells
 from .engine_choice import EngineChoice
 from .processes import Processes, device_name
 from .settings import RunSettings
@@ -57,6 +57,24 @@ def check_original_context(value) -> None:
                          f"to, a positive whole number of tokens (e.g. 16384), got {value!r}")
 
 
+REPORTS = ("perplexity", "passkey", "retrieval", "harness", "tune")  # the tasks whose <task>.json / .md a Run writes
+BEST = "best.json"  # (tune's winner)
+
+
+def check_reports_are_ours(output: str) -> None:
+    """Refuse, before any compute, a folder no evaluation has written into (no cells file) that holds a file named
+    as a report an evaluation writes: it would be replaced (a folder with a cells file is an earlier run's, whose
+    reports are rewritten as it resumes)."""
+    if not os.path.isdir(output) or os.path.isfile(os.path.join(output, CELLS_FILE)):
+        return
+    ours = {f"{task}.{ext}" for task in REPORTS for ext in ("json", "md")} | {BEST}
+    clash = sorted(name for name in os.listdir(output) if name in ours)
+    if clash:
+        raise ValueError(f"--output {output!r} already holds {', '.join(clash)}, which no hf-posenc evaluation wrote "
+                         f"there (the folder has no {CELLS_FILE}) and this run would replace: give a new or empty "
+                         "folder, or move those files away yourself")
+
+
 class Run:
     """One evaluation run: its variants, its model (loaded once, per process), its processes and cells, as
     ``settings`` (:class:`settings.RunSettings`) say. Its engine: transformers, or vLLM (every variant computed by
@@ -75,6 +93,7 @@ class Run:
                                    engine.tensor_parallel_size, engine.args)
         if out.output:
             check_output_folder(out.output)  # an unwritable --output is found before the compute, not after
+            check_reports_are_ours(out.output)
         self.processes = Processes(load.device)
         if self.engine.served and load.device_map:
             raise ValueError("--engine vllm: vLLM places the model itself (--tensor-parallel-size spreads it over "

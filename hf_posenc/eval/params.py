@@ -95,6 +95,20 @@ def positive(text: str) -> int:
     return value
 
 
+MAX_SEED = 2**32 - 1  # the largest seed every generator a run seeds takes (numpy's; torch's and Python's take more)
+
+
+def seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number from 0 to {MAX_SEED}, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(f"expected a whole number from 0 to {MAX_SEED} (what numpy, torch and Python's random all "
+                         f"take as a seed), got {text}")
+    return value
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -29,7 +29,8 @@ from ..checkpoints.loading import refuse_lora_folder
 from ..checkpoints.models import DEFAULT_MODEL, read_config, resolve_source
 from ..config import CONFIG_KEY, PosEncConfig, as_config
 from ..encodings.rope import RopeGeometry
-from ..io.files import atomic_write_text, check_output_folder
+from ..io.files import atomic_write_text
+from ..io.output_folder import ReplacedOutput, check_replaced_output
 from ..serving.gguf_file import trained_context
 from . import arrays as A
 from . import pictures as P
@@ -282,52 +283,33 @@ def explain(config: Any, output: str, *, model: str | None = None, head_dim: int
         raise ValueError(f"{cfg.method} extends a model's learned position table: give --model (a BERT-family model)")
     if head_dim is not None and head_dim % 2:
         raise ValueError(f"--head-dim must be even (RoPE rotates pairs of dimensions), got {head_dim}")
-    _check_output(output)
+    check_replaced_output(output, "explain")  # new, empty, or an earlier explain's output unchanged
     geom = geometry_of(model, head_dim, rope_theta, original, cfg.params.get("layer_types"))
     on = _checkpoint_rope(cfg, geom) if original is None else None
     if on is not None:
         geom = replace(geom, original=on[1])
     n = _target(cfg, geom, length)
-    _clear_earlier(output)
-    os.makedirs(output, exist_ok=True)
-    if kind in ("rope", "none"):
-        done = _rope(cfg, geom, n, output, on)
-    elif kind == "attention":
-        done = _attention(cfg, geom, n, output, resolution)
-    elif kind == "relative_bucket":
-        done = _buckets(cfg, geom, n, output)
-    elif kind == "swap":
-        done = _alibi(cfg, geom, n, output)
-    else:
-        done = _absolute(cfg, geom, output)
-    out = {"method": cfg.method, "kind": kind, "config": cfg.to_dict(), "length": n,
-           "geometry": geom.__dict__, **done}
-    atomic_write_text(os.path.join(output, "explain.json"), json.dumps(out, indent=1, default=float) + "\n")
-    atomic_write_text(os.path.join(output, "explain.md"), _markdown(out))
+    with ReplacedOutput(output, "explain") as folder, folder.staged() as tmp:  # in place when complete
+        done = _draw(cfg, kind, geom, n, tmp, on, resolution)
+        done["pictures"] = [os.path.join(output, os.path.basename(p)) for p in done["pictures"]]
+        out = {"method": cfg.method, "kind": kind, "config": cfg.to_dict(), "length": n,
+               "geometry": geom.__dict__, **done}
+        atomic_write_text(os.path.join(tmp, "explain.json"), json.dumps(out, indent=1, default=float) + "\n")
+        atomic_write_text(os.path.join(tmp, "explain.md"), _markdown(out))
     return out
 
 
-def _check_output(output: str) -> None:
-    """A new folder, or one an earlier explain wrote (its explain.json): never someone else's files."""
-    check_output_folder(output)  # an existing file, a device (/dev/null), a folder that cannot be written
-    if os.path.isdir(output) and os.listdir(output) and not os.path.isfile(os.path.join(output, "explain.json")):
-        raise ValueError(f"--output {output} holds files explain did not write; give a new or empty folder (or one an "
-                         "earlier explain wrote, which is replaced)")
-
-
-def _clear_earlier(output: str) -> None:
-    """An earlier explain's files in ``output`` go (its pictures would otherwise sit beside the new method's)."""
-    path = os.path.join(output, "explain.json")
-    if not os.path.isfile(path):
-        return
-    try:
-        with open(path, encoding="utf-8") as f:
-            earlier = json.load(f).get("pictures", [])
-    except (OSError, ValueError, AttributeError):
-        earlier = []
-    for name in [os.path.basename(p) for p in earlier] + ["explain.md", "explain.json"]:
-        if name.endswith((".png", ".md", ".json")) and os.path.isfile(os.path.join(output, name)):
-            os.unlink(os.path.join(output, name))
+def _draw(cfg: PosEncConfig, kind: str, geom, n: int, folder: str, on, resolution: int) -> dict[str, Any]:
+    """The pictures of ``cfg`` drawn into ``folder``, with their text and data."""
+    if kind in ("rope", "none"):
+        return _rope(cfg, geom, n, folder, on)
+    if kind == "attention":
+        return _attention(cfg, geom, n, folder, resolution)
+    if kind == "relative_bucket":
+        return _buckets(cfg, geom, n, folder)
+    if kind == "swap":
+        return _alibi(cfg, geom, n, folder)
+    return _absolute(cfg, geom, folder)
 
 
 def _markdown(out: dict[str, Any]) -> str:

@@ -103,11 +103,14 @@ def tune_plots(report: dict[str, Any], output: str) -> list[str]:
 
 
 def write_best(report: dict[str, Any], output: str) -> str | None:
-    """``best.json``: the winner's PosEncConfig (``hf-posenc patch --config``), when there is one."""
+    """``best.json``: the winner's PosEncConfig (``hf-posenc patch --config``), when there is one; else an earlier
+    run's ``best.json`` in this output goes (it would be taken for this run's winner)."""
     best = report["results"]["best"]
-    if best is None:
-        return None
     path = os.path.join(output, BEST_FILE)
+    if best is None:
+        if os.path.isfile(path):
+            os.unlink(path)
+        return None
     atomic_write_text(path, PosEncConfig.from_dict(report["results"]["configs"][best]).to_json() + "\n")
     return path
 
