@@ -178,7 +178,7 @@ def test_a_small_budget_stops_the_halving_but_still_confirms(tiny_checkpoint, tm
     assert set(res["confirmation"]["metrics"]) == {res["best"], res["runner_up"], res["reference"]["label"]} - {None}
 
 
-def test_a_checkpoint_patched_from_best_json_says_how_it_was_tuned(tiny_checkpoint, tmp_path, capsys):
+def test_a_checkpoint_patched_from_best_json_says_how_it_was_tuned(tiny_checkpoint, tmp_path, capsys, caplog):
     out = tmp_path / "tune"
     assert main(_tune(tiny_checkpoint, out, "--methods", "dca")) == 0
     res = json.loads((out / "tune.json").read_text())["results"]  # DCA takes no factor: the reference is YaRN at T / L
@@ -196,6 +196,14 @@ def test_a_checkpoint_patched_from_best_json_says_how_it_was_tuned(tiny_checkpoi
     (tmp_path / "tune.json").write_text((out / "tune.json").read_text())  # beside, but chose something else
     assert main(["patch", "--model", tiny_checkpoint, "--config", str(other), "--output", str(tmp_path / "q")]) == 0
     assert "hf-posenc tune" not in (tmp_path / "q" / "README.md").read_text()
+    import shutil
+
+    another = shutil.copytree(tiny_checkpoint, tmp_path / "another")  # best.json given to a model it did not tune
+    with caplog.at_level("WARNING", logger="hf_posenc"):
+        assert main(["patch", "--model", str(another), "--config", str(out / "best.json"), "--output",
+                     str(tmp_path / "r")]) == 0
+    assert f"was tuned on {tiny_checkpoint}, not on {another}: it is applied as given" in caplog.text
+    assert "hf-posenc tune" not in (tmp_path / "r" / "README.md").read_text()
 
 
 def test_tune_from_python_on_a_loaded_model(bert_tokenizer, monkeypatch):

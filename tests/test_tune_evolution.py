@@ -149,6 +149,11 @@ def test_evolution_flags_without_the_evolution_are_refused(tiny_checkpoint, tmp_
             "--population", "6", "--output", str(tmp_path / "out")]
     assert main(args) == 2
     assert "--population belong(s) to --search evolution" in capsys.readouterr().err
+    at_defaults = ["--population", "8", "--generations", "4", "--hold", "critical", "--search-attention-factor"]
+    assert main(args[:-4] + at_defaults + args[-2:]) == 2  # given at their defaults: still not silently ignored
+    assert ("--population, --generations, --hold, --search-attention-factor belong(s) to --search evolution"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from ..checkpoints.models import DEFAULT_MODEL, resolve_source
@@ -24,6 +25,8 @@ from .flags import (
     upload_flags,
 )
 from .parser import DefaultsShown
+
+logger = logging.getLogger(__name__)
 
 LOAD = LoadFlags(DEFAULT_MODEL, "Hub id, local folder, .gguf file or alias of the base model.",
                  "where the tokenizer comes from when the model's folder has none (needed only with --eval; saved "
@@ -107,8 +110,8 @@ def run(args, command: str) -> int:
         LOAD.settings(args), config, args.output, evals,
         upload, serve_check=args.serve_check, engine_python=args.engine_python,
         serve_check_lengths=args.serve_check_lengths, freeze_at=args.freeze_at,
-        dual_chunk_config=args.dual_chunk_config, tuned=_tune_report(args.config), seed=args.seed, command=command,
-        progress=not args.no_progress))
+        dual_chunk_config=args.dual_chunk_config, tuned=_tune_report(args.config, args.model), seed=args.seed,
+        command=command, progress=not args.no_progress))
     for report in done["reports"]:
         print(report["table"] + "\n")
     tokenizer = "tokenizer, " if done["tokenizer_saved"] else ""
@@ -147,6 +150,20 @@ def _run_gguf(args, config) -> int:
     return 0
 
 
-def _tune_report(config_path: str | None):
-    """The tune report beside a best.json (its table goes into the model card), when there is one."""
-    return tune_report_beside(config_path) if config_path else None
+def _tune_report(config_path: str | None, model: str):
+    """The tune report beside a best.json (its table goes into the model card), when there is one and it tuned
+    ``model``; a best.json tuned on another model is applied as given, said in a warning, without that report."""
+    report = tune_report_beside(config_path) if config_path else None
+    if report is None:
+        return None
+    tuned = str(report.get("setup", {}).get("model_source", ""))
+    try:
+        source = resolve_source(model)
+    except ValueError:  # the load that follows names what is wrong with --model
+        return None
+    here = source.label or source.path
+    if tuned == here or (os.path.exists(tuned) and os.path.exists(here) and os.path.samefile(tuned, here)):
+        return report
+    logger.warning("%s was tuned on %s, not on %s: it is applied as given, and the model card does not show that "
+                   "tuning (its numbers are another model's)", config_path, tuned or "another model", here)
+    return None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
+
 from ..checkpoints.models import DEFAULT_MODEL
 from ..config_syntax import parse_method_params
 from ..eval.settings import RunSettings
@@ -72,26 +75,34 @@ def add_parser(sub) -> None:
     OUTPUT.add(o)
 
 
+class _Given(argparse.Action):
+    """Stores the flag's value and notes that it was given (a grid search refuses it, even at its default)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+        namespace.given_evolution = [*getattr(namespace, "given_evolution", []), option_string]
+
+
 def _evolution_flags(tu) -> None:
     e = tu.add_argument_group("evolutionary search (--search evolution: per-dimension longrope factors, LongRoPE)")
     e.add_argument("--search", choices=list(SEARCHES), default="grid", help="grid: successive halving over the "
                    "methods' grids; evolution: search one longrope factor per rotary dimension (mutation and "
                    "crossover from PI's, NTK's, YaRN's and llama3's factors).")
-    d = EvolutionSettings()
-    e.add_argument("--population", type=positive, default=d.population, help="candidates per generation (>= 2).")
-    e.add_argument("--generations", type=positive, default=d.generations, help="generations of the search.")
-    e.add_argument("--mutation-rate", type=positive_float, default=d.mutation_rate, help="probability that a "
-                   "mutation moves each searched dimension's factor.")
-    e.add_argument("--mutation-step", type=positive_float, default=d.mutation_step, help="standard deviation of a "
-                   "mutation's step, in ln(factor).")
-    e.add_argument("--finalists", type=positive, default=d.finalists, help="the best candidates measured again on "
-                   "twice the windows (the ranking there picks the winner and checks the cheaper sample's).")
-    e.add_argument("--search-attention-factor", action="store_true", help="search the attention factor too "
-                   "(LongRoPE2), between 1 and 1.5; default: LongRoPE's sqrt(1 + ln s / ln L).")
-    e.add_argument("--hold", choices=list(HOLDS), default=d.hold, help="which high-frequency dimensions keep factor "
-                   "1: critical, those that turn at least once within the original context (LongRoPE2's critical "
-                   "dimension); yarn, those that turn more than 32 times there (the band YaRN leaves unchanged: its "
-                   "ramp stays within reach); none: every dimension searched.")
+    d, add = EvolutionSettings(), functools.partial(e.add_argument, action=_Given)  # (each noted when given)
+    add("--population", type=positive, default=d.population, help="candidates per generation (>= 2).")
+    add("--generations", type=positive, default=d.generations, help="generations of the search.")
+    add("--mutation-rate", type=positive_float, default=d.mutation_rate, help="probability that a "
+        "mutation moves each searched dimension's factor.")
+    add("--mutation-step", type=positive_float, default=d.mutation_step, help="standard deviation of a "
+        "mutation's step, in ln(factor).")
+    add("--finalists", type=positive, default=d.finalists, help="the best candidates measured again on "
+        "twice the windows (the ranking there picks the winner and checks the cheaper sample's).")
+    add("--search-attention-factor", nargs=0, default=False, help="search the attention factor too "
+        "(LongRoPE2), between 1 and 1.5; default: LongRoPE's sqrt(1 + ln s / ln L).")
+    add("--hold", choices=list(HOLDS), default=d.hold, help="which high-frequency dimensions keep factor "
+        "1: critical, those that turn at least once within the original context (LongRoPE2's critical "
+        "dimension); yarn, those that turn more than 32 times there (the band YaRN leaves unchanged: its "
+        "ramp stays within reach); none: every dimension searched.")
 
 
 EVOLUTION_FLAGS = {"population": "--population", "generations": "--generations", "mutation_rate": "--mutation-rate",
@@ -103,8 +114,7 @@ def _evolution(args) -> EvolutionSettings | None:
     given = EvolutionSettings(**{name: getattr(args, name) for name in EVOLUTION_FLAGS})
     if args.search == "evolution":
         return given
-    default = EvolutionSettings()
-    changed = [flag for name, flag in EVOLUTION_FLAGS.items() if getattr(given, name) != getattr(default, name)]
+    changed = list(dict.fromkeys(getattr(args, "given_evolution", [])))  # given, at their defaults too
     if changed:
         raise ValueError(f"{', '.join(changed)} belong(s) to --search evolution; add it, or drop them")
     return None
