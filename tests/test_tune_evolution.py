@@ -128,6 +128,13 @@ def test_evolution_writes_a_longrope_best_that_transformers_loads_and_resumes(ti
         diff = (plain(ids).logits.float() - ours(ids).logits.float()).abs().max().item()
     assert diff <= 1e-5
 
+    # the same folder given to a grid search (--overwrite): the evolution's own plots go with its report
+    grid = ["tune", "--model", tiny_checkpoint, "--target-length", str(T), "--corpus", "python-docs", "--no-progress",
+            "--methods", "yarn", "--output", str(out), "--overwrite"]
+    assert main(grid) == 0 and json.loads((out / "tune.json").read_text())["results"].get("search") != "evolution"
+    assert not (out / "tune_generations.png").exists() and not (out / "tune_factors.png").exists()
+    assert (out / "tune_loss_by_position.png").exists()
+
 
 def test_the_short_cost_of_a_candidate_is_shared_by_its_attention_factor(tiny_checkpoint, tmp_path):
     """Inputs of the original length take the short factors: two candidates with one attention factor compute the

@@ -59,6 +59,8 @@ def check_original_context(value) -> None:
 
 REPORTS = ("perplexity", "passkey", "retrieval", "harness", "tune")  # the tasks whose <task>.json / .md a Run writes
 BEST = "best.json"  # (tune's winner)
+REMOVED = ("tune_generations.png", "tune_factors.png")  # what a later run on the folder may remove (an earlier
+# evolutionary search's plots, once a grid search replaces its report)
 
 
 def check_reports_are_ours(output: str) -> None:
@@ -67,7 +69,7 @@ def check_reports_are_ours(output: str) -> None:
     reports are rewritten as it resumes)."""
     if not os.path.isdir(output) or os.path.isfile(os.path.join(output, CELLS_FILE)):
         return
-    ours = {f"{task}.{ext}" for task in REPORTS for ext in ("json", "md")} | {BEST}
+    ours = {f"{task}.{ext}" for task in REPORTS for ext in ("json", "md")} | {BEST, *REMOVED}
     clash = sorted(name for name in os.listdir(output) if name in ours)
     if clash:
         raise ValueError(f"--output {output!r} already holds {', '.join(clash)}, which no hf-posenc evaluation wrote "

@@ -65,6 +65,9 @@ def ints(text: str) -> list[int]:
         raise ValueError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
         raise ValueError(f"expected one or more comma-separated integers >= 1, got {text!r}")
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise ValueError(f"expected distinct values, got {text!r} ({', '.join(map(str, twice))} more than once)")
     return values
 
 
