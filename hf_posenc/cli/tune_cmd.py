@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 
 from ..checkpoints.models import DEFAULT_MODEL
@@ -105,13 +106,8 @@ def _evolution_flags(tu) -> None:
         "ramp stays within reach); none: every dimension searched.")
 
 
-EVOLUTION_FLAGS = {"population": "--population", "generations": "--generations", "mutation_rate": "--mutation-rate",
-                   "mutation_step": "--mutation-step", "finalists": "--finalists",
-                   "search_attention_factor": "--search-attention-factor", "hold": "--hold"}
-
-
 def _evolution(args) -> EvolutionSettings | None:
-    given = EvolutionSettings(**{name: getattr(args, name) for name in EVOLUTION_FLAGS})
+    given = EvolutionSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EvolutionSettings)})
     if args.search == "evolution":
         return given
     changed = list(dict.fromkeys(getattr(args, "given_evolution", [])))  # given, at their defaults too

@@ -7,12 +7,12 @@ import os
 from typing import Any
 
 from ..config import PosEncConfig
+from ..eval.common import BEST
 from ..eval.perplexity import bucket_edges
 from ..io.files import atomic_write_text
 from ..io.reports import markdown_table, plot_lines
 from .objective import BUCKETS
 
-BEST_FILE = "best.json"
 TOP_PLOTTED = 3
 
 
@@ -106,7 +106,7 @@ def write_best(report: dict[str, Any], output: str) -> str | None:
     """``best.json``: the winner's PosEncConfig (``hf-posenc patch --config``), when there is one; else an earlier
     run's ``best.json`` in this output goes (it would be taken for this run's winner)."""
     best = report["results"]["best"]
-    path = os.path.join(output, BEST_FILE)
+    path = os.path.join(output, BEST)
     if best is None:
         if os.path.isfile(path):
             os.unlink(path)
