@@ -189,6 +189,55 @@ def test_sigterm_releases_the_lock_and_removes_what_was_staged(command, tiny_che
     assert not lock.exists() and _leftovers(tmp_path) == []
 
 
+_KILLED_AT = """
+import os, signal, sys
+from hf_posenc.io.interrupts import Terminated, sigterm_interrupts
+from hf_posenc.io.output_folder import MANIFEST, ReplacedOutput
+
+where, out = sys.argv[1], sys.argv[2]
+def write(text):
+    with ReplacedOutput(out, "patch") as o, o.staged() as tmp:
+        open(os.path.join(tmp, "a.txt"), "w").write(text)
+        if text == "old":
+            return
+        arm("manifest", "replace", lambda src, dst: dst.endswith(MANIFEST))
+        arm("renames", "replace", lambda src, dst: src == os.path.abspath(out))
+def arm(point, name, when=lambda *a: True):
+    if point != where:
+        return
+    real = getattr(os, name)
+    def kill_then_call(*args, **kwargs):
+        if when(*args):
+            setattr(os, name, real)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+    setattr(os, name, kill_then_call)
+write("old")
+arm("lock", "ftruncate")
+arm("staging", "chmod")
+try:
+    with sigterm_interrupts():
+        write("new")
+    print("finished")
+except Terminated:
+    print("terminated")
+"""
+
+
+@pytest.mark.parametrize("where", ["lock", "staging", "manifest", "renames"])
+def test_a_kill_at_any_step_of_replacing_an_output_leaves_it_whole_and_nothing_beside(where, tmp_path):
+    """SIGTERM while the lock is taken, the staged folder made, its manifest written, or during the two renames
+    (there it waits until both are done): the run stops, the output is the old one or the new one, and neither a
+    lock, a staged folder nor a moved-aside output is left."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", _KILLED_AT, where, str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "terminated", done.stderr
+    assert os.listdir(tmp_path) == ["out"]
+    assert (out / "a.txt").read_text() == ("new" if where == "renames" else "old")
+    assert sorted(os.listdir(out)) == sorted(["a.txt", MANIFEST])
+
+
 def test_what_only_looks_like_a_killed_runs_leftovers_is_kept(tmp_path):
     """Only the names a run makes (mkdtemp's) are cleaned: another output's staging folder, or a user's folder
     that happens to start alike, stays."""

@@ -11,6 +11,7 @@ from ..checkpoints.context import original_context
 from ..checkpoints.runtime import load_model_and_tokenizer, seed_everything
 from ..io.digests import file_digests
 from ..io.files import OutputLock, check_output_folder
+from ..io.interrupts import deferred_interrupts
 from ..io.provenance import environment, recorded_command
 from ..io.reports import finish_report
 from ..patching import checkpoint_config
@@ -111,7 +112,13 @@ class Run:
         self.command, self.loaded = out.command, s.loaded
         self._stores: dict[str, CellStore] = {}
         # one run per output folder: a second one is refused here, before the slow load
-        self._lock = OutputLock(out.output) if out.output and self.processes.is_main else None
+        self._lock = None
+        try:  # a kill as the lock is taken leaves no lock file
+            with deferred_interrupts():
+                self._lock = OutputLock(out.output) if out.output and self.processes.is_main else None
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self) -> "Run":
         return self

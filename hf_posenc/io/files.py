@@ -7,6 +7,8 @@ import os
 import tempfile
 from typing import BinaryIO, Callable
 
+from .interrupts import deferred_interrupts
+
 
 def umask() -> int:
     """The process's file-mode creation mask (read by setting it and setting it back)."""
@@ -104,15 +106,24 @@ class OutputLock:
         self.created = path is None and not os.path.exists(self.folder)
         if path is None:
             os.makedirs(self.folder, exist_ok=True)
-        self.path = path or os.path.join(self.folder, LOCK_FILE)
+        self.path, self.fd = path or os.path.join(self.folder, LOCK_FILE), None
+        try:  # a kill while the lock is taken (handled as the signals are let through) leaves no lock file
+            with deferred_interrupts():
+                self._hold(folder)
+        except BaseException:
+            self.release()
+            raise
+
+    def _hold(self, folder: str) -> None:
         while True:  # the file locked must still be the one at the path (a releasing run removes it)
-            self.fd = self._take(folder)
+            fd = self._take(folder)
             try:
-                if os.stat(self.path).st_ino == os.fstat(self.fd).st_ino:
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
                     break
             except FileNotFoundError:
                 pass
-            os.close(self.fd)
+            os.close(fd)
+        self.fd = fd
         os.ftruncate(self.fd, 0)
         os.write(self.fd, f"{os.getpid()}\n".encode())
 

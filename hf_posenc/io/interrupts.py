@@ -47,3 +47,15 @@ def sigterm_interrupts():
         signal.signal(signal.SIGTERM, before)
         signal.signal(signal.SIGALRM, alarm)
         sys.unraisablehook = hook
+
+
+@contextmanager
+def deferred_interrupts():
+    """Within the block, SIGTERM and SIGINT wait; one that came meanwhile is handled when the block ends, as the
+    signals are let through again (its exception is raised from there). For steps that must happen together:
+    taking a lock and recording it, two renames."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

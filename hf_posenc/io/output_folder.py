@@ -9,11 +9,11 @@ import glob
 import json
 import os
 import shutil
-import signal
 import tempfile
 from typing import Any
 
 from .files import OutputLock, atomic_write_text, check_output_folder, umask
+from .interrupts import deferred_interrupts
 from .wording import first_names
 
 MANIFEST = ".hf_posenc-output.json"
@@ -110,21 +110,23 @@ class ReplacedOutput:
     def __init__(self, output: str, command: str):
         self.output, self.command = os.path.abspath(output), command
         parent, name = os.path.split(self.output)
-        self.made = _missing_parents(parent)
-        os.makedirs(parent, exist_ok=True)
+        self.made, self.lock = _missing_parents(parent), None
         self._prefix = os.path.join(parent, f".{name}.")
-        try:
-            self.lock = OutputLock(self.output, path=f"{self._prefix}hf_posenc.lock")
+        try:  # a kill from here on leaves neither the lock nor the parent folders made for the output
+            os.makedirs(parent, exist_ok=True)
+            with deferred_interrupts():
+                self.lock = OutputLock(self.output, path=f"{self._prefix}hf_posenc.lock")
+            self._recover()
         except BaseException:
-            self._remove_made()
+            self.__exit__()
             raise
-        self._recover()
 
     def __enter__(self) -> "ReplacedOutput":
         return self
 
     def __exit__(self, *exc) -> None:
-        self.lock.release()
+        if self.lock is not None:
+            self.lock.release()
         self._remove_made()
 
     def _recover(self) -> None:
@@ -151,51 +153,69 @@ class ReplacedOutput:
 
 class _Staged:
     def __init__(self, out: ReplacedOutput):
-        self.out = out
+        self.out, self.tmp = out, None
 
     def __enter__(self) -> str:
-        self.tmp = tempfile.mkdtemp(prefix=os.path.basename(self.out._prefix) + "partial-",
-                                    dir=os.path.dirname(self.out.output))
-        os.chmod(self.tmp, 0o777 & ~umask())  # the mode of a folder made by os.makedirs, not mkdtemp's 0700
+        try:  # a kill while the folder is made is handled once it is recorded, and removes it
+            with deferred_interrupts():
+                self.tmp = tempfile.mkdtemp(prefix=os.path.basename(self.out._prefix) + "partial-",
+                                            dir=os.path.dirname(self.out.output))
+            os.chmod(self.tmp, 0o777 & ~umask())  # the mode of a folder made by os.makedirs, not mkdtemp's 0700
+        except BaseException:
+            self._discard()
+            raise
         return self.tmp
 
     def __exit__(self, kind, value, tb) -> bool:
-        if kind is not None:
+        try:
+            if kind is None:
+                self._put_in_place()
+        finally:  # failed, killed, or put in place (then nothing is left at its name)
+            self._discard()
+        return False
+
+    def _discard(self) -> None:
+        if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
-            return False
+
+    def _put_in_place(self) -> None:
         try:
             check_replaceable(self.out.output, self.out.command)  # a file put there while the run computed
         except ValueError as err:
             raise ValueError(f"{err} The new output is kept in {self._keep_aside()}.") from None
         manifest = {"command": self.out.command, "files": _files(self.tmp)}
         atomic_write_text(os.path.join(self.tmp, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-        old = None
-        if os.path.exists(self.out.output):
-            old = tempfile.mkdtemp(prefix=os.path.basename(self.out._prefix) + "old-",
-                                   dir=os.path.dirname(self.out.output))
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # the two renames
-        try:  # happen together, or the old output is put back; a kill -9 between them is undone by the next run
-            if old is not None:
-                os.replace(self.out.output, os.path.join(old, "previous"))
-            try:
-                os.replace(self.tmp, self.out.output)
-            except OSError as err:
-                if old is not None:
-                    os.replace(os.path.join(old, "previous"), self.out.output)
-                raise ValueError(f"--output {self.out.output} could not be replaced ({err.strerror}); it is as it was, "
-                                 f"and the new output is kept in {self._keep_aside()}") from None
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return False
+        old, self.replaced = None, False
+        try:
+            with deferred_interrupts():  # the two renames happen together, or the old output is put back; a kill -9
+                if os.path.exists(self.out.output):  # between them is undone by the next run
+                    old = tempfile.mkdtemp(prefix=os.path.basename(self.out._prefix) + "old-",
+                                           dir=os.path.dirname(self.out.output))
+                self._replace(old)
+        finally:  # also when a kill that came during the renames is handled, as they end
+            if old is not None and (self.replaced or not os.path.lexists(os.path.join(old, "previous"))):
+                shutil.rmtree(old, ignore_errors=True)  # the replaced output, or the empty folder it came back from
 
+    def _replace(self, old: str | None) -> None:
+        """The staged folder to ``output``; ``output`` first into ``old``, and back there if that fails."""
+        if old is not None:
+            os.replace(self.out.output, os.path.join(old, "previous"))
+        try:
+            os.replace(self.tmp, self.out.output)
+            self.tmp = None
+        except OSError as err:
+            if old is not None:
+                os.replace(os.path.join(old, "previous"), self.out.output)
+            raise ValueError(f"--output {self.out.output} could not be replaced ({err.strerror}); it is as it was, "
+                             f"and the new output is kept in {self._keep_aside()}") from None
+        self.replaced = True
 
     def _keep_aside(self) -> str:
         """The staged folder moved to ``<output>.new-*``, a name no later run removes; returns it."""
         parent, name = os.path.split(self.out.output)
         kept = tempfile.mkdtemp(prefix=name + ".new-", dir=parent)
         os.replace(self.tmp, kept)
+        self.tmp = None
         return kept
 
 
