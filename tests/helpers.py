@@ -166,6 +166,14 @@ def greedy(model, prompt, n=12, mask=None):
     return out.sequences, torch.stack(out.logits, 1).float()
 
 
+def only_names_a_fresh_folder_is_checked_for(out) -> None:
+    """Every file a run wrote in ``out`` (but its cells file) is one a run refuses to replace in a folder it never
+    wrote into (:func:`hf_posenc.eval.common.check_reports_are_ours`)."""
+    from hf_posenc.eval.common import written_by_a_run
+
+    assert [n for n in sorted(os.listdir(out)) if not written_by_a_run(n)] == ["cells.jsonl"]
+
+
 def refused(argv, capsys) -> str:
     """Run the CLI; it must exit with status 2 and one error line, no traceback. Returns stderr."""
     from hf_posenc.cli import main

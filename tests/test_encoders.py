@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from helpers import only_names_a_fresh_folder_is_checked_for
 from transformers import AutoConfig, AutoModel, T5ForConditionalGeneration
 
 import hf_posenc
@@ -396,6 +397,7 @@ def test_cli_retrieval_on_minilm(tmp_path):
     assert res["hierarchical"]["by_length"]["512"] == res["none"]["by_length"]["512"]
     assert res["none"]["by_length"]["1024"]["accuracy"] == pytest.approx(1 / 5)  # the fact at depth 0.9 is cut
     assert (tmp_path / "retrieval_vs_length.png").stat().st_size > 1000
+    only_names_a_fresh_folder_is_checked_for(tmp_path)
 
 
 def test_t5_passkey_by_generation(tmp_path, bert_tokenizer):

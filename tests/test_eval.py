@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import ORIGINAL, book_path, ids, on_loaded, refused, tiny_model
+from helpers import ORIGINAL, book_path, ids, on_loaded, only_names_a_fresh_folder_is_checked_for, refused, tiny_model
 
 from hf_posenc.cli import main
 from hf_posenc.eval.passkey import PasskeyBuilder, batches, score_teacher_forced
@@ -116,6 +116,7 @@ def test_cli_ppl_end_to_end(tiny_checkpoint, tmp_path, capsys):
     assert report["results"]["none"]["128"]["windows"] == 2
     for png in ("ppl_vs_length.png", "loss_by_position_64.png", "loss_by_position_128.png"):
         assert (out / png).stat().st_size > 1000
+    only_names_a_fresh_folder_is_checked_for(out)
     # same seed, same numbers
     main(["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none", "--text-file", book_path("pg1513.txt"),
           "--lengths", "64", "--max-windows", "2", "--output", str(tmp_path / "again"), "--no-progress", "--no-plots"])
@@ -144,6 +145,7 @@ def test_cli_passkey_end_to_end(tiny_checkpoint, tmp_path):
     assert set(report["results"]) == {"none", "yarn"} and len(report["results"]["yarn"]["cells"]) == 6
     for png in ("passkey_heatmap_none.png", "passkey_heatmap_yarn.png", "passkey_vs_length.png"):
         assert (tmp_path / png).stat().st_size > 1000
+    only_names_a_fresh_folder_is_checked_for(tmp_path)
 
 
 def test_cli_errors_are_clear(tiny_checkpoint, capsys):

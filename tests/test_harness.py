@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from helpers import load_real, refused, tiny_config
+from helpers import load_real, only_names_a_fresh_folder_is_checked_for, refused, tiny_config
 from test_eval_scale import _launch
 from transformers import AutoModelForCausalLM
 
@@ -120,6 +120,7 @@ def test_eval_harness_runs_ruler_per_variant_and_resumes(tiny_smol, tmp_path, ca
     assert main(argv) == 0
     first = json.loads((out / "harness.json").read_text())
     assert set(first["results"]) == {"none", "se"} and (out / "harness_vs_length.png").exists()
+    only_names_a_fresh_folder_is_checked_for(out)
     for r in first["results"].values():
         assert r["samples"]["niah_single_1"]["512"] == 2
         assert 0.0 <= r["scores"]["niah_single_1"]["512"] <= 1.0

@@ -370,13 +370,15 @@ def test_a_weight_file_given_as_the_model_is_named(broken_folder, tmp_path, caps
     assert f"model '{weights}' is a file; --model takes the folder" in err
 
 
-@pytest.mark.parametrize("command", [["eval", "ppl", "--lengths", "64", "--max-windows", "1"],
-                                     ["tune", "--target-length", "128"]])
+@pytest.mark.parametrize(("command", "name"), [
+    (["eval", "ppl", "--lengths", "64", "--max-windows", "1"], "perplexity.md"),
+    (["eval", "ppl", "--lengths", "64", "--max-windows", "1"], "loss_by_position_64.png"),
+    (["tune", "--target-length", "128"], "best.json"),
+    (["tune", "--target-length", "128"], "tune_loss_by_position.png")])
 def test_a_folder_holding_a_report_an_evaluation_would_replace_is_refused_before_the_load(
-        command, tmp_path, capsys, stop_at_load):
+        command, name, tmp_path, capsys, stop_at_load):
     theirs = tmp_path / "theirs"
     theirs.mkdir()
-    name = "perplexity.md" if command[0] == "eval" else "best.json"
     (theirs / name).write_text("mine")
     err = refused([*command, "--corpus", "python-docs", "--no-progress", "--output", str(theirs)], capsys)
     assert f"already holds {name}, which no hf-posenc evaluation wrote there" in err and STOP not in err

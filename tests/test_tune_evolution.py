@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from helpers import ORIGINAL, tiny_config, tiny_model
+from helpers import ORIGINAL, only_names_a_fresh_folder_is_checked_for, tiny_config, tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
@@ -106,6 +106,7 @@ def test_evolution_writes_a_longrope_best_that_transformers_loads_and_resumes(ti
     assert "Best per generation" in md and "Kendall" in md and "reference: YaRN" in md
     for png in ("tune_generations.png", "tune_factors.png", "tune_loss_by_position.png"):
         assert (out / png).stat().st_size > 0
+    only_names_a_fresh_folder_is_checked_for(out)
 
     # the same command computes nothing new and picks the same best
     cells = (out / "cells.jsonl").read_text()

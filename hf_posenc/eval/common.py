@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import time
@@ -64,14 +65,23 @@ REMOVED = ("tune_generations.png", "tune_factors.png")  # what a later run on th
 # evolutionary search's plots, once a grid search replaces its report)
 
 
+PLOTS = ("ppl_vs_length.png", "loss_by_position_*.png", "passkey_vs_length.png", "passkey_heatmap_*.png",
+         "retrieval_vs_length.png", "harness_vs_length.png", "tune_loss_by_position.png", *REMOVED)  # a Run's figures
+
+
+def written_by_a_run(name: str) -> bool:
+    """Whether a Run writes (or replaces) a file of this name in its output folder: a report, best.json, a plot."""
+    reports = {f"{task}.{ext}" for task in REPORTS for ext in ("json", "md")} | {BEST}
+    return name in reports or any(fnmatch.fnmatchcase(name, plot) for plot in PLOTS)
+
+
 def check_reports_are_ours(output: str) -> None:
     """Refuse, before any compute, a folder no evaluation has written into (no cells file) that holds a file named
     as a report an evaluation writes: it would be replaced (a folder with a cells file is an earlier run's, whose
     reports are rewritten as it resumes)."""
     if not os.path.isdir(output) or os.path.isfile(os.path.join(output, CELLS_FILE)):
         return
-    ours = {f"{task}.{ext}" for task in REPORTS for ext in ("json", "md")} | {BEST, *REMOVED}
-    clash = sorted(name for name in os.listdir(output) if name in ours)
+    clash = sorted(name for name in os.listdir(output) if written_by_a_run(name))
     if clash:
         raise ValueError(f"--output {output!r} already holds {', '.join(clash)}, which no hf-posenc evaluation wrote "
                          f"there (the folder has no {CELLS_FILE}) and this run would replace: give a new or empty "
