@@ -185,7 +185,7 @@ class _Staged:
             raise ValueError(f"{err} The new output is kept in {self._keep_aside()}.") from None
         manifest = {"command": self.out.command, "files": _files(self.tmp)}
         atomic_write_text(os.path.join(self.tmp, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-        old, self.replaced = None, False
+        old = None
         try:
             with deferred_interrupts():  # the two renames happen together, or the old output is put back; a kill -9
                 if os.path.exists(self.out.output):  # between them is undone by the next run
@@ -193,7 +193,7 @@ class _Staged:
                                            dir=os.path.dirname(self.out.output))
                 self._replace(old)
         finally:  # also when a kill that came during the renames is handled, as they end
-            if old is not None and (self.replaced or not os.path.lexists(os.path.join(old, "previous"))):
+            if old is not None and (self.tmp is None or not os.path.lexists(os.path.join(old, "previous"))):
                 shutil.rmtree(old, ignore_errors=True)  # the replaced output, or the empty folder it came back from
 
     def _replace(self, old: str | None) -> None:
@@ -202,13 +202,12 @@ class _Staged:
             os.replace(self.out.output, os.path.join(old, "previous"))
         try:
             os.replace(self.tmp, self.out.output)
-            self.tmp = None
+            self.tmp = None  # (put in place)
         except OSError as err:
             if old is not None:
                 os.replace(os.path.join(old, "previous"), self.out.output)
             raise ValueError(f"--output {self.out.output} could not be replaced ({err.strerror}); it is as it was, "
                              f"and the new output is kept in {self._keep_aside()}") from None
-        self.replaced = True
 
     def _keep_aside(self) -> str:
         """The staged folder moved to ``<output>.new-*``, a name no later run removes; returns it."""
