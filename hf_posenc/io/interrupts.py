@@ -8,6 +8,7 @@ raised again, in ordinary code, a moment later (SIGALRM, armed only then)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -51,11 +52,29 @@ def sigterm_interrupts():
 
 @contextmanager
 def deferred_interrupts():
-    """Within the block, SIGTERM and SIGINT wait; one that came meanwhile is handled when the block ends, as the
-    signals are let through again (its exception is raised from there). For steps that must happen together:
-    taking a lock and recording it, two renames."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    """Within the block, SIGTERM and SIGINT wait; the first that came meanwhile is handled when the block ends, by
+    the handler that was in place (its exception raised from there; under the default action the signal is sent
+    again). For steps that must happen together: taking a lock and recording it, two renames. Done on Python's
+    handlers, not the thread's signal mask: a signal sent to the process may be delivered to any of its threads
+    (torch's among them), and Python runs its handler in the main thread at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # (Python runs handlers in the main thread only; there nothing changes)
+        return
+    came: list[tuple[int, object]] = []
+    kinds = [s for s in (signal.SIGTERM, signal.SIGINT) if signal.getsignal(s) is not None]  # (None: not Python's)
+    before = {s: signal.signal(s, lambda signum, frame: came.append((signum, frame))) for s in kinds}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        for kind, handler in before.items():
+            signal.signal(kind, handler)
+        if came:
+            _handle(before[came[0][0]], *came[0])
+
+
+def _handle(handler, signum: int, frame) -> None:
+    """What ``handler`` (a signal's handler as :func:`signal.getsignal` gives it) does with ``signum``."""
+    if callable(handler):
+        handler(signum, frame)
+    elif handler == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)
