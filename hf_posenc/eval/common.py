@@ -69,10 +69,12 @@ PLOTS = ("ppl_vs_length.png", "loss_by_position_*.png", "passkey_vs_length.png",
          "retrieval_vs_length.png", "harness_vs_length.png", "tune_loss_by_position.png", *REMOVED)  # a Run's figures
 
 
+_REPORT_NAMES = frozenset({f"{task}.{ext}" for task in REPORTS for ext in ("json", "md")} | {BEST})
+
+
 def written_by_a_run(name: str) -> bool:
     """Whether a Run writes (or replaces) a file of this name in its output folder: a report, best.json, a plot."""
-    reports = {f"{task}.{ext}" for task in REPORTS for ext in ("json", "md")} | {BEST}
-    return name in reports or any(fnmatch.fnmatchcase(name, plot) for plot in PLOTS)
+    return name in _REPORT_NAMES or any(fnmatch.fnmatchcase(name, plot) for plot in PLOTS)
 
 
 def check_reports_are_ours(output: str) -> None:
