@@ -2,7 +2,8 @@
 full-attention layers: a checkpoint whose RoPE is already scaled
 (llama3, YaRN, LongRoPE: its own frequencies and attention factor), sliding/full hybrids (Gemma 3 with a RoPE per
 layer type, gpt-oss with attention sinks, Gemma 2 with soft-capping: full-attention layers replaced, sliding ones
-left as they are), partial rotary (Phi) and MLA (DeepSeek-V3: the decoupled RoPE part, the model's softmax scale).
+left as they are), partial rotary (Phi), MLA (DeepSeek-V3: the decoupled RoPE part, the model's softmax scale) and
+NoPE layers (SmolLM3's no_rope_layers: left as they are).
 
 Each against an eager reference written out here (float64: the remapped relative position r(i, j) of each
 paper's formula applied to every query-key pair of a full-attention layer on the rotated dimensions, each layer
@@ -46,6 +47,7 @@ FAMILIES = {
     "gemma2": ("gemma2", dict(HYBRID, attn_logit_softcapping=0.05, query_pre_attn_scalar=1,
                               rope_parameters={"rope_type": "default", "rope_theta": THETA})),
     "phi": ("phi", dict(rope_parameters={"rope_type": "default", "rope_theta": THETA, "partial_rotary_factor": 0.5})),
+    "smollm3": ("smollm3", dict(no_rope_layers=[1, 0], rope_parameters={"rope_type": "default", "rope_theta": THETA})),
     "deepseek_v3": ("deepseek_v3", dict(
         num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, kv_lora_rank=16, q_lora_rank=None,
         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
@@ -135,7 +137,7 @@ def reference_attention(module, query, key, value, attention_mask, dropout=0.0, 
     method = module.config.hf_posenc_test_method
     groups = query.shape[1] // key.shape[1]
     q, k, v = query.double(), key.double().repeat_interleave(groups, 1), value.double().repeat_interleave(groups, 1)
-    full = layer_type(module.config, module.layer_idx) == "full_attention"
+    full = layer_type(module.config, module.layer_idx) == "full_attention" and getattr(module, "use_rope", True)
     s = (full_scores(module, q, k, method) if full else q @ k.transpose(-1, -2)) * scaling
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
@@ -223,7 +225,7 @@ def test_saved_and_loaded_back_gives_the_same_logits(family, method, tmp_path):
 def test_list_methods_names_the_families():
     listed = hf_posenc.list_methods()
     for method in KNOBS:
-        assert {"gemma3_text", "gemma2", "gpt_oss", "phi", "deepseek_v3"} <= set(listed[method]["families"])
+        assert {"gemma3_text", "gemma2", "gpt_oss", "phi", "deepseek_v3", "smollm3"} <= set(listed[method]["families"])
 
 
 # -- what stays refused ------------------------------------------------------------------------------------------------
@@ -236,6 +238,24 @@ def test_a_model_whose_every_layer_slides_is_refused_by_name(method):
                                          "attention \\(sliding_window=24\\) on every layer"):
         hf_posenc.patch(model, method, **KNOBS[method])
     assert not hf_posenc.is_patched(model)
+
+
+@pytest.mark.parametrize("method", list(KNOBS))
+def test_a_model_whose_every_full_layer_is_nope_is_refused_by_name(method):
+    """SmolLM3 with no_rope_layers all 0: no layer rotates, so there is no position to remap (the method was a
+    silent change of the NoPE layers before: its queries and keys got turned past the window)."""
+    model = build("smollm3", no_rope_layers=[0, 0])
+    with pytest.raises(ValueError, match=f"{method} remaps the RoPE positions of full-attention layers; every "
+                                         "full-attention layer of model_type='smollm3' is a NoPE layer "
+                                         "\\(no_rope_layers=\\[0, 0\\]\\), so it has nothing to extend"):
+        hf_posenc.patch(model, method, **KNOBS[method])
+    assert not hf_posenc.is_patched(model)
+
+
+def test_the_nope_layer_the_reference_keeps_matters():
+    """What makes the SmolLM3 check above able to fail: rotating its NoPE layer changes the logits."""
+    x = text(60)
+    assert (logits(build("smollm3"), x) - logits(build("smollm3", no_rope_layers=[1, 1]), x)).abs().max() > 1e-3
 
 
 def test_a_rotary_layout_of_interleaved_pairs_is_refused_by_name():

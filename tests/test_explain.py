@@ -308,3 +308,29 @@ def test_explain_never_deletes_a_file_it_did_not_write_and_an_interrupted_one_le
         explain("dca", str(out), head_dim=64, rope_theta=10000.0, original=512)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier output, whole
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".e.")] == []  # no staged folder left
+
+
+def test_on_a_model_with_nope_and_sliding_layers_explain_and_the_card_name_the_layers_left_alone(tmp_path):
+    """SmolLM3 (a NoPE layer every fourth) with a sliding window on two layers: an attention-level method computes
+    the full-attention layers with RoPE only; explain and the card list the others by index, from the config."""
+    from helpers import tiny_model
+
+    import hf_posenc
+    from hf_posenc.publishing.card import build_model_card
+
+    model = tiny_model("smollm3", num_hidden_layers=8, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                       use_sliding_window=True, sliding_window=16, layer_types=["sliding_attention"] * 2
+                       + ["full_attention"] * 6)
+    assert model.config.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0]  # transformers' own default: every fourth
+    model.save_pretrained(tmp_path / "ckpt")
+    note = ("it computes 4 of the 8 layers (the full-attention layers with RoPE); the model's own attention runs the "
+            "others, as they are: 2 sliding-window layers (0, 1) and 2 NoPE (no RoPE) layers (3, 7)")
+    out = explain("self_extend:group_size=4,window=16", str(tmp_path / "e"), model=str(tmp_path / "ckpt"))
+    assert out["data"]["layers"] == note and out["text"].startswith(f"On {tmp_path / 'ckpt'}, {note}. ")
+    assert note in (tmp_path / "e" / "explain.md").read_text()
+    card = build_model_card(hf_posenc.patch(model, "self_extend", group_size=4, window=16)).text
+    assert f"| layers | I{note[1:]} |" in card
+    plain = explain("self_extend:group_size=4,window=16", str(tmp_path / "p"), head_dim=16, rope_theta=1e4,
+                    original=64)
+    assert plain["data"]["layers"] is None and build_model_card(
+        hf_posenc.patch(tiny_model("llama"), "self_extend", group_size=4, window=16)).text.count("| layers |") == 0

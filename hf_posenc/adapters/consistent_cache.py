@@ -37,6 +37,7 @@ from torch import nn
 
 from ..encodings import rope as R
 from .cache_argument import cache_keyword, passed_cache
+from .layout import nope_layers
 
 
 class CacheWatcher:
@@ -82,10 +83,14 @@ def watch(model: nn.Module, rotary: nn.Module, record, watchers: list[tuple[nn.M
 
 
 def layers_of_type(text_config: Any, layer_type: str | None) -> list[int] | None:
-    """The decoder layers a rotary slot serves: those of ``layer_type`` (per-layer-type RoPE), else all (None)."""
-    if layer_type is None:
+    """The decoder layers a rotary slot serves: those of ``layer_type`` (per-layer-type RoPE), else all (None);
+    never a NoPE layer (``no_rope_layers``: its cached keys carry no rotation to redo)."""
+    n = int(getattr(text_config, "num_hidden_layers", 0) or 0)
+    nope = set(nope_layers(text_config, n))
+    if layer_type is None and not nope:
         return None
-    return [i for i, t in enumerate(text_config.layer_types) if t == layer_type]
+    types = text_config.layer_types if layer_type is not None else [None] * n
+    return [i for i, t in enumerate(types) if t == layer_type and i not in nope]
 
 
 def _check_layer(cache: Any, layer: Any) -> None:

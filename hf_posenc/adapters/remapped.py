@@ -59,8 +59,8 @@ def resolve_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -
     rotation_tables(plan, lay.config, REMAPPED[name].scheme(params, L), name)  # checks each layer's rotation
     kept = [m for m, s in zip(plan.modules, plan.slots) if s is None]
     if kept and impl == "eager" and eager_function(kept[0]) is None:
-        raise ValueError(f"{name} leaves the sliding-window layers to the model's eager attention, but the modeling "
-                         f"file of {type(kept[0]).__name__} has no eager_attention_forward; load it with "
+        raise ValueError(f"{name} leaves the sliding-window and NoPE layers to the model's eager attention, but the "
+                         f"modeling file of {type(kept[0]).__name__} has no eager_attention_forward; load it with "
                          "attn_implementation='sdpa'.")
     return PosEncConfig(name, None, L, params)
 

@@ -2,7 +2,9 @@
 with the frequencies of its own rotary slot (a per-layer-type model's ``full_attention`` set, else the model's
 one set: scaled or not) on the dimensions that slot rotates (the first ``2 * len(inv_freq)`` of the head; the
 last ones under MLA, after the ``qk_nope_head_dim`` part that carries no position). Sliding-window layers are
-left to the model's own attention (a window never sees a position past its width).
+left to the model's own attention (a window never sees a position past its width), and so are layers without RoPE
+(SmolLM3's and Llama 4's NoPE layers, ``no_rope_layers``: the model rotates nothing there, so there is no position
+to remap).
 
 Before anything is changed, each (attention class, rotary slot) pair is checked to compose as the method needs:
 the model's own rotation at ``p`` turned further by ``d`` equals its rotation at ``p + d`` (a rotary layout of
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .layout import RotarySlot, attention_modules, head_dim
+from .layout import RotarySlot, attention_modules, head_dim, nope_layers, rotates
 from .remapped_keys import RotationTables, turned
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -50,6 +52,15 @@ def layer_types(config: Any, n: int) -> list[str]:
     return [SLIDING if getattr(config, "sliding_window", None) is not None else FULL] * n
 
 
+def layers_left(config: Any, n: int | None = None) -> dict[str, list[int]]:
+    """The layers an attention-level method leaves to the model, from the config alone (what ``explain`` and the
+    card say): ``sliding_attention`` and ``no_rope`` indices (a NoPE sliding layer counted as sliding)."""
+    n = n or int(getattr(config, "num_hidden_layers", 0) or 0)
+    types = layer_types(config, n)
+    sliding = [i for i, t in enumerate(types) if t == SLIDING]
+    return {"sliding_attention": sliding, "no_rope": [i for i in nope_layers(config, n) if i not in sliding]}
+
+
 def layer_plan(model: nn.Module, config: Any, slots: list[RotarySlot], name: str) -> LayerPlan:
     """The plan of ``name`` on ``model``; a ValueError naming what it cannot serve."""
     modules = attention_modules(model)
@@ -63,7 +74,12 @@ def layer_plan(model: nn.Module, config: Any, slots: list[RotarySlot], name: str
         raise ValueError(f"{name} replaces full attention; model_type={config.model_type!r} uses sliding-window "
                          f"attention (sliding_window={window!r}) on every layer, where it has nothing to extend. "
                          "Load it with sliding_window=None.")
-    return LayerPlan(modules, [slot_of(slots, config, t, name) if t == FULL else None for t in types])
+    computed = [t == FULL and rotates(m) for m, t in zip(modules, types)]
+    if not any(computed):
+        raise ValueError(f"{name} remaps the RoPE positions of full-attention layers; every full-attention layer of "
+                         f"model_type={config.model_type!r} is a NoPE layer (no_rope_layers="
+                         f"{getattr(config, 'no_rope_layers', None)!r}), so it has nothing to extend.")
+    return LayerPlan(modules, [slot_of(slots, config, t, name) if c else None for t, c in zip(types, computed)])
 
 
 def slot_of(slots: list[RotarySlot], config: Any, layer_type: str, name: str) -> RotarySlot:
@@ -146,3 +162,17 @@ def pin_frequencies(plan: LayerPlan, config: Any, record) -> None:
         if slot.rope_parameters(config).get("rope_type", "default") in LENGTH_DEPENDENT_TYPES:
             record.set_attr(slot.module, slot.attr("inv_freq"), own_frequencies(slot, config).clone())
             slot.set_default_type(record)
+
+
+def layers_note(config: Any) -> str | None:
+    """The sentence ``explain`` and the card give of the layers an attention-level method leaves to the model
+    (from the config alone), or None where it computes every layer."""
+    n = int(getattr(config, "num_hidden_layers", 0) or 0)
+    left = layers_left(config, n)
+    if not n or not any(left.values()):
+        return None
+    parts = [f"{len(v)} {what} layer{'s' * (len(v) > 1)} ({', '.join(map(str, v))})" for what, v in
+             (("sliding-window", left["sliding_attention"]), ("NoPE (no RoPE)", left["no_rope"])) if v]
+    computed = n - sum(len(v) for v in left.values())
+    return (f"it computes {computed} of the {n} layers (the full-attention layers with RoPE); the model's own "
+            f"attention runs the others, as they are: {' and '.join(parts)}")

@@ -69,8 +69,9 @@ PROVEN_SCALINGS = ("yarn", "pi", "ntk", "dynamic_ntk", "llama3", "longrope")
 # length-dependent ones with cache="stale".
 MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 # Decoders beyond the tested list on which the attention-level methods marked any_rope (every built-in one) are proven
-# (tests/test_attention_hybrids.py): sliding/full hybrids with sinks or soft-capping, partial rotary, MLA.
-ANY_ROPE_ATTENTION_FAMILIES = ("gemma2", "gpt_oss", "phi", "deepseek_v3")
+# (tests/test_attention_hybrids.py): sliding/full hybrids with sinks or soft-capping, partial rotary, MLA, NoPE layers
+# (left as they are).
+ANY_ROPE_ATTENTION_FAMILIES = ("gemma2", "gpt_oss", "phi", "deepseek_v3", "smollm3")
 
 
 class RopeDecoderAdapter(Adapter):

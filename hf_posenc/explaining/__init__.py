@@ -25,6 +25,7 @@ from ..adapters import rope_compose as C
 from ..adapters.base import text_config
 from ..adapters.layout import default_layer_types, per_layer_type
 from ..adapters.layout import head_dim as head_dim_of
+from ..adapters.remapped_layers import layers_note
 from ..checkpoints.loading import refuse_lora_folder
 from ..checkpoints.models import DEFAULT_MODEL, read_config, resolve_source
 from ..config import CONFIG_KEY, PosEncConfig, as_config
@@ -192,14 +193,23 @@ def _attention(cfg: PosEncConfig, geom: Geometry, length: int, output: str, reso
     title = f"{cfg.method} ({knobs}) over {length:,} tokens, L = {geom.original:,}"
     pictures = [P.remapped(m, title, os.path.join(output, "positions.png"))]
     inside = "within" if m["largest"] < geom.original else "past"
-    text = (f"Over {length:,} tokens the largest relative position any key takes is {m['largest']:,.0f}: {inside} "
+    layers = _layers_note(geom.model)
+    text = ((f"On {geom.model}, {layers}. " if layers else "")
+            + f"Over {length:,} tokens the largest relative position any key takes is {m['largest']:,.0f}: {inside} "
             f"the trained range (L = {geom.original:,}). The method advertises {m['advertised']:,} tokens"
             + (f"; every score scaled by {m['score_scale']:.4f}" if m["score_scale"] != 1.0 else "")
             + ("; queries scaled by up to " + f"{float(m['query_scale'].max()):.4f} (log-n)"
                if m["query_scale"] is not None else "") + ".")
     data = {"positions": m["positions"].tolist(), "largest": m["largest"], "advertised": m["advertised"],
-            "params": m["params"], "last_row_every_64": m["last_row"][::64].tolist()}
+            "params": m["params"], "last_row_every_64": m["last_row"][::64].tolist(), "layers": layers}
     return {"pictures": pictures, "text": text, "data": data}
+
+
+def _layers_note(model: str | None) -> str | None:
+    """Which layers an attention-level method computes on ``model`` (its config alone), where it leaves some."""
+    if model is None:
+        return None
+    return layers_note(text_config(read_config(resolve_source(model)))[0])
 
 
 def _buckets(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[str, Any]:
