@@ -62,12 +62,14 @@ def upgrade_config(folder: str, *, output: str | None = None, in_place: bool = F
     config, found = _checked(folder)
     upgraded = with_legacy_keys(config, found)
     if in_place:
-        lock = OutputLock(folder, flag="FOLDER")
-        try:
+        lock = None
+        try:  # the lock taken inside: a kill right after it is taken still releases it
+            lock = OutputLock(folder, flag="FOLDER")
             if found.keys and upgraded != config:
                 write_config(folder, upgraded)
         finally:
-            lock.release()
+            if lock is not None:
+                lock.release()
         return Upgrade(os.path.abspath(folder), found.keys, _replaced(config, found))
     path = check_replaced_output(output, COMMAND, source=folder)
     with ReplacedOutput(path, COMMAND) as out, out.staged() as tmp:

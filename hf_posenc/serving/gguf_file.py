@@ -429,12 +429,14 @@ def _write(reader, path: str, arch: str, metadata: dict[str, Any], scaling: list
     ``.NAME.hf_posenc.lock`` beside it (a second run on the same output is refused), after removing what a killed
     run left there."""
     prefix = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.")
-    lock = OutputLock(path, path=f"{prefix}hf_posenc.lock", flag="--gguf")
-    try:
+    lock = None
+    try:  # the lock taken inside: a kill right after it is taken still releases it
+        lock = OutputLock(path, path=f"{prefix}hf_posenc.lock", flag="--gguf")
         _remove_leftovers(prefix)
         _write_locked(reader, path, arch, metadata, scaling, freqs, record)
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def _remove_leftovers(prefix: str) -> None:
