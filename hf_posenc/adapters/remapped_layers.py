@@ -173,6 +173,7 @@ def layers_note(config: Any) -> str | None:
         return None
     parts = [f"{len(v)} {what} layer{'s' * (len(v) > 1)} ({', '.join(map(str, v))})" for what, v in
              (("sliding-window", left["sliding_attention"]), ("NoPE (no RoPE)", left["no_rope"])) if v]
-    computed = n - sum(len(v) for v in left.values())
+    nope = set(left["no_rope"])
+    computed = sum(t == FULL and i not in nope for i, t in enumerate(layer_types(config, n)))
     return (f"it computes {computed} of the {n} layers (the full-attention layers with RoPE); the model's own "
             f"attention runs the others, as they are: {' and '.join(parts)}")
