@@ -246,8 +246,25 @@ def test_a_model_whose_every_full_layer_is_nope_is_refused_by_name(method):
     silent change of the NoPE layers before: its queries and keys got turned past the window)."""
     model = build("smollm3", no_rope_layers=[0, 0])
     with pytest.raises(ValueError, match=f"{method} remaps the RoPE positions of full-attention layers; every "
-                                         "full-attention layer of model_type='smollm3' is a NoPE layer "
-                                         "\\(no_rope_layers=\\[0, 0\\]\\), so it has nothing to extend"):
+                                         "full-attention layer of model_type='smollm3' \\(layers \\[0, 1\\]\\) "
+                                         "rotates nothing \\(NoPE: no_rope_layers=\\[0, 0\\]\\), so it has "
+                                         "nothing to extend"):
+        hf_posenc.patch(model, method, **KNOBS[method])
+    assert not hf_posenc.is_patched(model)
+
+
+@pytest.mark.parametrize("method", list(KNOBS))
+def test_global_nope_beside_sliding_layers_is_found_by_running_the_layers_and_refused(method):
+    """EXAONE 4 with a sliding window rotates its sliding layers only: its full-attention layers are NoPE with no
+    config key saying so (the method computed them before: logits 0.2 off). Found by running each attention
+    module at two sets of positions."""
+    cfg = AutoConfig.for_model("exaone4", **{**SMALL, **HYBRID, "rope_parameters": {"rope_type": "default",
+                                                                                     "rope_theta": THETA}})
+    cfg._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with pytest.raises(ValueError, match=f"{method} remaps the RoPE positions of full-attention layers; every "
+                                         "full-attention layer of model_type='exaone4' \\(layers \\[1\\]\\) "
+                                         "rotates nothing \\(global NoPE"):
         hf_posenc.patch(model, method, **KNOBS[method])
     assert not hf_posenc.is_patched(model)
 

@@ -76,6 +76,43 @@ def test_the_first_layer_cache_is_exactly_the_recomputed_one():
     assert (stepped.layers[0].keys - whole.layers[0].keys).abs().max().item() <= 1e-5
 
 
+LAYOUTS = {  # family -> config: how its attention applies RoPE, and where the rotated key part is cached
+    "phi": dict(partial_rotary_factor=0.5),  # partial rotary: the first half of the head
+    "cohere": {},  # interleaved pairs (2i, 2i + 1)
+    "glm": {},  # partial rotary, interleaved pairs
+    "deepseek_v3": dict(num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, kv_lora_rank=16,
+                        q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        first_k_dense_replace=2, n_group=1, topk_group=1),  # MLA: the rotated part cached as values
+    "exaone4": dict(head_dim=16, sliding_window=16, layer_types=["full_attention", "sliding_attention"]),  # global NoPE
+}
+
+
+@pytest.mark.parametrize("family", list(LAYOUTS))
+def test_every_rotary_layout_re_rotates_to_the_recomputed_cache(family):
+    """The cached tensors of the layers whose inputs do not depend on the frequencies (up to the first layer that
+    rotates: EXAONE 4's global NoPE layer 0 and its sliding layer 1) equal a forward over the whole sequence, on
+    every layout: partial rotary, interleaved pairs, MLA's latent cache (its rotated key part is the cached
+    "values"), a NoPE layer whose keys carry no rotation. Before, each was re-rotated as rotate-half keys from
+    dimension 0 (cohere 0.50 off, worse than stale keys; deepseek_v3 and glm worse than stale in generation)."""
+    from transformers import DynamicCache
+
+    model = tiny_model(family, pad_token_id=0, bos_token_id=1, eos_token_id=2, **LAYOUTS[family])
+    hf_posenc.patch(model, "dynamic_ntk", factor=4.0, cache="consistent")
+    x = ids(80) % 87 + 3
+    with torch.no_grad():
+        stepped = DynamicCache(config=model.config)
+        model(x[:, :56], **with_cache(model, stepped), use_cache=True)
+        for t in range(56, 80):
+            model(x[:, t : t + 1], **with_cache(model, stepped), use_cache=True)
+        whole = DynamicCache(config=model.config)
+        model(x, **with_cache(model, whole), use_cache=True)
+    exact = 2 if family == "exaone4" else 1
+    for i in range(exact):
+        for part in ("keys", "values"):
+            got, want = getattr(stepped.layers[i], part), getattr(whole.layers[i], part)
+            assert (got - want).abs().max().item() <= 1e-5, (i, part)
+
+
 def test_consistent_cache_with_a_left_padded_batch():
     model = hf_posenc.patch(tiny_model("llama"), "dynamic_ntk", factor=2.0, cache="consistent")
     long, short = ids(58, seed=3), ids(50, seed=4)

@@ -38,7 +38,8 @@ from torch import nn
 
 from ..encodings import rope as R
 from .cache_argument import cache_keyword, passed_cache
-from .layout import nope_layers
+from .layout import attention_modules
+from .rotary_layout import INTERLEAVED, KeyLayout, key_layout, rotates
 
 
 class CacheWatcher:
@@ -83,15 +84,21 @@ def watch(model: nn.Module, rotary: nn.Module, record, watchers: list[tuple[nn.M
     return w
 
 
-def layers_of_type(text_config: Any, layer_type: str | None) -> list[int] | None:
-    """The decoder layers a rotary slot serves: those of ``layer_type`` (per-layer-type RoPE), else all (None);
-    never a NoPE layer (``no_rope_layers``: its cached keys carry no rotation to redo)."""
-    n = int(getattr(text_config, "num_hidden_layers", 0) or 0)
-    nope = set(nope_layers(text_config, n))
-    if layer_type is None and not nope:
+def rotated_layers(model: nn.Module, text_config: Any, slot, inv_freq: torch.Tensor) -> dict[int, KeyLayout] | None:
+    """The decoder layers whose cached keys a rotary slot's change of frequencies turns, each with where its rotated
+    dimensions sit: those of the slot's layer type (per-layer-type RoPE), else all, never a layer whose attention
+    rotates nothing (a NoPE layer: its keys carry no rotation to redo). None: every layer, from dimension 0 in
+    the rotate-half layout (a model whose attention modules cannot be listed)."""
+    try:
+        modules = attention_modules(model)
+    except ValueError:
         return None
-    types = text_config.layer_types if layer_type is not None else [None] * n
-    return [i for i, t in enumerate(types) if t == layer_type and i not in nope]
+    types = getattr(text_config, "layer_types", None) or [None] * len(modules)
+    out = {}
+    for i, attn in enumerate(modules):
+        if (slot.layer_type is None or types[i] == slot.layer_type) and rotates(attn, slot, text_config):
+            out[i] = key_layout(attn, slot, text_config, inv_freq, "cache='consistent'")
+    return out
 
 
 def _check_layer(cache: Any, layer: Any) -> None:
@@ -104,9 +111,10 @@ def _check_layer(cache: Any, layer: Any) -> None:
                          "included), or patch with cache='stale'.")
 
 
-def rerotate_cache(cache: Any, layers: list[int] | None, position_ids: torch.Tensor,
+def rerotate_cache(cache: Any, layers: dict[int, KeyLayout] | None, position_ids: torch.Tensor,
                    old: tuple[torch.Tensor, Any], new: tuple[torch.Tensor, Any]) -> None:
-    """Re-rotate the cached keys of ``layers`` (None: all) from ``old`` to ``new`` (inv_freq ``[rot / 2]`` or
+    """Re-rotate the cached keys of ``layers`` (each with its :class:`KeyLayout`; None: all, rotate-half from
+    dimension 0) from ``old`` to ``new`` (inv_freq ``[rot / 2]`` or
     ``[b, rot / 2]``, attention_scaling a number or ``[b]``); the call's first positions ``position_ids[:, 0]``
     follow the cached keys of each row. A layer holds its ``m`` cached tokens in order in its first ``m`` slots
     (a static layer's later slots are empty; a sliding-window layer holds the last ``m`` tokens)."""
@@ -115,18 +123,19 @@ def rerotate_cache(cache: Any, layers: list[int] | None, position_ids: torch.Ten
         raise ValueError("hf_posenc re-rotates the keys of a transformers Cache with .layers, got "
                          f"{type(cache).__name__}")
     turns: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # one (cos, sin) per cache length, batch and device
-    for i in range(len(cache_layers)) if layers is None else layers:
+    for i, layout in (((i, KeyLayout()) for i in range(len(cache_layers))) if layers is None else layers.items()):
         layer = cache_layers[i]
         if not int(layer.get_seq_length()):
             continue
         _check_layer(cache, layer)  # before reading .keys: a quantized layer keeps its keys elsewhere
-        keys = layer.keys
+        keys = getattr(layer, layout.cached_in)
         b, m, device = keys.shape[0], min(int(layer.get_seq_length()), keys.shape[-2]), keys.device
         if (m, b, device) not in turns:
             first = position_ids[:, :1].to(device)
             positions = (first - m + torch.arange(m, device=device)).clamp(min=0).expand(b, m)
             turns[m, b, device] = R.rerotation(positions, old, new, device)
-        R.rerotate_keys(keys[:, :, :m], *turns[m, b, device])
+        R.rerotate_keys(keys[:, :, :m], *turns[m, b, device], first=layout.first,
+                        interleaved=layout.pairs == INTERLEAVED)
 
 
 def row_lengths(input_ids: torch.Tensor, attention_mask: Any) -> list[int]:

@@ -37,12 +37,6 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
     return [attention_module(layer) for layer in decoder_layers(model)]
 
 
-def rotates(attn: nn.Module) -> bool:
-    """Whether the model rotates this attention module's queries and keys: False on a NoPE layer (SmolLM3's and
-    Llama 4's ``use_rope``, read from ``no_rope_layers``)."""
-    return bool(getattr(attn, "use_rope", True))
-
-
 def nope_layers(config: Any, n: int) -> list[int]:
     """The indices of the layers without RoPE, from the config alone (``no_rope_layers``: 1 rotates, 0 does not)."""
     flags = getattr(config, "no_rope_layers", None)

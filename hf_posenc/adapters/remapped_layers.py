@@ -14,15 +14,17 @@ original context: the method keeps every relative position below it."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from .layout import RotarySlot, attention_modules, head_dim, nope_layers, rotates
-from .remapped_keys import RotationTables, turned
+from .base import text_config
+from .layout import RotarySlot, attention_modules, nope_layers
+from .remapped_attention import TABLES_ATTR
+from .remapped_keys import RotationTables
+from .rotary_layout import HALF, first_rotated, key_layout, rotates
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 LENGTH_DEPENDENT_TYPES = ("dynamic", "longrope")  # rope types whose frequencies follow the input's length
@@ -52,13 +54,20 @@ def layer_types(config: Any, n: int) -> list[str]:
     return [SLIDING if getattr(config, "sliding_window", None) is not None else FULL] * n
 
 
-def layers_left(config: Any, n: int | None = None) -> dict[str, list[int]]:
-    """The layers an attention-level method leaves to the model, from the config alone (what ``explain`` and the
-    card say): ``sliding_attention`` and ``no_rope`` indices (a NoPE sliding layer counted as sliding)."""
+def declared_computed(config: Any, n: int | None = None) -> tuple[list[str], list[bool]]:
+    """From the config alone (``explain``): each layer's attention type, and whether an attention-level method
+    computes it (full attention, not declared NoPE in ``no_rope_layers``; EXAONE 4's and Cohere 2's global NoPE
+    layers are found only on the model, by :func:`layer_plan`)."""
     n = n or int(getattr(config, "num_hidden_layers", 0) or 0)
-    types = layer_types(config, n)
-    sliding = [i for i, t in enumerate(types) if t == SLIDING]
-    return {"sliding_attention": sliding, "no_rope": [i for i in nope_layers(config, n) if i not in sliding]}
+    types, nope = layer_types(config, n), set(nope_layers(config, n))
+    return types, [t == FULL and i not in nope for i, t in enumerate(types)]
+
+
+def computed_layers(model: nn.Module) -> tuple[list[str], list[bool]]:
+    """On a model an attention-level method patched: each layer's attention type, and whether the method computes
+    it (its attention module holds the method's rotation tables)."""
+    modules = attention_modules(model)
+    return layer_types(text_config(model.config)[0], len(modules)), [m.__dict__.get(TABLES_ATTR) is not None for m in modules]
 
 
 def layer_plan(model: nn.Module, config: Any, slots: list[RotarySlot], name: str) -> LayerPlan:
@@ -74,12 +83,15 @@ def layer_plan(model: nn.Module, config: Any, slots: list[RotarySlot], name: str
         raise ValueError(f"{name} replaces full attention; model_type={config.model_type!r} uses sliding-window "
                          f"attention (sliding_window={window!r}) on every layer, where it has nothing to extend. "
                          "Load it with sliding_window=None.")
-    computed = [t == FULL and rotates(m) for m, t in zip(modules, types)]
-    if not any(computed):
+    plan = [slot_of(slots, config, t, name) if t == FULL else None for t in types]
+    plan = [s if s is not None and rotates(m, s, config) else None for m, s in zip(modules, plan)]
+    if all(s is None for s in plan):
+        full, declared = [i for i, t in enumerate(types) if t == FULL], getattr(config, "no_rope_layers", None)
+        why = f"NoPE: no_rope_layers={declared!r}" if declared else "global NoPE beside its sliding layers"
         raise ValueError(f"{name} remaps the RoPE positions of full-attention layers; every full-attention layer of "
-                         f"model_type={config.model_type!r} is a NoPE layer (no_rope_layers="
-                         f"{getattr(config, 'no_rope_layers', None)!r}), so it has nothing to extend.")
-    return LayerPlan(modules, [slot_of(slots, config, t, name) if c else None for t, c in zip(types, computed)])
+                         f"model_type={config.model_type!r} (layers {full}) rotates nothing ({why}), so it has "
+                         "nothing to extend.")
+    return LayerPlan(modules, plan)
 
 
 def slot_of(slots: list[RotarySlot], config: Any, layer_type: str, name: str) -> RotarySlot:
@@ -94,11 +106,6 @@ def slot_of(slots: list[RotarySlot], config: Any, layer_type: str, name: str) ->
         raise ValueError(f"{name}: model_type={config.model_type!r} has no RoPE for its {layer_type!r} layers; "
                          f"its RoPE layer types: {sorted(s.layer_type for s in slots)}.")
     return found[0]
-
-
-def first_rotated(attn: nn.Module) -> int:
-    """The first head dimension RoPE rotates: after MLA's ``qk_nope_head_dim`` position-free part, else 0."""
-    return int(attn.qk_nope_head_dim) if hasattr(attn, "qk_rope_head_dim") else 0
 
 
 def own_frequencies(slot: RotarySlot, config: Any) -> torch.Tensor:
@@ -130,29 +137,12 @@ def rotation_tables(plan: LayerPlan, config: Any, scheme, name: str) -> list[Rot
 
 
 def check_rotation(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq: torch.Tensor, name: str) -> None:
-    """A ValueError unless ``attn``'s own RoPE (its modeling file's rotation with ``slot``'s cos and sin) at
-    position 3, turned further by 5 in the rotate-half layout, is its RoPE at position 8, on dimensions that fit
-    the head."""
-    rot, first = 2 * inv_freq.shape[-1], first_rotated(attn)
-    width = getattr(attn, "qk_head_dim", None) or getattr(attn, "head_dim", None) or head_dim(config)
-    if first + rot > width:
-        raise ValueError(f"{name}: {type(attn).__name__} rotates {rot} dimensions from {first} of a {width}-dimension "
-                         "head; this layout is not supported.")
-    what = "apply_rotary_pos_emb_interleave" if getattr(config, "rope_interleave", False) else "apply_rotary_pos_emb"
-    apply = getattr(sys.modules.get(type(attn).__module__), what, None)
-    if apply is None:
-        raise ValueError(f"{name}: the modeling file of {type(attn).__name__} has no {what} to check its rotary layout "
-                         "by; this model is not supported.")
-    x = torch.randn(1, 1, 1, rot, generator=torch.Generator().manual_seed(0)).expand(1, 1, 2, rot).to(inv_freq.device)
-    pos = torch.tensor([[3, 8]], device=inv_freq.device)
-    with torch.no_grad():
-        cos, sin = slot.module(x, pos, *(() if slot.layer_type is None else (slot.layer_type,)))
-        rotated, _ = apply(x, x, cos, sin)
-        again = turned(rotated[:, :, :1].float(), torch.tensor([5], device=x.device), inv_freq.float())
-    if not torch.allclose(again, rotated[:, :, 1:].float(), atol=1e-4, rtol=1e-4):
+    """A ValueError unless ``attn``'s own RoPE composes with a further turn in the rotate-half layout (the one the
+    methods turn queries and keys in: :func:`rotary_layout.key_layout`), on dimensions that fit the head."""
+    if key_layout(attn, slot, config, inv_freq, name).pairs != HALF:
         raise ValueError(f"{name} turns queries and keys further in the rotate-half layout with the model's own "
-                         f"frequencies; {type(attn).__name__}'s RoPE ({what}) does not compose that way (a layout of "
-                         "interleaved pairs?): this model is not supported.")
+                         f"frequencies; {type(attn).__name__}'s RoPE (apply_rotary_pos_emb) does not compose that way "
+                         "(it rotates interleaved pairs): this model is not supported.")
 
 
 def pin_frequencies(plan: LayerPlan, config: Any, record) -> None:
@@ -164,16 +154,16 @@ def pin_frequencies(plan: LayerPlan, config: Any, record) -> None:
             slot.set_default_type(record)
 
 
-def layers_note(config: Any) -> str | None:
+def layers_note(types: list[str], computed: list[bool]) -> str | None:
     """The sentence ``explain`` and the card give of the layers an attention-level method leaves to the model
-    (from the config alone), or None where it computes every layer."""
-    n = int(getattr(config, "num_hidden_layers", 0) or 0)
-    left = layers_left(config, n)
-    if not n or not any(left.values()):
+    (``types``: each layer's attention type; ``computed``: whether the method computes it), or None where it
+    computes every layer."""
+    n = len(types)
+    if not n or all(computed):
         return None
-    parts = [f"{len(v)} {what} layer{'s' * (len(v) > 1)} ({', '.join(map(str, v))})" for what, v in
-             (("sliding-window", left["sliding_attention"]), ("NoPE (no RoPE)", left["no_rope"])) if v]
-    nope = set(left["no_rope"])
-    computed = sum(t == FULL and i not in nope for i, t in enumerate(layer_types(config, n)))
-    return (f"it computes {computed} of the {n} layers (the full-attention layers with RoPE); the model's own "
+    left = {"sliding-window": [i for i, t in enumerate(types) if t == SLIDING and not computed[i]],
+            "NoPE (no RoPE)": [i for i, t in enumerate(types) if t == FULL and not computed[i]],
+            "other-type": [i for i, t in enumerate(types) if t not in (FULL, SLIDING)]}
+    parts = [f"{len(v)} {what} layer{'s' * (len(v) > 1)} ({', '.join(map(str, v))})" for what, v in left.items() if v]
+    return (f"it computes {sum(computed)} of the {n} layers (the full-attention layers with RoPE); the model's own "
             f"attention runs the others, as they are: {' and '.join(parts)}")

@@ -38,7 +38,7 @@ from ..config import PosEncConfig
 from ..encodings import rope as R
 from ..methods.rope import SCALINGS, RopeScaling
 from .base import PatchRecord
-from .consistent_cache import CacheWatcher, RecomputeOnChange, layers_of_type, rerotate_cache, watch
+from .consistent_cache import CacheWatcher, RecomputeOnChange, rerotate_cache, rotated_layers, watch
 from .layout import Layout, RotarySlot, rope_geometry
 from .rope_compose import composed_config, kept_softmax_scale, restates_checkpoint, scaled_type
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
@@ -59,7 +59,7 @@ class LengthAwareRope:
     so a cached call that changes them is a hand-written loop: warned once, then re-rotated."""
 
     def __init__(self, scaling: RopeScaling, geom: R.RopeGeometry, cfg: PosEncConfig, slot: RotarySlot,
-                 watcher: CacheWatcher | None = None, layers: list[int] | None = None, regenerates: bool = False,
+                 watcher: CacheWatcher | None = None, layers: dict | None = None, regenerates: bool = False,
                  record: PatchRecord | None = None):
         self.fn, self.grow = scaling.frequencies, scaling.dynamic == "grow"
         self.geom, self.cfg, self.slot, self.watcher, self.layers = geom, cfg, slot, watcher, layers
@@ -267,7 +267,7 @@ class Scaled:
               cfg: PosEncConfig, record: PatchRecord, watchers: list) -> None:
         mode = cfg.params.get("cache")
         watcher = watch(model, s.module, record, watchers) if mode in ("consistent", "exact") else None
-        layers = layers_of_type(lay.config, s.layer_type)
+        layers = rotated_layers(model, lay.config, s, s.get("inv_freq")) if mode in ("consistent", "exact") else None
         regenerates = mode == "exact" or (mode == "consistent" and scaling.dynamic == "switch")
         hook = LengthAwareRope(scaling, geom, cfg, s, watcher, layers, regenerates, record)
         if regenerates:

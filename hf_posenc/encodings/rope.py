@@ -240,16 +240,22 @@ def rerotation(positions: torch.Tensor, old: tuple[torch.Tensor, Any], new: tupl
     return (delta.cos() * ratio).float(), (delta.sin() * ratio).float()
 
 
-def rerotate_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``keys`` ``[b, h, m, d]`` (rotate-half layout: dims i and i + rot/2 form a pair; the first ``rot`` =
-    ``2 * cos.shape[-1]`` dims rotary, the rest untouched) turned by the (cos, sin) of :func:`rerotation`, in
-    place (computed in float32, written in ``keys``' dtype); returns ``keys``."""
+def rerotate_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, first: int = 0,
+                  interleaved: bool = False) -> torch.Tensor:
+    """``keys`` ``[b, h, m, d]`` turned by the (cos, sin) of :func:`rerotation` on their ``rot = 2 * cos.shape[-1]``
+    rotary dimensions from ``first`` (MLA's rotated part follows a position-free one), the rest untouched; pairs
+    ``(i, i + rot / 2)`` (rotate-half, Llama's) or, ``interleaved``, ``(2i, 2i + 1)`` (Cohere's, GLM's). In place
+    (computed in float32, written in ``keys``' dtype); returns ``keys``."""
     half = cos.shape[-1]
-    x1, x2 = keys[..., :half].float(), keys[..., half : 2 * half].float()
-    first = torch.addcmul(x1 * cos, x2, sin, value=-1.0)
-    second = torch.addcmul(x2 * cos, x1, sin)
-    keys[..., :half] = first
-    keys[..., half : 2 * half] = second
+    part = keys[..., first : first + 2 * half]
+    x1, x2 = (part[..., 0::2], part[..., 1::2]) if interleaved else (part[..., :half], part[..., half:])
+    x1, x2 = x1.float(), x2.float()
+    first_half = torch.addcmul(x1 * cos, x2, sin, value=-1.0)
+    second_half = torch.addcmul(x2 * cos, x1, sin)
+    if interleaved:
+        part[..., 0::2], part[..., 1::2] = first_half, second_half
+    else:
+        part[..., :half], part[..., half:] = first_half, second_half
     return keys
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..adapters import ADAPTERS
 from ..adapters.base import text_config
-from ..adapters.remapped_layers import layers_note
+from ..adapters.remapped_layers import computed_layers, layers_note
 from ..adapters.rope_compose import own_scaling
 from ..checkpoints.legacy_rope import LegacyKeys
 from ..checkpoints.loading import merge_line
@@ -217,7 +217,7 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         original_context=original, new_context=getattr(lm_config, "max_position_embeddings", None),
         **_own_scaling(block, prefix, original),
         family=block.get("family"), native=bool(block.get("native")),
-        layers=layers_note(lm_config) if cfg.spec.kind == "attention" else None,
+        layers=layers_note(*computed_layers(model)) if cfg.spec.kind == "attention" else None,
         rope_parameters=getattr(lm_config, "rope_parameters", None),
         changes_weights=holds_patch(block), trained=trained, auto_class=auto_class,
         command=recorded_command(command), environment=environment(), eval_sections=_eval_sections(reports),

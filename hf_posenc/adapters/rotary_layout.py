@@ -1,0 +1,123 @@
+"""How each attention module applies RoPE, read from the module itself rather than from its family's name:
+
+- whether it rotates at all (:func:`rotates`): a NoPE layer -- SmolLM3's and Llama 4's ``no_rope_layers``, EXAONE 4's
+  and Cohere 2's full-attention layers beside sliding ones ("global NoPE") -- gives the same output whatever positions
+  its position embeddings carry;
+- where its rotated dimensions sit and how they pair (:func:`key_layout`): from dimension 0, or after MLA's
+  ``qk_nope_head_dim`` position-free part; pairs ``(i, i + rot / 2)`` (rotate-half, Llama's) or ``(2i, 2i + 1)``
+  (interleaved, Cohere's and GLM's), found by rotating a vector with the modeling file's own
+  ``apply_rotary_pos_emb`` and comparing it with each layout's rotation.
+
+Both are checks on a few random vectors at patch time (one attention forward over 4 tokens per layer for
+:func:`rotates`), not a list of families."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..encodings import rope as R
+from .layout import RotarySlot, head_dim
+
+HALF, INTERLEAVED = "half", "interleaved"
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """Where a layer's rotated key dimensions sit in its KV cache: ``rot`` of them from ``first`` of the cached
+    ``cached_in`` tensor (``"keys"``; ``"values"`` where MLA caches its latent: the compressed KV as keys and the
+    rotated key part as values), paired as ``pairs``."""
+
+    first: int = 0
+    pairs: str = HALF
+    cached_in: str = "keys"
+
+
+def first_rotated(attn: nn.Module) -> int:
+    """The first head dimension RoPE rotates: after MLA's ``qk_nope_head_dim`` position-free part, else 0."""
+    return int(attn.qk_nope_head_dim) if hasattr(attn, "qk_rope_head_dim") else 0
+
+
+def _position_embeddings(slot: RotarySlot, x: torch.Tensor, positions: torch.Tensor):
+    return slot.module(x, positions, *(() if slot.layer_type is None else (slot.layer_type,)))
+
+
+@torch.no_grad()
+def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
+    """Whether ``attn`` turns its queries and keys by the position embeddings of ``slot``: its (eager) output on 4
+    random hidden states at positions 0, 1, 2, 3 and at 0, 3, 7, 12 differs (a NoPE layer gives the same output
+    bit for bit). A module whose weights are not loaded, or whose forward cannot be called so, is taken at its
+    ``use_rope`` attribute (True where it has none)."""
+    declared = bool(getattr(attn, "use_rope", True))
+    weight = next(attn.parameters(), None)
+    if not declared or weight is None or weight.device.type == "meta":
+        return declared
+    own = getattr(attn, "config", None) or config
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, int(own.hidden_size), generator=g).to(device=weight.device, dtype=weight.dtype)
+    impl = own._attn_implementation
+    outs = []
+    try:
+        own._attn_implementation = "eager"  # (the method's own function may need state a whole forward sets up)
+        for pos in ([0, 1, 2, 3], [0, 3, 7, 12]):
+            positions = torch.tensor([pos], device=weight.device)
+            out = attn(hidden_states=x, position_embeddings=_position_embeddings(slot, x, positions),
+                       attention_mask=None)
+            outs.append(out[0] if isinstance(out, tuple) else out)
+    except (TypeError, ValueError, RuntimeError, KeyError, AttributeError):
+        return declared
+    finally:
+        own._attn_implementation = impl
+    return not torch.equal(outs[0], outs[1])
+
+
+def key_layout(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq: torch.Tensor, name: str) -> KeyLayout:
+    """The layout of ``attn``'s rotated dimensions (see the module docstring); a ValueError naming the module where
+    its RoPE at position 3 turned further by 5 is its RoPE at 8 in neither layout, or the rotated part does not fit
+    the head."""
+    rot, first = 2 * inv_freq.shape[-1], first_rotated(attn)
+    width = getattr(attn, "qk_head_dim", None) or getattr(attn, "head_dim", None) or head_dim(config)
+    if first + rot > width:
+        raise ValueError(f"{name}: {type(attn).__name__} rotates {rot} dimensions from {first} of a {width}-dimension "
+                         "head; this layout is not supported.")
+    what = "apply_rotary_pos_emb_interleave" if getattr(config, "rope_interleave", False) else "apply_rotary_pos_emb"
+    apply = getattr(sys.modules.get(type(attn).__module__), what, None)
+    if apply is None:
+        raise ValueError(f"{name}: the modeling file of {type(attn).__name__} has no {what} to check its rotary layout "
+                         "by; this model is not supported.")
+    x = torch.randn(1, 1, 1, rot, generator=torch.Generator().manual_seed(0)).expand(1, 1, 2, rot).to(inv_freq.device)
+    with torch.no_grad():
+        cos, sin = _position_embeddings(slot, x, torch.tensor([[3, 8]], device=inv_freq.device))
+        rotated, _ = apply(x, x, cos, sin)
+        at3, at8 = rotated[:, :, :1].float(), rotated[:, :, 1:].float()
+        delta = torch.tensor([5], device=x.device)
+        for pairs in (HALF, INTERLEAVED):
+            if torch.allclose(turn(at3, delta, inv_freq.float(), pairs), at8, atol=1e-4, rtol=1e-4):
+                latent = callable(getattr(attn, "expand_kv", None))  # MLA caching its latent (DeepSeek-V3)
+                return KeyLayout(0 if latent else first, pairs, "values" if latent else "keys")
+    raise ValueError(f"{name} turns queries and keys further with the model's own frequencies; "
+                     f"{type(attn).__name__}'s RoPE ({what}) composes that way in neither the rotate-half nor the "
+                     "interleaved layout: this model is not supported.")
+
+
+def turn(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, pairs: str) -> torch.Tensor:
+    """``x`` (its last dimension the rotated part) turned further by ``delta`` positions, its pairs as ``pairs``."""
+    if pairs == HALF:
+        return R.apply_rotary(x, delta, inv_freq)
+    half = as_half(x)
+    return from_half(R.apply_rotary(half, delta, inv_freq))
+
+
+def as_half(x: torch.Tensor) -> torch.Tensor:
+    """Interleaved pairs ``(2i, 2i + 1)`` reordered as rotate-half pairs ``(i, i + rot / 2)``."""
+    return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
+
+
+def from_half(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`as_half`."""
+    half = x.shape[-1] // 2
+    return torch.stack((x[..., :half], x[..., half:]), dim=-1).flatten(-2)
