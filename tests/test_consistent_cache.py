@@ -222,3 +222,35 @@ def test_rerotating_keys_equals_rotating_them_afresh():
     half = stored(old, 1.1).bfloat16()
     R.rerotate_keys(half, *R.rerotation(positions, (old, 1.1), (new, 1.3)))
     assert half.dtype == torch.bfloat16 and torch.allclose(half.float(), stored(new, 1.3), atol=5e-2)
+
+
+def test_llama4s_complex_rotary_takes_dynamic_ntk_and_refuses_what_it_cannot_re_rotate():
+    """Llama 4's rotary module returns one complex tensor (cos + i sin), its causal LM names its body
+    ``language_model`` while holding it as ``model``, and its layers are chunked: dynamic NTK with stale keys equals
+    transformers' own past L (it crashed: "not enough values to unpack"); re-rotating keys needs a rotate-half or
+    interleaved apply_rotary_pos_emb it does not have, so consistent/exact are refused naming cache='stale'; an
+    attention-level method is refused by the chunked layers' type, not by a missing layer list."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    def build(rope_parameters):
+        cfg = AutoConfig.for_model(
+            "llama4_text", vocab_size=96, hidden_size=64, intermediate_size=96, intermediate_size_mlp=96,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+            num_local_experts=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, attention_chunk_size=32,
+            rope_parameters=rope_parameters)
+        cfg._attn_implementation = "eager"
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(cfg).eval()
+
+    plain = {"rope_type": "default", "rope_theta": 10000.0}
+    x = ids(150) % 87 + 3
+    model = hf_posenc.patch(build(plain), "dynamic_ntk", factor=2.0, cache="stale")
+    native = build({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    with torch.no_grad():
+        assert (model(x).logits - native(x).logits).abs().max().item() <= 1e-5
+    for mode in ("consistent", "exact"):
+        with pytest.raises(ValueError, match=f"cache='{mode}' .*Llama4TextAttention has no apply_rotary_pos_emb.* "
+                                             "Patch with cache='stale'"):
+            hf_posenc.patch(build(plain), "dynamic_ntk", factor=2.0, cache=mode)
+    with pytest.raises(ValueError, match="model_type='llama4_text' has layers of type \\['chunked_attention'\\]"):
+        hf_posenc.patch(build(plain), "self_extend", group_size=4, window=16)

@@ -84,7 +84,8 @@ def watch(model: nn.Module, rotary: nn.Module, record, watchers: list[tuple[nn.M
     return w
 
 
-def rotated_layers(model: nn.Module, text_config: Any, slot, inv_freq: torch.Tensor) -> dict[int, KeyLayout] | None:
+def rotated_layers(model: nn.Module, text_config: Any, slot, inv_freq: torch.Tensor,
+                   mode: str = "consistent") -> dict[int, KeyLayout] | None:
     """The decoder layers whose cached keys a rotary slot's change of frequencies turns, each with where its rotated
     dimensions sit: those of the slot's layer type (per-layer-type RoPE), else all, never a layer whose attention
     rotates nothing (a NoPE layer: its keys carry no rotation to redo). None: every layer, from dimension 0 in
@@ -97,7 +98,11 @@ def rotated_layers(model: nn.Module, text_config: Any, slot, inv_freq: torch.Ten
     out = {}
     for i, attn in enumerate(modules):
         if (slot.layer_type is None or types[i] == slot.layer_type) and rotates(attn, slot, text_config):
-            out[i] = key_layout(attn, slot, text_config, inv_freq, "cache='consistent'")
+            try:
+                out[i] = key_layout(attn, slot, text_config, inv_freq, f"cache={mode!r} (cached keys re-rotated)")
+            except ValueError as err:
+                raise ValueError(f"{err} Patch with cache='stale' (cached keys kept as stored, transformers' own "
+                                 "behaviour).") from None
     return out
 
 

@@ -15,7 +15,13 @@ from .base import text_config
 
 
 def body(model: nn.Module) -> nn.Module:
-    return getattr(model, "base_model", model)
+    """The decoder body: ``base_model``, or ``model.model`` where ``base_model_prefix`` names another attribute
+    (Llama 4's causal LM says ``language_model`` and holds its body as ``model``)."""
+    base = getattr(model, "base_model", model)
+    inner = getattr(model, "model", None)
+    if not hasattr(base, "layers") and isinstance(inner, nn.Module) and hasattr(inner, "layers"):
+        return inner
+    return base
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

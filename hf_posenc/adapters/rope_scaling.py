@@ -112,10 +112,12 @@ class LengthAwareRope:
         return self._per_row(module, args, kwargs, output, keys)
 
     def _per_row(self, module: nn.Module, args: tuple, kwargs: dict, output: Any, keys: list) -> tuple:
-        """The module's (cos, sin) with the rows past the original context computed again, grouped by length."""
+        """The module's (cos, sin) (Llama 4's one complex tensor) with the rows past the original context computed
+        again, grouped by length."""
         x, position_ids = _argument(args, kwargs, 0, "x"), _argument(args, kwargs, 1, "position_ids")
         rest = {k: v for k, v in kwargs.items() if k not in ("x", "position_ids")}
-        cos, sin = (t.clone() for t in output)
+        single = isinstance(output, torch.Tensor)  # Llama 4: one complex tensor, cos + i sin
+        parts = [t.clone() for t in ((output,) if single else output)]
         groups: dict[Any, list[int]] = {}
         for r, k in enumerate(keys):
             if k is not None:
@@ -127,11 +129,12 @@ class LengthAwareRope:
             sub_x = x if whole or x.shape[0] != position_ids.shape[axis] else x[idx.to(x.device)]
             sub_pos = position_ids if whole else position_ids.index_select(axis, idx)
             with self._swapped(module, *self.frequencies(k)):
-                c, s = module.forward(sub_x, sub_pos, *args[2:], **rest)
+                got = module.forward(sub_x, sub_pos, *args[2:], **rest)
             if whole:
-                return c, s
-            cos[idx.to(cos.device)], sin[idx.to(sin.device)] = c, s
-        return cos, sin
+                return got
+            for part, new in zip(parts, (got,) if single else got):
+                part[idx.to(part.device)] = new
+        return parts[0] if single else tuple(parts)
 
     @contextlib.contextmanager
     def _swapped(self, module: nn.Module, inv_freq: torch.Tensor, attention: float):
@@ -267,7 +270,7 @@ class Scaled:
               cfg: PosEncConfig, record: PatchRecord, watchers: list) -> None:
         mode = cfg.params.get("cache")
         watcher = watch(model, s.module, record, watchers) if mode in ("consistent", "exact") else None
-        layers = rotated_layers(model, lay.config, s, s.get("inv_freq")) if mode in ("consistent", "exact") else None
+        layers = rotated_layers(model, lay.config, s, s.get("inv_freq"), mode) if watcher is not None else None
         regenerates = mode == "exact" or (mode == "consistent" and scaling.dynamic == "switch")
         hook = LengthAwareRope(scaling, geom, cfg, s, watcher, layers, regenerates, record)
         if regenerates:
