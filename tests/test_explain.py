@@ -330,6 +330,11 @@ def test_on_a_model_with_nope_and_sliding_layers_explain_and_the_card_name_the_l
     assert note in (tmp_path / "e" / "explain.md").read_text()
     card = build_model_card(hf_posenc.patch(model, "self_extend", group_size=4, window=16)).text
     assert f"| layers | I{note[1:]} |" in card
+    tiny_model("smollm3", num_hidden_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+               no_rope_layers=[0, 0]).save_pretrained(tmp_path / "nope")
+    refused = explain("self_extend:group_size=4,window=16", str(tmp_path / "n"), model=str(tmp_path / "nope"))
+    assert "it would compute none of the 2 layers (2 NoPE (no RoPE) layers (0, 1)): hf_posenc.patch refuses it" in \
+        refused["text"]
     plain = explain("self_extend:group_size=4,window=16", str(tmp_path / "p"), head_dim=16, rope_theta=1e4,
                     original=64)
     assert plain["data"]["layers"] is None and build_model_card(

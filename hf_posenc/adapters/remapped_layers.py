@@ -165,5 +165,8 @@ def layers_note(types: list[str], computed: list[bool]) -> str | None:
             "NoPE (no RoPE)": [i for i, t in enumerate(types) if t == FULL and not computed[i]],
             "other-type": [i for i, t in enumerate(types) if t not in (FULL, SLIDING)]}
     parts = [f"{len(v)} {what} layer{'s' * (len(v) > 1)} ({', '.join(map(str, v))})" for what, v in left.items() if v]
+    if not any(computed):
+        return (f"it would compute none of the {n} layers ({' and '.join(parts)}): hf_posenc.patch refuses it on this "
+                "model, which has no full-attention layer with RoPE")
     return (f"it computes {sum(computed)} of the {n} layers (the full-attention layers with RoPE); the model's own "
             f"attention runs the others, as they are: {' and '.join(parts)}")
