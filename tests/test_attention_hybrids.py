@@ -314,3 +314,19 @@ def test_a_statically_scaled_checkpoint_takes_l_up_to_its_current_context(method
         hf_posenc.patch(build("llama3"), method, original_max_position_embeddings=300, **KNOBS[method])
     with pytest.raises(ValueError, match="original_max_position_embeddings=128 conflicts .* omit it or pass 64\\.$"):
         hf_posenc.patch(build("longrope"), method, original_max_position_embeddings=128, **KNOBS[method])
+
+
+def test_nope_is_found_in_a_model_patched_while_training_with_dropout_and_its_random_state_is_kept():
+    """Attention dropout made the two probing outputs differ on a NoPE layer (EXAONE 4's global NoPE was computed
+    again) and drew random numbers: the probe runs the module in eval mode, and the model stays in training."""
+    cfg = AutoConfig.for_model("exaone4", **{**SMALL, **HYBRID, "attention_dropout": 0.1, "rope_parameters": {
+        "rope_type": "default", "rope_theta": THETA}})
+    cfg._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(cfg).train()
+    with pytest.raises(ValueError, match="every full-attention layer of model_type='exaone4' \\(layers \\[1\\]\\) "
+                                         "rotates nothing"):
+        hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])
+    state = torch.get_rng_state()
+    hf_posenc.patch(model, "dynamic_ntk", factor=4.0)
+    assert torch.equal(torch.get_rng_state(), state) and model.training
+    assert all(layer.self_attn.training for layer in model.model.layers)

@@ -50,7 +50,8 @@ def _position_embeddings(slot: RotarySlot, x: torch.Tensor, positions: torch.Ten
 def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
     """Whether ``attn`` turns its queries and keys by the position embeddings of ``slot``: its (eager) output on 4
     random hidden states at positions 0, 1, 2, 3 and at 0, 3, 7, 12 differs (a NoPE layer gives the same output
-    bit for bit). A module whose weights are not loaded, or whose forward cannot be called so, is taken at its
+    bit for bit), run in eval mode (a model patched while training keeps its mode and its random state). A module
+    whose weights are not loaded, or whose forward cannot be called so, is taken at its
     ``use_rope`` attribute (True where it has none)."""
     declared = bool(getattr(attn, "use_rope", True))
     weight = next(attn.parameters(), None)
@@ -59,10 +60,11 @@ def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
     own = getattr(attn, "config", None) or config
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 4, int(own.hidden_size), generator=g).to(device=weight.device, dtype=weight.dtype)
-    impl = own._attn_implementation
+    impl, training = own._attn_implementation, attn.training
     outs = []
     try:
         own._attn_implementation = "eager"  # (the method's own function may need state a whole forward sets up)
+        attn.eval()  # no dropout: the two outputs differ by the positions alone, and no random number is drawn
         for pos in ([0, 1, 2, 3], [0, 3, 7, 12]):
             positions = torch.tensor([pos], device=weight.device)
             out = attn(hidden_states=x, position_embeddings=_position_embeddings(slot, x, positions),
@@ -72,6 +74,7 @@ def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
         return declared
     finally:
         own._attn_implementation = impl
+        attn.train(training)
     return not torch.equal(outs[0], outs[1])
 
 
