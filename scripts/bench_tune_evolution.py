@@ -115,6 +115,10 @@ def _tables(out: str) -> list[str]:
     if os.path.isfile(ppl):
         with open(ppl, encoding="utf-8") as f:
             parts += [_ppl_verdict(json.load(f)["results"], os.path.basename(out)), ""]
+    passkey = os.path.join(out, "passkey", "passkey.json")
+    if os.path.isfile(passkey):
+        with open(passkey, encoding="utf-8") as f:
+            parts += [_passkey_verdict(json.load(f)), ""]
     report = os.path.join(out, "search", "tune.json")
     if os.path.isfile(report):
         with open(report, encoding="utf-8") as f:
@@ -143,6 +147,21 @@ def _verdict(results: dict) -> str | None:
             f"{ours.get('short_cost', 0):+.2%} (YaRN {yarn.get('short_cost', 0):+.2%}). Passkey in the search's "
             f"confirmation: {ours['passkey']:.2f} vs YaRN's {yarn['passkey']:.2f} of {ours['passkey_trials']} keys "
             "(too few to rank; the passkey step measures more).")
+
+
+def _passkey_verdict(report: dict) -> str:
+    """The passkey step in one sentence: the searched factors beside YaRN and the best method, overall and on the
+    needles the truncated model cannot see, said plainly."""
+    rows = {v: r for v, r in report["results"].items() if isinstance(r, dict)}
+    overall = {v: r.get("accuracy") for v, r in rows.items() if r.get("accuracy") is not None}
+    if "searched" not in overall or "yarn-x1.5" not in overall:
+        return ""
+    best = max(overall, key=overall.get)
+    ours, yarn = overall["searched"], overall["yarn-x1.5"]
+    said = "no better than YaRN" if ours <= yarn else f"above YaRN by {ours - yarn:.2f}"
+    return (f"**Needles in prose (passkey step):** the searched factors retrieve {ours:.2f} of the keys, {said} "
+            f"({yarn:.2f}); the best method here is {best} ({overall[best]:.2f}); truncation's reach is in the last "
+            "column. Five keys per depth: a difference of one or two keys is not a ranking.")
 
 
 def _ppl_verdict(results: dict, target: str) -> str:
