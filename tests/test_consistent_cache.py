@@ -59,24 +59,8 @@ def test_stale_cache_drifts_from_recomputing_and_consistent_is_the_default():
     assert errors["stale"] > 5 * errors["consistent"] and errors["consistent"] <= 1e-4, errors
 
 
-def test_the_first_layer_cache_is_exactly_the_recomputed_one():
-    """Re-rotation gives every cached key the rotation of a forward over the whole sequence (layer 0: its
-    inputs do not depend on the frequencies, so its cache equals the recomputed cache)."""
-    from transformers import DynamicCache
-
-    model = hf_posenc.patch(tiny_model("llama"), "dynamic_ntk", factor=4.0, cache="consistent")
-    x = ids(80)
-    with torch.no_grad():
-        stepped = DynamicCache(config=model.config)
-        model(x[:, :56], **with_cache(model, stepped), use_cache=True)
-        for t in range(56, 80):
-            model(x[:, t : t + 1], **with_cache(model, stepped), use_cache=True)
-        whole = DynamicCache(config=model.config)
-        model(x, **with_cache(model, whole), use_cache=True)
-    assert (stepped.layers[0].keys - whole.layers[0].keys).abs().max().item() <= 1e-5
-
-
 LAYOUTS = {  # family -> config: how its attention applies RoPE, and where the rotated key part is cached
+    "llama": {},  # rotate-half pairs (i, i + d / 2) on the whole head
     "phi": dict(partial_rotary_factor=0.5),  # partial rotary: the first half of the head
     "cohere": {},  # interleaved pairs (2i, 2i + 1)
     "glm": {},  # partial rotary, interleaved pairs
@@ -89,7 +73,8 @@ LAYOUTS = {  # family -> config: how its attention applies RoPE, and where the r
 
 @pytest.mark.parametrize("family", list(LAYOUTS))
 def test_every_rotary_layout_re_rotates_to_the_recomputed_cache(family):
-    """The cached tensors of the layers whose inputs do not depend on the frequencies (up to the first layer that
+    """Re-rotation gives every cached key the rotation of a forward over the whole sequence: the cached tensors of
+    the layers whose inputs do not depend on the frequencies (layer 0; up to the first layer that
     rotates: EXAONE 4's global NoPE layer 0 and its sliding layer 1) equal a forward over the whole sequence, on
     every layout: partial rotary, interleaved pairs, MLA's latent cache (its rotated key part is the cached
     "values"), a NoPE layer whose keys carry no rotation. Before, each was re-rotated as rotate-half keys from

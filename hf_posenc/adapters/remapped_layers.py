@@ -67,7 +67,8 @@ def computed_layers(model: nn.Module) -> tuple[list[str], list[bool]]:
     """On a model an attention-level method patched: each layer's attention type, and whether the method computes
     it (its attention module holds the method's rotation tables)."""
     modules = attention_modules(model)
-    return layer_types(text_config(model.config)[0], len(modules)), [m.__dict__.get(TABLES_ATTR) is not None for m in modules]
+    computed = [m.__dict__.get(TABLES_ATTR) is not None for m in modules]
+    return layer_types(text_config(model.config)[0], len(modules)), computed
 
 
 def layer_plan(model: nn.Module, config: Any, slots: list[RotarySlot], name: str) -> LayerPlan:

@@ -188,9 +188,10 @@ def _hand_loop_warning(cfg: PosEncConfig) -> str:
     return (f"hf_posenc {cfg.method} with cache={cfg.params.get('cache')!r}: a forward call with a KV cache passed "
             f"by hand went past the original context ({cfg.original_max_position_embeddings} tokens), where {what}. "
             "Only generate() re-encodes the sequence there; here the cached keys are re-rotated instead (the "
-            "accuracy of cache='consistent': for dynamic NTK and YaRN several times closer to recomputing than stale keys, "
-            "not equal past the first layer; far less for LongRoPE's switch). For exact logits, call model.generate(), or at each step past the original context "
-            "call the model on the whole sequence without the cache. (Warned once per patched model.)")
+            "accuracy of cache='consistent': for dynamic NTK and YaRN several times closer to recomputing than "
+            "stale keys, not equal past the first layer; far less for LongRoPE's switch). For exact logits, call "
+            "model.generate(), or at each step past the original context call the model on the whole sequence "
+            "without the cache. (Warned once per patched model.)")
 
 
 class Scaled:

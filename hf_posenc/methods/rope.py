@@ -82,8 +82,9 @@ def _check_longrope(factor: float, p: dict[str, Any]) -> None:
 # Length-dependent scalings recompute their frequencies in the forward pass and take the knob ``cache``:
 # "stale" (transformers' behaviour: cached keys keep the rotation they were stored with), "consistent" (cached
 # keys are re-rotated when the frequencies change; several times closer to recomputing than stale, not equal,
-# since deeper layers' cached keys and values stay those of shorter lengths) or "exact" (generate encodes the sequence again whenever the
-# frequencies change: equal to recomputing, a forward over the sequence per step past the original context;
+# since deeper layers' cached keys and values stay those of shorter lengths) or "exact" (generate encodes the
+# sequence again whenever the frequencies change: equal to recomputing, a forward over the sequence per step past
+# the original context;
 # a hand-written cached loop is re-rotated and warned once); hf_posenc.adapters.consistent_cache. In every mode
 # each row's frequencies follow its own length, never the batch's padded length nor an earlier call.
 CACHE_MODES = ("stale", "consistent", "exact")
