@@ -330,3 +330,24 @@ def test_nope_is_found_in_a_model_patched_while_training_with_dropout_and_its_ra
     hf_posenc.patch(model, "dynamic_ntk", factor=4.0)
     assert torch.equal(torch.get_rng_state(), state) and model.training
     assert all(layer.self_attn.training for layer in model.model.layers)
+
+
+def test_each_layer_is_probed_for_nope_once_per_patch(monkeypatch):
+    """The plan checked before anything changes is the one applied: each full-attention layer's NoPE probe (two
+    attention forwards) runs once per patch, and patching again, after unpatch, plans again."""
+    from hf_posenc.adapters import remapped_layers
+
+    probed = []
+    real = remapped_layers.rotates
+    monkeypatch.setattr(remapped_layers, "rotates", lambda attn, *a: probed.append(attn) or real(attn, *a))
+    model = build("smollm3", num_hidden_layers=3, no_rope_layers=[1, 0, 1])
+    hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])
+    layers = [layer.self_attn for layer in model.model.layers]
+    assert len(probed) == 3 and all(a is b for a, b in zip(probed, layers))
+    hf_posenc.unpatch(model)
+    hf_posenc.patch(model, "dca", **KNOBS["dca"])
+    assert len(probed) == 6
+    x = text(60)
+    extended = logits(model, x)
+    hf_posenc.unpatch(model)
+    assert (extended - logits(model, x)).abs().max() > 1e-3  # the plan applied computes the full layers

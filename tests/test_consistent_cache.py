@@ -136,6 +136,23 @@ def test_consistent_cache_leaves_the_keys_of_nope_layers_as_they_are(method, fla
     assert (scores - ref_scores).abs().max().item() <= (1e-4 if flags[0] else 1e-5)
 
 
+def test_the_key_layout_is_checked_once_per_attention_class(monkeypatch):
+    """Every layer of one attention class shares its rotary layout: the check (a rotation by the modeling file's
+    own apply_rotary_pos_emb) runs once for the class, and each rotating layer still gets it (the NoPE one not)."""
+    from hf_posenc.adapters import consistent_cache
+
+    checked = []
+    real = consistent_cache.key_layout
+    monkeypatch.setattr(consistent_cache, "key_layout", lambda attn, *a: checked.append(attn) or real(attn, *a))
+    model = tiny_model("smollm3", num_hidden_layers=4, no_rope_layers=[1, 1, 0, 1], pad_token_id=0, bos_token_id=1,
+                       eos_token_id=2)
+    hf_posenc.patch(model, "dynamic_ntk", factor=4.0, cache="consistent")
+    assert len(checked) == 1
+    slot = hf_posenc.adapters.layout.rotary_slots(model)[0]
+    layers = consistent_cache.rotated_layers(model, model.config, slot, slot.get("inv_freq"))
+    assert sorted(layers) == [0, 1, 3] and len({id(v) for v in layers.values()}) == 1 and len(checked) == 2
+
+
 @pytest.mark.parametrize("family,over", [
     ("gemma3_text", dict(head_dim=16, sliding_window=12, layer_types=["sliding_attention", "full_attention"] * 2)),
     ("qwen3_moe", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32))])

@@ -39,7 +39,7 @@ from torch import nn
 from ..encodings import rope as R
 from .cache_argument import cache_keyword, passed_cache
 from .layout import attention_modules
-from .rotary_layout import INTERLEAVED, KeyLayout, key_layout, rotates
+from .rotary_layout import INTERLEAVED, KeyLayout, first_rotated, key_layout, rotates
 
 
 class CacheWatcher:
@@ -95,15 +95,23 @@ def rotated_layers(model: nn.Module, text_config: Any, slot, inv_freq: torch.Ten
     except ValueError:
         return None
     types = getattr(text_config, "layer_types", None) or [None] * len(modules)
+    layouts: dict[tuple, KeyLayout] = {}  # one check per attention class and rotated part
     out = {}
     for i, attn in enumerate(modules):
         if (slot.layer_type is None or types[i] == slot.layer_type) and rotates(attn, slot, text_config):
-            try:
-                out[i] = key_layout(attn, slot, text_config, inv_freq, f"cache={mode!r} (cached keys re-rotated)")
-            except ValueError as err:
-                raise ValueError(f"{err} Patch with cache='stale' (cached keys kept as stored, transformers' own "
-                                 "behaviour).") from None
+            key = (type(attn), first_rotated(attn))
+            if key not in layouts:
+                layouts[key] = _layout(attn, slot, text_config, inv_freq, mode)
+            out[i] = layouts[key]
     return out
+
+
+def _layout(attn: nn.Module, slot, text_config: Any, inv_freq: torch.Tensor, mode: str) -> KeyLayout:
+    try:
+        return key_layout(attn, slot, text_config, inv_freq, f"cache={mode!r} (cached keys re-rotated)")
+    except ValueError as err:
+        raise ValueError(f"{err} Patch with cache='stale' (cached keys kept as stored, transformers' own "
+                         "behaviour).") from None
 
 
 def _check_layer(cache: Any, layer: Any) -> None:
