@@ -214,3 +214,31 @@ def test_learned_and_sinusoidal_knobs_are_checked_alike():
             hf_posenc.PosEncConfig(method, params={"base": -1})
         with pytest.raises(ValueError, match="scale must be a finite number > 0, got 0"):
             hf_posenc.PosEncConfig(method, params={"scale": 0})
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_alibi_leaves_nope_layers_without_positions(impl):
+    """SmolLM3's NoPE layer (no_rope_layers 0) had no positions before the swap and has none after it: ALiBi
+    biases the layers that rotated only (the reference biases layers 0 and 2, not 1)."""
+    model = tiny_model("smollm3", num_hidden_layers=3, no_rope_layers=[1, 0, 1], pad_token_id=0, bos_token_id=1,
+                       eos_token_id=2)
+    model.config._attn_implementation = impl
+    model = hf_posenc.patch(model, "alibi")
+    slopes, x = alibi_slopes(model.config.num_attention_heads), ids(40)
+    pos = torch.arange(x.shape[1])
+    bias = -slopes[:, None, None] * (pos[:, None] - pos[None, :]).abs().float()
+    layer = iter(range(3))
+
+    def scores(q, k, d):
+        return q @ k.transpose(-1, -2) / math.sqrt(d) + (0.0 if next(layer) == 1 else bias)
+
+    want = written_out_decoder(model, x, scores)
+    assert (logits(model, x) - want).abs().max().item() <= 1e-5
+    assert (want - reference(model, x, slopes=slopes)).abs().max().item() > 1e-3  # biasing layer 1 too differs
+
+
+def test_alibi_on_a_model_without_rope_is_refused_by_name():
+    model = tiny_model("smollm3", no_rope_layers=[0, 0], pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    with pytest.raises(ValueError, match="no layer of model_type='smollm3' rotates \\(every one is NoPE\\)"):
+        hf_posenc.patch(model, "alibi")
+    assert hf_posenc.get_config(model) is None

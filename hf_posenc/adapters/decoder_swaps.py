@@ -3,7 +3,9 @@
 Every swap first makes the rotary module of this instance the identity (``inv_freq`` = 0, so cos = 1
 and sin = 0): the attention code of transformers stays as it is. Then:
 
-- ``alibi``: with SDPA (the default), this instance's config selects the attention function
+- ``alibi``: the layers that rotated get ALiBi; a layer without RoPE (SmolLM3's ``no_rope_layers``, EXAONE 4's
+  global layers: found by running each attention module, :func:`rotary_layout.rotates`) stays without
+  positions (its slopes are 0). With SDPA (the default), this instance's config selects the attention function
   ``hf_posenc_alibi`` (``alibi_attention.py``): SDPA with the ALiBi bias as a strided view (no
   ``L x L`` tensor) in causal query blocks, or with padding one additive mask per call shared by all
   layers (query blocks with their own masks for very long inputs). With eager attention, a forward
@@ -37,8 +39,9 @@ from .alibi_attention import AlibiState, register
 from .attention import SERVED, check_attention, keep_method, select
 from .base import PatchRecord
 from .cache_argument import passed_cache
-from .layout import Layout, attention_modules, body, decoder_layers
+from .layout import Layout, attention_modules, body, decoder_layers, rotary_slots
 from .rope_native import softmax_rescalers
+from .rotary_layout import rotates
 
 TABLE_NAME = "hf_posenc_positions"  # the learned table's attribute on the model body
 
@@ -98,21 +101,32 @@ class AbsolutePositions:
         return args, kwargs
 
 
-def _install_alibi(model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> None:
-    state = AlibiState(alibi_slopes(model.config.num_attention_heads))
-    record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
+def _install_alibi(model: nn.Module, cfg: PosEncConfig, record: PatchRecord, rotated: list[bool]) -> None:
+    slopes = alibi_slopes(model.config.num_attention_heads)
+    state = AlibiState(slopes)
+    flat = AlibiState(torch.zeros_like(slopes)) if not all(rotated) else state  # NoPE layers: no bias
+    states = [state if r else flat for r in rotated]
+    for s in dict.fromkeys(states):
+        record.add_hook(body(model).register_forward_pre_hook(s.body_hook, with_kwargs=True))
     if check_attention(model, "alibi") == "sdpa":
         select(model, record, state, attention_modules(model), register(), ALIBI_STATE)
+        for attn, s in zip(attention_modules(model), states):
+            record.set_attr(attn, ALIBI_STATE, s)
+        flat.method, flat.serves = state.method, state.serves
     else:  # eager: the same shared mask, handed to each layer as its attention mask (which sdpa takes too)
-        for layer in decoder_layers(model):
-            record.add_hook(layer.register_forward_pre_hook(state.eager_layer_hook, with_kwargs=True))
-        state.method, state.serves = cfg.method, SERVED
+        for layer, s in zip(decoder_layers(model), states):
+            record.add_hook(layer.register_forward_pre_hook(s.eager_layer_hook, with_kwargs=True))
+            s.method, s.serves = cfg.method, SERVED
         keep_method(model, record, follow=True)
 
 
 def _check_alibi(model: nn.Module) -> None:
     check_attention(model, "alibi")
     decoder_layers(model)
+    if not any(rotating_layers(model, rotary_slots(model))):
+        raise ValueError(f"'alibi' swaps RoPE for ALiBi on the layers that rotate; no layer of "
+                         f"model_type={model.config.model_type!r} rotates (every one is NoPE), so there is no RoPE "
+                         "to swap. Use another method or another model.")
 
 
 def _install_absolute(model: nn.Module, cfg: PosEncConfig, record: PatchRecord, learned: bool) -> None:
@@ -141,20 +155,23 @@ def _matching_scale(model: nn.Module, params: dict[str, Any]) -> dict[str, Any]:
 class Swap:
     """One family swap on RoPE decoders: what it installs once the rotary embedding is the identity.
     ``advertises_length``: its ``max_position_embeddings`` knob is the length the model then advertises
-    (at least the original); ``per_layer_type``: on per-layer-type RoPE it changes the chosen types only."""
+    (at least the original); ``per_layer_type``: on per-layer-type RoPE it changes the chosen types only;
+    ``keeps_nope_layers``: it installs per layer and leaves the layers without RoPE as they are (``install``
+    gets, per attention module, whether it rotated)."""
 
-    install: Callable[[nn.Module, PosEncConfig, PatchRecord], None]
+    install: Callable[[nn.Module, PosEncConfig, PatchRecord, list[bool]], None]
     check: Callable[[nn.Module], None] = lambda model: None
     defaults: Callable[[nn.Module, dict[str, Any]], dict[str, Any]] = lambda model, params: params
     advertises_length: bool = False
     per_layer_type: bool = False
+    keeps_nope_layers: bool = False
 
 
 SWAPS: dict[str, Swap] = {
-    "alibi": Swap(_install_alibi, check=_check_alibi, advertises_length=True),
-    "nope": Swap(lambda model, cfg, record: None, advertises_length=True, per_layer_type=True),
-    "sinusoidal": Swap(lambda m, c, r: _install_absolute(m, c, r, learned=False), defaults=_matching_scale),
-    "learned": Swap(lambda m, c, r: _install_absolute(m, c, r, learned=True), defaults=_matching_scale),
+    "alibi": Swap(_install_alibi, check=_check_alibi, advertises_length=True, keeps_nope_layers=True),
+    "nope": Swap(lambda model, cfg, record, rotated: None, advertises_length=True, per_layer_type=True),
+    "sinusoidal": Swap(lambda m, c, r, _: _install_absolute(m, c, r, learned=False), defaults=_matching_scale),
+    "learned": Swap(lambda m, c, r, _: _install_absolute(m, c, r, learned=True), defaults=_matching_scale),
 }
 
 
@@ -171,11 +188,17 @@ def resolve_swap(model: nn.Module, cfg: PosEncConfig, original: int) -> PosEncCo
 
 def apply_swap(model: nn.Module, cfg: PosEncConfig, rotary: list, record: PatchRecord) -> None:
     swap = SWAPS[cfg.method]
+    rotated = rotating_layers(model, rotary) if swap.keeps_nope_layers else []
     neutralize_rope(rotary, record)
     n = cfg.params.get("max_position_embeddings")
     if n is not None and swap.advertises_length:
         record.set_config("max_position_embeddings", n)
-    swap.install(model, cfg, record)
+    swap.install(model, cfg, record, rotated)
+
+
+def rotating_layers(model: nn.Module, rotary: list) -> list[bool]:
+    """Per attention module, whether it turns its queries and keys by the model's RoPE (False: a NoPE layer)."""
+    return [rotates(attn, rotary[0], model.config) for attn in attention_modules(model)]
 
 
 class Swapped:
