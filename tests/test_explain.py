@@ -339,3 +339,29 @@ def test_on_a_model_with_nope_and_sliding_layers_explain_and_the_card_name_the_l
                     original=64)
     assert plain["data"]["layers"] is None and build_model_card(
         hf_posenc.patch(tiny_model("llama"), "self_extend", group_size=4, window=16)).text.count("| layers |") == 0
+
+
+@pytest.mark.parametrize("family", ["exaone4", "cohere2"])
+def test_explain_finds_global_nope_layers_no_config_field_declares(family, tmp_path):
+    """EXAONE 4 and Cohere 2 with a sliding window rotate their sliding layers only (their modeling code skips RoPE
+    on the full-attention ones; no config field says so): explain runs a narrow twin of the config and says what
+    the patch does, refusing, instead of counting the full layers as computed. Without the window EXAONE 4 rotates
+    every layer, and explain says the method computes the full one (Cohere 2's full layers never rotate). The
+    caller's random state is kept."""
+    from transformers import AutoConfig
+
+    sizes = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                 eos_token_id=2, layer_types=["sliding_attention", "full_attention"],
+                 rope_parameters={"rope_type": "default", "rope_theta": 50_000.0})
+    AutoConfig.for_model(family, sliding_window=12, **sizes).save_pretrained(tmp_path / "hybrid")
+    state = torch.get_rng_state()
+    out = explain("self_extend:group_size=4,window=16", str(tmp_path / "e"), model=str(tmp_path / "hybrid"))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert out["data"]["layers"] == ("it would compute none of the 2 layers (1 sliding-window layer (0) and 1 NoPE "
+                                     "(no RoPE) layer (1)): hf_posenc.patch refuses it on this model, which has no "
+                                     "full-attention layer with RoPE")
+    AutoConfig.for_model(family, sliding_window=None, **sizes).save_pretrained(tmp_path / "full")
+    out = explain("self_extend:group_size=4,window=16", str(tmp_path / "f"), model=str(tmp_path / "full"))
+    assert out["data"]["layers"].startswith({"exaone4": "it computes 1 of the 2 layers", "cohere2": "it would compute "
+                                             "none of the 2 layers"}[family])

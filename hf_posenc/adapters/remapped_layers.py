@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from .base import text_config
-from .layout import RotarySlot, attention_modules, nope_layers
+from .layout import RotarySlot, attention_modules, nope_layers, rotary_slots
+from .narrow_twin import narrow_twin
 from .remapped_attention import TABLES_ATTR
 from .remapped_keys import RotationTables
 from .rotary_layout import HALF, first_rotated, key_layout, rotates
@@ -61,6 +62,24 @@ def declared_computed(config: Any, n: int | None = None) -> tuple[list[str], lis
     n = n or int(getattr(config, "num_hidden_layers", 0) or 0)
     types, nope = layer_types(config, n), set(nope_layers(config, n))
     return types, [t == FULL and i not in nope for i, t in enumerate(types)]
+
+
+def probed_computed(config: Any) -> tuple[list[str], list[bool]]:
+    """:func:`declared_computed`, each full-attention layer then run in a narrow twin of the model
+    (:func:`narrow_twin.narrow_twin`) to see whether it rotates (EXAONE 4's and Cohere 2's global NoPE layers); the
+    declared answer alone where no twin can be built or its rotary modules found."""
+    types, computed = declared_computed(config)
+    twin = narrow_twin(config)
+    if twin is None:
+        return types, computed
+    try:
+        modules, slots = attention_modules(twin), rotary_slots(twin)
+        plan = [slot_of(slots, twin.config, FULL, "explain") if c else None for c in computed]
+    except ValueError:
+        return types, computed
+    if len(modules) != len(types):
+        return types, computed
+    return types, [s is not None and rotates(m, s, twin.config) for m, s in zip(modules, plan)]
 
 
 def computed_layers(model: nn.Module) -> tuple[list[str], list[bool]]:

@@ -25,7 +25,7 @@ from ..adapters import rope_compose as C
 from ..adapters.base import text_config
 from ..adapters.layout import default_layer_types, per_layer_type
 from ..adapters.layout import head_dim as head_dim_of
-from ..adapters.remapped_layers import declared_computed, layers_note
+from ..adapters.remapped_layers import layers_note, probed_computed
 from ..checkpoints.loading import refuse_lora_folder
 from ..checkpoints.models import DEFAULT_MODEL, read_config, resolve_source
 from ..config import CONFIG_KEY, PosEncConfig, as_config
@@ -206,11 +206,11 @@ def _attention(cfg: PosEncConfig, geom: Geometry, length: int, output: str, reso
 
 
 def _layers_note(model: str | None) -> str | None:
-    """Which layers an attention-level method computes on ``model``, where it leaves some: from its config alone
-    (sliding layers and declared NoPE ones; the patch also finds global NoPE layers by running them)."""
+    """Which layers an attention-level method computes on ``model``, where it leaves some: from its config (sliding
+    layers, declared NoPE ones) and a narrow twin built from it (global NoPE layers, found by running them)."""
     if model is None:
         return None
-    return layers_note(*declared_computed(text_config(read_config(resolve_source(model)))[0]))
+    return layers_note(*probed_computed(text_config(read_config(resolve_source(model)))[0]))
 
 
 def _buckets(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[str, Any]:

@@ -1,0 +1,41 @@
+"""A model of a config's family and layer pattern with tiny widths: built from the config alone to run what the
+config does not say. Which layers rotate is one such fact: EXAONE 4 and Cohere 2 leave their full-attention layers
+without RoPE when the config names a sliding window, by their modeling code, not by a config field.
+
+The twin keeps every field of the config (layer types, sliding window, RoPE parameters, partial rotary, the
+family's own switches) except the widths in :data:`WIDTHS`, so that building it costs a fraction of a second
+whatever the checkpoint's size."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+# the widths a twin narrows (where the config has the field): small and consistent with one another
+WIDTHS = {
+    "hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "vocab_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "num_experts": 4,
+    "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+    "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+    "n_group": 1, "topk_group": 1, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+}
+
+
+def narrow_twin(config: Any) -> nn.Module | None:
+    """A causal LM built from ``config`` with the widths of :data:`WIDTHS` (random weights, eval mode, on the CPU;
+    the caller's random state kept), or None where transformers cannot build one of its family so."""
+    from transformers import AutoModelForCausalLM
+
+    twin = copy.deepcopy(config)
+    for key, value in WIDTHS.items():
+        if getattr(twin, key, None) is not None:
+            setattr(twin, key, value)
+    twin._attn_implementation = "eager"
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return AutoModelForCausalLM.from_config(twin, dtype=torch.float32).eval()
+    except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, AssertionError):
+        return None
