@@ -351,3 +351,34 @@ def test_each_layer_is_probed_for_nope_once_per_patch(monkeypatch):
     extended = logits(model, x)
     hf_posenc.unpatch(model)
     assert (extended - logits(model, x)).abs().max() > 1e-3  # the plan applied computes the full layers
+
+
+def test_nope_is_found_on_weights_not_loaded_yet_and_behind_a_zero_output_projection():
+    """Layer weights on the meta device (accelerate's disk offload keeps them there until a forward) cannot be run:
+    a narrow twin built from the config answers for each layer, so EXAONE 4's global NoPE layers are refused as in
+    memory, and ALiBi's slopes are 0 on them. A model whose rotary frequencies are on meta too (built under
+    torch.device("meta")) is refused by name. A rotating layer whose output projection is zero (zero-initialised,
+    pruned) still rotates: the probe compares the attention weights too."""
+    from hf_posenc.adapters.layout import attention_modules
+
+    cfg = AutoConfig.for_model("exaone4", **{**SMALL, **HYBRID, "num_hidden_layers": 4, "layer_types": [
+        "sliding_attention", "full_attention"] * 2, "rope_parameters": {"rope_type": "default", "rope_theta": THETA}})
+    cfg._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        bare = AutoModelForCausalLM.from_config(cfg)
+    for method, knobs in (("self_extend", KNOBS["self_extend"]), ("yarn", {"factor": 2.0}), ("alibi", {})):
+        with pytest.raises(ValueError, match=f"^{method}: the model's rotary frequencies \\(inv_freq\\) are on the "
+                                             "meta device"):
+            hf_posenc.patch(bare, method, **knobs)
+    meta = AutoModelForCausalLM.from_config(cfg)
+    meta.model.layers.to("meta")  # as offloaded
+    with pytest.raises(ValueError, match="every full-attention layer of model_type='exaone4' \\(layers \\[1, 3\\]\\) "
+                                         "rotates nothing"):
+        hf_posenc.patch(meta, "self_extend", **KNOBS["self_extend"])
+    hf_posenc.patch(meta, "alibi")
+    slopes = [float(a.__dict__["_hf_posenc_alibi"].slopes.abs().sum()) for a in attention_modules(meta)]
+    assert slopes[1] == slopes[3] == 0 and slopes[0] == slopes[2] > 0
+    model = build("gemma3_text")
+    torch.nn.init.zeros_(model.model.layers[1].self_attn.o_proj.weight)
+    hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])
+    assert hf_posenc.adapters.remapped_layers.computed_layers(model)[1] == [False, True]

@@ -365,3 +365,23 @@ def test_explain_finds_global_nope_layers_no_config_field_declares(family, tmp_p
     out = explain("self_extend:group_size=4,window=16", str(tmp_path / "f"), model=str(tmp_path / "full"))
     assert out["data"]["layers"].startswith({"exaone4": "it computes 1 of the 2 layers", "cohere2": "it would compute "
                                              "none of the 2 layers"}[family])
+
+
+@pytest.mark.parametrize("family", ["falcon", "biogpt", "kimi_linear", "blt"])
+def test_explain_on_configs_whose_twin_cannot_be_narrowed_falls_back_to_the_config(family, tmp_path):
+    """Falcon's head_dim is a read-only property, BioGPT and Kimi Linear's twins have no rotary module found, BLT's
+    would keep 3 billion parameters of hash embeddings the narrowing does not reach: explain says what the config
+    declares instead of failing or building a large model (the twin is counted on the meta device first)."""
+    from transformers import AutoConfig
+
+    from hf_posenc.adapters.narrow_twin import narrow_twin
+    from hf_posenc.adapters.remapped_layers import declared_computed, layers_note, probed_computed
+
+    config = AutoConfig.for_model(family)
+    config = getattr(config, "text_config", None) or config
+    assert probed_computed(config) == declared_computed(config)
+    if family == "blt":
+        assert narrow_twin(config) is None
+    if family == "kimi_linear":  # its linear-attention layers: what hf_posenc.patch refuses, said so
+        assert layers_note(*probed_computed(config)).endswith(
+            "hf_posenc.patch refuses it on this model, whose layers of type ['linear_attention'] it does not serve")

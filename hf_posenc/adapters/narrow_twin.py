@@ -24,18 +24,35 @@ WIDTHS = {
 }
 
 
+MAX_PARAMETERS = 20_000_000  # a twin with more (widths it cannot narrow) is not built: ~80 MB in fp32
+
+
 def narrow_twin(config: Any) -> nn.Module | None:
     """A causal LM built from ``config`` with the widths of :data:`WIDTHS` (random weights, eval mode, on the CPU;
-    the caller's random state kept), or None where transformers cannot build one of its family so."""
+    the caller's random state kept), or None where transformers cannot build one of its family so, or only with
+    more than :data:`MAX_PARAMETERS` parameters (counted on the meta device first)."""
     from transformers import AutoModelForCausalLM
 
     twin = copy.deepcopy(config)
     for key, value in WIDTHS.items():
-        if getattr(twin, key, None) is not None:
-            setattr(twin, key, value)
-    twin._attn_implementation = "eager"
+        _narrow(twin, key, value)
     try:
+        twin._attn_implementation = "eager"
         with torch.random.fork_rng(devices=[]):
+            with torch.device("meta"):  # its size first: widths this does not narrow (sub-models, BLT's hash tables)
+                size = sum(p.numel() for p in AutoModelForCausalLM.from_config(twin).parameters())
+            if size > MAX_PARAMETERS:
+                return None
             return AutoModelForCausalLM.from_config(twin, dtype=torch.float32).eval()
-    except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, AssertionError):
+    except Exception:  # noqa: BLE001 (any family's own check: the twin is a best effort, its absence is an answer)
         return None
+
+
+def _narrow(config: Any, key: str, value: int) -> None:
+    """``config.key = value`` where the config has the field and takes the value; left as it is where the field is
+    derived (a read-only property: Falcon's ``head_dim``) or per layer (Gemma 4's: reading it raises)."""
+    try:
+        if getattr(config, key, None) is not None:
+            setattr(config, key, value)
+    except Exception:  # noqa: BLE001 (config classes raise their own kinds here)
+        pass

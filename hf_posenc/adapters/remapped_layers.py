@@ -74,10 +74,10 @@ def probed_computed(config: Any) -> tuple[list[str], list[bool]]:
         return types, computed
     try:
         modules, slots = attention_modules(twin), rotary_slots(twin)
+        if not slots or len(modules) != len(types):  # no rotary module found (BioGPT), or other layers than declared
+            return types, computed
         plan = [slot_of(slots, twin.config, FULL, "explain") if c else None for c in computed]
     except ValueError:
-        return types, computed
-    if len(modules) != len(types):
         return types, computed
     return types, [s is not None and rotates(m, s, twin.config) for m, s in zip(modules, plan)]
 
@@ -185,6 +185,10 @@ def layers_note(types: list[str], computed: list[bool]) -> str | None:
             "NoPE (no RoPE)": [i for i, t in enumerate(types) if t == FULL and not computed[i]],
             "other-type": [i for i, t in enumerate(types) if t not in (FULL, SLIDING)]}
     parts = [f"{len(v)} {what} layer{'s' * (len(v) > 1)} ({', '.join(map(str, v))})" for what, v in left.items() if v]
+    other = sorted(set(types) - {FULL, SLIDING})
+    if other:  # what layer_plan refuses
+        return (f"it would compute none of the {n} layers ({' and '.join(parts)}): hf_posenc.patch refuses it on this "
+                f"model, whose layers of type {other} it does not serve")
     if not any(computed):
         return (f"it would compute none of the {n} layers ({' and '.join(parts)}): hf_posenc.patch refuses it on this "
                 "model, which has no full-attention layer with RoPE")

@@ -221,7 +221,16 @@ class RopeDecoderAdapter(Adapter):
     def resolve(self, model: nn.Module, cfg: PosEncConfig) -> PosEncConfig:
         lay = self._layout(model, cfg)
         check_mrope(model, cfg, lay)
+        _check_frequencies_loaded(lay, cfg.method)
         return HANDLERS[cfg.spec.kind].resolve(model, cfg, lay, self._original(cfg, lay))
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> bool:
         return HANDLERS[cfg.spec.kind].apply(model, cfg, self._layout(model, cfg), record)
+
+
+def _check_frequencies_loaded(lay: Layout, method: str) -> None:
+    """A ValueError where the rotary frequencies are on the meta device (a model built under ``torch.device("meta")``
+    whose buffers were never computed): every RoPE method reads them."""
+    if any(s.get("inv_freq").device.type == "meta" for s in lay.slots):
+        raise ValueError(f"{method}: the model's rotary frequencies (inv_freq) are on the meta device, not computed; "
+                         "load the model with from_pretrained (an offloaded device_map included) before patching.")

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from ..encodings import rope as R
-from .layout import RotarySlot, head_dim
+from .layout import RotarySlot, attention_modules, head_dim, rotary_slots
+from .narrow_twin import narrow_twin
 
 HALF, INTERLEAVED = "half", "interleaved"
 
@@ -48,15 +49,19 @@ def _position_embeddings(slot: RotarySlot, x: torch.Tensor, positions: torch.Ten
 
 @torch.no_grad()
 def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
-    """Whether ``attn`` turns its queries and keys by the position embeddings of ``slot``: its (eager) output on 4
-    random hidden states at positions 0, 1, 2, 3 and at 0, 3, 7, 12 differs (a NoPE layer gives the same output
-    bit for bit), run in eval mode (a model patched while training keeps its mode and its random state). A module
-    whose weights are not loaded, or whose forward cannot be called so, is taken at its
-    ``use_rope`` attribute (True where it has none)."""
+    """Whether ``attn`` turns its queries and keys by the position embeddings of ``slot``: its (eager) attention
+    weights and output on 4 random hidden states at positions 0, 1, 2, 3 and at 0, 3, 7, 12 differ (a NoPE layer
+    gives the same bit for bit; the weights see the rotation even where the output projection is zero), run in eval
+    mode (a model patched while training keeps its mode and its random state). A module whose weights are not
+    loaded (meta, offloaded) is answered by a narrow twin built from the config (:func:`twin_rotates`), one whose
+    forward cannot be called so by its ``use_rope`` attribute (True where it has none)."""
     declared = bool(getattr(attn, "use_rope", True))
     weight = next(attn.parameters(), None)
-    if not declared or weight is None or weight.device.type == "meta":
+    if not declared or weight is None:
         return declared
+    if weight.device.type == "meta":
+        found = twin_rotates(config, getattr(attn, "layer_idx", None))
+        return declared if found is None else found
     own = getattr(attn, "config", None) or config
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 4, int(own.hidden_size), generator=g).to(device=weight.device, dtype=weight.dtype)
@@ -69,13 +74,50 @@ def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
             positions = torch.tensor([pos], device=weight.device)
             out = attn(hidden_states=x, position_embeddings=_position_embeddings(slot, x, positions),
                        attention_mask=None)
-            outs.append(out[0] if isinstance(out, tuple) else out)
+            outs.append([t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)])
     except (TypeError, ValueError, RuntimeError, KeyError, AttributeError):
         return declared
     finally:
         own._attn_implementation = impl
         attn.train(training)
-    return not torch.equal(outs[0], outs[1])
+    return any(not torch.equal(a, b) for a, b in zip(*outs))
+
+
+def twin_rotates(config: Any, layer: int | None) -> bool | None:
+    """Whether layer ``layer`` of a model of ``config`` rotates, answered on its narrow twin (random weights, the
+    config's layer pattern: :mod:`narrow_twin`); None where no twin can be built or the layer not found in it."""
+    if layer is None:
+        return None
+    flags = _twin_flags(config)
+    return flags[layer] if flags is not None and 0 <= layer < len(flags) else None
+
+
+_TWIN_FLAGS: dict[str, list[bool] | None] = {}  # per config (its JSON): a patch asks once per layer
+
+
+def _twin_flags(config: Any) -> list[bool] | None:
+    key = config.to_json_string(use_diff=False)
+    if key not in _TWIN_FLAGS:
+        if len(_TWIN_FLAGS) >= 8:
+            _TWIN_FLAGS.clear()
+        _TWIN_FLAGS[key] = _probe_twin(config)
+    return _TWIN_FLAGS[key]
+
+
+def _probe_twin(config: Any) -> list[bool] | None:
+    twin = narrow_twin(config)
+    if twin is None:
+        return None
+    try:
+        modules, slots = attention_modules(twin), rotary_slots(twin)
+    except ValueError:
+        return None
+    types = list(getattr(twin.config, "layer_types", None) or [])
+    out = []
+    for i, attn in enumerate(modules):
+        own = [s for s in slots if s.layer_type in (None, types[i] if i < len(types) else None)]
+        out.append(bool(own) and rotates(attn, own[0], twin.config))
+    return out
 
 
 def key_layout(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq: torch.Tensor, name: str) -> KeyLayout:
