@@ -105,3 +105,21 @@ def test_deepseek_attention_scale_follows_mscale_all_dim(knobs):
     assert attn.scaling == base
     with pytest.raises(ValueError, match="attention scale depends on its RoPE parameters"):
         hf_posenc.patch(model, "alibi")
+
+
+def test_a_config_with_per_layer_geometry_is_refused_by_name(tmp_path):
+    """Gemma 4 sets its head width per layer (transformers' heterogeneous configs): reading one head_dim raised
+    transformers' own error from deep inside; patch and explain now refuse by name, the model left as it was."""
+    from hf_posenc.explaining import explain
+
+    cfg = AutoConfig.for_model("gemma4_text", **SMALL)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    x = ids(20) % 90 + 3
+    before = out(model, x)
+    refused = "model_type='gemma4_text' sets its attention per layer \\(per_layer_config: head_dim differ between"
+    with pytest.raises(ValueError, match=refused):
+        hf_posenc.patch(model, "yarn", factor=2.0)
+    assert hf_posenc.get_config(model) is None and torch.equal(out(model, x), before)
+    cfg.save_pretrained(tmp_path / "gemma4")
+    with pytest.raises(ValueError, match=refused):
+        explain("self_extend", str(tmp_path / "e"), model=str(tmp_path / "gemma4"))

@@ -115,7 +115,27 @@ def default_layer_types(types: list[str]) -> list[str]:
     return ["full_attention"] if "full_attention" in types and len(types) > 1 else types
 
 
+def check_uniform(hf_config: Any) -> None:
+    """A ValueError where the config sets its attention geometry per layer (transformers' heterogeneous configs,
+    ``per_layer_config``: Gemma 4's head widths): hf_posenc reads one geometry per language model."""
+    if getattr(hf_config, "is_heterogeneous", False):
+        raise ValueError(f"model_type={hf_config.model_type!r} sets its attention per layer (per_layer_config: "
+                         f"{', '.join(_varied(hf_config)) or 'values'} differ between layers); hf_posenc reads one "
+                         "geometry per language model and does not support such a model yet.")
+
+
+def _varied(hf_config: Any) -> list[str]:
+    """The fields a heterogeneous config sets per layer, as far as transformers' record of them can be read."""
+    try:
+        spec = hf_config._heterogeneity_spec
+        return sorted(set(spec.explicit_per_layer_attributes) | {
+            k for layer in spec.per_layer_overrides.values() for k in layer})
+    except Exception:  # noqa: BLE001 (transformers' private record; the message does without it)
+        return []
+
+
 def head_dim(hf_config: Any) -> int:
+    check_uniform(hf_config)
     return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
