@@ -242,3 +242,27 @@ def test_alibi_on_a_model_without_rope_is_refused_by_name():
     with pytest.raises(ValueError, match="no layer of model_type='smollm3' rotates \\(every one is NoPE\\)"):
         hf_posenc.patch(model, "alibi")
     assert hf_posenc.get_config(model) is None
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_alibi_nope_layers_run_the_models_own_attention_with_padding(impl):
+    """With a padding mask, the NoPE layer runs the model's own attention on the model's own mask (it used to build
+    a second, bias-free copy of the ALiBi mask, doubling its memory): left-padded rows equal the same rows alone."""
+    from hf_posenc.adapters.alibi_attention import STATE_ATTR
+
+    model = tiny_model("smollm3", num_hidden_layers=3, no_rope_layers=[1, 0, 1], pad_token_id=0, bos_token_id=1,
+                       eos_token_id=2)
+    model.config._attn_implementation = impl
+    model = hf_posenc.patch(model, "alibi")
+    states = [layer.self_attn.__dict__.get(STATE_ATTR) for layer in model.model.layers]
+    x = ids(30, batch=2)
+    mask = torch.ones_like(x)
+    mask[1, :7] = 0
+    with torch.no_grad():
+        both = model(x, attention_mask=mask).logits
+        alone = model(x[1:, 7:]).logits
+    assert (both[1, 7:] - alone[0]).abs().max().item() <= 1e-5
+    if impl == "sdpa":
+        assert states[1].flat and states[1]._mask is None and not states[0].flat and states[0]._mask is not None
+    else:
+        assert len(model.model.layers[1]._forward_pre_hooks) < len(model.model.layers[0]._forward_pre_hooks)

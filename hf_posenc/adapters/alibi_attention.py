@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .attention import CacheOffset, register_attention, repeat_heads
 
@@ -41,6 +42,8 @@ class AlibiState(CacheOffset):
     def __setstate__(self, state: dict) -> None:  # unpickled in a fresh process: the attention function is registered
         self.__dict__.update(state)
         register()
+
+    flat = False  # a layer without positions (NoPE): SDPA's own attention with the model's mask, no bias
 
     def __init__(self, slopes: torch.Tensor, block: int = 256, full_limit: int = 2**28, causal: bool | None = None):
         super().__init__()
@@ -85,6 +88,9 @@ class AlibiState(CacheOffset):
 def alibi_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """An attention function with transformers' signature: returns ``([batch, q, heads, dim], None)``."""
     state: AlibiState = module.__dict__[STATE_ATTR]
+    if state.flat:  # exactly the model's own SDPA attention (the mask is SDPA's, registered with this function)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
     b, h, q, _ = query.shape
     k_total = key.shape[2]
     past = state.query_start(q, k_total)

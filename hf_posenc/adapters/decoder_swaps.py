@@ -5,8 +5,9 @@ and sin = 0): the attention code of transformers stays as it is. Then:
 
 - ``alibi``: the layers that rotated get ALiBi; a layer without RoPE (SmolLM3's ``no_rope_layers``, EXAONE 4's
   global layers: found by running each attention module, :func:`rotary_layout.rotates`) stays without
-  positions (its slopes are 0). With SDPA (the default), this instance's config selects the attention function
-  ``hf_posenc_alibi`` (``alibi_attention.py``): SDPA with the ALiBi bias as a strided view (no
+  positions: the model's own attention with its own mask. With SDPA (the default), this instance's config
+  selects the attention function ``hf_posenc_alibi`` (``alibi_attention.py``): SDPA with the ALiBi bias as a
+  strided view (no
   ``L x L`` tensor) in causal query blocks, or with padding one additive mask per call shared by all
   layers (query blocks with their own masks for very long inputs). With eager attention, a forward
   pre-hook on each decoder layer hands it the same shared mask ``[batch or 1, heads, q, k]`` (the
@@ -102,21 +103,20 @@ class AbsolutePositions:
 
 
 def _install_alibi(model: nn.Module, cfg: PosEncConfig, record: PatchRecord, rotated: list[bool]) -> None:
-    slopes = alibi_slopes(model.config.num_attention_heads)
-    state = AlibiState(slopes)
-    flat = AlibiState(torch.zeros_like(slopes)) if not all(rotated) else state  # NoPE layers: no bias
-    states = [state if r else flat for r in rotated]
-    for s in dict.fromkeys(states):
-        record.add_hook(body(model).register_forward_pre_hook(s.body_hook, with_kwargs=True))
+    state = AlibiState(alibi_slopes(model.config.num_attention_heads))
+    record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
     if check_attention(model, "alibi") == "sdpa":
         select(model, record, state, attention_modules(model), register(), ALIBI_STATE)
-        for attn, s in zip(attention_modules(model), states):
-            record.set_attr(attn, ALIBI_STATE, s)
-        flat.method, flat.serves = state.method, state.serves
+        flat = AlibiState(state.slopes)
+        flat.flat = True  # NoPE layers: the model's own SDPA attention
+        for attn, r in zip(attention_modules(model), rotated):
+            if not r:
+                record.set_attr(attn, ALIBI_STATE, flat)
     else:  # eager: the same shared mask, handed to each layer as its attention mask (which sdpa takes too)
-        for layer, s in zip(decoder_layers(model), states):
-            record.add_hook(layer.register_forward_pre_hook(s.eager_layer_hook, with_kwargs=True))
-            s.method, s.serves = cfg.method, SERVED
+        for layer, r in zip(decoder_layers(model), rotated):
+            if r:  # a NoPE layer keeps the model's own mask
+                record.add_hook(layer.register_forward_pre_hook(state.eager_layer_hook, with_kwargs=True))
+        state.method, state.serves = cfg.method, SERVED
         keep_method(model, record, follow=True)
 
 
