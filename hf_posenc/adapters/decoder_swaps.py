@@ -7,9 +7,8 @@ and sin = 0): the attention code of transformers stays as it is. Then:
   global layers: found by running each attention module, :func:`rotary_layout.rotates`) stays without
   positions: the model's own attention with its own mask. With SDPA (the default), this instance's config
   selects the attention function ``hf_posenc_alibi`` (``alibi_attention.py``): SDPA with the ALiBi bias as a
-  strided view (no
-  ``L x L`` tensor) in causal query blocks, or with padding one additive mask per call shared by all
-  layers (query blocks with their own masks for very long inputs). With eager attention, a forward
+  strided view (no ``L x L`` tensor) in causal query blocks, or with padding one additive mask per call shared
+  by all layers (query blocks with their own masks for very long inputs). With eager attention, a forward
   pre-hook on each decoder layer hands it the same shared mask ``[batch or 1, heads, q, k]`` (the
   causal/padding mask, ``finfo.min`` where masked, plus the biases) as its attention mask. Either way
   grouped-query attention, padding masks, the KV cache and ``generate`` work, because positions are

@@ -21,11 +21,10 @@ import torch
 from torch import nn
 
 from .base import text_config
-from .layout import RotarySlot, attention_modules, nope_layers, rotary_slots
-from .narrow_twin import narrow_twin
+from .layout import RotarySlot, attention_modules, nope_layers
 from .remapped_attention import TABLES_ATTR
 from .remapped_keys import RotationTables
-from .rotary_layout import HALF, first_rotated, key_layout, rotates
+from .rotary_layout import HALF, first_rotated, key_layout, rotates, twin_flags
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 LENGTH_DEPENDENT_TYPES = ("dynamic", "longrope")  # rope types whose frequencies follow the input's length
@@ -65,21 +64,14 @@ def declared_computed(config: Any, n: int | None = None) -> tuple[list[str], lis
 
 
 def probed_computed(config: Any) -> tuple[list[str], list[bool]]:
-    """:func:`declared_computed`, each full-attention layer then run in a narrow twin of the model
-    (:func:`narrow_twin.narrow_twin`) to see whether it rotates (EXAONE 4's and Cohere 2's global NoPE layers); the
-    declared answer alone where no twin can be built or its rotary modules found."""
+    """:func:`declared_computed`, each layer then run in a narrow twin of the model (:func:`rotary_layout.twin_flags`)
+    to see whether it rotates (EXAONE 4's and Cohere 2's global NoPE layers); the declared answer alone where no twin
+    can be built or its layers do not match the declared ones."""
     types, computed = declared_computed(config)
-    twin = narrow_twin(config)
-    if twin is None:
+    flags = twin_flags(config)
+    if flags is None or len(flags) != len(types):
         return types, computed
-    try:
-        modules, slots = attention_modules(twin), rotary_slots(twin)
-        if not slots or len(modules) != len(types):  # no rotary module found (BioGPT), or other layers than declared
-            return types, computed
-        plan = [slot_of(slots, twin.config, FULL, "explain") if c else None for c in computed]
-    except ValueError:
-        return types, computed
-    return types, [s is not None and rotates(m, s, twin.config) for m, s in zip(modules, plan)]
+    return types, [c and f for c, f in zip(computed, flags)]
 
 
 def computed_layers(model: nn.Module) -> tuple[list[str], list[bool]]:

@@ -88,14 +88,16 @@ def twin_rotates(config: Any, layer: int | None) -> bool | None:
     config's layer pattern: :mod:`narrow_twin`); None where no twin can be built or the layer not found in it."""
     if layer is None:
         return None
-    flags = _twin_flags(config)
+    flags = twin_flags(config)
     return flags[layer] if flags is not None and 0 <= layer < len(flags) else None
 
 
 _TWIN_FLAGS: dict[str, list[bool] | None] = {}  # per config (its JSON): a patch asks once per layer
 
 
-def _twin_flags(config: Any) -> list[bool] | None:
+def twin_flags(config: Any) -> list[bool] | None:
+    """Per layer of a model of ``config``, whether it rotates, run on its narrow twin (:mod:`narrow_twin`; each layer
+    with the RoPE of its own layer type); None where no twin can be built or no rotary module is found in it."""
     key = config.to_json_string(use_diff=False)
     if key not in _TWIN_FLAGS:
         if len(_TWIN_FLAGS) >= 8:
@@ -111,6 +113,8 @@ def _probe_twin(config: Any) -> list[bool] | None:
     try:
         modules, slots = attention_modules(twin), rotary_slots(twin)
     except ValueError:
+        return None
+    if not slots:  # (BioGPT: no rotary module)
         return None
     types = list(getattr(twin.config, "layer_types", None) or [])
     out = []
