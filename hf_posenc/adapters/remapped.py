@@ -91,13 +91,9 @@ def apply_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, record: Pat
 def _checked_plan(model: nn.Module, lay: Layout, name: str) -> LayerPlan:
     """The plan :func:`resolve_remapped` made for ``name`` on ``model`` just before, else a new one."""
     held = _PLANS.pop(model, None)
-    if held is not None and held[0] == name and _same(held[1].modules, attention_modules(model)):
+    if held is not None and held[0] == name and held[1].modules == attention_modules(model):  # (by identity)
         return held[1]
     return layer_plan(model, lay.config, lay.slots, name)
-
-
-def _same(a: list[nn.Module], b: list[nn.Module]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 class Remapped:
