@@ -101,6 +101,20 @@ def run_cli(argv: list[str], no_progress: bool = False) -> None:
         os.chdir(cwd)
 
 
+def run_needles_far_first(argv: list[str], context: int, length: int, no_progress: bool = False) -> None:
+    """``hf-posenc eval passkey ARGV`` in two passes: first the ``--depths`` whose needle lies out of reach of the
+    model truncated to its last ``context`` of ``length`` tokens (depth < 1 - context / length: the informative
+    cells, computed first so an interrupted run has them for every variant), then every depth, which resumes those
+    cells and writes the report of all of them. A needle's key comes from its cell's place in the grid, so the first
+    pass runs only when those depths lead the list (as in the ascending default): then its cells are the same."""
+    i = argv.index("--depths") + 1
+    depths = argv[i].split(",")
+    far = [d for d in depths if float(d) < 1 - context / length]
+    if far and far == depths[:len(far)] and len(far) < len(depths):
+        run_cli([*argv[:i], ",".join(far), *argv[i + 1:]], no_progress)
+    run_cli(argv, no_progress)
+
+
 def tuned_run_flags(p, output: str, depths: str, trials: int) -> None:
     """The flags of a benchmark measuring on one book with the knobs ``hf-posenc tune`` chose on another: where the
     tune runs are, the book, the passkey grid, the device, the output folder, --write and --no-progress."""

@@ -32,7 +32,7 @@ import os
 import shlex
 import sys
 
-from _bench import BOOK, ROOT, load_json, rel, require_book, run_cli, run_then_write
+from _bench import BOOK, ROOT, load_json, rel, require_book, run_cli, run_needles_far_first, run_then_write
 from bench_finetune_long import _needles, _ppl, _table
 from bench_finetune_long import build_parser as training_parser
 from bench_finetune_long import commands as training_commands
@@ -96,13 +96,6 @@ def commands(args) -> dict[str, list[str]]:
                         *out("needles")]}
 
 
-def reach(args, context: int = CONTEXT) -> tuple[str, str]:
-    """``--depths`` split into those the checkpoint truncated to ``context`` cannot see, and the rest."""
-    edge = 1 - context / args.length
-    far = [d for d in args.depths.split(",") if float(d) < edge]
-    return ",".join(far), ",".join(d for d in args.depths.split(",") if d not in far)
-
-
 def run_all(args) -> None:
     argv = commands(args)
     train_run(training(args), RUN, argv["train"])
@@ -110,9 +103,7 @@ def run_all(args) -> None:
         if step == "ppl":
             run_cli(argv["ppl"], args.no_progress)
         elif step == "needles":
-            i = argv["needles"].index("--depths") + 1
-            for depths in (d for d in reach(args) if d):
-                run_cli([*argv["needles"][:i], depths, *argv["needles"][i + 1:]], args.no_progress)
+            run_needles_far_first(argv["needles"], CONTEXT, args.length, args.no_progress)
         else:
             raise SystemExit(f"--steps-to-run {step!r}: not among ppl, needles")
 

@@ -27,7 +27,7 @@ import os
 import shlex
 import sys
 
-from _bench import ROOT, comma_list, rel, require_book, run_cli
+from _bench import ROOT, comma_list, rel, require_book, run_cli, run_needles_far_first
 
 TUNE_BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg1342.txt")
 TEST_BOOK = os.path.join(ROOT, "..", "shared", "data", "books", "pg84.txt")
@@ -76,9 +76,14 @@ def variants(args, target: int, searched: str | None) -> list[str]:
     return out
 
 
-def step(args, name: str, argv: list[str], lines: list[str]) -> None:
+def step(args, name: str, argv: list[str], lines: list[str], target: int | None = None) -> None:
+    """Runs ``hf-posenc ARGV`` when ``name`` is among ``--steps`` (the passkey step: the depths past the truncated
+    model's reach first, given ``target``) and records its command."""
     if name in args.steps.split(","):
-        run_cli(argv, args.no_progress)
+        if target:
+            run_needles_far_first(argv, args.original, target, args.no_progress)
+        else:
+            run_cli(argv, args.no_progress)
     lines.append(f"- {name}: `hf-posenc {shlex.join(argv)}`")
 
 
@@ -98,7 +103,7 @@ def run_target(args, target: int) -> list[str]:
     step(args, "passkey", ["eval", "passkey", "--model", args.model, "--lengths", str(target), "--depths",
                            args.depths, "--trials", str(args.trials), "--haystack", "text", "--text-file",
                            rel(args.test_file), "--methods", "none", *flags, "--device", args.device,
-                           "--output", rel(os.path.join(out, "passkey"))], lines)
+                           "--output", rel(os.path.join(out, "passkey"))], lines, target)
     return [f"### Target {target} tokens", "", *lines, "", *_tables(out)]
 
 
