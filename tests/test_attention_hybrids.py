@@ -269,6 +269,26 @@ def test_global_nope_beside_sliding_layers_is_found_by_running_the_layers_and_re
     assert not hf_posenc.is_patched(model)
 
 
+@pytest.mark.parametrize("method", [*KNOBS, "alibi"])
+def test_a_model_with_linear_attention_layers_is_refused_by_its_layer_types(method):
+    """OLMo Hybrid's gated-DeltaNet layers have no self_attn: the refusal (of the ALiBi swap too) names their type
+    (it used to name the missing module of the first such layer), before any layer is touched."""
+    cfg = AutoConfig.for_model("olmo_hybrid", **{**SMALL, "layer_types": ["linear_attention", "full_attention"],
+                                                 "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                                                 "linear_num_key_heads": 2, "linear_num_value_heads": 2})
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    said = (f"{method} computes full-attention layers and leaves sliding-window ones alone; model_type='olmo_hybrid' "
+            r"has layers of type \['linear_attention'\], which it does not serve")
+    if method == "alibi":  # the swap to ALiBi, on the same model
+        said = (r"'alibi' swaps RoPE for ALiBi in each layer's self-attention; layers \[0\] of "
+                r"model_type='olmo_hybrid' have none \(layer types \['linear_attention'\]")
+    with pytest.raises(ValueError, match=said):
+        hf_posenc.patch(model, method, **KNOBS.get(method, {}))
+    assert not hf_posenc.is_patched(model)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+
+
 def test_the_nope_layer_the_reference_keeps_matters():
     """What makes the SmolLM3 check above able to fail: rotating its NoPE layer changes the logits."""
     x = text(60)

@@ -121,7 +121,14 @@ def _install_alibi(model: nn.Module, cfg: PosEncConfig, record: PatchRecord, rot
 
 def _check_alibi(model: nn.Module) -> None:
     check_attention(model, "alibi")
-    decoder_layers(model)
+    bare = [i for i, layer in enumerate(decoder_layers(model)) if not isinstance(getattr(layer, "self_attn", None),
+                                                                                 nn.Module)]
+    if bare:
+        kinds = sorted({t for i, t in enumerate(getattr(model.config, "layer_types", None) or []) if i in bare})
+        raise ValueError(f"'alibi' swaps RoPE for ALiBi in each layer's self-attention; layers {bare} of "
+                         f"model_type={model.config.model_type!r} have none (layer types {kinds or 'not declared'}: "
+                         "linear attention or another mixer), which it does not serve. Use another method or "
+                         "another model.")
     if not any(rotating_layers(model, rotary_slots(model))):
         raise ValueError(f"'alibi' swaps RoPE for ALiBi on the layers that rotate; no layer of "
                          f"model_type={model.config.model_type!r} rotates (every one is NoPE), so there is no RoPE "

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .base import text_config
-from .layout import RotarySlot, attention_modules, nope_layers
+from .layout import RotarySlot, attention_modules, decoder_layers, nope_layers
 from .remapped_attention import TABLES_ATTR
 from .remapped_keys import RotationTables
 from .rotary_layout import HALF, first_rotated, key_layout, rotates, twin_flags
@@ -84,12 +84,12 @@ def computed_layers(model: nn.Module) -> tuple[list[str], list[bool]]:
 
 def layer_plan(model: nn.Module, config: Any, slots: list[RotarySlot], name: str) -> LayerPlan:
     """The plan of ``name`` on ``model``; a ValueError naming what it cannot serve."""
-    modules = attention_modules(model)
-    types = layer_types(config, len(modules))
+    types = layer_types(config, len(decoder_layers(model)))
     other = sorted(set(types) - {FULL, SLIDING})
-    if other:
+    if other:  # before the attention modules: a linear-attention layer has none
         raise ValueError(f"{name} computes full-attention layers and leaves sliding-window ones alone; "
                          f"model_type={config.model_type!r} has layers of type {other}, which it does not serve.")
+    modules = attention_modules(model)
     if FULL not in types:
         window = getattr(config, "sliding_window", None)
         raise ValueError(f"{name} replaces full attention; model_type={config.model_type!r} uses sliding-window "
