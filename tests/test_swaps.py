@@ -237,6 +237,24 @@ def test_alibi_leaves_nope_layers_without_positions(impl):
     assert (want - reference(model, x, slopes=slopes)).abs().max().item() > 1e-3  # biasing layer 1 too differs
 
 
+def test_alibi_probes_each_layer_for_nope_once_per_patch(monkeypatch):
+    """The flags its check probed (to refuse a model with no rotating layer) are the ones installed: each layer's
+    probe (two attention forwards) runs once per patch; patching again, after unpatch, probes again."""
+    from hf_posenc.adapters import decoder_swaps
+
+    probed = []
+    real = decoder_swaps.rotates
+    monkeypatch.setattr(decoder_swaps, "rotates", lambda attn, *a: probed.append(attn) or real(attn, *a))
+    model = tiny_model("smollm3", num_hidden_layers=3, no_rope_layers=[1, 0, 1], pad_token_id=0, bos_token_id=1,
+                       eos_token_id=2)
+    layers = [layer.self_attn for layer in model.model.layers]
+    hf_posenc.patch(model, "alibi")
+    assert len(probed) == 3 and all(a is b for a, b in zip(probed, layers))
+    hf_posenc.unpatch(model)
+    hf_posenc.patch(model, "alibi")
+    assert len(probed) == 6
+
+
 def test_alibi_on_a_model_without_rope_is_refused_by_name():
     model = tiny_model("smollm3", no_rope_layers=[0, 0], pad_token_id=0, bos_token_id=1, eos_token_id=2)
     with pytest.raises(ValueError, match="no layer of model_type='smollm3' rotates \\(every one is NoPE\\)"):

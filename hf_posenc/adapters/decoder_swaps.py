@@ -25,6 +25,7 @@ and sin = 0): the attention code of transformers stays as it is. Then:
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -44,6 +45,7 @@ from .rope_native import softmax_rescalers
 from .rotary_layout import rotates
 
 TABLE_NAME = "hf_posenc_positions"  # the learned table's attribute on the model body
+_ROTATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its attention modules, flags)
 
 
 def neutralize_rope(slots, record: PatchRecord) -> None:
@@ -129,7 +131,9 @@ def _check_alibi(model: nn.Module) -> None:
                          f"model_type={model.config.model_type!r} have none (layer types {kinds or 'not declared'}: "
                          "linear attention or another mixer), which it does not serve. Use another method or "
                          "another model.")
-    if not any(rotating_layers(model, rotary_slots(model))):
+    rotated = rotating_layers(model, rotary_slots(model))
+    _ROTATED[model] = (attention_modules(model), rotated)  # what apply_swap installs on, probed once
+    if not any(rotated):
         raise ValueError(f"'alibi' swaps RoPE for ALiBi on the layers that rotate; no layer of "
                          f"model_type={model.config.model_type!r} rotates (every one is NoPE), so there is no RoPE "
                          "to swap. Use another method or another model.")
@@ -194,12 +198,20 @@ def resolve_swap(model: nn.Module, cfg: PosEncConfig, original: int) -> PosEncCo
 
 def apply_swap(model: nn.Module, cfg: PosEncConfig, rotary: list, record: PatchRecord) -> None:
     swap = SWAPS[cfg.method]
-    rotated = rotating_layers(model, rotary) if swap.keeps_nope_layers else []
+    rotated = _checked_rotated(model, rotary) if swap.keeps_nope_layers else []
     neutralize_rope(rotary, record)
     n = cfg.params.get("max_position_embeddings")
     if n is not None and swap.advertises_length:
         record.set_config("max_position_embeddings", n)
     swap.install(model, cfg, record, rotated)
+
+
+def _checked_rotated(model: nn.Module, rotary: list) -> list[bool]:
+    """The flags the swap's check probed on ``model`` just before, else new ones."""
+    held = _ROTATED.pop(model, None)
+    if held is not None and held[0] == attention_modules(model):  # the same modules (by identity)
+        return held[1]
+    return rotating_layers(model, rotary)
 
 
 def rotating_layers(model: nn.Module, rotary: list) -> list[bool]:
