@@ -384,4 +384,5 @@ def test_explain_on_configs_whose_twin_cannot_be_narrowed_falls_back_to_the_conf
         assert narrow_twin(config) is None
     if family == "kimi_linear":  # its linear-attention layers: what hf_posenc.patch refuses, said so
         assert layers_note(*probed_computed(config)).endswith(
-            "hf_posenc.patch refuses it on this model, whose layers of type ['linear_attention'] it does not serve")
+            "and 6 full-attention layers (4, 8, 12, 16, 20, 24)): hf_posenc.patch refuses it on this model, whose "
+            "layers of type ['linear_attention'] it does not serve")  # its full layers named too

@@ -176,9 +176,11 @@ def layers_note(types: list[str], computed: list[bool]) -> str | None:
     left = {"sliding-window": [i for i, t in enumerate(types) if t == SLIDING and not computed[i]],
             "NoPE (no RoPE)": [i for i, t in enumerate(types) if t == FULL and not computed[i]],
             "other-type": [i for i, t in enumerate(types) if t not in (FULL, SLIDING)]}
-    parts = [f"{len(v)} {what} layer{'s' * (len(v) > 1)} ({', '.join(map(str, v))})" for what, v in left.items() if v]
     other = sorted(set(types) - {FULL, SLIDING})
-    if other:  # what layer_plan refuses
+    if other:  # what layer_plan refuses: the full-attention layers it would have computed are named too
+        left["full-attention"] = [i for i, t in enumerate(types) if t == FULL and computed[i]]
+    parts = [f"{len(v)} {what} layer{'s' * (len(v) > 1)} ({', '.join(map(str, v))})" for what, v in left.items() if v]
+    if other:
         return (f"it would compute none of the {n} layers ({' and '.join(parts)}): hf_posenc.patch refuses it on this "
                 f"model, whose layers of type {other} it does not serve")
     if not any(computed):
