@@ -41,13 +41,13 @@ from bench_finetune_long import train as train_run
 TITLE = "## Extending an extended checkpoint: SmolLM2 YaRN x2 fine-tuned to 16,384, then x1.5 composed vs replacing"
 RUN = "yarn-full"
 CONTEXT = 16384  # what the checkpoint was trained at (SmolLM2's 8,192 x 2): the evaluations measure past it
-VARIANTS = {  # label -> (configuration on the checkpoint, what it is)
+VARIANTS = {  # label -> (configuration on the checkpoint, what it is); the two the comparison is about first
     "composed": ("yarn:factor=1.5", "YaRN x1.5 composed over the checkpoint's YaRN x2"),
+    "replacing": ("yarn:factor=3,original_max_position_embeddings=8192",
+                  "YaRN x3 from 8,192, replacing the checkpoint's YaRN x2"),
     "composed-own-temperature": ("yarn:factor=1.5,attention_factor=1",
                                  "YaRN x1.5 composed, the checkpoint's attention temperature kept (YaRN x1.5's own "
                                  "not added: inputs up to 16,384 are then exactly the checkpoint)"),
-    "replacing": ("yarn:factor=3,original_max_position_embeddings=8192",
-                  "YaRN x3 from 8,192, replacing the checkpoint's YaRN x2"),
     "checkpoint": ("yarn:factor=2,original_max_position_embeddings=8192",
                    "the fine-tuned checkpoint as it is (its own YaRN x2 restated), past its context"),
 }
