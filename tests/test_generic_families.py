@@ -123,3 +123,46 @@ def test_a_config_with_per_layer_geometry_is_refused_by_name(tmp_path):
     cfg.save_pretrained(tmp_path / "gemma4")
     with pytest.raises(ValueError, match=refused):
         explain("self_extend", str(tmp_path / "e"), model=str(tmp_path / "gemma4"))
+
+
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                   "beta_fast": 32.0, "beta_slow": 1.0, "llama_4_scaling_beta": 0.1}
+
+
+def test_ministral3_keeps_its_query_temperature_and_refuses_a_composition_that_would_move_it(tmp_path):
+    """Ministral 3 scales its queries by 1 + beta ln(1 + floor(position / original_max_position_embeddings)), read
+    from rope_parameters at every forward. A patch used to drop llama_4_scaling_beta (the patched forward failed in
+    transformers' attention); a composition (a longrope over the current 64 tokens) would move the temperature's
+    16 to 64, so it is refused by name; replacing the scaling keeps the key and plain transformers reads it back."""
+    model = build("ministral3", rope_parameters=dict(MINISTRAL3_ROPE))
+    with pytest.raises(ValueError, match=r"model_type='ministral3' scales its queries by position from it "
+                                         r"\(llama_4_scaling_beta=0.1: 1 \+ beta ln\(1 \+ floor\(position / 16\)\)\); "
+                                         "a composition over its 64 tokens would compute that from 64 instead"):
+        hf_posenc.patch(model, "yarn", factor=2.0)
+    assert not hf_posenc.is_patched(model)
+    hf_posenc.patch(model, "yarn", factor=8.0, original_max_position_embeddings=16)
+    assert model.config.rope_parameters["llama_4_scaling_beta"] == 0.1
+    x, pos = ids(40) % 90 + 3, torch.arange(40)[None] * 5  # positions up to 195: the temperature grows
+    with torch.no_grad():
+        got = model(x, position_ids=pos).logits
+    model.save_pretrained(tmp_path)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        assert (plain(x, position_ids=pos).logits - got).abs().max().item() <= 1e-5
+    assert plain.config.rope_parameters["llama_4_scaling_beta"] == 0.1
+
+
+def test_zero_padded_proportional_frequencies_are_refused_by_name():
+    """LFM3's full-attention layers rotate with transformers' proportional RoPE: head_dim / 2 frequencies, those past
+    partial_rotary_factor zero. A scaling used to fail inside torch composing them (8 frequencies against 4 rotating
+    pairs); it is refused by name before anything changes."""
+    from hf_posenc.adapters.narrow_twin import narrow_twin
+
+    model = narrow_twin(AutoConfig.for_model("lfm3"))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="Lfm3RotaryEmbedding holds 8 frequencies for its 'full_attention' layers "
+                                         "\\(rope_type='proportional'\\) but head_dim x partial_rotary_factor gives 4: "
+                                         "unsupported rotary layout for model_type='lfm3'"):
+        hf_posenc.patch(model, "yarn", factor=2.0)
+    assert not hf_posenc.is_patched(model)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())

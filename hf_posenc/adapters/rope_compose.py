@@ -285,6 +285,12 @@ def _check_composable(cfg: PosEncConfig, lay: Layout, own_type: str, context) ->
                "from) to replace its scaling instead")
     what = f"the checkpoint's RoPE is already scaled (rope_type={own_type!r})"
     check_rule(cfg, own_type, replace)
+    beta = lay.selected[0].rope_parameters(lay.config).get("llama_4_scaling_beta")
+    if beta is not None:  # the composed longrope's original context is the current one: the temperature would move
+        raise ValueError(f"{what}, and model_type={lay.config.model_type!r} scales its queries by position from it "
+                         f"(llama_4_scaling_beta={beta}: 1 + beta ln(1 + floor(position / {recorded_original(lay)}))); "
+                         f"a composition over its {context} tokens would compute that from {context} instead and "
+                         f"change every input past {recorded_original(lay)}; {replace} (the temperature kept).")
     if lay.layered and not _uniform(lay):
         raise ValueError(f"{what} on a model with per-layer-type RoPE, and the layer types {cfg.method!r} would "
                          f"change ({_type_list(lay)}) differ: one composition acts on one RoPE; give layer_types="

@@ -19,6 +19,9 @@ from ..methods.rope import SCALINGS
 # what a scaling keeps of the checkpoint's rope_parameters: how the rotation is laid out, not its frequencies (the
 # rotated share of the head; MRoPE's split of the frequencies between temporal, height and width positions)
 LAYOUT_KEYS = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
+# what it keeps besides: keys the attention reads at every forward (Ministral 3 scales its queries by
+# 1 + beta ln(1 + floor(position / original_max_position_embeddings)), Llama 4's temperature, from these parameters)
+ATTENTION_KEYS = ("llama_4_scaling_beta",)
 
 
 def native_rope_parameters(cfg: PosEncConfig, geom: R.RopeGeometry, base_rp: dict[str, Any]) -> dict[str, Any] | None:
@@ -27,7 +30,7 @@ def native_rope_parameters(cfg: PosEncConfig, geom: R.RopeGeometry, base_rp: dic
     if native is None:
         return None
     common = {"rope_theta": geom.base}
-    common.update({k: base_rp[k] for k in LAYOUT_KEYS if k in base_rp})
+    common.update({k: base_rp[k] for k in LAYOUT_KEYS + ATTENTION_KEYS if k in base_rp})
     return {**common, **native(cfg.factor, cfg.original_max_position_embeddings, cfg.params, geom)}
 
 

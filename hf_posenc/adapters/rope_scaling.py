@@ -194,6 +194,21 @@ def _hand_loop_warning(cfg: PosEncConfig) -> str:
             "without the cache. (Warned once per patched model.)")
 
 
+def _check_layout(lay: Layout, L: int) -> None:
+    """Refuses, by name, a rotary slot whose frequencies are not one per rotating pair of head_dim x
+    partial_rotary_factor (MiMo-V2-Flash's; the zero-padded ``proportional`` RoPE of LFM3's full-attention layers),
+    before a scaling or a composition reads them."""
+    for s in lay.selected:
+        rp = s.rope_parameters(lay.config)
+        n, pairs = s.get("inv_freq").shape[-1], rope_geometry(lay.config, L, rp).dim // 2
+        if n != pairs:
+            layers = f" for its {s.layer_type!r} layers" if s.layer_type else ""
+            raise ValueError(
+                f"{type(s.module).__name__} holds {n} frequencies{layers} (rope_type="
+                f"{rp.get('rope_type', 'default')!r}) but head_dim x partial_rotary_factor gives {pairs}: unsupported "
+                f"rotary layout for model_type={lay.config.model_type!r}.")
+
+
 class Scaled:
     """A RoPE scaling (``methods.rope.SCALINGS``): new frequencies on this instance's rotary module(s),
     a length-aware hook for the dynamic ones, native ``rope_parameters`` where transformers has them."""
@@ -205,6 +220,7 @@ class Scaled:
         return True
 
     def resolve(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -> PosEncConfig:
+        _check_layout(lay, L)
         if cfg.original_max_position_embeddings is None and scaled_type(lay) is not None:
             return composed_config(cfg, lay)  # extends from the checkpoint's current scaling, never replaces it
         params = dict(cfg.params)
@@ -215,12 +231,6 @@ class Scaled:
         for s in lay.selected:
             rp = s.rope_parameters(lay.config)
             geom = rope_geometry(lay.config, L, rp)
-            n = s.get("inv_freq").shape[-1]
-            if n != geom.dim // 2:
-                raise ValueError(
-                    f"{type(s.module).__name__} holds {n} frequencies but head_dim x partial_rotary_factor gives "
-                    f"{geom.dim // 2}: unsupported rotary layout for model_type={lay.config.model_type!r}."
-                )
             if defaults is not None:
                 params = defaults(params, geom.dim // 2, cfg.factor)
             old = rp.get("rope_type", "default")
