@@ -166,3 +166,18 @@ def test_zero_padded_proportional_frequencies_are_refused_by_name():
         hf_posenc.patch(model, "yarn", factor=2.0)
     assert not hf_posenc.is_patched(model)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+
+
+@pytest.mark.parametrize("method", [*PROVEN_SCALINGS, "nope", "alibi"])
+def test_a_rotary_module_that_ignores_its_frequency_buffer_is_refused_by_name(method):
+    """PhiMoE's rotary module recomputes its frequencies from the config at every forward: writing its inv_freq
+    changed nothing, so every scaling and the NoPE swap were silent no-ops there (logits equal to the unpatched
+    model's at 100 tokens, past its 64), and the ALiBi swap added ALiBi on top of the RoPE it meant to remove."""
+    model = build("phimoe")
+    x = ids(100) % 90 + 3
+    before = out(model, x)
+    with pytest.raises(ValueError, match=f"{method} writes the rotary frequencies of PhimoeRotaryEmbedding, but that "
+                                         "module computes its cos/sin from the config at every forward"):
+        hf_posenc.patch(model, method, **({} if method in ("nope", "alibi") else {"factor": 2.0}))
+    assert not hf_posenc.is_patched(model)
+    assert torch.equal(out(model, x), before)

@@ -43,6 +43,7 @@ from .cache_argument import passed_cache
 from .layout import Layout, attention_modules, body, decoder_layers, rotary_slots
 from .rope_native import softmax_rescalers
 from .rotary_layout import rotates
+from .rotary_probe import check_reads_frequencies
 
 TABLE_NAME = "hf_posenc_positions"  # the learned table's attribute on the model body
 _ROTATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its attention modules, flags)
@@ -187,6 +188,7 @@ SWAPS: dict[str, Swap] = {
 
 def resolve_swap(model: nn.Module, cfg: PosEncConfig, original: int) -> PosEncConfig:
     swap = SWAPS[cfg.method]
+    check_reads_frequencies(rotary_slots(model), model.config, cfg.method)
     swap.check(model)
     params = swap.defaults(model, dict(cfg.params))
     n = params.get("max_position_embeddings")

@@ -42,6 +42,7 @@ from .consistent_cache import CacheWatcher, RecomputeOnChange, rerotate_cache, r
 from .layout import Layout, RotarySlot, rope_geometry
 from .rope_compose import composed_config, kept_softmax_scale, restates_checkpoint, scaled_type
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
+from .rotary_probe import check_reads_frequencies
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +222,7 @@ class Scaled:
 
     def resolve(self, model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -> PosEncConfig:
         _check_layout(lay, L)
+        check_reads_frequencies(lay.selected, lay.config, cfg.method)
         if cfg.original_max_position_embeddings is None and scaled_type(lay) is not None:
             return composed_config(cfg, lay)  # extends from the checkpoint's current scaling, never replaces it
         params = dict(cfg.params)
