@@ -289,6 +289,21 @@ def test_a_model_with_linear_attention_layers_is_refused_by_its_layer_types(meth
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
 
 
+def test_an_apply_rotary_of_another_signature_is_refused_by_name(monkeypatch):
+    """The rotary layout is checked by calling the modeling file's apply_rotary_pos_emb(q, k, cos, sin); one that
+    takes other arguments (Gemma 4's: one tensor at a time) used to fail inside torch."""
+    import transformers.models.llama.modeling_llama as modeling
+
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", lambda x, cos, sin, unsqueeze_dim=1: x * cos.unsqueeze(
+        unsqueeze_dim))
+    cfg = AutoConfig.for_model("llama", **SMALL)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with pytest.raises(ValueError, match="self_extend: the apply_rotary_pos_emb of LlamaAttention's modeling file "
+                                         "does not take \\(queries, keys, cos, sin\\) \\(TypeError"):
+        hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])
+    assert not hf_posenc.is_patched(model)
+
+
 def test_the_nope_layer_the_reference_keeps_matters():
     """What makes the SmolLM3 check above able to fail: rotating its NoPE layer changes the logits."""
     x = text(60)

@@ -107,18 +107,21 @@ def test_deepseek_attention_scale_follows_mscale_all_dim(knobs):
         hf_posenc.patch(model, "alibi")
 
 
-def test_a_config_with_per_layer_geometry_is_refused_by_name(tmp_path):
+@pytest.mark.parametrize("family", ["gemma4_text", "gemma4_unified_text"])
+def test_a_config_with_per_layer_geometry_is_refused_by_name(family, tmp_path):
     """Gemma 4 sets its head width per layer (transformers' heterogeneous configs): reading one head_dim raised
-    transformers' own error from deep inside; patch and explain now refuse by name, the model left as it was."""
+    transformers' own error from deep inside, and Self-Extend failed inside the family's apply_rotary_pos_emb (another
+    signature); patch and explain now refuse by name, the model left as it was."""
     from hf_posenc.explaining import explain
 
-    cfg = AutoConfig.for_model("gemma4_text", **SMALL)
+    cfg = AutoConfig.for_model(family, **SMALL)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     x = ids(20) % 90 + 3
     before = out(model, x)
-    refused = "model_type='gemma4_text' sets its attention per layer \\(per_layer_config: head_dim differ between"
-    with pytest.raises(ValueError, match=refused):
-        hf_posenc.patch(model, "yarn", factor=2.0)
+    refused = f"model_type='{family}' sets its attention per layer \\(per_layer_config: head_dim differ between"
+    for method, knobs in (("yarn", {"factor": 2.0}), ("self_extend", {"group_size": 4, "window": 8})):
+        with pytest.raises(ValueError, match=refused):
+            hf_posenc.patch(model, method, **knobs)
     assert hf_posenc.get_config(model) is None and torch.equal(out(model, x), before)
     cfg.save_pretrained(tmp_path / "gemma4")
     with pytest.raises(ValueError, match=refused):

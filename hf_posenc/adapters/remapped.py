@@ -16,7 +16,7 @@ from ..config import PosEncConfig
 from ..methods.remapped import REMAPPED
 from .attention import check_attention, select
 from .base import PatchRecord
-from .layout import Layout, RotarySlot, attention_modules, body, head_dim, rope_geometry
+from .layout import Layout, RotarySlot, attention_modules, body, check_uniform, head_dim, rope_geometry
 from .remapped_attention import STATE_ATTR, TABLES_ATTR, RemapState, eager_function, register
 from .remapped_layers import LayerPlan, layer_plan, pin_frequencies, rotation_tables
 from .rope_native import softmax_rescalers
@@ -57,6 +57,7 @@ def check_plain_rope(model: nn.Module, name: str, slots: list[RotarySlot], L: in
 def resolve_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -> PosEncConfig:
     """``cfg`` with the model-dependent defaults filled; a ValueError where the model cannot take it."""
     name = cfg.method
+    check_uniform(lay.config)  # one attention geometry for every layer (Gemma 4's differ)
     if not REMAPPED[name].any_rope:
         check_plain_rope(model, name, lay.slots, L, lay.prefix)
     impl = check_attention(model, name)

@@ -141,7 +141,11 @@ def key_layout(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq: torch.T
     x = torch.randn(1, 1, 1, rot, generator=torch.Generator().manual_seed(0)).expand(1, 1, 2, rot).to(inv_freq.device)
     with torch.no_grad():
         cos, sin = _position_embeddings(slot, x, torch.tensor([[3, 8]], device=inv_freq.device))
-        rotated, _ = apply(x, x, cos, sin)
+        try:
+            rotated, _ = apply(x, x, cos, sin)
+        except (TypeError, ValueError, RuntimeError) as err:  # another signature than (q, k, cos, sin)
+            raise ValueError(f"{name}: the {what} of {type(attn).__name__}'s modeling file does not take (queries, "
+                             f"keys, cos, sin) ({type(err).__name__}: {err}); this model is not supported.") from err
         at3, at8 = rotated[:, :, :1].float(), rotated[:, :, 1:].float()
         delta = torch.tensor([5], device=x.device)
         for pairs in (HALF, INTERLEAVED):
