@@ -34,8 +34,14 @@ def narrow_twin(config: Any) -> nn.Module | None:
     from transformers import AutoModelForCausalLM
 
     twin = copy.deepcopy(config)
+    wide = {key: _read(twin, key) for key in WIDTHS}
     for key, value in WIDTHS.items():
         _narrow(twin, key, value)
+    for key, same_as in (("head_dim", "qk_rope_head_dim"),  # MLA: head_dim names the rotated part (DeepSeek-V3)
+                         ("num_key_value_heads", "num_attention_heads")):  # full multi-head attention stays so
+        if wide[key] is not None and wide[key] == wide[same_as]:
+            _narrow(twin, key, _read(twin, same_as))
+    _keep_valid(twin, wide)
     try:
         twin._attn_implementation = "eager"
         with torch.random.fork_rng(devices=[]):
@@ -56,3 +62,38 @@ def _narrow(config: Any, key: str, value: int) -> None:
             setattr(config, key, value)
     except Exception:  # noqa: BLE001 (config classes raise their own kinds here)
         pass
+
+
+def _keep_valid(config: Any, wide: dict[str, Any]) -> None:
+    """Where the narrowed config fails its class's own validation (ZAYA takes one expert per token only), each
+    narrowed width is given back its value in turn, and kept so where that makes the config valid again: the twin
+    is then a config transformers also loads from a saved folder."""
+    if _valid(config):
+        return
+    for key, value in wide.items():
+        narrowed = _read(config, key)
+        if value is None or narrowed == value:
+            continue
+        _narrow(config, key, value)
+        if _valid(config):
+            return
+        _narrow(config, key, narrowed)
+
+
+def _read(config: Any, key: str) -> Any:
+    """``config.key``, or None where it is absent or per layer (Gemma 4's head widths: reading it raises)."""
+    try:
+        return getattr(config, key, None)
+    except Exception:  # noqa: BLE001 (transformers' heterogeneous configs raise their own kind)
+        return None
+
+
+def _valid(config: Any) -> bool:
+    validate = getattr(config, "validate", None)
+    try:
+        if callable(validate):
+            validate()
+        return True
+    except Exception:  # noqa: BLE001 (each config class raises its own kind)
+        return False
+

@@ -1,0 +1,73 @@
+"""The family census: every causal-LM family the installed transformers ships, built as the narrow twin of its default
+config (``adapters/narrow_twin.py``: its layer pattern, RoPE parameters and switches, widths of 64), given one method
+of each kind: a RoPE scaling (``yarn`` x2), an attention-level method (``self_extend``) and a swap (``nope``).
+
+Each is either applied -- the patched forward runs, ``unpatch`` gives the model back bit for bit, and the yarn patch
+saved and loaded back by ``hf_posenc.from_pretrained`` gives the same logits -- or refused by a ValueError before
+anything changes. Nothing else is allowed: an error from inside torch or transformers, a patch that stays after
+unpatch. A family whose twin cannot be built or run is skipped with the reason. The families ``hf-posenc methods``
+lists for the RoPE scalings must be among those that take yarn here. Found by this census and mended: Ministral 3's
+query temperature key dropped, LFM3's proportional RoPE and Gemma 4's per-layer heads failing inside torch, PhiMoE's
+rotary module ignoring the frequencies written to it."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from helpers import ids, logits
+from transformers import AutoConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+import hf_posenc
+from hf_posenc.adapters.narrow_twin import narrow_twin
+from hf_posenc.adapters.rope_decoder import GENERIC_FAMILIES
+
+FAMILIES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+METHODS = {"yarn": {"factor": 2.0}, "self_extend": {"group_size": 4, "window": 8}, "nope": {}}
+EXACT = 1e-5
+
+
+def twin(model_type: str):
+    """The family's narrow twin, an input and its logits; skipped (with the reason) where there is none."""
+    try:
+        config = AutoConfig.for_model(model_type)
+    except Exception as err:  # noqa: BLE001 (the family's own config check)
+        pytest.skip(f"{model_type}: its default config cannot be built ({type(err).__name__})")
+    torch.manual_seed(0)
+    model = narrow_twin(config)
+    if model is None:
+        pytest.skip(f"{model_type}: no narrow twin (not buildable with widths of 64, or over 20M parameters)")
+    x = ids(24) % 90 + 3
+    try:
+        before = logits(model, x)
+    except Exception as err:  # noqa: BLE001 (a family that needs other inputs: images, audio, ...)
+        pytest.skip(f"{model_type}: the twin's own forward on token ids fails ({type(err).__name__})")
+    return model, x, before
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_every_causal_lm_family_is_patched_or_refused_by_name(model_type, tmp_path, caplog):
+    model, x, before = twin(model_type)
+    taken = {}
+    with caplog.at_level(logging.ERROR):
+        for method, knobs in METHODS.items():
+            try:
+                hf_posenc.patch(model, method, **knobs)
+            except ValueError:
+                assert not hf_posenc.is_patched(model) and torch.equal(logits(model, x), before), method
+                taken[method] = False
+                continue
+            got = logits(model, x)  # the patched forward runs
+            assert torch.isfinite(got).all(), method
+            if method == "yarn":
+                model.save_pretrained(tmp_path)
+                again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32,
+                                                  attn_implementation="eager").eval()
+                assert (logits(again, x) - got).abs().max().item() <= EXACT
+            hf_posenc.unpatch(model)
+            assert torch.equal(logits(model, x), before), method
+            taken[method] = True
+    if model_type in GENERIC_FAMILIES:
+        assert taken["yarn"], f"{model_type} is listed for the RoPE scalings but refused yarn"
