@@ -18,7 +18,7 @@ def list_methods() -> dict[str, dict[str, Any]]:
     """
     out = {}
     for name, spec in sorted(METHODS.items()):
-        families = [t for a in ADAPTERS for t in a.families(spec)]
+        families = list(dict.fromkeys(t for a in ADAPTERS for t in a.families(spec)))  # once each, tested first
         out[name] = {
             "aliases": list(spec.aliases),
             "summary": spec.summary,

@@ -3,12 +3,14 @@ config (``adapters/narrow_twin.py``: its layer pattern, RoPE parameters and swit
 of each kind: a RoPE scaling (``yarn`` x2), an attention-level method (``self_extend``) and a swap (``nope``).
 
 Each is either applied -- the patched forward runs, ``unpatch`` gives the model back bit for bit, and the yarn patch
-saved and loaded back by ``hf_posenc.from_pretrained`` gives the same logits -- or refused by a ValueError before
-anything changes. Nothing else is allowed: an error from inside torch or transformers, a patch that stays after
-unpatch. A family whose twin cannot be built or run is skipped with the reason. The families ``hf-posenc methods``
-lists for the RoPE scalings must be among those that take yarn here. Found by this census and mended: Ministral 3's
-query temperature key dropped, LFM3's proportional RoPE and Gemma 4's per-layer heads failing inside torch, PhiMoE's
-rotary module ignoring the frequencies written to it."""
+saved and loaded back gives the same logits (by plain transformers where the block is native: its own computation
+of it, else by ``hf_posenc.from_pretrained``) -- or refused by a ValueError before anything changes. Nothing else is
+allowed: an error from inside torch or transformers, a patch that stays after unpatch. A family whose twin cannot be
+built or run is skipped with the reason. Which families take which method is recorded in
+``hf_posenc/adapters/family_census.py`` (what ``hf-posenc methods`` lists); a family whose outcome differs from the
+record fails here, by name. Found by this census and mended: Ministral 3's query temperature key dropped, LFM3's
+proportional RoPE and Gemma 4's per-layer heads failing inside torch, PhiMoE's rotary module ignoring the
+frequencies written to it."""
 
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ import logging
 import pytest
 import torch
 from helpers import ids, logits
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 import hf_posenc
-from hf_posenc.adapters.narrow_twin import narrow_twin
+from hf_posenc.adapters.family_census import TAKES
+from hf_posenc.adapters.narrow_twin import twin_or_reason
 from hf_posenc.adapters.rope_decoder import GENERIC_FAMILIES
 
 FAMILIES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
@@ -36,9 +39,9 @@ def twin(model_type: str):
     except Exception as err:  # noqa: BLE001 (the family's own config check)
         pytest.skip(f"{model_type}: its default config cannot be built ({type(err).__name__})")
     torch.manual_seed(0)
-    model = narrow_twin(config)
+    model, why = twin_or_reason(config)
     if model is None:
-        pytest.skip(f"{model_type}: no narrow twin (not buildable with widths of 64, or over 20M parameters)")
+        pytest.skip(f"{model_type}: no narrow twin: {why}")
     x = ids(24) % 90 + 3
     try:
         before = logits(model, x)
@@ -61,13 +64,24 @@ def test_every_causal_lm_family_is_patched_or_refused_by_name(model_type, tmp_pa
                 continue
             got = logits(model, x)  # the patched forward runs
             assert torch.isfinite(got).all(), method
-            if method == "yarn":
+            if method == "yarn":  # read back by plain transformers where the block is native: its own computation
                 model.save_pretrained(tmp_path)
-                again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32,
-                                                  attn_implementation="eager").eval()
+                load = AutoModelForCausalLM.from_pretrained if model.config.hf_posenc["native"] else \
+                    hf_posenc.from_pretrained
+                again = load(str(tmp_path), dtype=torch.float32, attn_implementation="eager").eval()
                 assert (logits(again, x) - got).abs().max().item() <= EXACT
             hf_posenc.unpatch(model)
             assert torch.equal(logits(model, x), before), method
             taken[method] = True
+    for method, took in taken.items():  # the record hf-posenc methods lists from
+        recorded = model_type in TAKES[method]
+        assert took == recorded, (f"{model_type} {'takes' if took else 'refuses'} {method} now; "
+                                  f"hf_posenc/adapters/family_census.py records the opposite: move it")
     if model_type in GENERIC_FAMILIES:
         assert taken["yarn"], f"{model_type} is listed for the RoPE scalings but refused yarn"
+
+
+def test_the_record_names_only_families_of_the_installed_transformers():
+    for method, families in TAKES.items():
+        assert sorted(set(families)) == list(families), method  # sorted, once each
+        assert set(families) <= set(FAMILIES), method

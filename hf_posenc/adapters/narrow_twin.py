@@ -31,8 +31,28 @@ def narrow_twin(config: Any) -> nn.Module | None:
     """A causal LM built from ``config`` with the widths of :data:`WIDTHS` (random weights, eval mode, on the CPU;
     the caller's random state kept), or None where transformers cannot build one of its family so, or only with
     more than :data:`MAX_PARAMETERS` parameters (counted on the meta device first)."""
+    return twin_or_reason(config)[0]
+
+
+def twin_or_reason(config: Any) -> tuple[nn.Module | None, str]:
+    """:func:`narrow_twin`'s twin and "", or None and why there is none."""
     from transformers import AutoModelForCausalLM
 
+    twin = narrowed_config(config)
+    try:
+        twin._attn_implementation = "eager"
+        with torch.random.fork_rng(devices=[]):
+            with torch.device("meta"):  # its size first: widths this does not narrow (sub-models, BLT's hash tables)
+                size = sum(p.numel() for p in AutoModelForCausalLM.from_config(twin).parameters())
+            if size > MAX_PARAMETERS:
+                return None, f"{size:,} parameters narrowed, over {MAX_PARAMETERS:,}"
+            return AutoModelForCausalLM.from_config(twin, dtype=torch.float32).eval(), ""
+    except Exception as err:  # noqa: BLE001 (any family's own check: the twin is a best effort, its absence is an answer)
+        return None, f"transformers does not build it narrowed ({type(err).__name__}: {str(err)[:160]})"
+
+
+def narrowed_config(config: Any) -> Any:
+    """A copy of ``config`` with the widths of :data:`WIDTHS`, kept consistent and valid."""
     twin = copy.deepcopy(config)
     wide = {key: _read(twin, key) for key in WIDTHS}
     for key, value in WIDTHS.items():
@@ -42,16 +62,7 @@ def narrow_twin(config: Any) -> nn.Module | None:
         if wide[key] is not None and wide[key] == wide[same_as]:
             _narrow(twin, key, _read(twin, same_as))
     _keep_valid(twin, wide)
-    try:
-        twin._attn_implementation = "eager"
-        with torch.random.fork_rng(devices=[]):
-            with torch.device("meta"):  # its size first: widths this does not narrow (sub-models, BLT's hash tables)
-                size = sum(p.numel() for p in AutoModelForCausalLM.from_config(twin).parameters())
-            if size > MAX_PARAMETERS:
-                return None
-            return AutoModelForCausalLM.from_config(twin, dtype=torch.float32).eval()
-    except Exception:  # noqa: BLE001 (any family's own check: the twin is a best effort, its absence is an answer)
-        return None
+    return twin
 
 
 def _narrow(config: Any, key: str, value: int) -> None:

@@ -27,6 +27,7 @@ from ..methods.remapped import REMAPPED
 from ..methods.rope import SCALINGS
 from .base import Adapter, PatchRecord, text_config
 from .decoder_swaps import SWAPS, TABLE_NAME, Swapped
+from .family_census import TAKES
 from .layout import Layout, RotarySlot, default_layer_types, rotary_slots
 from .mrope import check_mrope
 from .remapped import Remapped
@@ -74,6 +75,17 @@ MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 ANY_ROPE_ATTENTION_FAMILIES = ("gemma2", "gpt_oss", "phi", "deepseek_v3", "smollm3")
 
 
+def _census_families(spec) -> list[str]:
+    """The families the census (``adapters/family_census.py``) proves take ``spec``'s code path: yarn's for every
+    static RoPE scaling, self_extend's for every attention-level method that works on any RoPE, nope's for the swap
+    to no positions."""
+    if spec.name in PROVEN_SCALINGS and SCALINGS[spec.name].compose is not None:
+        return list(TAKES["yarn"])
+    if spec.kind == ATTENTION and REMAPPED[spec.name].any_rope:
+        return list(TAKES["self_extend"])
+    return list(TAKES["nope"]) if spec.name == "nope" else []
+
+
 class RopeDecoderAdapter(Adapter):
     name = "rope_decoder"
     model_types = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
@@ -99,7 +111,8 @@ class RopeDecoderAdapter(Adapter):
             found += list(MROPE_FAMILIES)
         if found and spec.kind == ATTENTION and REMAPPED[spec.name].any_rope:
             found += list(ANY_ROPE_ATTENTION_FAMILIES)
-        return found
+        census = _census_families(spec)
+        return found + [t for t in census if t not in found] if found else found
 
     def matches(self, model: nn.Module) -> bool:
         try:
