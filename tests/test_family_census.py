@@ -4,7 +4,8 @@ of each kind: a RoPE scaling (``yarn`` x2), an attention-level method (``self_ex
 
 Each is either applied -- the patched forward runs, ``unpatch`` gives the model back bit for bit, and the yarn patch
 saved and loaded back gives the same logits (by plain transformers where the block is native: its own computation
-of it, else by ``hf_posenc.from_pretrained``) -- or refused by a ValueError before anything changes. Nothing else is
+of it, else by ``hf_posenc.from_pretrained``), self_extend equal to the unpatched model inside its window and not
+past it -- or refused by a ValueError before anything changes. Nothing else is
 allowed: an error from inside torch or transformers, a patch that stays after unpatch. A family whose twin cannot be
 built or run is skipped with the reason. Which families take which method is recorded in
 ``hf_posenc/adapters/family_census.py`` (what ``hf-posenc methods`` lists); a family whose outcome differs from the
@@ -28,7 +29,8 @@ from hf_posenc.adapters.narrow_twin import twin_or_reason
 from hf_posenc.adapters.rope_decoder import GENERIC_FAMILIES
 
 FAMILIES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-METHODS = {"yarn": {"factor": 2.0}, "self_extend": {"group_size": 4, "window": 8}, "nope": {}}
+WINDOW = 8  # self_extend's neighbour window here: the first 8 tokens see no remapped distance
+METHODS = {"yarn": {"factor": 2.0}, "self_extend": {"group_size": 4, "window": WINDOW}, "nope": {}}
 EXACT = 1e-5
 
 
@@ -64,6 +66,9 @@ def test_every_causal_lm_family_is_patched_or_refused_by_name(model_type, tmp_pa
                 continue
             got = logits(model, x)  # the patched forward runs
             assert torch.isfinite(got).all(), method
+            if method == "self_extend":  # exact inside its window of 8 (no distance there is remapped), not past it
+                assert (got[:, :WINDOW] - before[:, :WINDOW]).abs().max().item() <= EXACT
+                assert (got[:, WINDOW:] - before[:, WINDOW:]).abs().max().item() > 1e-6
             if method == "yarn":  # read back by plain transformers where the block is native: its own computation
                 model.save_pretrained(tmp_path)
                 load = AutoModelForCausalLM.from_pretrained if model.config.hf_posenc["native"] else \
