@@ -21,6 +21,9 @@ WIDTHS = {
     "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
     "n_group": 1, "topk_group": 1, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+    "ffn_hidden_size": 64, "expert_ffn_hidden_size": 32, "lru_width": 64,  # Falcon, LongCat, RecurrentGemma
+    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2,  # linear-attention layers
+    "linear_num_value_heads": 2,                                                          # (Qwen3-Next, OLMo Hybrid)
 }
 
 
