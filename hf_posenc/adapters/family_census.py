@@ -9,40 +9,43 @@ After a transformers upgrade, run the census and move the families it names."""
 # yarn x2: the RoPE scalings' path (every scaling is proven on GENERIC_FAMILIES: tests/test_generic_families.py)
 TAKES_YARN = (
     "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "beam", "bitnet", "cohere",
-    "cohere2", "cohere2_moe", "cwm", "deepseek_v3", "deepseek_v32", "diffllama", "doge", "dory", "ernie4_5",
-    "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "gemma",
-    "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt_neox",
-    "gpt_neox_japanese", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "helium", "hrm_text", "hy_v3",
-    "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1", "laguna", "lara_mini",
-    "lfm2", "llama", "llama4_text", "mellum", "minicpm3", "minimax", "minimax_m2", "mistral", "mixtral",
-    "modernbert-decoder", "nanochat", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3",
-    "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla",
-    "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma", "youtu", "zaya"
+    "cohere2", "cohere2_moe", "cwm", "deepseek_v3", "deepseek_v32", "diffllama", "doge", "dory", "emu3", "ernie4_5",
+    "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "fuyu", "gemma",
+    "gemma2", "gemma3", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "got_ocr2",
+    "gpt_neox", "gpt_neox_japanese", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "helium", "hrm_text",
+    "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1", "laguna",
+    "lara_mini", "lfm2", "llama", "llama4", "llama4_text", "mellum", "minicpm3", "minimax", "minimax_m2", "mistral",
+    "mixtral", "mllama", "modernbert-decoder", "moss_transcribe_diarize", "nanochat", "olmo", "olmo2", "olmo3",
+    "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal", "qwen2", "qwen2_moe", "qwen3", "qwen3_5",
+    "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe",
+    "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma", "youtu", "zaya"
 )
 
 # self_extend: the attention-level methods' path (each one is proven on ANY_ROPE_ATTENTION_FAMILIES)
 TAKES_SELF_EXTEND = (
     "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "bitnet", "cwm", "deepseek_v3", "diffllama", "doge",
-    "dory", "exaone", "flex_olmo", "gemma", "gemma2", "gemma3_text", "glm4_moe", "glm4_moe_lite", "gpt_oss",
+    "dory", "emu3", "exaone", "flex_olmo", "gemma", "gemma2", "gemma3_text", "glm4_moe", "glm4_moe_lite", "gpt_oss",
     "granite", "granitemoe", "granitemoeshared", "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2",
     "laguna", "lfm2", "llama", "mellum", "mimo_v2_flash", "minicpm3", "minimax_m2", "ministral3", "mixtral", "olmo",
-    "olmo2", "olmo3", "olmoe", "persimmon", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-    "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma", "youtu"
+    "olmo2", "olmo3", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal", "phimoe", "qwen2", "qwen2_moe",
+    "qwen3", "qwen3_moe", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2",
+    "vaultgemma", "youtu"
 )
 
 # nope: the swaps' path (the rotary frequencies set to zero; the encoders' nope is their own adapter's)
 TAKES_NOPE = (
     "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "beam", "bert", "bert-generation", "big_bird",
     "bitnet", "camembert", "cohere", "cohere2", "cohere2_moe", "cwm", "data2vec-text", "diffllama", "doge", "dory",
-    "electra", "ernie", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1",
-    "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "gemma4_unified_text", "glm", "glm4", "glm4_moe",
-    "gpt_neox", "gpt_neox_japanese", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "helium", "hrm_text",
-    "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1", "laguna", "lara_mini",
-    "lfm2", "lfm3", "llama", "llama4_text", "megatron-bert", "mellum", "mimo_v2_flash", "minimax", "minimax_m2",
-    "ministral3", "mistral", "mixtral", "modernbert-decoder", "nanochat", "olmo", "olmo2", "olmo3", "olmo_hybrid",
-    "olmoe", "persimmon", "phi", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "rembert",
-    "roberta", "roberta-prelayernorm", "roc_bert", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm",
-    "starcoder2", "vaultgemma", "xlm-roberta", "xlm-roberta-xl", "zaya"
+    "electra", "emu3", "ernie", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon",
+    "falcon_h1", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "gemma4_unified_text", "git", "glm",
+    "glm4", "glm4_moe", "gpt_neox", "gpt_neox_japanese", "gpt_oss", "granite", "granitemoe", "granitemoeshared",
+    "helium", "hrm_text", "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1",
+    "laguna", "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text", "megatron-bert", "mellum",
+    "mimo_v2_flash", "minimax", "minimax_m2", "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder",
+    "nanochat", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal",
+    "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "rembert", "roberta", "roberta-prelayernorm",
+    "roc_bert", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma",
+    "xlm-roberta", "xlm-roberta-xl", "zaya"
 )
 
 TAKES = {"yarn": TAKES_YARN, "self_extend": TAKES_SELF_EXTEND, "nope": TAKES_NOPE}

@@ -55,8 +55,13 @@ def twin_or_reason(config: Any) -> tuple[nn.Module | None, str]:
 
 
 def narrowed_config(config: Any) -> Any:
-    """A copy of ``config`` with the widths of :data:`WIDTHS`, kept consistent and valid."""
+    """A copy of ``config`` with the widths of :data:`WIDTHS`, kept consistent and valid; a composite model's
+    sub-configs (a VLM's text and vision configs) narrowed alike."""
     twin = copy.deepcopy(config)
+    for name in getattr(twin, "sub_configs", None) or {}:
+        sub = _read(twin, name)
+        if sub is not None and hasattr(sub, "to_dict"):
+            setattr(twin, name, narrowed_config(sub))
     wide = {key: _read(twin, key) for key in WIDTHS}
     for key, value in WIDTHS.items():
         _narrow(twin, key, value)
