@@ -115,4 +115,3 @@ def _valid(config: Any) -> bool:
         return True
     except Exception:  # noqa: BLE001 (each config class raises its own kind)
         return False
-
