@@ -43,7 +43,8 @@ def first_rotated(attn: nn.Module) -> int:
     return int(attn.qk_nope_head_dim) if hasattr(attn, "qk_rope_head_dim") else 0
 
 
-def _position_embeddings(slot: RotarySlot, x: torch.Tensor, positions: torch.Tensor):
+def rotary_output(slot: RotarySlot, x: torch.Tensor, positions: torch.Tensor):
+    """The (cos, sin) the slot's rotary module gives for ``positions`` (its layer type passed where it has one)."""
     return slot.module(x, positions, *(() if slot.layer_type is None else (slot.layer_type,)))
 
 
@@ -72,7 +73,7 @@ def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
         attn.eval()  # no dropout: the two outputs differ by the positions alone, and no random number is drawn
         for pos in ([0, 1, 2, 3], [0, 3, 7, 12]):
             positions = torch.tensor([pos], device=weight.device)
-            out = attn(hidden_states=x, position_embeddings=_position_embeddings(slot, x, positions),
+            out = attn(hidden_states=x, position_embeddings=rotary_output(slot, x, positions),
                        attention_mask=None)
             outs.append([t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)])
     except (TypeError, ValueError, RuntimeError, KeyError, AttributeError):
@@ -140,7 +141,7 @@ def key_layout(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq: torch.T
                          "by; this model is not supported.")
     x = torch.randn(1, 1, 1, rot, generator=torch.Generator().manual_seed(0)).expand(1, 1, 2, rot).to(inv_freq.device)
     with torch.no_grad():
-        cos, sin = _position_embeddings(slot, x, torch.tensor([[3, 8]], device=inv_freq.device))
+        cos, sin = rotary_output(slot, x, torch.tensor([[3, 8]], device=inv_freq.device))
         try:
             rotated, _ = apply(x, x, cos, sin)
         except (TypeError, ValueError, RuntimeError) as err:  # another signature than (q, k, cos, sin)

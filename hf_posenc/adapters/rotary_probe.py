@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .layout import RotarySlot
+from .rotary_layout import rotary_output
 
 
 def reads_frequencies(slot: RotarySlot) -> bool | None:
@@ -22,13 +23,13 @@ def reads_frequencies(slot: RotarySlot) -> bool | None:
         return None
     saved = {n: getattr(m, n) for n in names}
     x = torch.zeros(1, 1, device=saved[names[0]].device)
-    kwargs: dict[str, Any] = {} if slot.layer_type is None else {"layer_type": slot.layer_type}
+    positions = torch.arange(1, 5, device=x.device)[None]
     try:
         with torch.no_grad():
-            before = m(x, torch.arange(1, 5, device=x.device)[None], **kwargs)[1]
+            before = rotary_output(slot, x, positions)[1]
             for n in names:
                 setattr(m, n, saved[n] * 2)
-            after = m(x, torch.arange(1, 5, device=x.device)[None], **kwargs)[1]
+            after = rotary_output(slot, x, positions)[1]
     except Exception:  # noqa: BLE001 (a module of another signature: no answer, not a refusal)
         return None
     finally:
