@@ -104,10 +104,11 @@ def run_target(args, target: int) -> list[str]:
                            args.depths, "--trials", str(args.trials), "--haystack", "text", "--text-file",
                            rel(args.test_file), "--methods", "none", *flags, "--device", args.device,
                            "--output", rel(os.path.join(out, "passkey"))], lines, target)
-    return [f"### Target {target} tokens", "", *lines, "", *_tables(out)]
+    return [f"### Target {target} tokens", "", *lines, "", *_tables(out, f"yarn-x{target / args.original:g}")]
 
 
-def _tables(out: str) -> list[str]:
+def _tables(out: str, yarn: str) -> list[str]:
+    """The step reports of one target and their verdicts, ``yarn`` naming its YaRN variant."""
     parts = []
     for sub, stem in (("search", "tune"), ("ppl", "perplexity"), ("passkey", "passkey")):
         path = os.path.join(out, sub, f"{stem}.md")
@@ -119,11 +120,11 @@ def _tables(out: str) -> list[str]:
     ppl = os.path.join(out, "ppl", "perplexity.json")
     if os.path.isfile(ppl):
         with open(ppl, encoding="utf-8") as f:
-            parts += [_ppl_verdict(json.load(f)["results"], os.path.basename(out)), ""]
+            parts += [_ppl_verdict(json.load(f)["results"], os.path.basename(out), yarn), ""]
     passkey = os.path.join(out, "passkey", "passkey.json")
     if os.path.isfile(passkey):
         with open(passkey, encoding="utf-8") as f:
-            parts += [_passkey_verdict(json.load(f)), ""]
+            parts += [_passkey_verdict(json.load(f), yarn), ""]
     report = os.path.join(out, "search", "tune.json")
     if os.path.isfile(report):
         with open(report, encoding="utf-8") as f:
@@ -154,22 +155,28 @@ def _verdict(results: dict) -> str | None:
             "(too few to rank; the passkey step measures more).")
 
 
-def _passkey_verdict(report: dict) -> str:
+def _passkey_verdict(report: dict, yarn_name: str) -> str:
     """The passkey step in one sentence: the searched factors beside YaRN and the best method, overall and on the
-    needles the truncated model cannot see, said plainly."""
+    needles the truncated model cannot see, with the depths measured, said plainly."""
     rows = {v: r for v, r in report["results"].items() if isinstance(r, dict)}
     overall = {v: r.get("accuracy") for v, r in rows.items() if r.get("accuracy") is not None}
-    if "searched" not in overall or "yarn-x1.5" not in overall:
+    if "searched" not in overall or yarn_name not in overall:
         return ""
     best = max(overall, key=overall.get)
-    ours, yarn = overall["searched"], overall["yarn-x1.5"]
+    ours, yarn = overall["searched"], overall[yarn_name]
     said = "no better than YaRN" if ours <= yarn else f"above YaRN by {ours - yarn:.2f}"
-    return (f"**Needles in prose (passkey step):** the searched factors retrieve {ours:.2f} of the keys, {said} "
-            f"({yarn:.2f}); the best method here is {best} ({overall[best]:.2f}); truncation's reach is in the last "
-            "column. Five keys per depth: a difference of one or two keys is not a ranking.")
+    far = {v: next(iter(r["beyond_reach"].values())) for v, r in rows.items() if r.get("beyond_reach")}
+    reach = "" if "searched" not in far or yarn_name not in far else (
+        f" Past truncation's reach: searched {far['searched']['hits']} of {far['searched']['trials']}, YaRN "
+        f"{far[yarn_name]['hits']} of {far[yarn_name]['trials']}, "
+        + ", ".join(f"{v} {f['hits']}" for v, f in far.items() if v not in ("searched", yarn_name)) + ".")
+    depths = ", ".join(f"{d:g}" for d in report["setup"].get("depths", []))
+    return (f"**Needles in prose (passkey step, depths {depths}):** the searched factors retrieve {ours:.2f} of the "
+            f"keys, {said} ({yarn:.2f}); the best method here is {best} ({overall[best]:.2f}); truncation's reach is "
+            f"in the last column.{reach} Five keys per depth: a difference of one or two keys is not a ranking.")
 
 
-def _ppl_verdict(results: dict, target: str) -> str:
+def _ppl_verdict(results: dict, target: str, yarn: str) -> str:
     """The ppl step in one sentence: past L beside the truncated baseline (the context gain), and inputs of L."""
     past = {v: r[target].get("past_original") for v, r in results.items() if target in r}
     gains = {v: r[target].get("context_gain") for v, r in results.items() if target in r}
@@ -182,12 +189,12 @@ def _ppl_verdict(results: dict, target: str) -> str:
     helped = [v for v in ranked if gains[v] > 1.0]
     return (f"**On the other book (ppl step):** past the original context the searched factors give "
             f"{past['searched']['ppl']:.2f} (context gain x{gains['searched']:.3f}), YaRN "
-            f"{past['yarn-x1.5']['ppl'] if 'yarn-x1.5' in past else float('nan'):.2f}, the best {best} "
+            f"{past[yarn]['ppl'] if yarn in past else float('nan'):.2f}, the best {best} "
             f"{past[best]['ppl']:.2f}, truncating {past[truncated]['ppl']:.2f}: "
             + (f"{', '.join(helped)} beat truncating" if helped else "no method beats truncating here: the context "
                "past L is not used, the methods only avoid breaking")
             + f"; on inputs of the original length the searched factors give {short.get('searched', float('nan')):.2f}"
-            f" (unpatched {short.get('none', float('nan')):.2f}, YaRN {short.get('yarn-x1.5', float('nan')):.2f}). "
+            f" (unpatched {short.get('none', float('nan')):.2f}, YaRN {short.get(yarn, float('nan')):.2f}). "
             "One window of each length: a difference below a few percent is not a ranking.")
 
 

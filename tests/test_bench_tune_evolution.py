@@ -1,0 +1,35 @@
+"""scripts/bench_tune_evolution.py's verdicts: each names the YaRN variant of its target (yarn-x2 at 16,384, not
+12,288's yarn-x1.5), the depths measured and the needles past truncation's reach."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+
+import bench_tune_evolution as bench  # noqa: E402
+
+
+def _row(accuracy: float, hits: int) -> dict:
+    return {"accuracy": accuracy, "beyond_reach": {"16384": {"hits": hits, "trials": 10, "accuracy": hits / 10}}}
+
+
+def test_passkey_verdict_names_the_targets_yarn_and_the_far_needles():
+    report = {"setup": {"depths": [0.1, 0.3]},
+              "results": {"none": _row(0.0, 0), "searched": _row(0.1, 1), "yarn-x2": _row(0.2, 2),
+                          "self_extend": _row(0.7, 7)}}
+    said = bench._passkey_verdict(report, "yarn-x2")
+    assert "depths 0.1, 0.3" in said
+    assert "no better than YaRN (0.20)" in said
+    assert "best method here is self_extend (0.70)" in said
+    assert "searched 1 of 10, YaRN 2 of 10, none 0, self_extend 7." in said
+    assert bench._passkey_verdict(report, "yarn-x1.5") == ""
+
+
+def test_ppl_verdict_reads_the_targets_yarn():
+    results = {"none": {"8192": {"ppl": 25.18}}, "none-truncated": {"16384": {"past_original": {"ppl": 29.96},
+                                                                             "context_gain": 1.0}},
+               "searched": {"8192": {"ppl": 25.27}, "16384": {"past_original": {"ppl": 31.2}, "context_gain": 0.96}},
+               "yarn-x2": {"8192": {"ppl": 25.83}, "16384": {"past_original": {"ppl": 31.09}, "context_gain": 0.964}}}
+    said = bench._ppl_verdict(results, "16384", "yarn-x2")
+    assert "YaRN 31.09" in said and "YaRN 25.83" in said and "nan" not in said
+    assert "no method beats truncating" in said
