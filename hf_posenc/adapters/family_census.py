@@ -1,13 +1,16 @@
-"""The family census's record: which causal-LM families of the installed transformers take a method of each kind,
-as the narrow twin of their default config (``tests/test_family_census.py`` checks every family against it and names
-the one whose outcome differs). A family in a tuple is patched, runs, unpatches bit for bit and, for the RoPE scaling,
-saves and loads back with the same logits (by plain transformers where the block is native); ``hf-posenc methods``
-lists it. One that is not is refused by name, or its twin cannot be built or run (the census says why).
+"""The family census's record: which causal-LM families of the installed transformers take each method, as the narrow
+twin of their default config (``tests/test_family_census_*.py`` check every family against it and name the one whose
+outcome differs). A family a method takes is patched, runs, unpatches bit for bit and passes its kind's check (a
+RoPE scaling saves and loads back with the same logits, by plain transformers where the block is native; an
+attention-level method equals the unpatched model inside its window; nope stops reading the positions);
+``hf-posenc methods`` lists it. One it does not take refuses it by name, or its twin cannot be built or run (the
+census says why). Some take a length-dependent or per-dimension scaling only with cache='stale', which their refusal
+of the default names.
 
 After a transformers upgrade, run the census and move the families it names."""
 
-# yarn x2: the RoPE scalings' path (every scaling is proven on GENERIC_FAMILIES: tests/test_generic_families.py)
-TAKES_YARN = (
+# the families one RoPE scaling or more takes (each of PROVEN_SCALINGS x2)
+ROPE = (
     "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "beam", "bitnet", "cohere",
     "cohere2", "cohere2_moe", "cwm", "deepseek_v3", "deepseek_v32", "diffllama", "doge", "dory", "emu3", "ernie4_5",
     "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "fuyu", "gemma",
@@ -21,8 +24,8 @@ TAKES_YARN = (
     "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma", "youtu", "zaya"
 )
 
-# self_extend: the attention-level methods' path (each one is proven on ANY_ROPE_ATTENTION_FAMILIES)
-TAKES_SELF_EXTEND = (
+# the families one attention-level method or more takes
+ATTENTION = (
     "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "bitnet", "cwm", "deepseek_v3", "diffllama", "doge",
     "dory", "emu3", "exaone", "flex_olmo", "gemma", "gemma2", "gemma3_text", "glm4_moe", "glm4_moe_lite", "gpt_oss",
     "granite", "granitemoe", "granitemoeshared", "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2",
@@ -32,8 +35,8 @@ TAKES_SELF_EXTEND = (
     "vaultgemma", "youtu"
 )
 
-# nope: the swaps' path (the rotary frequencies set to zero; the encoders' nope is their own adapter's)
-TAKES_NOPE = (
+# the families nope takes (the rotary frequencies set to zero; the encoders' nope is their own adapter's)
+NOPE = (
     "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "beam", "bert", "bert-generation", "big_bird",
     "bitnet", "camembert", "cohere", "cohere2", "cohere2_moe", "cwm", "data2vec-text", "diffllama", "doge", "dory",
     "electra", "emu3", "ernie", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon",
@@ -48,4 +51,17 @@ TAKES_NOPE = (
     "xlm-roberta", "xlm-roberta-xl", "zaya"
 )
 
-TAKES = {"yarn": TAKES_YARN, "self_extend": TAKES_SELF_EXTEND, "nope": TAKES_NOPE}
+RECORD = {"rope": ROPE, "attention": ATTENTION, "nope": NOPE}
+KIND_OF = {**dict.fromkeys(("yarn", "pi", "ntk", "dynamic_ntk", "dynamic_yarn", "llama3", "longrope"), "rope"),
+           **dict.fromkeys(("self_extend", "dca", "string", "rerope", "leaky_rerope"), "attention"), "nope": "nope"}
+
+# the families of its kind's record a method refuses (by name): the length-dependent scalings on a checkpoint whose
+# RoPE is already scaled (apertus, cwm: llama3; gpt_oss: yarn)
+_ALREADY_SCALED = ("apertus", "apertus1p5_text", "cwm", "gpt_oss")
+REFUSES = {"dynamic_ntk": _ALREADY_SCALED, "dynamic_yarn": _ALREADY_SCALED}
+
+
+def takes(method: str) -> tuple[str, ...]:
+    """The families the census proves ``method`` takes (none for a method it does not run)."""
+    kind = KIND_OF.get(method)
+    return tuple(f for f in RECORD[kind] if f not in REFUSES.get(method, ())) if kind else ()

@@ -27,7 +27,7 @@ from ..methods.remapped import REMAPPED
 from ..methods.rope import SCALINGS
 from .base import Adapter, PatchRecord, text_config
 from .decoder_swaps import SWAPS, TABLE_NAME, Swapped
-from .family_census import TAKES
+from .family_census import takes
 from .layout import Layout, RotarySlot, default_layer_types, rotary_slots
 from .mrope import check_mrope
 from .remapped import Remapped
@@ -76,14 +76,8 @@ ANY_ROPE_ATTENTION_FAMILIES = ("gemma2", "gpt_oss", "phi", "deepseek_v3", "smoll
 
 
 def _census_families(spec) -> list[str]:
-    """The families the census (``adapters/family_census.py``) proves take ``spec``'s code path: yarn's for every
-    static RoPE scaling, self_extend's for every attention-level method that works on any RoPE, nope's for the swap
-    to no positions."""
-    if spec.name in PROVEN_SCALINGS and SCALINGS[spec.name].compose is not None:
-        return list(TAKES["yarn"])
-    if spec.kind == ATTENTION and REMAPPED[spec.name].any_rope:
-        return list(TAKES["self_extend"])
-    return list(TAKES["nope"]) if spec.name == "nope" else []
+    """The families the census (``adapters/family_census.py``) proves take ``spec``'s method."""
+    return list(takes(spec.name))
 
 
 class RopeDecoderAdapter(Adapter):
