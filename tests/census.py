@@ -24,8 +24,9 @@ STALE = "cache='stale'"  # what a refusal of the re-rotated cache proposes inste
 
 
 def twin(model_type: str):
-    """The family's narrow twin, an input and its logits; skipped (with the reason) where there is none or where its
-    logits do not depend on the positions (then no check of a positional method could fail)."""
+    """The family's narrow twin (its constant weights given a spread), an input, its logits and whether they ignore
+    ``position_ids`` (then no check of an applied positional method could fail: ALiBi, positions counted from the
+    length, ...); skipped (with the reason) where there is none."""
     try:
         config = AutoConfig.for_model(model_type)
     except Exception as err:  # noqa: BLE001 (the family's own config check)
@@ -35,22 +36,32 @@ def twin(model_type: str):
     if model is None:
         pytest.skip(f"{model_type}: no narrow twin: {why}")
     x = ids(24) % 90 + 3
+    _vary_constant_weights(model)
     try:
         before = logits(model, x)
     except Exception as err:  # noqa: BLE001 (a family that needs other inputs: images, audio, ...)
         pytest.skip(f"{model_type}: the twin's own forward on token ids fails ({type(err).__name__})")
     if not _sees_positions(model, x, before):
         _wake_zero_weights(model)  # ZAYA's key temperature starts at 0: every key 0, attention blind to positions
+        _vary_constant_weights(model)
         before = logits(model, x)
-        if not _sees_positions(model, x, before):
-            pytest.skip(f"{model_type}: the random twin's logits do not depend on the positions")
-    return model, x, before
+    return model, x, before, not _sees_positions(model, x, before)
 
 
 def _sees_positions(model, x, before) -> bool:
     with torch.no_grad():
         moved = model(x, position_ids=torch.arange(x.shape[1])[None] * 3 + 5).logits.float()
-    return (moved - before).abs().max().item() > 1e-4
+    return (moved - before).abs().max().item() > 1e-6
+
+
+def _vary_constant_weights(model) -> None:
+    """Gives every weight the initialisation left constant (norms' ones, Dory's ``sqk``) a spread of 25% per
+    channel, as training does: a per-channel weight after RoPE then shows (a constant one commutes with it)."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point() and p.numel() > 1 and p.any() and bool((p == p.flatten()[0]).all()):
+                p.mul_(1 + 0.25 * torch.randn(p.shape, generator=g).to(p.dtype))
 
 
 def _wake_zero_weights(model) -> None:
@@ -65,13 +76,14 @@ def census(model_type: str, methods: dict, check, caplog) -> None:
     """Patches the twin of ``model_type`` with each of ``methods`` (name: knobs); a refusal leaves the model as it
     was (a refusal proposing cache='stale' is taken at its word once), an applied method passes ``check(model, x,
     before, got, method)``, then unpatch gives it back bit for bit. The outcomes must equal the record."""
-    model, x, before = twin(model_type)
+    model, x, before, blind = twin(model_type)
     taken = {}
     with caplog.at_level(logging.ERROR):
         for method, knobs in methods.items():
             taken[method] = _patch(model, x, before, method, knobs)
             if not taken[method]:
                 continue
+            assert not blind, f"{model_type} takes {method}; its twin's logits ignore position_ids: nothing proves it"
             got = logits(model, x)  # the patched forward runs
             assert torch.isfinite(got).all(), method
             check(model, x, before, got, method)

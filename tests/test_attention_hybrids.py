@@ -416,3 +416,44 @@ def test_nope_is_found_on_weights_not_loaded_yet_and_behind_a_zero_output_projec
     torch.nn.init.zeros_(model.model.layers[1].self_attn.o_proj.weight)
     hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])
     assert hf_posenc.adapters.remapped_layers.computed_layers(model)[1] == [False, True]
+
+
+def _post_rope_weighted(family: str, spread: bool):
+    """A tiny ``family`` (HunYuan: query and key RMSNorm after RoPE; Dory: a query scale ``sqk`` after it), its
+    weights after RoPE given a spread per channel (as training leaves them) or left constant (as initialised)."""
+    torch.manual_seed(0)
+    extra = {} if family.startswith("hunyuan") else {"sliding_window": WINDOW, "layer_types": HYBRID["layer_types"]}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **SMALL, head_dim=16, **extra)).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            for w in ([attn.query_layernorm.weight, attn.key_layernorm.weight] if family.startswith("hunyuan")
+                      else [attn.sqk]):
+                w.mul_(1 + 0.25 * torch.randn(w.shape) if spread else 1.0)
+    return model
+
+
+@pytest.mark.parametrize("method", list(KNOBS))
+def test_a_per_channel_weight_after_rope_is_found_by_running_the_module_and_refused(method):
+    """HunYuan normalises its queries and keys after RoPE with a weight per channel, Dory scales its queries per
+    channel after it: turning them further where the attention function receives them is not RoPE at the remapped
+    position, and every attention-level method used to do it silently (a constant weight, as initialised, commutes
+    with the turn and is taken)."""
+    for family, part in (("hunyuan_v1_dense", "queries"), ("dory", "queries")):
+        model = _post_rope_weighted(family, spread=True)
+        with pytest.raises(ValueError, match=f"{method} turns the {part} of .*Attention further, where its attention "
+                                             f"function receives them; model_type='{family}' changes its {part} after "
+                                             "RoPE per channel"):
+            hf_posenc.patch(model, method, **KNOBS[method])
+        assert not hf_posenc.is_patched(model)
+        hf_posenc.patch(_post_rope_weighted(family, spread=False), method, **KNOBS[method])
+
+
+def test_re_rotating_cached_keys_is_refused_where_the_keys_change_after_rope_and_taken_where_only_queries_do():
+    """The re-rotated cache turns cached keys: refused on HunYuan (its key norm after RoPE), by name with the
+    cache='stale' alternative; Dory's per-channel scale is on queries only, so its cached keys re-rotate right."""
+    with pytest.raises(ValueError, match="cache='consistent' \\(cached keys re-rotated\\) turns the keys of "
+                                         "HunYuanDenseV1Attention further.*Patch with cache='stale'"):
+        hf_posenc.patch(_post_rope_weighted("hunyuan_v1_dense", spread=True), "dynamic_ntk", factor=2.0)
+    hf_posenc.patch(_post_rope_weighted("hunyuan_v1_dense", spread=True), "dynamic_ntk", factor=2.0, cache="stale")
+    hf_posenc.patch(_post_rope_weighted("dory", spread=True), "dynamic_ntk", factor=2.0)

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..encodings import rope as R
+from .attention_probe import check_turns
 from .cache_argument import cache_keyword, passed_cache
 from .layout import attention_modules
 from .rotary_layout import INTERLEAVED, KeyLayout, first_rotated, key_layout, rotates
@@ -107,8 +108,11 @@ def rotated_layers(model: nn.Module, text_config: Any, slot, inv_freq: torch.Ten
 
 
 def _layout(attn: nn.Module, slot, text_config: Any, inv_freq: torch.Tensor, mode: str) -> KeyLayout:
+    name = f"cache={mode!r} (cached keys re-rotated)"
     try:
-        return key_layout(attn, slot, text_config, inv_freq, f"cache={mode!r} (cached keys re-rotated)")
+        layout = key_layout(attn, slot, text_config, inv_freq, name)
+        check_turns(attn, slot, text_config, inv_freq, layout.pairs, ("keys",), name)
+        return layout
     except ValueError as err:
         raise ValueError(f"{err} Patch with cache='stale' (cached keys kept as stored, transformers' own "
                          "behaviour).") from None

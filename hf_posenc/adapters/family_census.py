@@ -16,39 +16,40 @@ ROPE = (
     "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "fuyu", "gemma",
     "gemma2", "gemma3", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "got_ocr2",
     "gpt_neox", "gpt_neox_japanese", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "helium", "hrm_text",
-    "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1", "laguna",
-    "lara_mini", "lfm2", "llama", "llama4", "llama4_text", "mellum", "minicpm3", "minimax", "minimax_m2", "mistral",
-    "mixtral", "mllama", "modernbert-decoder", "moss_transcribe_diarize", "nanochat", "olmo", "olmo2", "olmo3",
-    "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal", "qwen2", "qwen2_moe", "qwen3", "qwen3_5",
-    "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe",
-    "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma", "youtu", "zaya"
+    "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2",
+    "jetmoe", "kolibri1", "laguna", "lara_mini", "lfm2", "llama", "llama4", "llama4_text", "mellum", "minicpm3",
+    "minimax", "minimax_m2", "ministral", "mistral", "mixtral", "mllama", "modernbert-decoder",
+    "moss_transcribe_diarize", "nanochat", "nemotron", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon",
+    "phi", "phi3", "phi4_multimodal", "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text",
+    "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open",
+    "stablelm", "starcoder2", "vaultgemma", "youtu", "zaya"
 )
 
 # the families one attention-level method or more takes
 ATTENTION = (
     "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "bitnet", "cwm", "deepseek_v3", "diffllama", "doge",
-    "dory", "emu3", "exaone", "flex_olmo", "gemma", "gemma2", "gemma3_text", "glm4_moe", "glm4_moe_lite", "gpt_oss",
+    "emu3", "exaone", "flex_olmo", "gemma", "gemma2", "gemma3_text", "glm4_moe", "glm4_moe_lite", "gpt_oss",
     "granite", "granitemoe", "granitemoeshared", "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2",
-    "laguna", "lfm2", "llama", "mellum", "mimo_v2_flash", "minicpm3", "minimax_m2", "ministral3", "mixtral", "olmo",
-    "olmo2", "olmo3", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal", "phimoe", "qwen2", "qwen2_moe",
-    "qwen3", "qwen3_moe", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2",
-    "vaultgemma", "youtu"
+    "laguna", "lfm2", "llama", "mellum", "mimo_v2_flash", "minicpm3", "minimax_m2", "ministral3", "mixtral",
+    "nemotron", "olmo", "olmo2", "olmo3", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal", "phimoe", "qwen2",
+    "qwen2_moe", "qwen3", "qwen3_moe", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm",
+    "starcoder2", "vaultgemma", "youtu"
 )
 
 # the families nope takes (the rotary frequencies set to zero; the encoders' nope is their own adapter's)
 NOPE = (
     "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "beam", "bert", "bert-generation", "big_bird",
     "bitnet", "camembert", "cohere", "cohere2", "cohere2_moe", "cwm", "data2vec-text", "diffllama", "doge", "dory",
-    "electra", "emu3", "ernie", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon",
-    "falcon_h1", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "gemma4_unified_text", "git", "glm",
-    "glm4", "glm4_moe", "gpt_neox", "gpt_neox_japanese", "gpt_oss", "granite", "granitemoe", "granitemoeshared",
-    "helium", "hrm_text", "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1",
-    "laguna", "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text", "megatron-bert", "mellum",
-    "mimo_v2_flash", "minimax", "minimax_m2", "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder",
-    "nanochat", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal",
-    "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "rembert", "roberta", "roberta-prelayernorm",
-    "roc_bert", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma",
-    "xlm-roberta", "xlm-roberta-xl", "zaya"
+    "electra", "emu3", "ernie", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1",
+    "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "gemma4_unified_text", "git", "glm", "glm4", "glm4_moe",
+    "gpt_neox", "gpt_neox_japanese", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "helium", "hrm_text",
+    "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe",
+    "kolibri1", "laguna", "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text", "megatron-bert", "mellum",
+    "mimo_v2_flash", "minimax", "minimax_m2", "ministral", "ministral3", "mistral", "mixtral", "mllama",
+    "modernbert-decoder", "nanochat", "nemotron", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon",
+    "phi", "phi3", "phi4_multimodal", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "rembert", "roberta",
+    "roberta-prelayernorm", "roc_bert", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2",
+    "vaultgemma", "xlm-roberta", "xlm-roberta-xl", "zaya"
 )
 
 RECORD = {"rope": ROPE, "attention": ATTENTION, "nope": NOPE}

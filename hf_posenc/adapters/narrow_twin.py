@@ -69,8 +69,34 @@ def narrowed_config(config: Any) -> Any:
                          ("num_key_value_heads", "num_attention_heads")):  # full multi-head attention stays so
         if wide[key] is not None and wide[key] == wide[same_as]:
             _narrow(twin, key, _read(twin, same_as))
+    _fill_unset(twin)
     _keep_valid(twin, wide)
     return twin
+
+
+def _fill_unset(config: Any) -> None:
+    """The fields a family's modeling code reads although its default config leaves them None (Ministral's and
+    Hunyuan's ``head_dim``, Nemotron's ``num_key_value_heads``): the head width of :data:`WIDTHS` (hidden size over
+    heads there), and as many kv heads as heads (multi-head attention, which None means in those families)."""
+    if _unset(config, "head_dim") and _read(config, "hidden_size") == 64:
+        _set(config, "head_dim", WIDTHS["head_dim"])
+    if _unset(config, "num_key_value_heads"):
+        _set(config, "num_key_value_heads", _read(config, "num_attention_heads"))
+
+
+def _unset(config: Any, key: str) -> bool:
+    """Whether ``config`` has the field ``key`` and it is None (False where reading it raises: per layer)."""
+    try:
+        return key in dir(config) and getattr(config, key) is None
+    except Exception:  # noqa: BLE001 (transformers' heterogeneous configs raise their own kind)
+        return False
+
+
+def _set(config: Any, key: str, value: Any) -> None:
+    try:
+        setattr(config, key, value)
+    except Exception:  # noqa: BLE001 (a read-only or per-layer field stays as it is)
+        pass
 
 
 def _narrow(config: Any, key: str, value: int) -> None:

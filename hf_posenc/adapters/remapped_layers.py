@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .attention_probe import check_turns
 from .base import text_config
 from .layout import RotarySlot, attention_modules, decoder_layers, nope_layers
 from .remapped_attention import TABLES_ATTR
@@ -150,11 +151,13 @@ def rotation_tables(plan: LayerPlan, config: Any, scheme, name: str) -> list[Rot
 
 def check_rotation(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq: torch.Tensor, name: str) -> None:
     """A ValueError unless ``attn``'s own RoPE composes with a further turn in the rotate-half layout (the one the
-    methods turn queries and keys in: :func:`rotary_layout.key_layout`), on dimensions that fit the head."""
+    methods turn queries and keys in: :func:`rotary_layout.key_layout`), on dimensions that fit the head, and its
+    queries and keys are still that rotation where its attention function receives them (:mod:`attention_probe`)."""
     if key_layout(attn, slot, config, inv_freq, name).pairs != HALF:
         raise ValueError(f"{name} turns queries and keys further in the rotate-half layout with the model's own "
                          f"frequencies; {type(attn).__name__}'s RoPE (apply_rotary_pos_emb) does not compose that way "
                          "(it rotates interleaved pairs): this model is not supported.")
+    check_turns(attn, slot, config, inv_freq, HALF, ("queries", "keys"), name)
 
 
 def pin_frequencies(plan: LayerPlan, config: Any, record) -> None:

@@ -1,0 +1,92 @@
+"""Whether the queries and keys an attention module hands its attention function are still its RoPE's rotation: the
+attention-level methods turn them further to remapped positions, and the re-rotated cache turns cached keys, both
+where transformers hands them over. That is RoPE at the other position only where nothing after
+``apply_rotary_pos_emb`` breaks the composition: a per-channel weight applied after it does (HunYuan's query and key
+RMSNorm, Dory's query scale ``sqk``); a scalar per position or head does not (Llama 4's and Ministral 3's query
+temperature). Found by running the module, not read from its source: its queries and keys at positions 0-3 and 5-8
+must be those at 0-3 turned by 5."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .attention import register_attention
+from .layout import RotarySlot
+from .rotary_layout import first_rotated, rotary_output, turn
+
+PROBE = "hf_posenc_probe"
+SHIFT = 5
+
+
+class _Captured(Exception):
+    """Raised by the probe's attention function once it holds the queries and keys: nothing past it runs."""
+
+    def __init__(self, query: torch.Tensor, key: torch.Tensor):
+        super().__init__()
+        self.query, self.key = query, key
+
+
+def _capture(module, query, key, value, attention_mask, **kwargs):
+    raise _Captured(query.detach(), key.detach())
+
+
+@torch.no_grad()
+def turns_at_attention(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq: torch.Tensor, pairs: str,
+                       parts: tuple[str, ...]) -> str | None:
+    """The first of ``parts`` ("queries", "keys") whose values at the attention function are not the rotation a
+    further turn in the ``pairs`` layout assumes, or None where every one is (or where the module cannot be run
+    so: no answer, as in :func:`rotary_layout.rotates`)."""
+    weight = next(attn.parameters(), None)
+    if weight is None or weight.device.type == "meta":
+        return None
+    got = [_at(attn, config, slot, weight, start) for start in (0, SHIFT)]
+    if got[0] is None or got[1] is None:
+        return None
+    rot, first = 2 * inv_freq.shape[-1], first_rotated(attn)
+    delta = torch.full((4,), SHIFT, device=weight.device)
+    for part, base, moved in zip(("queries", "keys"), got[0], got[1]):
+        if part not in parts:
+            continue
+        base, moved = base.float(), moved.float()
+        want = base.clone()
+        want[..., first:first + rot] = turn(base[..., first:first + rot], delta, inv_freq.float(), pairs)
+        tol = 1e-4 if weight.dtype == torch.float32 else 3e-2
+        if not torch.allclose(moved, want, atol=tol * max(1.0, want.abs().max().item()), rtol=tol):
+            return part
+    return None
+
+
+def _at(attn: nn.Module, config: Any, slot: RotarySlot, weight: torch.Tensor, start: int):
+    """(queries, keys) as ``attn`` hands them to its attention function for 4 random hidden states at positions
+    ``start`` .. ``start + 3``; None where it cannot be called so."""
+    own = getattr(attn, "config", None) or config
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, int(own.hidden_size), generator=g).to(device=weight.device, dtype=weight.dtype)
+    impl, training = own._attn_implementation, attn.training
+    positions = torch.arange(start, start + 4, device=weight.device)[None]
+    try:
+        own._attn_implementation = register_attention(PROBE, _capture)
+        attn.eval()
+        attn(hidden_states=x, position_embeddings=rotary_output(slot, x, positions), attention_mask=None)
+    except _Captured as done:
+        return done.query, done.key
+    except (TypeError, ValueError, RuntimeError, KeyError, AttributeError):
+        return None
+    finally:
+        own._attn_implementation = impl
+        attn.train(training)
+    return None
+
+
+def check_turns(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq: torch.Tensor, pairs: str,
+                parts: tuple[str, ...], name: str) -> None:
+    """Refuses, by name, turning ``parts`` of ``attn`` further where they are not its RoPE's rotation there."""
+    broken = turns_at_attention(attn, slot, config, inv_freq, pairs, parts)
+    if broken:
+        raise ValueError(f"{name} turns the {broken} of {type(attn).__name__} further, where its attention function "
+                         f"receives them; model_type={config.model_type!r} changes its {broken} after RoPE per "
+                         "channel (a normalisation or scale after apply_rotary_pos_emb), so a further turn is not its "
+                         "RoPE at the other position: this model is not supported.")
