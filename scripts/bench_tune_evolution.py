@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9", help="needle depths.")
     p.add_argument("--trials", type=int, default=5, help="needle keys per depth in the comparison.")
     p.add_argument("--steps", default="search,ppl,passkey", help="the steps to run (comma-separated).")
+    p.add_argument("--no-run", action="store_true", help="run no step: only write the section from the reports "
+                   "already there (the command it records is the same without this flag).")
     p.add_argument("--device", default="cpu", help="torch device.")
     p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "tune_evolution"), help="folder of the runs.")
     p.add_argument("--write", action="store_true", help="replace this script's section of BENCHMARKS.md.")
@@ -79,7 +81,7 @@ def variants(args, target: int, searched: str | None) -> list[str]:
 def step(args, name: str, argv: list[str], lines: list[str], target: int | None = None) -> None:
     """Runs ``hf-posenc ARGV`` when ``name`` is among ``--steps`` (the passkey step: the depths past the truncated
     model's reach first, given ``target``) and records its command."""
-    if name in args.steps.split(","):
+    if name in args.steps.split(",") and not args.no_run:
         if target:
             run_needles_far_first(argv, args.original, target, args.no_progress)
         else:
@@ -205,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     require_book(args.tune_file)
     require_book(args.test_file)
-    parts = [TITLE, "", f"Command: `python scripts/bench_tune_evolution.py {shlex.join(argv)}`", "",
+    shown = [a for a in argv if a != "--no-run"]
+    parts = [TITLE, "", f"Command: `python scripts/bench_tune_evolution.py {shlex.join(shown)}`", "",
              f"Machine: {os.cpu_count()} CPU cores, device {args.device}. Searched on "
              f"{os.path.basename(args.tune_file)}, measured on {os.path.basename(args.test_file)}.", ""]
     for target in args.targets:

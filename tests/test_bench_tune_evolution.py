@@ -33,3 +33,16 @@ def test_ppl_verdict_reads_the_targets_yarn():
     said = bench._ppl_verdict(results, "16384", "yarn-x2")
     assert "YaRN 31.09" in said and "YaRN 25.83" in said and "nan" not in said
     assert "no method beats truncating" in said
+
+
+def test_no_run_records_each_steps_command_and_runs_none(monkeypatch):
+    ran = []
+    monkeypatch.setattr(bench, "run_cli", lambda argv, no_progress=False: ran.append(argv))
+    monkeypatch.setattr(bench, "run_needles_far_first", lambda *a: ran.append(a))
+    args = bench.build_parser().parse_args(["--no-run"])
+    lines = []
+    bench.step(args, "ppl", ["eval", "ppl"], lines)
+    bench.step(args, "passkey", ["eval", "passkey", "--depths", "0.1"], lines, 16384)
+    assert ran == [] and lines == ["- ppl: `hf-posenc eval ppl`", "- passkey: `hf-posenc eval passkey --depths 0.1`"]
+    bench.step(bench.build_parser().parse_args([]), "ppl", ["eval", "ppl"], lines)
+    assert ran == [["eval", "ppl"]]
