@@ -25,7 +25,6 @@ and sin = 0): the attention code of transformers stays as it is. Then:
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -40,13 +39,14 @@ from .alibi_attention import AlibiState, register
 from .attention import SERVED, check_attention, keep_method, select
 from .base import PatchRecord
 from .cache_argument import passed_cache
+from .held_checks import HeldChecks
 from .layout import Layout, attention_modules, body, decoder_layers, rotary_slots
 from .rope_native import softmax_rescalers
 from .rotary_layout import rotates
 from .rotary_probe import check_reads_frequencies
 
 TABLE_NAME = "hf_posenc_positions"  # the learned table's attribute on the model body
-_ROTATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its attention modules, flags)
+_ROTATED = HeldChecks()  # the swap's check's flags of which layers rotate, for the apply that follows it
 
 
 def neutralize_rope(slots, record: PatchRecord) -> None:
@@ -133,7 +133,7 @@ def _check_alibi(model: nn.Module) -> None:
                          "linear attention or another mixer), which it does not serve. Use another method or "
                          "another model.")
     rotated = rotating_layers(model, rotary_slots(model))
-    _ROTATED[model] = (attention_modules(model), rotated)  # what apply_swap installs on, probed once
+    _ROTATED.hold(model, "rotated", rotated)  # what apply_swap installs on, probed once
     if not any(rotated):
         raise ValueError(f"'alibi' swaps RoPE for ALiBi on the layers that rotate; no layer of "
                          f"model_type={model.config.model_type!r} rotates (every one is NoPE), so there is no RoPE "
@@ -200,20 +200,12 @@ def resolve_swap(model: nn.Module, cfg: PosEncConfig, original: int) -> PosEncCo
 
 def apply_swap(model: nn.Module, cfg: PosEncConfig, rotary: list, record: PatchRecord) -> None:
     swap = SWAPS[cfg.method]
-    rotated = _checked_rotated(model, rotary) if swap.keeps_nope_layers else []
+    rotated = _ROTATED.take(model, "rotated", lambda: rotating_layers(model, rotary)) if swap.keeps_nope_layers else []
     neutralize_rope(rotary, record)
     n = cfg.params.get("max_position_embeddings")
     if n is not None and swap.advertises_length:
         record.set_config("max_position_embeddings", n)
     swap.install(model, cfg, record, rotated)
-
-
-def _checked_rotated(model: nn.Module, rotary: list) -> list[bool]:
-    """The flags the swap's check probed on ``model`` just before, else new ones."""
-    held = _ROTATED.pop(model, None)
-    if held is not None and held[0] == attention_modules(model):  # the same modules (by identity)
-        return held[1]
-    return rotating_layers(model, rotary)
 
 
 def rotating_layers(model: nn.Module, rotary: list) -> list[bool]:

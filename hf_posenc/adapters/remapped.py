@@ -8,22 +8,21 @@ one plain RoPE on the whole head of full-attention layers."""
 
 from __future__ import annotations
 
-import weakref
-
 from torch import nn
 
 from ..config import PosEncConfig
 from ..methods.remapped import REMAPPED
 from .attention import check_attention, select
 from .base import PatchRecord
-from .layout import Layout, RotarySlot, attention_modules, body, check_uniform, head_dim, rope_geometry
+from .held_checks import HeldChecks
+from .layout import Layout, RotarySlot, body, check_uniform, head_dim, rope_geometry
 from .remapped_attention import STATE_ATTR, TABLES_ATTR, RemapState, eager_function, register
-from .remapped_layers import LayerPlan, layer_plan, pin_frequencies, rotation_tables
+from .remapped_layers import layer_plan, pin_frequencies, rotation_tables
 from .rope_native import softmax_rescalers
 
 # The plan ``resolve_remapped`` checked, per model, for the ``apply_remapped`` that follows it (the NoPE probe of
 # each layer runs once per patch).
-_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PLANS = HeldChecks()
 
 
 def _proven() -> str:
@@ -64,7 +63,7 @@ def resolve_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -
     params = REMAPPED[name].defaults(dict(cfg.params), L)
     plan = layer_plan(model, lay.config, lay.slots, name)
     rotation_tables(plan, lay.config, REMAPPED[name].scheme(params, L), name)  # checks each layer's rotation
-    _PLANS[model] = (name, plan)
+    _PLANS.hold(model, name, plan)
     kept = [m for m, s in zip(plan.modules, plan.slots) if s is None]
     if kept and impl == "eager" and eager_function(kept[0]) is None:
         raise ValueError(f"{name} leaves the sliding-window and NoPE layers to the model's eager attention, but the "
@@ -75,7 +74,7 @@ def resolve_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -
 
 def apply_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, record: PatchRecord) -> None:
     method, L = REMAPPED[cfg.method], cfg.original_max_position_embeddings
-    plan = _checked_plan(model, lay, cfg.method)
+    plan = _PLANS.take(model, cfg.method, lambda: layer_plan(model, lay.config, lay.slots, cfg.method))
     tables = rotation_tables(plan, lay.config, method.scheme(cfg.params, L), cfg.method)
     delegate = check_attention(model, cfg.method)
     layers = None if all(t is not None for t in tables) else plan.computed()
@@ -87,14 +86,6 @@ def apply_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, record: Pat
         record.set_attr(attn, TABLES_ATTR, table)
     select(model, record, state, plan.modules, register(), STATE_ATTR)
     record.set_config("max_position_embeddings", method.context(cfg.params, L))
-
-
-def _checked_plan(model: nn.Module, lay: Layout, name: str) -> LayerPlan:
-    """The plan :func:`resolve_remapped` made for ``name`` on ``model`` just before, else a new one."""
-    held = _PLANS.pop(model, None)
-    if held is not None and held[0] == name and held[1].modules == attention_modules(model):  # (by identity)
-        return held[1]
-    return layer_plan(model, lay.config, lay.slots, name)
 
 
 class Remapped:
