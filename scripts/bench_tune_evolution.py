@@ -106,7 +106,8 @@ def run_target(args, target: int) -> list[str]:
                            args.depths, "--trials", str(args.trials), "--haystack", "text", "--text-file",
                            rel(args.test_file), "--methods", "none", *flags, "--device", args.device,
                            "--output", rel(os.path.join(out, "passkey"))], lines, target)
-    return [f"### Target {target} tokens", "", *lines, "", *_tables(out, f"yarn-x{target / args.original:g}")]
+    return [f"### Target {target} tokens", "", *lines, "", *_tables(out, f"yarn-x{target / args.original:g}"),
+            *_pending(out, args.depths)]
 
 
 def _tables(out: str, yarn: str) -> list[str]:
@@ -136,6 +137,18 @@ def _tables(out: str, yarn: str) -> list[str]:
         parts += [f"Search cost: {compute.get('cells', '?')} cells, {compute.get('seconds', 0) / 60:.0f} min of "
                   "forwards in all.", "", f"![factors]({rel(out)}/search/tune_factors.png)", ""]
     return parts
+
+
+def _pending(out: str, depths: str) -> list[str]:
+    """A line naming the needle depths the command asks for that its passkey report does not have yet."""
+    path = os.path.join(out, "passkey", "passkey.json")
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        done = {float(d) for d in json.load(f)["setup"].get("depths", [])}
+    missing = [d for d in depths.split(",") if float(d) not in done]
+    return [f"Needles at depths {', '.join(missing)} (within truncation's reach) are not in the report yet: the "
+            "passkey command above computes them and resumes the cells it has.", ""] if missing else []
 
 
 def _verdict(results: dict) -> str | None:

@@ -46,3 +46,11 @@ def test_no_run_records_each_steps_command_and_runs_none(monkeypatch):
     assert ran == [] and lines == ["- ppl: `hf-posenc eval ppl`", "- passkey: `hf-posenc eval passkey --depths 0.1`"]
     bench.step(bench.build_parser().parse_args([]), "ppl", ["eval", "ppl"], lines)
     assert ran == [["eval", "ppl"]]
+
+
+def test_pending_names_the_depths_the_report_lacks(tmp_path):
+    (tmp_path / "passkey").mkdir()
+    (tmp_path / "passkey" / "passkey.json").write_text('{"setup": {"depths": [0.1, 0.3]}}')
+    assert bench._pending(str(tmp_path), "0.1,0.3,0.5,0.7,0.9")[0].startswith("Needles at depths 0.5, 0.7, 0.9")
+    assert bench._pending(str(tmp_path), "0.1,0.3") == []
+    assert bench._pending(str(tmp_path / "none"), "0.1") == []
