@@ -65,10 +65,10 @@ def _at(attn: nn.Module, config: Any, slot: RotarySlot, weight: torch.Tensor, st
     own = getattr(attn, "config", None) or config
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 4, int(own.hidden_size), generator=g).to(device=weight.device, dtype=weight.dtype)
-    impl, training = own._attn_implementation, attn.training
+    impl, training = own._attn_implementation_internal, attn.training
     positions = torch.arange(start, start + 4, device=weight.device)[None]
     try:
-        own._attn_implementation = register_attention(PROBE, _capture)
+        own._attn_implementation_internal = register_attention(PROBE, _capture)  # this config alone
         attn.eval()
         attn(hidden_states=x, position_embeddings=rotary_output(slot, x, positions), attention_mask=None)
     except _Captured as done:
@@ -76,7 +76,7 @@ def _at(attn: nn.Module, config: Any, slot: RotarySlot, weight: torch.Tensor, st
     except (TypeError, ValueError, RuntimeError, KeyError, AttributeError):
         return None
     finally:
-        own._attn_implementation = impl
+        own._attn_implementation_internal = impl
         attn.train(training)
     return None
 

@@ -66,10 +66,10 @@ def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
     own = getattr(attn, "config", None) or config
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 4, int(own.hidden_size), generator=g).to(device=weight.device, dtype=weight.dtype)
-    impl, training = own._attn_implementation, attn.training
+    impl, training = own._attn_implementation_internal, attn.training
     outs = []
     try:
-        own._attn_implementation = "eager"  # (the method's own function may need state a whole forward sets up)
+        own._attn_implementation_internal = "eager"  # this config alone, not its sub-configs
         attn.eval()  # no dropout: the two outputs differ by the positions alone, and no random number is drawn
         for pos in ([0, 1, 2, 3], [0, 3, 7, 12]):
             positions = torch.tensor([pos], device=weight.device)
@@ -79,7 +79,7 @@ def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
     except (TypeError, ValueError, RuntimeError, KeyError, AttributeError):
         return declared
     finally:
-        own._attn_implementation = impl
+        own._attn_implementation_internal = impl
         attn.train(training)
     return any(not torch.equal(a, b) for a, b in zip(*outs))
 
