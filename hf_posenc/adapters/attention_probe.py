@@ -15,7 +15,7 @@ from torch import nn
 
 from .attention import register_attention
 from .layout import RotarySlot
-from .rotary_layout import first_rotated, rotary_output, turn
+from .rotary_layout import call_attention, first_rotated, turn
 
 PROBE = "hf_posenc_probe"
 SHIFT = 5
@@ -42,7 +42,7 @@ def turns_at_attention(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq:
     weight = next(attn.parameters(), None)
     if weight is None or weight.device.type == "meta":
         return None
-    got = [_at(attn, config, slot, weight, start) for start in (0, SHIFT)]
+    got = [_at(attn, config, slot, start) for start in (0, SHIFT)]
     if got[0] is None or got[1] is None:
         return None
     rot, first = 2 * inv_freq.shape[-1], first_rotated(attn)
@@ -59,25 +59,15 @@ def turns_at_attention(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq:
     return None
 
 
-def _at(attn: nn.Module, config: Any, slot: RotarySlot, weight: torch.Tensor, start: int):
+def _at(attn: nn.Module, config: Any, slot: RotarySlot, start: int):
     """(queries, keys) as ``attn`` hands them to its attention function for 4 random hidden states at positions
     ``start`` .. ``start + 3``; None where it cannot be called so."""
-    own = getattr(attn, "config", None) or config
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 4, int(own.hidden_size), generator=g).to(device=weight.device, dtype=weight.dtype)
-    impl, training = own._attn_implementation_internal, attn.training
-    positions = torch.arange(start, start + 4, device=weight.device)[None]
     try:
-        own._attn_implementation_internal = register_attention(PROBE, _capture)  # this config alone
-        attn.eval()
-        attn(hidden_states=x, position_embeddings=rotary_output(slot, x, positions), attention_mask=None)
+        call_attention(attn, slot, config, torch.arange(start, start + 4)[None], register_attention(PROBE, _capture))
     except _Captured as done:
         return done.query, done.key
     except (TypeError, ValueError, RuntimeError, KeyError, AttributeError):
         return None
-    finally:
-        own._attn_implementation_internal = impl
-        attn.train(training)
     return None
 
 

@@ -20,8 +20,8 @@ from .remapped_attention import STATE_ATTR, TABLES_ATTR, RemapState, eager_funct
 from .remapped_layers import layer_plan, pin_frequencies, rotation_tables
 from .rope_native import softmax_rescalers
 
-# The plan ``resolve_remapped`` checked, per model, for the ``apply_remapped`` that follows it (the NoPE probe of
-# each layer runs once per patch).
+# The plan and rotation tables ``resolve_remapped`` checked, per model, for the ``apply_remapped`` that follows it
+# (the NoPE probe of each layer and the rotation checks run once per patch).
 _PLANS = HeldChecks()
 
 
@@ -62,8 +62,8 @@ def resolve_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -
     impl = check_attention(model, name)
     params = REMAPPED[name].defaults(dict(cfg.params), L)
     plan = layer_plan(model, lay.config, lay.slots, name)
-    rotation_tables(plan, lay.config, REMAPPED[name].scheme(params, L), name)  # checks each layer's rotation
-    _PLANS.hold(model, name, plan)
+    tables = rotation_tables(plan, lay.config, REMAPPED[name].scheme(params, L), name)  # checks each layer's rotation
+    _PLANS.hold(model, (name, L, params), (plan, tables))
     kept = [m for m, s in zip(plan.modules, plan.slots) if s is None]
     if kept and impl == "eager" and eager_function(kept[0]) is None:
         raise ValueError(f"{name} leaves the sliding-window and NoPE layers to the model's eager attention, but the "
@@ -74,8 +74,7 @@ def resolve_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -
 
 def apply_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, record: PatchRecord) -> None:
     method, L = REMAPPED[cfg.method], cfg.original_max_position_embeddings
-    plan = _PLANS.take(model, cfg.method, lambda: layer_plan(model, lay.config, lay.slots, cfg.method))
-    tables = rotation_tables(plan, lay.config, method.scheme(cfg.params, L), cfg.method)
+    plan, tables = _PLANS.take(model, (cfg.method, L, cfg.params), lambda: _planned(model, cfg, lay))
     delegate = check_attention(model, cfg.method)
     layers = None if all(t is not None for t in tables) else plan.computed()
     state = RemapState(method.scheme(cfg.params, L), layers=layers, delegate=delegate)
@@ -86,6 +85,13 @@ def apply_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, record: Pat
         record.set_attr(attn, TABLES_ATTR, table)
     select(model, record, state, plan.modules, register(), STATE_ATTR)
     record.set_config("max_position_embeddings", method.context(cfg.params, L))
+
+
+def _planned(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> tuple:
+    """The layer plan and rotation tables of ``cfg`` on ``model`` (each layer's rotation checked)."""
+    plan = layer_plan(model, lay.config, lay.slots, cfg.method)
+    scheme = REMAPPED[cfg.method].scheme(cfg.params, cfg.original_max_position_embeddings)
+    return plan, rotation_tables(plan, lay.config, scheme, cfg.method)
 
 
 class Remapped:

@@ -63,25 +63,33 @@ def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
     if weight.device.type == "meta":
         found = twin_rotates(config, getattr(attn, "layer_idx", None))
         return declared if found is None else found
-    own = getattr(attn, "config", None) or config
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 4, int(own.hidden_size), generator=g).to(device=weight.device, dtype=weight.dtype)
-    impl, training = own._attn_implementation_internal, attn.training
     outs = []
     try:
-        own._attn_implementation_internal = "eager"  # this config alone, not its sub-configs
-        attn.eval()  # no dropout: the two outputs differ by the positions alone, and no random number is drawn
-        for pos in ([0, 1, 2, 3], [0, 3, 7, 12]):
-            positions = torch.tensor([pos], device=weight.device)
-            out = attn(hidden_states=x, position_embeddings=rotary_output(slot, x, positions),
-                       attention_mask=None)
+        for pos in ([0, 1, 2, 3], [0, 3, 7, 12]):  # (eager: the method's own function may need a whole forward's state)
+            out = call_attention(attn, slot, config, torch.tensor([pos]), "eager")
             outs.append([t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)])
     except (TypeError, ValueError, RuntimeError, KeyError, AttributeError):
         return declared
-    finally:
-        own._attn_implementation_internal = impl
-        attn.train(training)
     return any(not torch.equal(a, b) for a, b in zip(*outs))
+
+
+def call_attention(attn: nn.Module, slot: RotarySlot, config: Any, positions: torch.Tensor, impl: str):
+    """``attn``'s forward on 4 random hidden states (seeded: the caller's random state kept) at ``positions``, with
+    the attention implementation ``impl`` set on the config it reads alone (not its sub-configs) and in eval mode (no
+    dropout); both put back."""
+    weight = next(attn.parameters())
+    own = getattr(attn, "config", None) or config
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, int(own.hidden_size), generator=g).to(device=weight.device, dtype=weight.dtype)
+    saved, training = own._attn_implementation_internal, attn.training
+    try:
+        own._attn_implementation_internal = impl
+        attn.eval()
+        return attn(hidden_states=x, position_embeddings=rotary_output(slot, x, positions.to(weight.device)),
+                    attention_mask=None)
+    finally:
+        own._attn_implementation_internal = saved
+        attn.train(training)
 
 
 def twin_rotates(config: Any, layer: int | None) -> bool | None:
