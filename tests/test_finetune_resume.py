@@ -41,15 +41,25 @@ def no_model_load(monkeypatch):
     monkeypatch.setattr(loading, "from_pretrained", refuse)
 
 
+def _reads(state) -> bool:
+    """Whether the Trainer finished writing a checkpoint's state file (it exists before its last byte is written:
+    a kill in between leaves a checkpoint cut short, which is no checkpoint)."""
+    try:
+        json.loads(state.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def _killed_after_a_checkpoint(argv: list[str], checkpoints) -> None:
     """Start ``hf-posenc ARGV`` in a process of its own and SIGTERM it once its first checkpoint is whole."""
     child = subprocess.Popen([sys.executable, "-m", "hf_posenc.cli", *argv], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     first = checkpoints / "checkpoint-2" / "trainer_state.json"
     deadline = time.time() + 300
-    while not first.exists() and child.poll() is None and time.time() < deadline:
+    while not _reads(first) and child.poll() is None and time.time() < deadline:
         time.sleep(0.01)
-    assert first.exists(), child.communicate()
+    assert _reads(first), child.communicate()
     child.send_signal(signal.SIGTERM)
     _, err = child.communicate(timeout=120)
     assert child.returncode == 143 and "Traceback" not in err, err
