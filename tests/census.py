@@ -16,7 +16,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 import hf_posenc
 from hf_posenc.adapters.family_census import takes
-from hf_posenc.adapters.narrow_twin import twin_or_reason
+from hf_posenc.adapters.narrow_twin import spread_constant_weights, twin_or_reason
 
 FAMILIES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 EXACT = 1e-5
@@ -36,14 +36,14 @@ def twin(model_type: str):
     if model is None:
         pytest.skip(f"{model_type}: no narrow twin: {why}")
     x = ids(24) % 90 + 3
-    _vary_constant_weights(model)
+    spread_constant_weights(model)
     try:
         before = logits(model, x)
     except Exception as err:  # noqa: BLE001 (a family that needs other inputs: images, audio, ...)
         pytest.skip(f"{model_type}: the twin's own forward on token ids fails ({type(err).__name__})")
     if not _sees_positions(model, x, before):
         _wake_zero_weights(model)  # ZAYA's key temperature starts at 0: every key 0, attention blind to positions
-        _vary_constant_weights(model)
+        spread_constant_weights(model)
         before = logits(model, x)
     return model, x, before, not _sees_positions(model, x, before)
 
@@ -52,16 +52,6 @@ def _sees_positions(model, x, before) -> bool:
     with torch.no_grad():
         moved = model(x, position_ids=torch.arange(x.shape[1])[None] * 3 + 5).logits.float()
     return (moved - before).abs().max().item() > 1e-6
-
-
-def _vary_constant_weights(model) -> None:
-    """Gives every weight the initialisation left constant (norms' ones, Dory's ``sqk``) a spread of 25% per
-    channel, as training does: a per-channel weight after RoPE then shows (a constant one commutes with it)."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.is_floating_point() and p.numel() > 1 and p.any() and bool((p == p.flatten()[0]).all()):
-                p.mul_(1 + 0.25 * torch.randn(p.shape, generator=g).to(p.dtype))
 
 
 def _wake_zero_weights(model) -> None:

@@ -438,7 +438,8 @@ def test_a_per_channel_weight_after_rope_is_found_by_running_the_module_and_refu
     """HunYuan normalises its queries and keys after RoPE with a weight per channel, Dory scales its queries per
     channel after it: turning them further where the attention function receives them is not RoPE at the remapped
     position, and every attention-level method used to do it silently (a constant weight, as initialised, commutes
-    with the turn and is taken)."""
+    with the turn and is taken). Weights not loaded yet (meta) are answered by a narrow twin whose weights after
+    RoPE are spread, as trained ones are."""
     for family, part in (("hunyuan_v1_dense", "queries"), ("dory", "queries")):
         model = _post_rope_weighted(family, spread=True)
         with pytest.raises(ValueError, match=f"{method} turns the {part} of .*Attention further, where its attention "
@@ -447,6 +448,10 @@ def test_a_per_channel_weight_after_rope_is_found_by_running_the_module_and_refu
             hf_posenc.patch(model, method, **KNOBS[method])
         assert not hf_posenc.is_patched(model)
         hf_posenc.patch(_post_rope_weighted(family, spread=False), method, **KNOBS[method])
+        offloaded = _post_rope_weighted(family, spread=False)
+        offloaded.model.layers.to("meta")  # not loaded yet: a narrow twin's layer, its weights spread, answers
+        with pytest.raises(ValueError, match=f"{method} turns the {part} of .*Attention further"):
+            hf_posenc.patch(offloaded, method, **KNOBS[method])
 
 
 def test_re_rotating_cached_keys_is_refused_where_the_keys_change_after_rope_and_taken_where_only_queries_do():
@@ -457,3 +462,19 @@ def test_re_rotating_cached_keys_is_refused_where_the_keys_change_after_rope_and
         hf_posenc.patch(_post_rope_weighted("hunyuan_v1_dense", spread=True), "dynamic_ntk", factor=2.0)
     hf_posenc.patch(_post_rope_weighted("hunyuan_v1_dense", spread=True), "dynamic_ntk", factor=2.0, cache="stale")
     hf_posenc.patch(_post_rope_weighted("dory", spread=True), "dynamic_ntk", factor=2.0)
+
+
+def test_the_probe_runs_attention_that_needs_position_ids_and_a_mask(monkeypatch):
+    """Ministral 3's attention takes ``position_ids`` (its query temperature), DeepSeek-V3.2's indexer reads the mask:
+    called without them the probe had no answer and the method was applied unchecked. Given a per-channel query
+    temperature (a weight after RoPE), Ministral 3 is now refused by name; its own per-position one is taken."""
+    import transformers.models.ministral3.modeling_ministral3 as ministral3
+
+    own = ministral3.get_llama_4_attn_scale
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("ministral3", **SMALL, head_dim=16)).eval()
+    hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])  # (its scale per position commutes with a turn)
+    channels = 1 + 0.25 * torch.randn(16, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(ministral3, "get_llama_4_attn_scale", lambda *a: own(*a) * channels)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("ministral3", **SMALL, head_dim=16)).eval()
+    with pytest.raises(ValueError, match="self_extend turns the queries of Ministral3Attention further"):
+        hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])

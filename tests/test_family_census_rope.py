@@ -15,19 +15,20 @@ from census import EXACT, FAMILIES, census
 from helpers import logits
 
 import hf_posenc
-from hf_posenc.adapters.family_census import KIND_OF, takes
+from hf_posenc.adapters.family_census import census_methods, takes
 from hf_posenc.adapters.rope_decoder import GENERIC_FAMILIES
+from hf_posenc.methods.rope import DYNAMIC
 
-SCALINGS = [name for name, kind in KIND_OF.items() if kind == "rope"]
-STATIC = {name: {"factor": 2.0} for name in SCALINGS if not name.startswith("dynamic_")}
-LENGTH_DEPENDENT = {name: {"factor": 2.0} for name in SCALINGS if name.startswith("dynamic_")}
+SCALINGS = census_methods("rope")  # every registered RoPE scaling
+STATIC = {name: {"factor": 2.0} for name in SCALINGS if name not in DYNAMIC}
+LENGTH_DEPENDENT = {name: {"factor": 2.0} for name in SCALINGS if name in DYNAMIC}
 
 
 def saved_and_read_back(folder, model, x, before, got, method):
     """The kind's check: the folder the patch saves reads back with the same logits (by plain transformers where
     the block is native); a length-dependent scaling equals the unpatched model on 24 tokens, inside the original
     context."""
-    if method.startswith("dynamic_"):
+    if method in DYNAMIC:
         assert (got - before).abs().max().item() <= EXACT, method
     model.save_pretrained(folder / method)
     load = type(model).from_pretrained if model.config.hf_posenc["native"] else \

@@ -11,7 +11,7 @@ from census import FAMILIES, census
 from helpers import logits
 
 import hf_posenc
-from hf_posenc.adapters.family_census import KIND_OF, RECORD, REFUSES
+from hf_posenc.adapters.family_census import RECORD, REFUSES, kind_of
 from hf_posenc.adapters.layout import rotary_slots
 
 # families whose attention reads the positions outside RoPE too (kept, as the architecture has it)
@@ -44,4 +44,4 @@ def test_the_record_names_only_families_of_the_installed_transformers():
         assert sorted(set(families)) == list(families), kind  # sorted, once each
         assert set(families) <= set(FAMILIES), kind
     for method, refused in REFUSES.items():  # refusals only of families its kind's record names
-        assert sorted(set(refused)) == list(refused) and set(refused) < set(RECORD[KIND_OF[method]]), method
+        assert sorted(set(refused)) == list(refused) and set(refused) < set(RECORD[kind_of(method)]), method

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from .attention import register_attention
-from .layout import RotarySlot
-from .rotary_layout import call_attention, first_rotated, turn
+from .layout import RotarySlot, attention_modules, rotary_slots
+from .narrow_twin import narrow_twin, spread_constant_weights
+from .rotary_layout import CALL_ERRORS, call_attention, first_rotated, turn
 
 PROBE = "hf_posenc_probe"
 SHIFT = 5
@@ -38,10 +39,13 @@ def turns_at_attention(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq:
                        parts: tuple[str, ...]) -> str | None:
     """The first of ``parts`` ("queries", "keys") whose values at the attention function are not the rotation a
     further turn in the ``pairs`` layout assumes, or None where every one is (or where the module cannot be run
-    so: no answer, as in :func:`rotary_layout.rotates`)."""
+    so: no answer, as in :func:`rotary_layout.rotates`). A module whose weights are not loaded (meta) is answered by
+    the same layer of a narrow twin built from the config, its constant weights given a spread."""
     weight = next(attn.parameters(), None)
-    if weight is None or weight.device.type == "meta":
+    if weight is None:
         return None
+    if weight.device.type == "meta":
+        return _on_twin(attn, slot, config, pairs, parts)
     got = [_at(attn, config, slot, start) for start in (0, SHIFT)]
     if got[0] is None or got[1] is None:
         return None
@@ -50,13 +54,30 @@ def turns_at_attention(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq:
     for part, base, moved in zip(("queries", "keys"), got[0], got[1]):
         if part not in parts:
             continue
+        tol = 1e-4 if base.dtype == torch.float32 else 3e-2  # (the dtype the module computed them in)
         base, moved = base.float(), moved.float()
         want = base.clone()
         want[..., first:first + rot] = turn(base[..., first:first + rot], delta, inv_freq.float(), pairs)
-        tol = 1e-4 if weight.dtype == torch.float32 else 3e-2
         if not torch.allclose(moved, want, atol=tol * max(1.0, want.abs().max().item()), rtol=tol):
             return part
     return None
+
+
+def _on_twin(attn: nn.Module, slot: RotarySlot, config: Any, pairs: str, parts: tuple[str, ...]) -> str | None:
+    """:func:`turns_at_attention` on layer ``attn.layer_idx`` of a narrow twin (its own frequencies: the question is
+    what the module does after RoPE, not at which frequencies); None where there is no twin or no such layer."""
+    layer, twin = getattr(attn, "layer_idx", None), narrow_twin(config)
+    if layer is None or twin is None:
+        return None
+    try:
+        modules, slots = attention_modules(twin), rotary_slots(twin)
+    except ValueError:
+        return None
+    same = [s for s in slots if s.layer_type == slot.layer_type]
+    if not 0 <= layer < len(modules) or not same or type(modules[layer]) is not type(attn):
+        return None
+    spread_constant_weights(twin)
+    return turns_at_attention(modules[layer], same[0], twin.config, same[0].get("inv_freq"), pairs, parts)
 
 
 def _at(attn: nn.Module, config: Any, slot: RotarySlot, start: int):
@@ -66,7 +87,7 @@ def _at(attn: nn.Module, config: Any, slot: RotarySlot, start: int):
         call_attention(attn, slot, config, torch.arange(start, start + 4)[None], register_attention(PROBE, _capture))
     except _Captured as done:
         return done.query, done.key
-    except (TypeError, ValueError, RuntimeError, KeyError, AttributeError):
+    except CALL_ERRORS:
         return None
     return None
 

@@ -9,7 +9,9 @@ of the default names.
 
 After a transformers upgrade, run the census and move the families it names."""
 
-# the families one RoPE scaling or more takes (each of PROVEN_SCALINGS x2)
+from ..methods.spec import METHODS
+
+# the families each RoPE scaling takes at x2 (less REFUSES)
 ROPE = (
     "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "beam", "bitnet", "cohere",
     "cohere2", "cohere2_moe", "cwm", "deepseek_v3", "deepseek_v32", "diffllama", "doge", "dory", "emu3", "ernie4_5",
@@ -53,16 +55,31 @@ NOPE = (
 )
 
 RECORD = {"rope": ROPE, "attention": ATTENTION, "nope": NOPE}
-KIND_OF = {**dict.fromkeys(("yarn", "pi", "ntk", "dynamic_ntk", "dynamic_yarn", "llama3", "longrope"), "rope"),
-           **dict.fromkeys(("self_extend", "dca", "string", "rerope", "leaky_rerope"), "attention"), "nope": "nope"}
-
+CENSUS_SWAPS = ("nope",)  # the swaps the census runs, each with a record of its own
 # the families of its kind's record a method refuses (by name): the length-dependent scalings on a checkpoint whose
 # RoPE is already scaled (apertus, cwm: llama3; gpt_oss: yarn)
 _ALREADY_SCALED = ("apertus", "apertus1p5_text", "cwm", "gpt_oss")
 REFUSES = {"dynamic_ntk": _ALREADY_SCALED, "dynamic_yarn": _ALREADY_SCALED}
 
 
+def kind_of(method: str) -> str | None:
+    """The record a registered method's census outcome is kept in: its kind's for a RoPE scaling or an
+    attention-level method (every one of the kind runs in the census), its own for a swap the census runs (nope);
+    None for a method the census does not run."""
+    spec = METHODS.get(method)
+    if spec is None:
+        return None
+    if spec.kind in ("rope", "attention"):
+        return spec.kind
+    return spec.name if spec.kind == "swap" and spec.name in CENSUS_SWAPS else None
+
+
+def census_methods(kind: str) -> list[str]:
+    """The registered methods whose census outcome the record ``kind`` holds."""
+    return [name for name in METHODS if kind_of(name) == kind]
+
+
 def takes(method: str) -> tuple[str, ...]:
     """The families the census proves ``method`` takes (none for a method it does not run)."""
-    kind = KIND_OF.get(method)
+    kind = kind_of(method)
     return tuple(f for f in RECORD[kind] if f not in REFUSES.get(method, ())) if kind else ()

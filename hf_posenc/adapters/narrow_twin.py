@@ -54,6 +54,17 @@ def twin_or_reason(config: Any) -> tuple[nn.Module | None, str]:
         return None, f"transformers does not build it narrowed ({type(err).__name__}: {str(err)[:160]})"
 
 
+def spread_constant_weights(model: nn.Module) -> None:
+    """Gives every weight the initialisation left constant (norms' ones, Dory's ``sqk``) a spread of 25% per
+    channel (seeded), as training leaves them: a per-channel weight after RoPE then shows, a constant one
+    commutes with the rotation."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point() and p.numel() > 1 and p.any() and bool((p == p.flatten()[0]).all()):
+                p.mul_(1 + 0.25 * torch.randn(p.shape, generator=g).to(p.dtype))
+
+
 def narrowed_config(config: Any) -> Any:
     """A copy of ``config`` with the widths of :data:`WIDTHS`, kept consistent and valid; a composite model's
     sub-configs (a VLM's text and vision configs) narrowed alike."""

@@ -13,6 +13,7 @@ Both are checks on a few random vectors at patch time (one attention forward ove
 
 from __future__ import annotations
 
+import inspect
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from .layout import RotarySlot, attention_modules, head_dim, rotary_slots
 from .narrow_twin import narrow_twin
 
 HALF, INTERLEAVED = "half", "interleaved"
+CALL_ERRORS = (TypeError, ValueError, RuntimeError, KeyError, AttributeError)  # a forward that cannot be called so
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
         for pos in ([0, 1, 2, 3], [0, 3, 7, 12]):  # (eager: the method's own function may need a whole forward's state)
             out = call_attention(attn, slot, config, torch.tensor([pos]), "eager")
             outs.append([t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)])
-    except (TypeError, ValueError, RuntimeError, KeyError, AttributeError):
+    except CALL_ERRORS:
         return declared
     return any(not torch.equal(a, b) for a, b in zip(*outs))
 
@@ -76,20 +78,40 @@ def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
 def call_attention(attn: nn.Module, slot: RotarySlot, config: Any, positions: torch.Tensor, impl: str):
     """``attn``'s forward on 4 random hidden states (seeded: the caller's random state kept) at ``positions``, with
     the attention implementation ``impl`` set on the config it reads alone (not its sub-configs) and in eval mode (no
-    dropout); both put back."""
+    dropout); both put back. Called with no mask first; where that raises, again with a causal mask and the positions
+    as ids (Ministral 3's query temperature reads them, DeepSeek-V3.2's indexer the mask); the second error raised."""
     weight = next(attn.parameters())
     own = getattr(attn, "config", None) or config
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 4, int(own.hidden_size), generator=g).to(device=weight.device, dtype=weight.dtype)
+    positions = positions.to(weight.device)
     saved, training = own._attn_implementation_internal, attn.training
     try:
         own._attn_implementation_internal = impl
         attn.eval()
-        return attn(hidden_states=x, position_embeddings=rotary_output(slot, x, positions.to(weight.device)),
-                    attention_mask=None)
+        embeddings = rotary_output(slot, x, positions)
+        try:
+            return attn(hidden_states=x, position_embeddings=embeddings, attention_mask=None)
+        except CALL_ERRORS:
+            mask = causal_mask(4, x.dtype, x.device)
+            return attn(hidden_states=x, position_embeddings=embeddings, attention_mask=mask,
+                        **_position_kwargs(attn, positions))
     finally:
         own._attn_implementation_internal = saved
         attn.train(training)
+
+
+def causal_mask(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The additive causal mask of ``n`` tokens, ``(1, 1, n, n)``, as transformers hands eager attention."""
+    future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+    return torch.zeros(1, 1, n, n, dtype=dtype, device=device).masked_fill(future, torch.finfo(dtype).min)
+
+
+def _position_kwargs(attn: nn.Module, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``position_ids`` and ``cache_position`` for an attention forward that names them."""
+    named = inspect.signature(attn.forward).parameters
+    given = {"position_ids": positions, "cache_position": positions[0]}
+    return {k: v for k, v in given.items() if k in named}
 
 
 def twin_rotates(config: Any, layer: int | None) -> bool | None:
