@@ -478,3 +478,22 @@ def test_the_probe_runs_attention_that_needs_position_ids_and_a_mask(monkeypatch
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model("ministral3", **SMALL, head_dim=16)).eval()
     with pytest.raises(ValueError, match="self_extend turns the queries of Ministral3Attention further"):
         hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])
+
+
+def test_a_composite_model_selects_the_method_for_its_language_model_alone():
+    """Phi-4-multimodal's config holds its vision and audio configs: transformers' setter of the attention
+    implementation sets every sub-config too, so the vision and audio towers ran the method's attention function
+    (which fails on a module it did not patch). Only the configs the patched attention modules read select it; unpatch
+    gives each config its own implementation back."""
+    from hf_posenc.adapters.narrow_twin import narrow_twin
+
+    model = narrow_twin(AutoConfig.for_model("phi4_multimodal"))
+    model.config._attn_implementation = "sdpa"
+    model.config.vision_config._attn_implementation_internal = "eager"
+    hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])
+    patched = model.config
+    assert patched._attn_implementation != "sdpa"  # the language model runs the method
+    assert [patched.vision_config._attn_implementation, patched.audio_config._attn_implementation] == ["eager", "sdpa"]
+    hf_posenc.unpatch(model)
+    assert [model.config._attn_implementation, model.config.vision_config._attn_implementation,
+            model.config.audio_config._attn_implementation] == ["sdpa", "eager", "sdpa"]

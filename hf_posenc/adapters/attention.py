@@ -105,11 +105,23 @@ def register_attention(name: str, fn) -> str:
     return name
 
 
+def configs_read_by(model, modules) -> list:
+    """The configs ``modules`` read their attention implementation from (each module's own, else the model's),
+    once each: a composite model's language model reads its text config; its vision or audio tower reads another."""
+    found: dict[int, object] = {}
+    for m in modules:
+        config = getattr(m, "config", None) or model.config
+        found.setdefault(id(config), config)
+    return list(found.values())
+
+
 def select(model, record, state: CacheOffset, attention_modules, name: str, state_attr: str) -> None:
-    """This instance's (isolated) config selects the registered attention function ``name``; each attention
-    module gets ``state`` as ``state_attr``. All recorded, so that ``unpatch`` restores them. A later
+    """The (isolated) configs the attention modules read select the registered attention function ``name``, alone
+    (transformers' setter would also set every sub-config: a VLM's vision tower would run the method); each
+    attention module gets ``state`` as ``state_attr``. All recorded, so that ``unpatch`` restores them. A later
     ``set_attn_implementation`` keeps the method (:class:`KeepMethod`)."""
-    record.assign(model.config, "_attn_implementation", name)
+    for config in configs_read_by(model, attention_modules):
+        record.assign(config, "_attn_implementation_internal", name)
     for m in attention_modules:
         record.set_attr(m, state_attr, state)
     state.method, state.serves = record.config.method, (name,)

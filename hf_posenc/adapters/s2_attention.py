@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..methods import resolve_method
-from .attention import register_attention, repeat_heads
+from .attention import configs_read_by, register_attention, repeat_heads
 from .layout import attention_modules
 
 NAME = "hf_posenc_s2_attn"
@@ -96,17 +96,19 @@ class S2Training:
             return self
 
         inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
-        self.before = self.model.config._attn_implementation
         self.modules = attention_modules(inner)
+        self.before = [(c, c._attn_implementation_internal) for c in configs_read_by(inner, self.modules)]
         for m in self.modules:
             setattr(m, GROUP_ATTR, self.group)
-        self.model.config._attn_implementation = register()
+        for config, _ in self.before:  # (those configs alone: not a VLM's vision tower)
+            config._attn_implementation_internal = register()
         return self
 
     def __exit__(self, *exc) -> None:
         if self.group is None:
             return
-        self.model.config._attn_implementation = self.before
+        for config, impl in self.before:
+            config._attn_implementation_internal = impl
         for m in self.modules:
             delattr(m, GROUP_ATTR)
 
