@@ -17,18 +17,20 @@ from helpers import logits
 import hf_posenc
 from hf_posenc.adapters.family_census import census_methods, takes
 from hf_posenc.adapters.rope_decoder import GENERIC_FAMILIES
-from hf_posenc.methods.rope import DYNAMIC
+from hf_posenc.methods.rope import SCALINGS
 
-SCALINGS = census_methods("rope")  # every registered RoPE scaling
-STATIC = {name: {"factor": 2.0} for name in SCALINGS if name not in DYNAMIC}
-LENGTH_DEPENDENT = {name: {"factor": 2.0} for name in SCALINGS if name in DYNAMIC}
+# every registered RoPE scaling; those whose frequencies grow with the length (dynamic NTK, dynamic YaRN) in a file
+# of their own (LongRoPE switches between two fixed sets: checked as the static ones)
+GROWS = {name for name in census_methods("rope") if SCALINGS[name].dynamic == "grow"}
+STATIC = {name: {"factor": 2.0} for name in census_methods("rope") if name not in GROWS}
+LENGTH_DEPENDENT = {name: {"factor": 2.0} for name in GROWS}
 
 
 def saved_and_read_back(folder, model, x, before, got, method):
     """The kind's check: the folder the patch saves reads back with the same logits (by plain transformers where
     the block is native); a length-dependent scaling equals the unpatched model on 24 tokens, inside the original
     context."""
-    if method in DYNAMIC:
+    if method in GROWS:
         assert (got - before).abs().max().item() <= EXACT, method
     model.save_pretrained(folder / method)
     load = type(model).from_pretrained if model.config.hf_posenc["native"] else \

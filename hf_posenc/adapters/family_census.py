@@ -13,10 +13,10 @@ from ..methods.spec import METHODS
 
 # the families each RoPE scaling takes at x2 (less REFUSES)
 ROPE = (
-    "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "beam", "bitnet", "cohere",
-    "cohere2", "cohere2_moe", "cwm", "deepseek_v3", "deepseek_v32", "diffllama", "doge", "dory", "emu3", "ernie4_5",
-    "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "fuyu", "gemma",
-    "gemma2", "gemma3", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "got_ocr2",
+    "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "beam", "bitnet", "cohere", "cohere2",
+    "cohere2_moe", "cwm", "deepseek_v2", "deepseek_v3", "deepseek_v32", "diffllama", "doge", "dory", "emu3",
+    "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "fuyu",
+    "gemma", "gemma2", "gemma3", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "got_ocr2",
     "gpt_neox", "gpt_neox_japanese", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "helium", "hrm_text",
     "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2",
     "jetmoe", "kolibri1", "laguna", "lara_mini", "lfm2", "llama", "llama4", "llama4_text", "mellum", "minicpm3",
@@ -43,13 +43,13 @@ NOPE = (
     "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "beam", "bert", "bert-generation", "big_bird",
     "bitnet", "camembert", "cohere", "cohere2", "cohere2_moe", "cwm", "data2vec-text", "diffllama", "doge", "dory",
     "electra", "emu3", "ernie", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1",
-    "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "gemma4_unified_text", "git", "glm", "glm4", "glm4_moe",
-    "gpt_neox", "gpt_neox_japanese", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "helium", "hrm_text",
-    "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe",
-    "kolibri1", "laguna", "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text", "megatron-bert", "mellum",
-    "mimo_v2_flash", "minimax", "minimax_m2", "ministral", "ministral3", "mistral", "mixtral", "mllama",
-    "modernbert-decoder", "nanochat", "nemotron", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon",
-    "phi", "phi3", "phi4_multimodal", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "rembert", "roberta",
+    "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "gemma4_text", "gemma4_unified_text", "git", "glm", "glm4",
+    "glm4_moe", "gpt_neox", "gpt_neox_japanese", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "helium",
+    "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2",
+    "jetmoe", "kolibri1", "laguna", "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text", "megatron-bert",
+    "mellum", "mimo_v2_flash", "minimax", "minimax_m2", "ministral", "ministral3", "mistral", "mixtral", "mllama",
+    "modernbert-decoder", "nanochat", "nemotron", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi",
+    "phi3", "phi4_multimodal", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "rembert", "roberta",
     "roberta-prelayernorm", "roc_bert", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2",
     "vaultgemma", "xlm-roberta", "xlm-roberta-xl", "zaya"
 )

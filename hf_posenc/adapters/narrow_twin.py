@@ -24,6 +24,8 @@ WIDTHS = {
     "ffn_hidden_size": 64, "expert_ffn_hidden_size": 32, "lru_width": 64,  # Falcon, LongCat, RecurrentGemma
     "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2,  # linear-attention layers
     "linear_num_value_heads": 2,                                                          # (Qwen3-Next, OLMo Hybrid)
+    "rotary_dim": 8,  # GPT-J, CodeGen: the rotated part of a 16-wide head
+    "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16,  # Gemma 3n / 4: per-layer embeddings
 }
 
 
@@ -87,12 +89,15 @@ def narrowed_config(config: Any) -> Any:
 
 def _fill_unset(config: Any) -> None:
     """The fields a family's modeling code reads although its default config leaves them None (Ministral's and
-    Hunyuan's ``head_dim``, Nemotron's ``num_key_value_heads``): the head width of :data:`WIDTHS` (hidden size over
-    heads there), and as many kv heads as heads (multi-head attention, which None means in those families)."""
+    Hunyuan's ``head_dim``, Nemotron's ``num_key_value_heads``, DeepSeek-V2's ``num_experts_per_tok``): the head
+    width of :data:`WIDTHS` (hidden size over heads there), as many kv heads as heads (multi-head attention, which
+    None means in those families), the experts per token of :data:`WIDTHS` where there are routed experts."""
     if _unset(config, "head_dim") and _read(config, "hidden_size") == 64:
         _set(config, "head_dim", WIDTHS["head_dim"])
     if _unset(config, "num_key_value_heads"):
         _set(config, "num_key_value_heads", _read(config, "num_attention_heads"))
+    if _unset(config, "num_experts_per_tok") and _read(config, "n_routed_experts"):  # (DeepSeek-V2's default)
+        _set(config, "num_experts_per_tok", WIDTHS["num_experts_per_tok"])
 
 
 def _unset(config: Any, key: str) -> bool:
