@@ -60,6 +60,8 @@ def test_a_new_rope_scaling_is_one_record_that_everything_reads(sqrt_pi, tmp_pat
     assert main(["methods", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)[NAME]
     assert listed["tuned"] is True and listed["engines"] == {"vLLM": "within_original"}
+    assert listed["families"] == ["llama", "qwen2", "qwen3", "mistral", "gemma3_text"]  # not the census's families:
+    # it never ran this method
 
     out = tmp_path / "eval"
     assert main(["eval", "ppl", "--model", tiny_checkpoint, "--methods", f"none,{NAME}", "--factor", "2", "--lengths",

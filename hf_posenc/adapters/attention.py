@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .cache_argument import CACHE_NAMES, check_cache, passed_cache
+from .layout import body
 
 _registered: set[str] = set()  # names added to transformers' registries
 SERVED = ("eager", "sdpa")  # the implementations a method's own attention function stands in for
@@ -106,12 +107,14 @@ def register_attention(name: str, fn) -> str:
 
 
 def configs_read_by(model, modules) -> list:
-    """The configs ``modules`` read their attention implementation from (each module's own, else the model's),
-    once each: a composite model's language model reads its text config; its vision or audio tower reads another."""
+    """The configs ``modules`` read their attention implementation from (each module's own, else the model's), and
+    the one the model body builds its masks from, once each: a composite model's language model reads its text
+    config; its vision or audio tower reads another."""
     found: dict[int, object] = {}
-    for m in modules:
-        config = getattr(m, "config", None) or model.config
-        found.setdefault(id(config), config)
+    read = [getattr(m, "config", None) or model.config for m in modules]
+    for config in [*read, getattr(body(model), "config", None)]:
+        if config is not None:
+            found.setdefault(id(config), config)
     return list(found.values())
 
 

@@ -9,7 +9,7 @@ of the default names.
 
 After a transformers upgrade, run the census and move the families it names."""
 
-from ..methods.spec import METHODS
+from ..methods import BUILT_IN, METHODS
 
 # the families each RoPE scaling takes at x2 (less REFUSES)
 ROPE = (
@@ -64,10 +64,10 @@ REFUSES = {"dynamic_ntk": _ALREADY_SCALED, "dynamic_yarn": _ALREADY_SCALED}
 
 def kind_of(method: str) -> str | None:
     """The record a registered method's census outcome is kept in: its kind's for a RoPE scaling or an
-    attention-level method (every one of the kind runs in the census), its own for a swap the census runs (nope);
-    None for a method the census does not run."""
+    attention-level method hf_posenc ships (the census runs every one of them), its own for a swap the census runs
+    (nope); None for a method the census does not run (a plugin's: never proven on the families here)."""
     spec = METHODS.get(method)
-    if spec is None:
+    if spec is None or method not in BUILT_IN:
         return None
     if spec.kind in ("rope", "attention"):
         return spec.kind

@@ -57,7 +57,8 @@ def rotates(attn: nn.Module, slot: RotarySlot, config: Any) -> bool:
     gives the same bit for bit; the weights see the rotation even where the output projection is zero), run in eval
     mode (a model patched while training keeps its mode and its random state). A module whose weights are not
     loaded (meta, offloaded) is answered by a narrow twin built from the config (:func:`twin_rotates`), one whose
-    forward cannot be called so by its ``use_rope`` attribute (True where it has none)."""
+    forward cannot be called so, with a mask and position ids either (:func:`call_attention`), by its ``use_rope``
+    attribute (True where it has none)."""
     declared = bool(getattr(attn, "use_rope", True))
     weight = next(attn.parameters(), None)
     if not declared or weight is None:
