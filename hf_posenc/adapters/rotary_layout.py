@@ -13,7 +13,6 @@ Both are checks on a few random vectors at patch time (one attention forward ove
 
 from __future__ import annotations
 
-import inspect
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ import torch
 from torch import nn
 
 from ..encodings import rope as R
+from .cache_argument import forward_names
 from .layout import RotarySlot, attention_modules, head_dim, rotary_slots
 from .narrow_twin import narrow_twin
 
@@ -110,7 +110,7 @@ def causal_mask(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
 
 def _position_kwargs(attn: nn.Module, positions: torch.Tensor) -> dict[str, torch.Tensor]:
     """``position_ids`` and ``cache_position`` for an attention forward that names them."""
-    named = inspect.signature(attn.forward).parameters
+    named = forward_names(attn)
     given = {"position_ids": positions, "cache_position": positions[0]}
     return {k: v for k, v in given.items() if k in named}
 
