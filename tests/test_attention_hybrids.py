@@ -497,3 +497,17 @@ def test_a_composite_model_selects_the_method_for_its_language_model_alone():
     hf_posenc.unpatch(model)
     assert [model.config._attn_implementation, model.config.vision_config._attn_implementation,
             model.config.audio_config._attn_implementation] == ["sdpa", "eager", "sdpa"]
+
+
+def test_an_attention_whose_indexer_reads_the_mask_is_run_with_one():
+    """DeepSeek-V3.2's sparse-attention indexer reads the mask its attention gets: called with none, the forward
+    raised and every check that runs the module (NoPE, the probe) had no answer. It is called again with a causal
+    mask, and gives its output."""
+    from hf_posenc.adapters.layout import attention_modules, rotary_slots
+    from hf_posenc.adapters.narrow_twin import narrow_twin
+    from hf_posenc.adapters.rotary_layout import call_attention
+
+    twin = narrow_twin(AutoConfig.for_model("deepseek_v32"))
+    attn, slot = attention_modules(twin)[0], rotary_slots(twin)[0]
+    out = call_attention(attn, slot, twin.config, torch.arange(4)[None], "eager")
+    assert out[0].shape[:2] == (1, 4) and torch.isfinite(out[0]).all()
