@@ -289,17 +289,24 @@ def test_a_model_with_linear_attention_layers_is_refused_by_its_layer_types(meth
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
 
 
-def test_an_apply_rotary_of_another_signature_is_refused_by_name(monkeypatch):
-    """The rotary layout is checked by calling the modeling file's apply_rotary_pos_emb(q, k, cos, sin); one that
-    takes other arguments (Gemma 4's: one tensor at a time) used to fail inside torch."""
+@pytest.mark.parametrize("apply, refused", [
+    (lambda q, k, cos, sin, scale, shift: (q, k),
+     "self_extend: the apply_rotary_pos_emb of LlamaAttention's modeling file takes neither \\(queries, keys, cos, "
+     "sin\\) nor \\(x, cos, sin\\) \\(TypeError"),
+    (lambda x, cos, sin, unsqueeze_dim=1: x * cos.unsqueeze(unsqueeze_dim),  # one tensor at a time, as Gemma 4's
+     "LlamaAttention's RoPE \\(apply_rotary_pos_emb\\) composes that way in neither the rotate-half nor the "
+     "interleaved layout"),
+])
+def test_an_apply_rotary_of_another_signature_is_refused_by_name(monkeypatch, apply, refused):
+    """The rotary layout is checked by calling the modeling file's apply_rotary_pos_emb as (q, k, cos, sin), else
+    one tensor at a time as (x, cos, sin) (Gemma 4's); one that takes neither used to fail inside torch, and one that
+    is no rotation is refused by the layout check."""
     import transformers.models.llama.modeling_llama as modeling
 
-    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", lambda x, cos, sin, unsqueeze_dim=1: x * cos.unsqueeze(
-        unsqueeze_dim))
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", apply)
     cfg = AutoConfig.for_model("llama", **SMALL)
     model = AutoModelForCausalLM.from_config(cfg).eval()
-    with pytest.raises(ValueError, match="self_extend: the apply_rotary_pos_emb of LlamaAttention's modeling file "
-                                         "does not take \\(queries, keys, cos, sin\\) \\(TypeError"):
+    with pytest.raises(ValueError, match=refused):
         hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])
     assert not hf_posenc.is_patched(model)
 

@@ -111,7 +111,8 @@ def test_deepseek_attention_scale_follows_mscale_all_dim(knobs):
 def test_a_config_with_per_layer_geometry_is_refused_by_name(family, tmp_path):
     """Gemma 4 sets its head width per layer (transformers' heterogeneous configs): reading one head_dim raised
     transformers' own error from deep inside, and Self-Extend failed inside the family's apply_rotary_pos_emb (another
-    signature); patch and explain now refuse by name, the model left as it was."""
+    signature); patch and explain now refuse an attention-level method by name, the model left as it was (the RoPE
+    scalings, which read each layer type's width, take it: tests/test_proportional_rope.py)."""
     from hf_posenc.explaining import explain
 
     cfg = AutoConfig.for_model(family, **SMALL)
@@ -119,9 +120,8 @@ def test_a_config_with_per_layer_geometry_is_refused_by_name(family, tmp_path):
     x = ids(20) % 90 + 3
     before = out(model, x)
     refused = f"model_type='{family}' sets its attention per layer \\(per_layer_config: head_dim differ between"
-    for method, knobs in (("yarn", {"factor": 2.0}), ("self_extend", {"group_size": 4, "window": 8})):
-        with pytest.raises(ValueError, match=refused):
-            hf_posenc.patch(model, method, **knobs)
+    with pytest.raises(ValueError, match=refused):
+        hf_posenc.patch(model, "self_extend", group_size=4, window=8)
     assert hf_posenc.get_config(model) is None and torch.equal(out(model, x), before)
     cfg.save_pretrained(tmp_path / "gemma4")
     with pytest.raises(ValueError, match=refused):
@@ -153,22 +153,6 @@ def test_ministral3_keeps_its_query_temperature_and_refuses_a_composition_that_w
     with torch.no_grad():
         assert (plain(x, position_ids=pos).logits - got).abs().max().item() <= 1e-5
     assert plain.config.rope_parameters["llama_4_scaling_beta"] == 0.1
-
-
-def test_zero_padded_proportional_frequencies_are_refused_by_name():
-    """LFM3's full-attention layers rotate with transformers' proportional RoPE: head_dim / 2 frequencies, those past
-    partial_rotary_factor zero. A scaling used to fail inside torch composing them (8 frequencies against 4 rotating
-    pairs); it is refused by name before anything changes."""
-    from hf_posenc.adapters.narrow_twin import narrow_twin
-
-    model = narrow_twin(AutoConfig.for_model("lfm3"))
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(ValueError, match="Lfm3RotaryEmbedding holds 8 frequencies for its 'full_attention' layers "
-                                         "\\(rope_type='proportional'\\) but head_dim x partial_rotary_factor gives 4: "
-                                         "unsupported rotary layout for model_type='lfm3'"):
-        hf_posenc.patch(model, "yarn", factor=2.0)
-    assert not hf_posenc.is_patched(model)
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
 
 
 @pytest.mark.parametrize("method", [*PROVEN_SCALINGS, "nope", "alibi"])

@@ -142,8 +142,8 @@ def rerotate_cache(cache: Any, layers: dict[int, KeyLayout] | None, position_ids
     turns: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # one (cos, sin) per cache length, batch and device
     for i, layout in (((i, KeyLayout()) for i in range(len(cache_layers))) if layers is None else layers.items()):
         layer = cache_layers[i]
-        if not int(layer.get_seq_length()):
-            continue
+        if not callable(getattr(layer, "get_seq_length", None)) or not int(layer.get_seq_length()):
+            continue  # (transformers' DummyLayer holds no keys: Gemma 4's KV-shared layers read another layer's)
         _check_layer(cache, layer)  # before reading .keys: a quantized layer keeps its keys elsewhere
         keys = getattr(layer, layout.cached_in)
         b, m, device = keys.shape[0], min(int(layer.get_seq_length()), keys.shape[-2]), keys.device

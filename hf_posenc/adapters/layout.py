@@ -134,16 +134,47 @@ def _varied(hf_config: Any) -> list[str]:
         return []
 
 
-def head_dim(hf_config: Any) -> int:
-    check_uniform(hf_config)
+def head_dim(hf_config: Any, layer_type: str | None = None) -> int:
+    """The attention head width; of the layers of ``layer_type`` where the config sets it per layer (Gemma 4: its
+    sliding and full-attention layers differ), which must then be the same for every layer of that type."""
+    if getattr(hf_config, "is_heterogeneous", False):
+        if layer_type is None:
+            check_uniform(hf_config)
+        hf_config = _type_config(hf_config, layer_type)
     return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
-def rope_geometry(hf_config: Any, original: int, rp: dict[str, Any] | None = None) -> R.RopeGeometry:
-    """The geometry of the RoPE described by ``rp`` (default: the config's flat ``rope_parameters``)."""
+def _type_config(hf_config: Any, layer_type: str) -> Any:
+    """The per-layer config of the layers of ``layer_type`` (a ValueError where their head widths differ)."""
+    views = hf_config.per_layer_config
+    widths = {views[i].head_dim for i, t in enumerate(hf_config.layer_types) if t == layer_type}
+    if len(widths) != 1:
+        raise ValueError(f"model_type={hf_config.model_type!r} gives its {layer_type!r} layers head widths "
+                         f"{sorted(widths)}; hf_posenc reads one width per layer type and does not support it yet.")
+    return views[layer_type]
+
+
+def scaled_by(rp: dict[str, Any]) -> str | None:
+    """The scaling a RoPE's ``rope_parameters`` already hold: their ``rope_type``, or None for an unscaled RoPE
+    (``default``; ``proportional`` without a factor, as Gemma 4's full-attention layers ship)."""
+    kind = rp.get("rope_type", "default")
+    if kind == "default" or (kind == "proportional" and float(rp.get("factor", 1.0)) == 1.0):
+        return None
+    return kind
+
+
+def rope_geometry(hf_config: Any, original: int, rp: dict[str, Any] | None = None,
+                  layer_type: str | None = None) -> R.RopeGeometry:
+    """The geometry of the RoPE described by ``rp`` (default: the config's flat ``rope_parameters``), of the
+    layers of ``layer_type`` (per-layer-type RoPE). A ``proportional`` RoPE turns its first head_dim x
+    partial_rotary_factor / 2 pairs with exponents over the whole head (``RopeGeometry.turning``)."""
     rp = hf_config.rope_parameters if rp is None else rp
     partial = rp.get("partial_rotary_factor", None) or getattr(hf_config, "partial_rotary_factor", None) or 1.0
-    return R.RopeGeometry(base=float(rp["rope_theta"]), dim=int(head_dim(hf_config) * partial),
+    width = head_dim(hf_config, layer_type)
+    if rp.get("rope_type") == "proportional":
+        return R.RopeGeometry(base=float(rp["rope_theta"]), dim=width, original_max_position_embeddings=original,
+                              turning=int(partial * width // 2))
+    return R.RopeGeometry(base=float(rp["rope_theta"]), dim=int(width * partial),
                           original_max_position_embeddings=original)
 
 

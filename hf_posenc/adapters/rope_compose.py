@@ -33,7 +33,7 @@ from torch import nn
 from ..config import PosEncConfig, SavedBlock
 from ..encodings import rope as R
 from ..methods.rope import SCALINGS
-from .layout import Layout, per_layer_type, rope_geometry
+from .layout import Layout, per_layer_type, rope_geometry, scaled_by
 from .rope_native import softmax_rescalers
 
 logger = logging.getLogger(__name__)
@@ -61,8 +61,8 @@ def kept_scaling(block: Any) -> PosEncConfig | None:
 
 def scaled_type(lay: Layout) -> str | None:
     """The checkpoint's own scaling (its ``rope_type``) when any rotary slot the method changes is scaled, else None."""
-    types = {s.rope_parameters(lay.config).get("rope_type", "default") for s in lay.selected}
-    scaled = sorted(t for t in types if t != "default")
+    types = {scaled_by(s.rope_parameters(lay.config)) for s in lay.selected}
+    scaled = sorted(t for t in types if t is not None)
     return scaled[0] if scaled else None
 
 
@@ -95,7 +95,7 @@ def own_rope_of_config(config: Any, layer_type: str | None = None) -> OwnRope:
     init = ROPE_INIT_FUNCTIONS[rp.get("rope_type", "default")] if rp.get("rope_type", "default") != "default" else None
     kwargs = {"layer_type": layer_type} if layer_type is not None else {}
     if init is None:
-        geom = rope_geometry(config, getattr(config, "max_position_embeddings", 1), rp)
+        geom = rope_geometry(config, getattr(config, "max_position_embeddings", 1), rp, layer_type)
         inv, attention = R.default_inv_freq(geom.base, geom.dim), 1.0
     else:  # a longrope: its long frequencies, those past its switch, where a method on top acts
         past = int(getattr(config, "max_position_embeddings", 0)) + 1
@@ -141,7 +141,7 @@ def compose(cfg: PosEncConfig, own: OwnRope, context: int) -> PosEncConfig:
     own_type = own.rope.get("rope_type", "default")
     if own_type in ON_LENGTH_DEPENDENT:
         return ON_LENGTH_DEPENDENT[own_type](cfg, own, context)
-    geom = rope_geometry(own.config, context, own.rope)
+    geom = rope_geometry(own.config, context, own.rope, own.layer_types[0] if own.layer_types else None)
     base = R.default_inv_freq(geom.base, geom.dim).double()
     scaling = SCALINGS[cfg.method]
     params = scaling.defaults(dict(cfg.params), base.shape[-1], cfg.factor) if scaling.defaults else dict(cfg.params)
@@ -200,7 +200,7 @@ def _base_and_own(lay: Layout, context: int) -> tuple[torch.Tensor, torch.Tensor
     """The plain RoPE frequencies of the checkpoint's base and the ones its rotary module computes now (float64):
     a longrope's factors of them are ``base / frequencies``."""
     slot = lay.selected[0]
-    geom = rope_geometry(lay.config, context, slot.rope_parameters(lay.config))
+    geom = rope_geometry(lay.config, context, slot.rope_parameters(lay.config), slot.layer_type)
     return R.default_inv_freq(geom.base, geom.dim).double(), slot.get("inv_freq").detach().double().cpu()
 
 
@@ -229,7 +229,7 @@ def own_scaling(block: dict[str, Any], prefix: str, original: int | None) -> dic
     if per_layer_type(own):
         chosen = (block.get("params") or {}).get("layer_types") or []
         own = own.get(chosen[0], {}) if len(chosen) == 1 else {}  # the one type the patch changed
-    if not isinstance(own, dict) or own.get("rope_type", "default") == "default":
+    if not isinstance(own, dict) or scaled_by(own) is None:
         return None
     pretrained = own.get("original_max_position_embeddings")  # (a linear scaling states none)
     return {"rope_type": own["rope_type"], "pretrained_context": pretrained,
@@ -264,7 +264,7 @@ def _type_list(lay: Layout) -> str:
 
 def _scaled_types(lay: Layout) -> list[str]:
     return sorted(s.layer_type for s in lay.selected
-                  if s.rope_parameters(lay.config).get("rope_type", "default") != "default")
+                  if scaled_by(s.rope_parameters(lay.config)) is not None)
 
 
 def check_rule(cfg: PosEncConfig, own_type: str, replace: str) -> None:
@@ -285,6 +285,10 @@ def _check_composable(cfg: PosEncConfig, lay: Layout, own_type: str, context) ->
                "from) to replace its scaling instead")
     what = f"the checkpoint's RoPE is already scaled (rope_type={own_type!r})"
     check_rule(cfg, own_type, replace)
+    if own_type == "proportional":  # its still pairs have no frequency a longrope's factors could divide
+        factor = lay.selected[0].rope_parameters(lay.config).get("factor")
+        raise ValueError(f"{what}: a proportional RoPE with factor={factor}, whose pairs past partial_rotary_factor "
+                         f"never turn; a longrope cannot hold them, so hf_posenc does not compose on it; {replace}.")
     beta = lay.selected[0].rope_parameters(lay.config).get("llama_4_scaling_beta")
     if beta is not None:  # the composed longrope's original context is the current one: the temperature would move
         raise ValueError(f"{what}, and model_type={lay.config.model_type!r} scales its queries by position from it "

@@ -28,7 +28,7 @@ from ..methods.rope import SCALINGS
 from .base import Adapter, PatchRecord, text_config
 from .decoder_swaps import SWAPS, TABLE_NAME, Swapped
 from .family_census import takes
-from .layout import Layout, RotarySlot, default_layer_types, rotary_slots
+from .layout import Layout, RotarySlot, default_layer_types, rotary_slots, scaled_by
 from .mrope import check_mrope
 from .remapped import Remapped
 from .rope_compose import LENGTH_DEPENDENT_TYPES, restates_checkpoint
@@ -193,7 +193,7 @@ class RopeDecoderAdapter(Adapter):
             return L  # a composed configuration of this checkpoint, over its current context
         if self._within_scaled_context(cfg, lay, recorded, L):
             return L
-        if recorded is not None and rp0.get("rope_type", "default") != "default" and L != recorded:
+        if recorded is not None and scaled_by(rp0) is not None and L != recorded:
             raise ValueError(
                 f"original_max_position_embeddings={L} conflicts with the checkpoint, which records "
                 f"{recorded} as its original context (rope_type={rp0.get('rope_type')!r}); "
@@ -211,11 +211,11 @@ class RopeDecoderAdapter(Adapter):
     def _scaled_context(cfg: PosEncConfig, lay: Layout) -> int | None:
         """The context a statically scaled checkpoint advertises now, where an attention-level method that keeps its
         RoPE (``any_rope``) may take it as L (the scaled frequencies are those of every length up to it); else None."""
-        own = {s.rope_parameters(lay.config).get("rope_type", "default") for s in lay.selected}
+        own = {scaled_by(s.rope_parameters(lay.config)) for s in lay.selected}
         current = getattr(lay.config, "max_position_embeddings", None)
         if cfg.spec.kind != ATTENTION or not REMAPPED[cfg.method].any_rope or not isinstance(current, int):
             return None
-        return current if own - {"default"} and not own & set(LENGTH_DEPENDENT_TYPES) else None
+        return current if own - {None} and not own & set(LENGTH_DEPENDENT_TYPES) else None
 
     def _within_scaled_context(self, cfg: PosEncConfig, lay: Layout, recorded: int | None, L: int) -> bool:
         current = self._scaled_context(cfg, lay)

@@ -31,7 +31,10 @@ def native_rope_parameters(cfg: PosEncConfig, geom: R.RopeGeometry, base_rp: dic
         return None
     common = {"rope_theta": geom.base}
     common.update({k: base_rp[k] for k in LAYOUT_KEYS + ATTENTION_KEYS if k in base_rp})
-    return {**common, **native(cfg.factor, cfg.original_max_position_embeddings, cfg.params, geom)}
+    out = {**common, **native(cfg.factor, cfg.original_max_position_embeddings, cfg.params, geom)}
+    if geom.turning is not None and out.get("rope_type") == "linear":  # transformers' proportional takes a PI factor
+        out["rope_type"] = "proportional"
+    return out
 
 
 def softmax_rescalers(model: nn.Module) -> list[tuple[nn.Module, Any]]:

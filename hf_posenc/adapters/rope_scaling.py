@@ -39,7 +39,7 @@ from ..encodings import rope as R
 from ..methods.rope import SCALINGS, RopeScaling
 from .base import PatchRecord
 from .consistent_cache import CacheWatcher, RecomputeOnChange, rerotate_cache, rotated_layers, watch
-from .layout import Layout, RotarySlot, rope_geometry
+from .layout import Layout, RotarySlot, rope_geometry, scaled_by
 from .rope_compose import composed_config, kept_softmax_scale, restates_checkpoint, scaled_type
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
 from .rotary_probe import check_reads_frequencies
@@ -62,7 +62,7 @@ class LengthAwareRope:
     def __init__(self, scaling: RopeScaling, geom: R.RopeGeometry, cfg: PosEncConfig, slot: RotarySlot,
                  watcher: CacheWatcher | None = None, layers: dict | None = None, regenerates: bool = False,
                  record: PatchRecord | None = None):
-        self.fn, self.grow = scaling.frequencies, scaling.dynamic == "grow"
+        self.fn, self.grow = scaling.computed, scaling.dynamic == "grow"
         self.geom, self.cfg, self.slot, self.watcher, self.layers = geom, cfg, slot, watcher, layers
         self.regenerates, self.record = regenerates, record
 
@@ -201,7 +201,7 @@ def _check_layout(lay: Layout, L: int) -> None:
     before a scaling or a composition reads them."""
     for s in lay.selected:
         rp = s.rope_parameters(lay.config)
-        n, pairs = s.get("inv_freq").shape[-1], rope_geometry(lay.config, L, rp).dim // 2
+        n, pairs = s.get("inv_freq").shape[-1], rope_geometry(lay.config, L, rp, s.layer_type).dim // 2
         if n != pairs:
             layers = f" for its {s.layer_type!r} layers" if s.layer_type else ""
             raise ValueError(
@@ -232,11 +232,11 @@ class Scaled:
         replaced = []  # (own rope_type, layer type, base): said once the patch is known not to be refused
         for s in lay.selected:
             rp = s.rope_parameters(lay.config)
-            geom = rope_geometry(lay.config, L, rp)
+            geom = rope_geometry(lay.config, L, rp, s.layer_type)
             if defaults is not None:
                 params = defaults(params, geom.dim // 2, cfg.factor)
-            old = rp.get("rope_type", "default")
-            if old != "default" and not restates_checkpoint(cfg, lay):
+            old = scaled_by(rp)
+            if old is not None and not restates_checkpoint(cfg, lay):
                 replaced.append((old, s.layer_type, geom.base))
         resolved = PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None, L, params)
         _refuse_shrink(resolved, lay)
@@ -252,7 +252,7 @@ class Scaled:
         natives, ours, watchers = {}, {}, []
         for s in lay.selected:
             rp = s.rope_parameters(lay.config)
-            geom = rope_geometry(lay.config, cfg.original_max_position_embeddings, rp)
+            geom = rope_geometry(lay.config, cfg.original_max_position_embeddings, rp, s.layer_type)
             ours[s] = self._set_frequencies(s, scaling, geom, cfg, record)
             if scaling.dynamic:
                 self._hook(model, lay, s, scaling, geom, cfg, record, watchers)
@@ -271,7 +271,7 @@ class Scaled:
     def _set_frequencies(s: RotarySlot, scaling: RopeScaling, geom: R.RopeGeometry, cfg: PosEncConfig,
                          record: PatchRecord) -> tuple[torch.Tensor, float]:
         m, device, dtype = s.module, s.get("inv_freq").device, s.get("inv_freq").dtype
-        inv_freq, attention = scaling.frequencies(geom, cfg.factor, cfg.params, seq_len=None, device=device)
+        inv_freq, attention = scaling.computed(geom, cfg.factor, cfg.params, seq_len=None, device=device)
         record.set_attr(m, s.attr("inv_freq"), inv_freq.to(device=device, dtype=dtype))
         if isinstance(m._buffers.get(s.attr("original_inv_freq")), torch.Tensor):
             record.set_attr(m, s.attr("original_inv_freq"), inv_freq.clone().to(device=device, dtype=dtype))
@@ -305,7 +305,8 @@ class Scaled:
         changes["rope_parameters"] = natives[None] if None in natives else {**config.rope_parameters, **natives}
         if hasattr(config, "original_max_position_embeddings"):  # Phi-3, DeepSeek-V3: transformers reads this one
             changes["original_max_position_embeddings"] = cfg.original_max_position_embeddings
-        if hasattr(config, "head_dim") and config.head_dim is None:  # (Mixtral) transformers' scaled types read it
+        if not getattr(config, "is_heterogeneous", False) and hasattr(config, "head_dim") and config.head_dim is None:
+            # (Mixtral) transformers' scaled types read it; a config that sets it per layer (Gemma 4) holds it there
             changes["head_dim"] = config.hidden_size // config.num_attention_heads
         reason = native_mismatch(config, {**changes, "max_position_embeddings": length}, ours)
         if reason:

@@ -173,11 +173,7 @@ def key_layout(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq: torch.T
     x = torch.randn(1, 1, 1, rot, generator=torch.Generator().manual_seed(0)).expand(1, 1, 2, rot).to(inv_freq.device)
     with torch.no_grad():
         cos, sin = rotary_output(slot, x, torch.tensor([[3, 8]], device=inv_freq.device))
-        try:
-            rotated, _ = apply(x, x, cos, sin)
-        except (TypeError, ValueError, RuntimeError) as err:  # another signature than (q, k, cos, sin)
-            raise ValueError(f"{name}: the {what} of {type(attn).__name__}'s modeling file does not take (queries, "
-                             f"keys, cos, sin) ({type(err).__name__}: {err}); this model is not supported.") from err
+        rotated = _applied(apply, x, cos, sin, f"{name}: the {what} of {type(attn).__name__}'s modeling file")
         at3, at8 = rotated[:, :, :1].float(), rotated[:, :, 1:].float()
         delta = torch.tensor([5], device=x.device)
         for pairs in (HALF, INTERLEAVED):
@@ -187,6 +183,22 @@ def key_layout(attn: nn.Module, slot: RotarySlot, config: Any, inv_freq: torch.T
     raise ValueError(f"{name} turns queries and keys further with the model's own frequencies; "
                      f"{type(attn).__name__}'s RoPE ({what}) composes that way in neither the rotate-half nor the "
                      "interleaved layout: this model is not supported.")
+
+
+def _applied(apply, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, what: str) -> torch.Tensor:
+    """``x`` rotated by a modeling file's ``apply``: ``(queries, keys, cos, sin) -> (q, k)``, or one tensor at a time
+    ``(x, cos, sin) -> x`` (Gemma 4); a ValueError naming ``what`` where it takes neither."""
+    try:
+        return apply(x, x, cos, sin)[0]
+    except (TypeError, ValueError, RuntimeError) as err:
+        try:
+            out = apply(x, cos, sin)
+        except (TypeError, ValueError, RuntimeError):
+            out = None
+        if isinstance(out, torch.Tensor) and out.shape == x.shape:
+            return out
+        raise ValueError(f"{what} takes neither (queries, keys, cos, sin) nor (x, cos, sin) ({type(err).__name__}: "
+                         f"{err}); this model is not supported.") from err
 
 
 def turn(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor, pairs: str) -> torch.Tensor:

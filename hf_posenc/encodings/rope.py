@@ -37,12 +37,17 @@ class RopeGeometry:
     """What every schedule needs to know about the model.
 
     base: the model's ``rope_theta``; dim: the rotary dimension (head_dim x partial_rotary_factor);
-    original_max_position_embeddings: the context length the model was trained on (L).
+    original_max_position_embeddings: the context length the model was trained on (L); turning: how many of the
+    dim / 2 pairs rotate, None for all of them. transformers' ``proportional`` RoPE (Gemma 4's and LFM3's
+    full-attention layers) takes its exponents 2i/d over the whole head (dim = head_dim) and keeps the pairs past
+    head_dim x partial_rotary_factor / 2 still (frequency 0): a scaling of it is the scaling of the whole head's
+    RoPE, those pairs kept still (:func:`still_pairs`), as transformers applies its ``factor``.
     """
 
     base: float
     dim: int
     original_max_position_embeddings: int
+    turning: int | None = None
 
 
 def _exponents(dim: int, device=None) -> torch.Tensor:
@@ -53,6 +58,15 @@ def _exponents(dim: int, device=None) -> torch.Tensor:
 def default_inv_freq(base: float, dim: int, device=None) -> torch.Tensor:
     """theta_i = base^(-2i/d): the original RoPE frequencies (RoFormer, eq. 15)."""
     return 1.0 / (base ** _exponents(dim, device))
+
+
+def still_pairs(inv_freq: torch.Tensor, geom: RopeGeometry) -> torch.Tensor:
+    """``inv_freq`` with the pairs past ``geom.turning`` set to 0 (they never rotate); unchanged where all turn."""
+    if geom.turning is None or geom.turning >= inv_freq.shape[-1]:
+        return inv_freq
+    kept = inv_freq.clone()
+    kept[..., geom.turning:] = 0.0
+    return kept
 
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:

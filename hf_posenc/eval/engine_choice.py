@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from ..engines.vllm_engine import EnginePool, rank_gpus, vllm_version
-from ..serving.support import vllm_positions, vllm_refusal
+from ..serving.support import proportional_refusal, vllm_positions, vllm_refusal
 
 
 class EngineChoice:
@@ -49,13 +49,11 @@ class EngineChoice:
         if not self.on_vllm(variant):
             return lm
 
-        table = vllm_positions(lm.config)
-        if table is not None and longest > table:
-            why = (f"vLLM's rotary table of {variant.label} holds the {table} positions its config advertises; "
-                   f"inputs of {longest} tokens would read past it")
+        why, shorter = self._unserved(variant, lm, longest)
+        if why:
             if self.name == "vllm":
-                raise ValueError(f"--engine vllm: {why}. Use --engine auto to run it on transformers, or shorter "
-                                 "--lengths")
+                raise ValueError(f"--engine vllm: {why}. Use --engine auto to run it on transformers"
+                                 + (", or shorter --lengths" if shorter else ""))
             self.fallbacks[variant.label] = why
             return lm
         if self.pool is None:
@@ -63,6 +61,19 @@ class EngineChoice:
                                    tensor_parallel_size=self.tp, engine_args=self.engine_args,
                                    gpus=rank_gpus(self.local_rank, self.tp))
         return self.pool.get(variant.label, variant.config.to_dict(), lm)
+
+    @staticmethod
+    def _unserved(variant, lm, longest: int) -> tuple[str | None, bool]:
+        """Why vLLM cannot compute ``variant`` on ``lm`` for inputs of ``longest`` tokens, known from the model (None:
+        it can), and whether shorter inputs would do."""
+        proportional = proportional_refusal(lm.config, variant.method)
+        if proportional:
+            return proportional, False
+        table = vllm_positions(lm.config)
+        if table is not None and longest > table:
+            return (f"vLLM's rotary table of {variant.label} holds the {table} positions its config advertises; "
+                    f"inputs of {longest} tokens would read past it"), True
+        return None, False
 
     def close(self) -> None:
         if self.pool is not None:

@@ -23,8 +23,7 @@ import torch
 
 from ..adapters import rope_compose as C
 from ..adapters.base import text_config
-from ..adapters.layout import default_layer_types, per_layer_type
-from ..adapters.layout import head_dim as head_dim_of
+from ..adapters.layout import check_uniform, default_layer_types, per_layer_type, rope_geometry, scaled_by
 from ..adapters.remapped_layers import layers_note, probed_computed
 from ..checkpoints.loading import refuse_lora_folder
 from ..checkpoints.models import DEFAULT_MODEL, read_config, resolve_source
@@ -55,13 +54,16 @@ class Geometry:
     num_buckets: int = 32
     max_distance: int = 128
     model: str | None = None
+    turning: int | None = None  # a proportional RoPE's turning pairs (RopeGeometry.turning); None: all
 
 
 def geometry_of(model: str | None = None, head_dim: int | None = None, rope_theta: float | None = None,
-                original: int | None = None, layer_types: list[str] | None = None) -> Geometry:
+                original: int | None = None, layer_types: list[str] | None = None,
+                one_width: bool = False) -> Geometry:
     """The geometry of ``model`` (its config alone: no weights are read; on per-layer-type RoPE, that of
     ``layer_types``, as :func:`layer_rope` picks them), each value replaced by the one given; without ``model``, the
-    default model's, unless all three are given."""
+    default model's, unless all three are given. ``one_width``: refuse a model whose head width differs between
+    layers (an attention-level method reads one, and its patch refuses such a model)."""
     if model is None and None not in (head_dim, rope_theta, original):
         return Geometry(int(head_dim), float(rope_theta), int(original), num_heads=8)
 
@@ -71,15 +73,26 @@ def geometry_of(model: str | None = None, head_dim: int | None = None, rope_thet
     hf_config = read_config(src)
     trained = trained_context(hf_config, src)  # (a patched GGUF's config gets its original values back first)
     lm = text_config(hf_config)[0]
+    if one_width:
+        check_uniform(lm)
     rp = layer_rope(lm, layer_types)
-    partial = rp.get("partial_rotary_factor") or getattr(lm, "partial_rotary_factor", None) or 1.0
-    own = int(head_dim_of(lm) * partial) if getattr(lm, "num_attention_heads", None) else 64
+    own, turning = 64, None
+    if getattr(lm, "num_attention_heads", None):
+        rope = rope_geometry(lm, 1, {"rope_theta": 1.0, **rp}, _layer_type(lm, rp))
+        own, turning = rope.dim, rope.turning
     return Geometry(int(head_dim or own), float(rope_theta or _original_theta(hf_config) or rp.get("rope_theta")
                                                 or 10000.0),
                     int(original or trained or getattr(lm, "n_positions", None) or 512),
                     int(getattr(lm, "num_attention_heads", None) or getattr(lm, "num_heads", 8)),
                     int(getattr(lm, "relative_attention_num_buckets", 32)),
-                    int(getattr(lm, "relative_attention_max_distance", 128)), name)
+                    int(getattr(lm, "relative_attention_max_distance", 128)), name,
+                    turning if head_dim is None else None)
+
+
+def _layer_type(lm, rp: dict[str, Any]) -> str | None:
+    """The layer type whose ``rope_parameters`` are ``rp`` (per-layer-type RoPE), else None."""
+    layered = getattr(lm, "rope_parameters", None)
+    return next((t for t, v in layered.items() if v is rp), None) if per_layer_type(layered) else None
 
 
 def layer_rope(lm, layer_types: list[str] | None = None) -> dict[str, Any]:
@@ -112,9 +125,9 @@ def _checkpoint_rope(cfg: PosEncConfig, geom: Geometry) -> tuple[Any, int, PosEn
     if block and C.kept_scaling(block) is None:
         return None  # a patched checkpoint: drawn from its stored original geometry (a kept scaling: its saved one)
     rp = layer_rope(lm, cfg.params.get("layer_types"))
-    own_type = rp.get("rope_type", "default")
+    own_type = scaled_by(rp)
     context = getattr(lm, "max_position_embeddings", None)
-    if own_type == "default" or not isinstance(context, int):
+    if own_type is None or not isinstance(context, int):
         return None
     layered = rp is not getattr(lm, "rope_parameters", None)
     own = C.own_rope_of_config(lm, next(t for t, v in lm.rope_parameters.items() if v is rp) if layered else None)
@@ -150,11 +163,12 @@ def _target(cfg: PosEncConfig, geom: Geometry, length: int | None) -> int:
 def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str,
           on: tuple[Any, int, PosEncConfig] | None = None) -> dict[str, Any]:
     if on is None:
-        w = A.rope_wavelengths(cfg, RopeGeometry(geom.rope_theta, geom.head_dim, geom.original), length)
+        w = A.rope_wavelengths(cfg, RopeGeometry(geom.rope_theta, geom.head_dim, geom.original, geom.turning),
+                               length)
         lead = ""
     else:  # composed on the checkpoint's own scaling: "before" is its own RoPE
         own, context, composed = on
-        rg = RopeGeometry(geom.rope_theta, geom.head_dim, composed.original_max_position_embeddings)
+        rg = RopeGeometry(geom.rope_theta, geom.head_dim, composed.original_max_position_embeddings, geom.turning)
         w = A.rope_wavelengths(composed, rg, length, before=own.inv_freq, context=context, factor=cfg.factor)
         lead = (f"The checkpoint's RoPE is already scaled ({own.rope['rope_type']}, a context of {context:,}): "
                 f"{cfg.to_text()} extends it from there, computed as {composed.method} (inputs up to "
@@ -171,6 +185,9 @@ def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str,
     counts = {c: w["classes"].count(c) for c in dict.fromkeys(w["classes"])}
     L = w["original"]
     near, far = slice(min(L // 2, length - 1), min(L, length)), slice(L, length)
+    if geom.turning is not None:
+        lead += (f"A proportional RoPE: {geom.turning} of the head's {geom.head_dim // 2} pairs turn, the others "
+                 "never (frequency 0, kept so by every scaling); the turning ones are drawn. ")
     text = (lead + f"Of the {len(w['classes'])} rotary dimension pairs: "
             + ", ".join(f"{n} {c}" for c, n in counts.items())
             + f". Pairs completing a rotation within L = {L:,}: {w['rotating_before']} before, "
@@ -295,7 +312,7 @@ def explain(config: Any, output: str, *, model: str | None = None, head_dim: int
     if head_dim is not None and head_dim % 2:
         raise ValueError(f"--head-dim must be even (RoPE rotates pairs of dimensions), got {head_dim}")
     check_replaced_output(output, "explain")  # new, empty, or an earlier explain's output unchanged
-    geom = geometry_of(model, head_dim, rope_theta, original, cfg.params.get("layer_types"))
+    geom = geometry_of(model, head_dim, rope_theta, original, cfg.params.get("layer_types"), kind == "attention")
     on = _checkpoint_rope(cfg, geom) if original is None else None
     if on is not None:
         geom = replace(geom, original=on[1])

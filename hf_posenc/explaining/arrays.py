@@ -34,7 +34,7 @@ def rope_params(cfg: PosEncConfig, geom: R.RopeGeometry) -> dict[str, Any]:
 def frequencies(cfg: PosEncConfig, geom: R.RopeGeometry, length: int) -> tuple[torch.Tensor, float]:
     """(inverse frequencies, attention temperature) of ``cfg`` for an input of ``length`` tokens (the length-
     dependent methods: that length's), in float64."""
-    inv, attention = SCALINGS[cfg.method].frequencies(geom, cfg.factor or 1.0, rope_params(cfg, geom), seq_len=length)
+    inv, attention = SCALINGS[cfg.method].computed(geom, cfg.factor or 1.0, rope_params(cfg, geom), seq_len=length)
     return inv.double(), float(attention)
 
 
@@ -63,6 +63,8 @@ def rope_wavelengths(cfg: PosEncConfig, geom: R.RopeGeometry, length: int, befor
     geometry's original context), classed against ``factor`` (default: ``cfg``'s)."""
     before = R.default_inv_freq(geom.base, geom.dim).double() if before is None else before.double()
     after, attention = frequencies(cfg, geom, length)
+    if geom.turning is not None:  # a proportional RoPE's still pairs have no wavelength: the turning ones drawn
+        before, after = before[:geom.turning], after[:geom.turning]
     lam0, lam1 = 2 * math.pi / before, 2 * math.pi / after
     ratio = lam1 / lam0
     L = context or geom.original_max_position_embeddings

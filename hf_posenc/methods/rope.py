@@ -138,6 +138,13 @@ class RopeScaling:
     def max_position(self, factor: float, original: int) -> int:
         return original if self.keeps_max_position else int(math.ceil(factor * original))
 
+    def computed(self, geom: R.RopeGeometry, factor: float, params: dict[str, Any], seq_len: int | None = None,
+                 device=None) -> tuple[Any, float]:
+        """(inv_freq, attention_scaling) of this scaling on ``geom``: :attr:`frequencies`, with the pairs that a
+        proportional RoPE keeps still (``geom.turning``) still."""
+        inv_freq, attention = self.frequencies(geom, factor, params, seq_len=seq_len, device=device)
+        return R.still_pairs(inv_freq, geom), attention
+
 
 SCALINGS: dict[str, RopeScaling] = {}
 # the names of the length-dependent scalings (cells of an evaluation start them from a fresh state)

@@ -15,11 +15,13 @@ from ..adapters.layout import default_layer_types, per_layer_type, rope_geometry
 from ..checkpoints.legacy_rope import stated
 from ..config import PosEncConfig
 from ..engines.launch import LAUNCHERS, Launch, Served
-from ..engines.launch.base import TooLong, fence_for
+from ..engines.launch.base import CANNOT, TooLong, fence_for
+from ..engines.registry import display_name
 from ..methods import resolve_method
 from ..methods.remapped import REMAPPED
 from .checkpoint_facts import original_of, read_block
 from .gguf_file import ARCHITECTURES, is_gguf, llama_cpp_metadata, method_refusal, refusal
+from .support import PROPORTIONAL, scaled_proportional
 
 
 def _geometry(plain: dict[str, Any], block: dict[str, Any], original: int):
@@ -121,6 +123,9 @@ def serve_config(path: str, engines: list[str] | None = None, max_length: int | 
 
 def engine_launch(engine: str, served: Served, max_length: int | None) -> Launch:
     """One engine's launch; a length past what it computes is that engine's ``cannot``, the others still answer."""
+    if scaled_proportional(served.rope):
+        return Launch(display_name(engine), CANNOT, f"{PROPORTIONAL} (hf_posenc.from_pretrained, or plain "
+                                                    "AutoModelForCausalLM.from_pretrained).")
     try:
         return LAUNCHERS[engine](served, max_length)
     except TooLong as why:

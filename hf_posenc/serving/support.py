@@ -73,6 +73,27 @@ def vllm_refusal(method: str) -> str | None:
     return f"`{spec.name}` in vLLM is not measured against hf_posenc (hf-posenc serve-check measures a checkpoint)"
 
 
+PROPORTIONAL = ("transformers' proportional RoPE (Gemma 4's and LFM3's full-attention layers) scaled: vLLM 0.32 "
+                "builds that RoPE (Gemma4RotaryEmbedding) from rope_theta and partial_rotary_factor alone, without a "
+                "factor, and no other engine is known to compute a scaled one; serve it with transformers")
+
+
+def scaled_proportional(rope: dict[str, Any]) -> bool:
+    """Whether ``rope`` (one RoPE's ``rope_parameters``) is a proportional RoPE with a factor other than 1, which
+    engines read as the unscaled one (:data:`PROPORTIONAL`)."""
+    return rope.get("rope_type") == "proportional" and float(rope.get("factor") or 1.0) != 1.0
+
+
+def proportional_refusal(config: Any, method: str) -> str | None:
+    """Why vLLM would not compute the RoPE scaling ``method`` on a model of ``config`` as hf_posenc does: the model
+    has a proportional RoPE (:data:`PROPORTIONAL`); None elsewhere."""
+    rope = getattr(text_config(config)[0], "rope_parameters", None) or {}
+    ropes = rope.values() if all(isinstance(v, dict) for v in rope.values()) and rope else [rope]
+    if method in SCALINGS and any(r.get("rope_type") == "proportional" for r in ropes):
+        return PROPORTIONAL
+    return None
+
+
 def measured_rows(rows: list[dict[str, str]], check: dict[str, Any] | None) -> list[dict[str, str]]:
     """``rows`` (:func:`known_status`) with the checked engine's row replaced by what a serve-check report measured."""
     if check is None:
