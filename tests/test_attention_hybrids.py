@@ -47,6 +47,16 @@ FAMILIES = {
     "gemma2": ("gemma2", dict(HYBRID, attn_logit_softcapping=0.05, query_pre_attn_scalar=1,
                               rope_parameters={"rope_type": "default", "rope_theta": THETA})),
     "phi": ("phi", dict(rope_parameters={"rope_type": "default", "rope_theta": THETA, "partial_rotary_factor": 0.5})),
+    "gemma4_text": ("gemma4_text", dict(HYBRID, global_head_dim=32, vocab_size_per_layer_input=96,
+                                        hidden_size_per_layer_input=16, rope_parameters={
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": THETA},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 7_000.0}})),
+    "gemma4_kv_shared": ("gemma4_text", dict(  # its last two layers read the keys and values of the two before
+        HYBRID, global_head_dim=32, vocab_size_per_layer_input=96, hidden_size_per_layer_input=16,
+        num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
+        rope_parameters={
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": THETA},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 7_000.0}})),
     "smollm3": ("smollm3", dict(no_rope_layers=[1, 0], rope_parameters={"rope_type": "default", "rope_theta": THETA})),
     "deepseek_v3": ("deepseek_v3", dict(
         num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, kv_lora_rank=16, q_lora_rank=None,
@@ -89,6 +99,9 @@ def full_frequencies(cfg):
     """The frequencies of the full-attention layers, from their own rope_parameters (longrope: its short factors,
     those of inputs up to its original context)."""
     rp = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
+    if rp.get("rope_type") == "proportional":  # Gemma 4: its full layers' own head width, their still pairs at 0
+        full = cfg.per_layer_config["full_attention"]
+        return ROPE_INIT_FUNCTIONS["proportional"](full, None, layer_type="full_attention")[0].double()
     if rp.get("rope_type", "default") != "default":
         return ROPE_INIT_FUNCTIONS[rp["rope_type"]](cfg, None)[0].double()
     head = (getattr(cfg, "qk_rope_head_dim", None) or getattr(cfg, "head_dim", None)

@@ -21,11 +21,14 @@ def test_the_census_runs_every_attention_level_method_the_record_names():
     assert sorted(METHODS) == sorted(census_methods("attention"))  # each registered one has its knobs here
 
 
-def exact_inside_the_window(model, x, before, got, method):
-    assert (got[:, :WINDOW] - before[:, :WINDOW]).abs().max().item() <= EXACT, method
-    assert (got[:, WINDOW:] - before[:, WINDOW:]).abs().max().item() > 1e-6, method
+def exact_inside_the_window(model, x, before, got, method, gap):
+    """Equal inside the window and different past it, both beside ``gap``: how far transformers' own eager and sdpa
+    attention move the unpatched twin's logits (the method's blockwise softmax rounds as differently as they do; a
+    twin that amplifies rounding, Gemma 4's, gets twice that)."""
+    assert (got[:, :WINDOW] - before[:, :WINDOW]).abs().max().item() <= max(EXACT, 2 * gap), method
+    assert (got[:, WINDOW:] - before[:, WINDOW:]).abs().max().item() > max(1e-6, 2 * gap), method
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_every_family_takes_each_attention_level_method_or_refuses_it_by_name(model_type, caplog):
-    census(model_type, METHODS, exact_inside_the_window, caplog)
+    census(model_type, METHODS, exact_inside_the_window, caplog, floor=True)

@@ -107,27 +107,6 @@ def test_deepseek_attention_scale_follows_mscale_all_dim(knobs):
         hf_posenc.patch(model, "alibi")
 
 
-@pytest.mark.parametrize("family", ["gemma4_text", "gemma4_unified_text"])
-def test_a_config_with_per_layer_geometry_is_refused_by_name(family, tmp_path):
-    """Gemma 4 sets its head width per layer (transformers' heterogeneous configs): reading one head_dim raised
-    transformers' own error from deep inside, and Self-Extend failed inside the family's apply_rotary_pos_emb (another
-    signature); patch and explain now refuse an attention-level method by name, the model left as it was (the RoPE
-    scalings, which read each layer type's width, take it: tests/test_proportional_rope.py)."""
-    from hf_posenc.explaining import explain
-
-    cfg = AutoConfig.for_model(family, **SMALL)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    x = ids(20) % 90 + 3
-    before = out(model, x)
-    refused = f"model_type='{family}' sets its attention per layer \\(per_layer_config: head_dim differ between"
-    with pytest.raises(ValueError, match=refused):
-        hf_posenc.patch(model, "self_extend", group_size=4, window=8)
-    assert hf_posenc.get_config(model) is None and torch.equal(out(model, x), before)
-    cfg.save_pretrained(tmp_path / "gemma4")
-    with pytest.raises(ValueError, match=refused):
-        explain("self_extend", str(tmp_path / "e"), model=str(tmp_path / "gemma4"))
-
-
 MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
                    "beta_fast": 32.0, "beta_slow": 1.0, "llama_4_scaling_beta": 0.1}
 

@@ -5,6 +5,8 @@ those pairs kept still: PI is transformers' own ``factor`` of that type (saved n
 transformers); the others are written out here from transformers' own computation of the same type on a RoPE over the
 whole head, and come back through hf_posenc.from_pretrained."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from helpers import ids
@@ -173,14 +175,16 @@ def test_a_composition_over_a_scaled_proportional_rope_is_refused_by_name():
     assert not hf_posenc.is_patched(model)
 
 
-def test_attention_level_methods_stay_refused_on_gemma4_by_name():
-    """Self-Extend would remap positions with one head width; Gemma 4's layers have two (16 sliding, 32 full)."""
-    model = gemma4()
-    x = ids(20) % 90 + 3
-    before = out(model, x)
-    with pytest.raises(ValueError, match="model_type='gemma4_text' sets its attention per layer"):
-        hf_posenc.patch(model, "self_extend", group_size=4, window=8)
-    assert not hf_posenc.is_patched(model) and torch.equal(out(model, x), before)
+def test_explain_refuses_a_composition_over_a_scaled_proportional_rope_by_name(tmp_path):
+    from hf_posenc.explaining import explain
+
+    cfg = gemma4().config
+    cfg.rope_parameters = {**cfg.rope_parameters, "full_attention": dict(cfg.rope_parameters["full_attention"],
+                                                                         factor=4.0)}
+    cfg.save_pretrained(tmp_path / "pi4")
+    with pytest.raises(ValueError, match="a proportional RoPE with factor=4.0, whose pairs past partial_rotary_factor"):
+        explain("yarn:factor=2", str(tmp_path / "e"), model=str(tmp_path / "pi4"))
+    assert not (tmp_path / "e").exists()
 
 
 def test_every_engine_refuses_a_scaled_proportional_rope_by_name(tmp_path):
@@ -188,6 +192,8 @@ def test_every_engine_refuses_a_scaled_proportional_rope_by_name(tmp_path):
     unscaled model. serve-config says so for every engine; eval --engine vllm refuses the variant."""
     from hf_posenc.eval.engine_choice import EngineChoice
     from hf_posenc.serving.launch_settings import serve_config
+    from hf_posenc.engines.registry import support_names
+    from hf_posenc.serving.support import known_status
 
     model = gemma4()
     hf_posenc.patch(model, "pi", factor=2.0)
@@ -196,12 +202,29 @@ def test_every_engine_refuses_a_scaled_proportional_rope_by_name(tmp_path):
     assert {launch.computes for launch in launches} == {"cannot"} and len(launches) == 5
     assert all("Gemma4RotaryEmbedding) from rope_theta and partial_rotary_factor alone, without a factor"
                in launch.reason and not launch.command for launch in launches)
-    variant = type("Variant", (), {"label": "pi", "method": "pi"})()
+    rows = known_status(model.config.hf_posenc, rope=model.config.rope_parameters)  # the card's serving table
+    assert {row["status"] for row in rows} == {"cannot"} and len(rows) == len(support_names())
+    variant = SimpleNamespace(label="pi", method="pi", config=SimpleNamespace(params={}))
     why, shorter = EngineChoice._unserved(variant, gemma4(), 128)
     assert why.startswith("transformers' proportional RoPE") and not shorter
+    sliding = SimpleNamespace(label="pi", method="pi", config=SimpleNamespace(params={
+        "layer_types": ["sliding_attention"]}))  # the full layers' proportional RoPE left as it is
+    assert EngineChoice._unserved(sliding, gemma4(), 128) == (None, False)
     plain = gemma4()
     plain.save_pretrained(tmp_path / "plain")
     assert "cannot" not in {launch.computes for launch in serve_config(str(tmp_path / "plain"), ["vllm"])}
+
+
+def test_per_pair_factors_over_two_head_widths_are_refused_by_name():
+    model = gemma4()
+    with pytest.raises(ValueError, match="longrope gives one factor per rotary pair, and the layer types it would "
+                                         "change have different numbers of pairs \\(full_attention: 16, "
+                                         "sliding_attention: 8\\)"):
+        hf_posenc.patch(model, "longrope", factor=2.0, layer_types=["sliding_attention", "full_attention"])
+    assert not hf_posenc.is_patched(model)
+    hf_posenc.patch(model, "yarn", factor=2.0, layer_types=["sliding_attention", "full_attention"])
+    rope = model.model.rotary_emb  # each layer type scaled with its own head width
+    assert rope.sliding_attention_inv_freq.shape[-1] == 8 and rope.full_attention_inv_freq.shape[-1] == 16
 
 
 def test_explain_draws_the_turning_pairs_of_gemma4s_full_layers(tmp_path):

@@ -40,6 +40,7 @@ class CacheOffset:
         check_cache(cache, self.method, window, self.layers)
         self.past = int(cache.get_seq_length()) if cache is not None else 0  # a static cache's is a tensor
         self.cache_seen = cache is not None
+        self.call_tokens = _call_length(args, kwargs)
 
     def check_implementation(self, config) -> None:
         impl = getattr(config, "_attn_implementation", None)
@@ -50,20 +51,38 @@ class CacheOffset:
                                f"{self.method}. Use model.set_attn_implementation('eager' or 'sdpa'), which keeps the "
                                "method, or hf_posenc.unpatch(model) first.")
 
+    def skipped(self, q: int) -> int:
+        """How many of the call's tokens come before the ``q`` queries a layer got: 0, except where a layer computes
+        the call's last queries only (Gemma 4's KV-shared layers under ``logits_to_keep``)."""
+        call = getattr(self, "call_tokens", None)
+        return call - q if call and q < call else 0
+
     def query_start(self, q: int, k_total: int) -> int:
-        """The cache index of the first of ``q`` queries over ``k_total`` keys. More keys than queries in a call
-        whose cache the body hook did not find is refused: the positions would be wrong (a silent wrong)."""
-        if getattr(self, "cache_seen", None) is False and k_total > q:
+        """The cache index of the first of ``q`` queries over ``k_total`` keys. More keys than the call's tokens in a
+        call whose cache the body hook did not find is refused: the positions would be wrong (a silent wrong)."""
+        skipped = self.skipped(q)
+        if getattr(self, "cache_seen", None) is False and k_total > q + skipped:
             raise RuntimeError(f"attention got {k_total} keys for {q} queries, but the model's forward call passed no "
                                f"KV cache that hf_posenc recognises (keyword {' or '.join(CACHE_NAMES)}); the "
                                "positions of the queries would be wrong. Pass the cache to the model under one of "
                                "those names.")
-        return self.past if self.past + q <= k_total else k_total - q
+        start = self.past + skipped
+        return start if start + q <= k_total else k_total - q
 
     def keys_held(self, q: int, k_len: int) -> int:
         """How many of the ``k_len`` keys attention got are real: a static cache hands its whole buffer, whose
-        slots from ``past + q`` on are empty."""
-        return min(k_len, self.past + q) if getattr(self, "cache_seen", None) else k_len
+        slots from ``past`` + the call's tokens on are empty."""
+        return min(k_len, self.past + q + self.skipped(q)) if getattr(self, "cache_seen", None) else k_len
+
+
+def _call_length(args: tuple, kwargs: dict) -> int | None:
+    """How many tokens a call of the model body gets (its ``input_ids`` or ``inputs_embeds``), None where unknown."""
+    for name in ("input_ids", "inputs_embeds"):
+        given = kwargs.get(name)
+        if isinstance(given, torch.Tensor) and given.dim() >= 2:
+            return int(given.shape[1])
+    first = args[0] if args else None
+    return int(first.shape[1]) if isinstance(first, torch.Tensor) and first.dim() >= 2 else None
 
 
 def repeat_heads(x: torch.Tensor, n: int) -> torch.Tensor:

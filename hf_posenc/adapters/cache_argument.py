@@ -51,12 +51,15 @@ def check_cache(cache: Any, method: str, window: int | None = None, layers: froz
     window is ``window``, the model's own sliding window, for a method where only ``i - j`` matters (the cache
     then drops only keys the model's attention masks anyway), or layers of a kind transformers' full-attention
     caches do not use. ``layers``: the indices of the cache layers the method reads (None: all; the others belong
-    to layers it leaves to the model's own attention)."""
+    to layers it leaves to the model's own attention). A layer that holds no keys is passed over: the keys its
+    attention reads are those of another layer, checked as that one."""
     from transformers.cache_utils import DynamicLayer, StaticLayer
 
     for index, layer in enumerate(getattr(cache, "layers", None) or ()):
         if layers is not None and index not in layers:
             continue
+        if not callable(getattr(layer, "get_seq_length", None)):
+            continue  # holds no keys (transformers' DummyLayer: a Gemma 4 KV-shared layer reads its source layer's)
         sliding = getattr(layer, "is_sliding", False)
         if sliding and window is not None and _slides_over(layer, window):
             continue

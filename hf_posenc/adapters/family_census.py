@@ -31,7 +31,8 @@ ROPE = (
 # the families one attention-level method or more takes
 ATTENTION = (
     "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "bitnet", "cwm", "deepseek_v3", "diffllama", "doge",
-    "emu3", "exaone", "flex_olmo", "gemma", "gemma2", "gemma3_text", "glm4_moe", "glm4_moe_lite", "gpt_oss",
+    "emu3", "exaone", "flex_olmo", "gemma", "gemma2", "gemma3_text", "gemma4_text", "gemma4_unified_text",
+    "glm4_moe", "glm4_moe_lite", "gpt_oss",
     "granite", "granitemoe", "granitemoeshared", "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2",
     "laguna", "lfm2", "llama", "mellum", "mimo_v2_flash", "minicpm3", "minimax_m2", "ministral3", "mixtral",
     "nemotron", "olmo", "olmo2", "olmo3", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal", "phimoe", "qwen2",

@@ -158,7 +158,7 @@ def scaled_by(rp: dict[str, Any]) -> str | None:
     """The scaling a RoPE's ``rope_parameters`` already hold: their ``rope_type``, or None for an unscaled RoPE
     (``default``; ``proportional`` without a factor, as Gemma 4's full-attention layers ship)."""
     kind = rp.get("rope_type", "default")
-    if kind == "default" or (kind == "proportional" and float(rp.get("factor", 1.0)) == 1.0):
+    if kind == "default" or (kind == "proportional" and float(rp.get("factor") or 1.0) == 1.0):
         return None
     return kind
 

@@ -3,8 +3,9 @@ then applied by selecting the remapped-position attention function on this insta
 
 Methods marked ``any_rope`` (every built-in one: Self-Extend, DCA, ReRoPE, leaky ReRoPE, STRING) run on every layout
 :mod:`remapped_layers` plans: a checkpoint's scaled RoPE (its own frequencies and attention factor), per-layer-type
-RoPE, partial rotary, MLA, and sliding/full hybrids (full-attention layers only). A method registered without it needs
-one plain RoPE on the whole head of full-attention layers."""
+RoPE, partial rotary, MLA, sliding/full hybrids (full-attention layers only) and head widths that differ between
+layer types (Gemma 4: each layer's own, its full layers' proportional RoPE turning its first pairs only). A method
+registered without it needs one plain RoPE on the whole head of full-attention layers."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ..methods.remapped import REMAPPED
 from .attention import check_attention, select
 from .base import PatchRecord
 from .held_checks import HeldChecks
-from .layout import Layout, RotarySlot, body, check_uniform, head_dim, rope_geometry
+from .layout import Layout, RotarySlot, body, head_dim, rope_geometry
 from .remapped_attention import STATE_ATTR, TABLES_ATTR, RemapState, eager_function, register
 from .remapped_layers import layer_plan, pin_frequencies, rotation_tables
 from .rope_native import softmax_rescalers
@@ -56,7 +57,6 @@ def check_plain_rope(model: nn.Module, name: str, slots: list[RotarySlot], L: in
 def resolve_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -> PosEncConfig:
     """``cfg`` with the model-dependent defaults filled; a ValueError where the model cannot take it."""
     name = cfg.method
-    check_uniform(lay.config)  # one attention geometry for every layer (Gemma 4's differ)
     if not REMAPPED[name].any_rope:
         check_plain_rope(model, name, lay.slots, L, lay.prefix)
     impl = check_attention(model, name)

@@ -139,6 +139,12 @@ def compose(cfg: PosEncConfig, own: OwnRope, context: int) -> PosEncConfig:
     """``cfg`` on the scaled RoPE ``own`` of a checkpoint advertising ``context`` tokens: the LongRoPE configuration
     that computes it (module doc); the checks are the caller's (:func:`composed_config`)."""
     own_type = own.rope.get("rope_type", "default")
+    if own_type == "proportional":  # its still pairs have no frequency a longrope's factors could divide
+        raise ValueError("the checkpoint's RoPE is already scaled (rope_type='proportional'): a proportional RoPE "
+                         f"with factor={own.rope.get('factor')}, whose pairs past partial_rotary_factor never turn; a "
+                         "longrope cannot hold them, so hf_posenc does not compose on it; give "
+                         f"original_max_position_embeddings={replacing_original(own)} (the context its scaling is "
+                         "computed from) to replace its scaling instead.")
     if own_type in ON_LENGTH_DEPENDENT:
         return ON_LENGTH_DEPENDENT[own_type](cfg, own, context)
     geom = rope_geometry(own.config, context, own.rope, own.layer_types[0] if own.layer_types else None)
@@ -285,10 +291,6 @@ def _check_composable(cfg: PosEncConfig, lay: Layout, own_type: str, context) ->
                "from) to replace its scaling instead")
     what = f"the checkpoint's RoPE is already scaled (rope_type={own_type!r})"
     check_rule(cfg, own_type, replace)
-    if own_type == "proportional":  # its still pairs have no frequency a longrope's factors could divide
-        factor = lay.selected[0].rope_parameters(lay.config).get("factor")
-        raise ValueError(f"{what}: a proportional RoPE with factor={factor}, whose pairs past partial_rotary_factor "
-                         f"never turn; a longrope cannot hold them, so hf_posenc does not compose on it; {replace}.")
     beta = lay.selected[0].rope_parameters(lay.config).get("llama_4_scaling_beta")
     if beta is not None:  # the composed longrope's original context is the current one: the temperature would move
         raise ValueError(f"{what}, and model_type={lay.config.model_type!r} scales its queries by position from it "

@@ -62,7 +62,7 @@ class LengthAwareRope:
     def __init__(self, scaling: RopeScaling, geom: R.RopeGeometry, cfg: PosEncConfig, slot: RotarySlot,
                  watcher: CacheWatcher | None = None, layers: dict | None = None, regenerates: bool = False,
                  record: PatchRecord | None = None):
-        self.fn, self.grow = scaling.computed, scaling.dynamic == "grow"
+        self.fn, self.grow = scaling.frequencies, scaling.dynamic  # (a module function: the hook pickles) == "grow"
         self.geom, self.cfg, self.slot, self.watcher, self.layers = geom, cfg, slot, watcher, layers
         self.regenerates, self.record = regenerates, record
 
@@ -85,6 +85,7 @@ class LengthAwareRope:
         if key is None:
             return here, float(self.slot.get("attention_scaling"))
         inv_freq, attention = self.fn(self.geom, self.cfg.factor, self.cfg.params, seq_len=key, device=here.device)
+        inv_freq = R.still_pairs(inv_freq, self.geom)  # (RopeScaling.computed's, inline)
         return inv_freq.to(device=here.device, dtype=here.dtype), float(attention)
 
     def changes(self, before: list[int], after: list[int]) -> bool:
@@ -210,6 +211,17 @@ def _check_layout(lay: Layout, L: int) -> None:
                 f"rotary layout for model_type={lay.config.model_type!r}.")
 
 
+def _check_one_width(cfg: PosEncConfig, lay: Layout, L: int, per_pair: bool) -> None:
+    """Refuses, by name, a scaling whose knobs hold one entry per rotary pair (``per_pair``: LongRoPE's factor
+    lists) on layer types whose heads have different numbers of pairs (Gemma 4: 128 sliding, 256 full)."""
+    pairs = {s.layer_type: rope_geometry(lay.config, L, s.rope_parameters(lay.config), s.layer_type).dim // 2
+             for s in lay.selected}
+    if per_pair and len(set(pairs.values())) > 1:
+        raise ValueError(f"{cfg.method} gives one factor per rotary pair, and the layer types it would change have "
+                         f"different numbers of pairs ({', '.join(f'{t}: {n}' for t, n in pairs.items())}); one list "
+                         "cannot fit them all: give layer_types with one of them.")
+
+
 class Scaled:
     """A RoPE scaling (``methods.rope.SCALINGS``): new frequencies on this instance's rotary module(s),
     a length-aware hook for the dynamic ones, native ``rope_parameters`` where transformers has them."""
@@ -229,6 +241,7 @@ class Scaled:
         if lay.layered:
             params["layer_types"] = lay.chosen_types()
         defaults = SCALINGS[cfg.method].defaults
+        _check_one_width(cfg, lay, L, defaults is not None)
         replaced = []  # (own rope_type, layer type, base): said once the patch is known not to be refused
         for s in lay.selected:
             rp = s.rope_parameters(lay.config)

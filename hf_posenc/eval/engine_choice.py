@@ -66,7 +66,8 @@ class EngineChoice:
     def _unserved(variant, lm, longest: int) -> tuple[str | None, bool]:
         """Why vLLM cannot compute ``variant`` on ``lm`` for inputs of ``longest`` tokens, known from the model (None:
         it can), and whether shorter inputs would do."""
-        proportional = proportional_refusal(lm.config, variant.method)
+        params = getattr(getattr(variant, "config", None), "params", None) or {}
+        proportional = proportional_refusal(lm.config, variant.method, params.get("layer_types"))
         if proportional:
             return proportional, False
         table = vllm_positions(lm.config)

@@ -23,7 +23,7 @@ import torch
 
 from ..adapters import rope_compose as C
 from ..adapters.base import text_config
-from ..adapters.layout import check_uniform, default_layer_types, per_layer_type, rope_geometry, scaled_by
+from ..adapters.layout import default_layer_types, per_layer_type, rope_geometry, scaled_by
 from ..adapters.remapped_layers import layers_note, probed_computed
 from ..checkpoints.loading import refuse_lora_folder
 from ..checkpoints.models import DEFAULT_MODEL, read_config, resolve_source
@@ -58,12 +58,10 @@ class Geometry:
 
 
 def geometry_of(model: str | None = None, head_dim: int | None = None, rope_theta: float | None = None,
-                original: int | None = None, layer_types: list[str] | None = None,
-                one_width: bool = False) -> Geometry:
+                original: int | None = None, layer_types: list[str] | None = None) -> Geometry:
     """The geometry of ``model`` (its config alone: no weights are read; on per-layer-type RoPE, that of
     ``layer_types``, as :func:`layer_rope` picks them), each value replaced by the one given; without ``model``, the
-    default model's, unless all three are given. ``one_width``: refuse a model whose head width differs between
-    layers (an attention-level method reads one, and its patch refuses such a model)."""
+    default model's, unless all three are given."""
     if model is None and None not in (head_dim, rope_theta, original):
         return Geometry(int(head_dim), float(rope_theta), int(original), num_heads=8)
 
@@ -73,8 +71,6 @@ def geometry_of(model: str | None = None, head_dim: int | None = None, rope_thet
     hf_config = read_config(src)
     trained = trained_context(hf_config, src)  # (a patched GGUF's config gets its original values back first)
     lm = text_config(hf_config)[0]
-    if one_width:
-        check_uniform(lm)
     rp = layer_rope(lm, layer_types)
     own, turning = 64, None
     if getattr(lm, "num_attention_heads", None):
@@ -312,7 +308,7 @@ def explain(config: Any, output: str, *, model: str | None = None, head_dim: int
     if head_dim is not None and head_dim % 2:
         raise ValueError(f"--head-dim must be even (RoPE rotates pairs of dimensions), got {head_dim}")
     check_replaced_output(output, "explain")  # new, empty, or an earlier explain's output unchanged
-    geom = geometry_of(model, head_dim, rope_theta, original, cfg.params.get("layer_types"), kind == "attention")
+    geom = geometry_of(model, head_dim, rope_theta, original, cfg.params.get("layer_types"))
     on = _checkpoint_rope(cfg, geom) if original is None else None
     if on is not None:
         geom = replace(geom, original=on[1])

@@ -222,8 +222,8 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         changes_weights=holds_patch(block), trained=trained, auto_class=auto_class,
         command=recorded_command(command), environment=environment(), eval_sections=_eval_sections(reports),
         in_model_index=bool(results),
-        serving=measured_rows(known_status(block, getattr(lm_config, "dual_chunk_attention_config", None)),
-                              serve_check),
+        serving=measured_rows(known_status(block, getattr(lm_config, "dual_chunk_attention_config", None),
+                                           getattr(lm_config, "rope_parameters", None)), serve_check),
         transformers4=card_line(transformers4),
         launches=card_launches(_as_saved(lm_config.to_dict(), transformers4, prefix), block, checkpoint),
     )

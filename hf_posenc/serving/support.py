@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..adapters.base import text_config
+from ..adapters.layout import default_layer_types, per_layer_type
 from ..engines.registry import display_name, support_names
 from ..methods import resolve_method
 from ..methods.rope import SCALINGS
@@ -21,11 +22,16 @@ STATUS = {"same": "same as hf_posenc", "within_original": "same up to the origin
           "differs": "computes it otherwise (measured)"}
 
 
-def known_status(block: dict[str, Any], dual_chunk: dict[str, Any] | None = None) -> list[dict[str, str]]:
+def known_status(block: dict[str, Any], dual_chunk: dict[str, Any] | None = None,
+                 rope: dict[str, Any] | None = None) -> list[dict[str, str]]:
     """``[{engine, status, basis}]`` for the checkpoint whose ``hf_posenc`` block is ``block``; ``dual_chunk``: its
-    config's ``dual_chunk_attention_config`` (``patch --dual-chunk-config``), which SGLang reads."""
+    config's ``dual_chunk_attention_config`` (``patch --dual-chunk-config``), which SGLang reads; ``rope``: its
+    language model's ``rope_parameters`` (a scaled proportional RoPE in them: no engine computes it)."""
     method, native = block.get("method"), bool(block.get("native"))
     engines = support_names()  # the rows, as the method records' ``engines`` name them
+    ropes = list(rope.values()) if per_layer_type(rope) else [rope or {}]
+    if any(scaled_proportional(r) for r in ropes):
+        return [{"engine": e, "status": "cannot", "basis": PROPORTIONAL} for e in engines]
     if not native:
         basis = f"not computable: no engine implements `{method}`"
         if resolve_method(method).kind == "swap":
@@ -84,14 +90,17 @@ def scaled_proportional(rope: dict[str, Any]) -> bool:
     return rope.get("rope_type") == "proportional" and float(rope.get("factor") or 1.0) != 1.0
 
 
-def proportional_refusal(config: Any, method: str) -> str | None:
-    """Why vLLM would not compute the RoPE scaling ``method`` on a model of ``config`` as hf_posenc does: the model
-    has a proportional RoPE (:data:`PROPORTIONAL`); None elsewhere."""
+def proportional_refusal(config: Any, method: str, layer_types: list[str] | None = None) -> str | None:
+    """Why vLLM would not compute the RoPE scaling ``method`` on a model of ``config`` as hf_posenc does: it would
+    change a proportional RoPE (:data:`PROPORTIONAL`; on per-layer-type RoPE, of ``layer_types``, by default those a
+    scaling changes); None elsewhere."""
     rope = getattr(text_config(config)[0], "rope_parameters", None) or {}
-    ropes = rope.values() if all(isinstance(v, dict) for v in rope.values()) and rope else [rope]
-    if method in SCALINGS and any(r.get("rope_type") == "proportional" for r in ropes):
-        return PROPORTIONAL
-    return None
+    if method not in SCALINGS:
+        return None
+    if per_layer_type(rope):
+        rope = [rope[t] for t in layer_types or default_layer_types(list(rope)) if t in rope]
+    changed = rope if isinstance(rope, list) else [rope]
+    return PROPORTIONAL if any(r.get("rope_type") == "proportional" for r in changed) else None
 
 
 def measured_rows(rows: list[dict[str, str]], check: dict[str, Any] | None) -> list[dict[str, str]]:
