@@ -51,8 +51,10 @@ FAMILIES = {
                                         hidden_size_per_layer_input=16, rope_parameters={
         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": THETA},
         "sliding_attention": {"rope_type": "default", "rope_theta": 7_000.0}})),
-    "gemma4_kv_shared": ("gemma4_text", dict(  # its last two layers read the keys and values of the two before
+    "gemma4_kv_shared": ("gemma4_text", dict(  # its last two layers read the keys and values of the two before;
+        # its full layers' values are their keys before RoPE (Gemma 4 26B/31B's attention_k_eq_v)
         HYBRID, global_head_dim=32, vocab_size_per_layer_input=96, hidden_size_per_layer_input=16,
+        attention_k_eq_v=True, num_global_key_value_heads=1,
         num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
         rope_parameters={
             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": THETA},

@@ -116,11 +116,13 @@ def _set(config: Any, key: str, value: Any) -> None:
 
 
 def _narrow(config: Any, key: str, value: int) -> None:
-    """``config.key = value`` where the config has the field and takes the value; left as it is where the field is
-    derived (a read-only property: Falcon's ``head_dim``) or per layer (Gemma 4's: reading it raises)."""
+    """``config.key = value`` where the config has the field and takes the value (a list of one value per layer, as
+    Gemma 3n's ``intermediate_size``: that many of it); left as it is where the field is derived (a read-only
+    property: Falcon's ``head_dim``) or per layer (Gemma 4's: reading it raises)."""
     try:
-        if getattr(config, key, None) is not None:
-            setattr(config, key, value)
+        current = getattr(config, key, None)
+        if current is not None:
+            setattr(config, key, [value] * len(current) if isinstance(current, (list, tuple)) else value)
     except Exception:  # noqa: BLE001 (config classes raise their own kinds here)
         pass
 
