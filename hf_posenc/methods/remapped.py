@@ -32,12 +32,15 @@ UNBOUNDED_CONTEXT = 4  # max_position_embeddings advertised by methods without a
 class RemappedMethod:
     """``defaults(params, L)`` fills the knobs that depend on the model and checks them against it;
     ``scheme(params, L)`` builds the positions it runs; ``any_rope``: it is proven beyond one plain RoPE on
-    full-attention layers (the others are refused there)."""
+    full-attention layers (the others are refused there); ``dual_chunk(params, advertised)``: the
+    ``dual_chunk_attention_config`` of Qwen's 1M configs that SGLang's dual-chunk attention computes the method from,
+    for a checkpoint advertising ``advertised`` tokens (None: no engine setting computes it)."""
 
     spec: MethodSpec
     defaults: Callable[[dict[str, Any], int], dict[str, Any]]
     scheme: Callable[[dict[str, Any], int], M.Scheme]
     any_rope: bool = False  # runs on scaled, per-layer-type, partial and MLA RoPE and on sliding/full hybrids
+    dual_chunk: Callable[[dict[str, Any], int], dict[str, int]] | None = None
 
     def context(self, params: dict[str, Any], original: int) -> int:
         """The ``max_position_embeddings`` the patched model advertises: the longest input whose relative
@@ -58,9 +61,9 @@ def _forget(name: str) -> None:
 on_unregister(_forget)  # unregister_method removes its scheme too
 
 
-def _add(spec: MethodSpec, defaults, scheme, any_rope: bool = False) -> None:
+def _add(spec: MethodSpec, defaults, scheme, any_rope: bool = False, dual_chunk=None) -> None:
     register_method(spec)
-    REMAPPED[spec.name] = RemappedMethod(spec, defaults, scheme, any_rope)
+    REMAPPED[spec.name] = RemappedMethod(spec, defaults, scheme, any_rope, dual_chunk)
 
 
 def _integer(name: str, value: Any, low: int, allow_none: bool = True) -> None:
@@ -242,6 +245,13 @@ def _dca_defaults(p, L):
     return p
 
 
+def _dca_block(p: dict[str, Any], advertised: int) -> dict[str, int]:
+    """SGLang's dual-chunk attention is DCA: its chunk and local sizes; no temperature up to the context the
+    checkpoint advertises (``serving.dual_chunk_config``)."""
+    return {"chunk_size": int(p["chunk_size"]), "local_size": int(p["local_window"]),
+            "original_max_position_embeddings": int(advertised)}
+
+
 _add(MethodSpec(
     "dca", KIND,
     "Dual Chunk Attention (An et al. 2024, ChunkLlama; Qwen2.5-1M's dual_chunk_attention_config): intra-chunk, "
@@ -250,4 +260,5 @@ _add(MethodSpec(
     params={"chunk_size": None, "local_window": None, "max_position_embeddings": None}, check=_check_dca,
     tune_grid=lambda L, T, factors: [{"chunk_size": s, "local_window": w} for s in (3 * L // 4, L // 2)
                                      for w in (L // 16, L // 8)]),
-    _dca_defaults, lambda p, L: M.DualChunk(p["chunk_size"], p["local_window"]), any_rope=True)
+    _dca_defaults, lambda p, L: M.DualChunk(p["chunk_size"], p["local_window"]), any_rope=True,
+    dual_chunk=_dca_block)

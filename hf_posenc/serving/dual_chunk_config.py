@@ -18,8 +18,6 @@ fields keep the original context, so every engine that does not read the block s
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..methods.remapped import REMAPPED
 from ..patching import get_config
 
@@ -27,30 +25,30 @@ KEY = "dual_chunk_attention_config"
 FAMILIES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # the model types whose SGLang/vLLM files read the block
 
 
+def writes_block(method: str) -> bool:
+    """Whether ``method``'s record says how a dual_chunk_attention_config computes it (DCA's)."""
+    return method in REMAPPED and REMAPPED[method].dual_chunk is not None
+
+
 def check_dual_chunk_config(method: str, model_type: str | None = None) -> None:
     """Refuse ``--dual-chunk-config`` for another method, or (once the model is known) another family."""
-    if method != "dca":  # the block holds DCA's own knobs (chunk_size, local_size): a fact of this engine setting
-        raise ValueError(f"--dual-chunk-config writes DCA's settings in Qwen's dual_chunk_attention_config; the method "
-                         f"is {method!r}: use it with --method dca, or drop it")
+    if not writes_block(method):
+        takes = ", ".join(name for name in REMAPPED if writes_block(name))
+        raise ValueError(f"--dual-chunk-config writes a method's settings in Qwen's dual_chunk_attention_config, "
+                         f"which only {takes} has; the method is {method!r}: use it with --method "
+                         f"{takes.split(', ')[0]}, or drop it")
     if model_type is not None and model_type not in FAMILIES:
         raise ValueError(f"--dual-chunk-config: engines read dual_chunk_attention_config for {', '.join(FAMILIES)} "
                          f"models only, and this model is {model_type!r}; drop the flag (the checkpoint still "
                          "loads with DCA in hf_posenc.from_pretrained)")
 
 
-def block_of(params: dict[str, Any], advertised: int) -> dict[str, int]:
-    """The ``dual_chunk_attention_config`` of DCA's resolved ``params`` for a checkpoint advertising ``advertised``
-    tokens (module docstring: SGLang's temperature starts past ``original_max_position_embeddings``)."""
-    return {"chunk_size": int(params["chunk_size"]), "local_size": int(params["local_window"]),
-            "original_max_position_embeddings": int(advertised)}
-
-
 def dual_chunk_block(model) -> dict[str, int]:
     """The block of a model patched with DCA (its resolved configuration); refused for another method or family."""
     cfg = get_config(model)
     check_dual_chunk_config(cfg.method if cfg else "none", getattr(model.config, "model_type", None))
-    L = cfg.original_max_position_embeddings
-    return block_of(cfg.params, REMAPPED["dca"].context(cfg.params, L))
+    method = REMAPPED[cfg.method]
+    return method.dual_chunk(cfg.params, method.context(cfg.params, cfg.original_max_position_embeddings))
 
 
 class written_with_block:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from ...serving.dual_chunk_config import FAMILIES
+from ...serving.dual_chunk_config import FAMILIES, writes_block
 from ..registry import Engine, register_engine
 from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native
 
@@ -68,7 +68,7 @@ def launch(served: Served, length: int | None) -> Launch:
     if served.gguf:
         return Launch(ENGINE, CANNOT, "SGLang is checked here on HF folders only: serve the folder 'hf-posenc patch "
                                       "--output' writes.", checked=CHECKED)
-    if served.method == "dca" and served.dual_chunk:  # SGLang's dual-chunk attention is DCA, by its own name
+    if served.dual_chunk and writes_block(served.method):  # SGLang's dual-chunk attention computes the method
         return _dual_chunk(served, length)
     if not served.native:
         return not_native(served, ENGINE, f"SGLang loads the folder as the unpatched model (config.json states the "
