@@ -1,5 +1,6 @@
 """``eval ppl``, ``eval passkey`` and ``finetune`` through the CLI on tiny checkpoints beyond a plain Llama: a
-sliding/full hybrid with a RoPE per layer type (gemma3_text), a checkpoint whose RoPE is already scaled (a Llama with
+sliding/full hybrid with a RoPE per layer type (gemma3_text; gemma4_text, whose head widths differ between its
+layer types and whose full layers turn a proportional RoPE), a checkpoint whose RoPE is already scaled (a Llama with
 llama3 x8 over 64, advertising 512) and a mixture of experts (qwen3_moe). Each saved with a real tokenizer; on the
 llama3 one a RoPE scaling extends the checkpoint's own (the composed longrope), which the reports and the saved
 checkpoint say, and which a reload and an unpatch give back exactly."""
@@ -27,10 +28,16 @@ GEMMA3_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": THETA},
 CHECKPOINTS = {  # name: (model_type, config overrides, the context L it advertises)
     "gemma3_text": ("gemma3_text", dict(head_dim=16, sliding_window=12, rope_parameters=GEMMA3_ROPE,
                                         layer_types=["sliding_attention", "full_attention"]), 64),
+    "gemma4_text": ("gemma4_text", dict(  # head widths 16 sliding / 32 full, proportional RoPE on the full layers
+        head_dim=16, global_head_dim=32, sliding_window=12, hidden_size_per_layer_input=16,
+        layer_types=["sliding_attention", "full_attention"], rope_parameters={
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": THETA},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 7_000.0}}), 64),
     "llama3": ("llama", dict(max_position_embeddings=512, rope_parameters=LLAMA3), 512),
     "qwen3_moe": ("qwen3_moe", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32), 64),
 }
 METHODS = ("none", "yarn", "self_extend", "dca")
+TRAINED = {"gemma4_text": "pi"}  # the scaling finetune trains (yarn; on Gemma 4's proportional RoPE the native one)
 
 
 @dataclass(frozen=True)
@@ -124,10 +131,15 @@ def test_eval_passkey_runs_every_method_with_a_needle_beyond_l(saved, tmp_path):
 
 
 def _expected_rope(saved: Saved, config: dict) -> None:
-    """config.json of the fine-tuned yarn x2: native rope_parameters twice the context, the original in the block."""
+    """config.json of the fine-tuned scaling x2 (:data:`TRAINED`): native rope_parameters twice the context, the
+    original in the block."""
     rope, block = config["rope_parameters"], config["hf_posenc"]
     assert config["max_position_embeddings"] == 2 * saved.context
-    if saved.name == "gemma3_text":
+    if saved.name == "gemma4_text":  # PI on the full layers' proportional RoPE: that type's own factor
+        assert rope["full_attention"] == {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                          "rope_theta": THETA, "factor": 2.0}
+        assert rope["sliding_attention"] == {"rope_type": "default", "rope_theta": 7_000.0}
+    elif saved.name == "gemma3_text":
         assert rope["full_attention"]["rope_type"] == "yarn" and rope["sliding_attention"]["rope_type"] == "default"
         assert rope["sliding_attention"]["rope_theta"] == 7_000.0
     elif saved.name == "llama3":
@@ -142,7 +154,8 @@ def _expected_rope(saved: Saved, config: dict) -> None:
 def test_finetune_trains_saves_and_reloads_the_trained_model(saved, tmp_path, capsys):
     seq_len = saved.context + 64
     out = tmp_path / "ft"
-    assert main(["finetune", "--model", saved.path, "--method", "yarn", "--factor", "2", "--corpus", "python-docs",
+    assert main(["finetune", "--model", saved.path, "--method", TRAINED.get(saved.name, "yarn"), "--factor", "2",
+                 "--corpus", "python-docs",
                  "--seq-len", str(seq_len), "--steps", "2", "--eval-windows", "1", "--no-long-eval", "--no-progress",
                  "--output", str(out)]) == 0
     assert "held-out ppl before" in capsys.readouterr().out
