@@ -19,7 +19,7 @@ import torch
 from helpers import ids, logits
 from test_cache_matrix import generated, recomputed_gap
 from test_remapped import relative
-from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
+from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -533,3 +533,25 @@ def test_an_attention_whose_indexer_reads_the_mask_is_run_with_one():
     attn, slot = attention_modules(twin)[0], rotary_slots(twin)[0]
     out = call_attention(attn, slot, twin.config, torch.arange(4)[None], "eager")
     assert out[0].shape[:2] == (1, 4) and torch.isfinite(out[0]).all()
+
+
+@pytest.mark.parametrize("reuse", ["crop", "reset"])
+def test_kv_shared_layers_under_logits_to_keep_read_this_calls_keys_after_a_cache_is_cut_back(reuse):
+    """Gemma 4's KV-shared layers compute the call's last queries only under logits_to_keep; the keys new in the call
+    come before them. The rotated keys kept from earlier steps were taken as valid up to those queries, so a cache cut
+    back (crop: multi-turn chat, assisted decoding; reset: a reused cache) handed the layer keys of the text it no
+    longer holds."""
+    model = hf_posenc.patch(build("gemma4_kv_shared"), "self_extend", group_size=4, window=8)  # remaps past 8
+    x, y = text(30), text(12, seed=2)
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        if reuse == "crop":
+            model(x[:, :10], past_key_values=cache, use_cache=True)
+        want = model(y, past_key_values=cache, use_cache=True).logits[:, -1]
+        cache = DynamicCache(config=model.config)
+        if reuse == "crop":
+            cache.activate_past_recording()  # (its sliding layers can then roll back)
+        model(x, past_key_values=cache, use_cache=True)
+        cache.crop(-20) if reuse == "crop" else cache.reset()  # (back to x[:, :10])
+        got = model(y, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    assert (got - want).abs().max().item() <= EXACT

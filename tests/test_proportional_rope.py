@@ -190,9 +190,9 @@ def test_explain_refuses_a_composition_over_a_scaled_proportional_rope_by_name(t
 def test_every_engine_refuses_a_scaled_proportional_rope_by_name(tmp_path):
     """vLLM 0.32 builds a proportional RoPE without its factor: serving the PI checkpoint there would compute the
     unscaled model. serve-config says so for every engine; eval --engine vllm refuses the variant."""
+    from hf_posenc.engines.registry import support_names
     from hf_posenc.eval.engine_choice import EngineChoice
     from hf_posenc.serving.launch_settings import serve_config
-    from hf_posenc.engines.registry import support_names
     from hf_posenc.serving.support import known_status
 
     model = gemma4()

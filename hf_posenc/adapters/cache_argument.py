@@ -12,8 +12,17 @@ import inspect
 from typing import Any
 
 from torch import nn
+from transformers import cache_utils
 
 CACHE_NAMES = ("cache", "past_key_values")
+# transformers' cache layers that hold no keys (where the release has them): a KV-shared layer's (Gemma 4: it reads
+# another layer's keys) and a linear-attention layer's state
+KEYLESS = tuple(t for t in (getattr(cache_utils, name, None) for name in ("DummyLayer", "LinearAttentionLayer")) if t)
+
+
+def holds_no_keys(layer: Any) -> bool:
+    """Whether a cache layer is one of :data:`KEYLESS`."""
+    return isinstance(layer, KEYLESS)
 
 
 def forward_names(module: nn.Module) -> list[str]:
@@ -58,8 +67,8 @@ def check_cache(cache: Any, method: str, window: int | None = None, layers: froz
     for index, layer in enumerate(getattr(cache, "layers", None) or ()):
         if layers is not None and index not in layers:
             continue
-        if not callable(getattr(layer, "get_seq_length", None)):
-            continue  # holds no keys (transformers' DummyLayer: a Gemma 4 KV-shared layer reads its source layer's)
+        if holds_no_keys(layer):
+            continue  # (a Gemma 4 KV-shared layer reads its source layer's keys, checked as that one)
         sliding = getattr(layer, "is_sliding", False)
         if sliding and window is not None and _slides_over(layer, window):
             continue

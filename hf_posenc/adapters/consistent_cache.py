@@ -38,7 +38,7 @@ from torch import nn
 
 from ..encodings import rope as R
 from .attention_probe import check_turns
-from .cache_argument import cache_keyword, passed_cache
+from .cache_argument import cache_keyword, holds_no_keys, passed_cache
 from .layout import attention_modules
 from .rotary_layout import INTERLEAVED, KeyLayout, first_rotated, key_layout, rotates
 
@@ -142,8 +142,8 @@ def rerotate_cache(cache: Any, layers: dict[int, KeyLayout] | None, position_ids
     turns: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # one (cos, sin) per cache length, batch and device
     for i, layout in (((i, KeyLayout()) for i in range(len(cache_layers))) if layers is None else layers.items()):
         layer = cache_layers[i]
-        if not callable(getattr(layer, "get_seq_length", None)) or not int(layer.get_seq_length()):
-            continue  # (transformers' DummyLayer holds no keys: Gemma 4's KV-shared layers read another layer's)
+        if holds_no_keys(layer) or not int(layer.get_seq_length()):
+            continue  # (a Gemma 4 KV-shared layer holds no keys: it reads another layer's, re-rotated there)
         _check_layer(cache, layer)  # before reading .keys: a quantized layer keeps its keys elsewhere
         keys = getattr(layer, layout.cached_in)
         b, m, device = keys.shape[0], min(int(layer.get_seq_length()), keys.shape[-2]), keys.device

@@ -122,7 +122,8 @@ def _narrow(config: Any, key: str, value: int) -> None:
     try:
         current = getattr(config, key, None)
         if current is not None:
-            setattr(config, key, [value] * len(current) if isinstance(current, (list, tuple)) else value)
+            per_layer = isinstance(current, (list, tuple)) and not isinstance(value, (list, tuple))
+            setattr(config, key, [value] * len(current) if per_layer else value)
     except Exception:  # noqa: BLE001 (config classes raise their own kinds here)
         pass
 

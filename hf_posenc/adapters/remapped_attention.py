@@ -166,7 +166,7 @@ def remapped_attention(module, query, key, value, attention_mask, dropout: float
     starts = state.row_starts(attention_mask, k_total)
     if starts is None:
         kept = state.rotated_keys(module, key, tables) if q <= state.rows(query) else None
-        out = attend(state, tables, query, key, value, past, scoring, kept)
+        out = attend(state, tables, query, key, value, past, scoring, kept, held=past - state.skipped(q))
     else:
         out = query.new_zeros(b, h, q, value.shape[-1])
         for r, s0 in enumerate(starts):
@@ -199,9 +199,11 @@ def eager_function(module):
 
 
 def attend(state: RemapState, tables: RotationTables, query, key, value, p0: int, scoring: Scoring,
-           kept: dict | None = None) -> torch.Tensor:
+           kept: dict | None = None, held: int | None = None) -> torch.Tensor:
     """Attention of queries at positions ``p0 ..`` over keys at positions ``0 ..`` under ``state.scheme``:
-    ``[batch, heads, q, dim]``; ``kept``: rotated keys of earlier steps (:meth:`RemapState.rotated_keys`)."""
+    ``[batch, heads, q, dim]``; ``kept``: rotated keys of earlier steps (:meth:`RemapState.rotated_keys`), valid for
+    the ``held`` keys the cache had before this call (default ``p0``: a layer gets every query of the call; Gemma 4's
+    KV-shared layers under ``logits_to_keep`` get the last ones, after keys new in this call)."""
     scheme = state.scheme
     q_len, k_len = query.shape[2], key.shape[2]
     q_pos = torch.arange(p0, p0 + q_len, device=query.device)
@@ -209,7 +211,7 @@ def attend(state: RemapState, tables: RotationTables, query, key, value, p0: int
     if factor is not None:
         query = query * factor.to(query.dtype)[:, None]
     rows = state.rows(query)
-    keys = KeyViews(key, tables, whole=q_len > rows, kept=kept, unchanged=min(p0, k_len))
+    keys = KeyViews(key, tables, whole=q_len > rows, kept=kept, unchanged=min(p0 if held is None else held, k_len))
     outs = []
     for a, e in scheme.blocks(p0, p0 + q_len, rows):
         qa, pos = query[:, :, a - p0 : e - p0], q_pos[a - p0 : e - p0]
