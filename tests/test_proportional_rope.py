@@ -81,6 +81,23 @@ def written_out(method: str, rp: dict, width: int, turning: int, original: int, 
 
 
 @pytest.mark.parametrize("family", ["gemma4_text", "lfm3"])
+def test_ntk_is_saved_as_the_proportional_type_with_its_new_base(family, tmp_path):
+    """NTK-aware scaling only raises the base: transformers' proportional RoPE with that rope_theta computes it."""
+    model = BUILD[family]()
+    rp, width, turning = full_rope(model)
+    x = ids(LONG) % 90 + 3
+    hf_posenc.patch(model, "ntk", factor=2.0)
+    saved = model.config.rope_parameters["full_attention"]
+    assert saved["rope_type"] == "proportional" and "factor" not in saved
+    assert saved["rope_theta"] == pytest.approx(rp["rope_theta"] * 2.0 ** (width / (width - 2)), rel=1e-12)
+    got = out(model, x)
+    model.save_pretrained(tmp_path)
+    assert model.config.hf_posenc["native"] is True
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
+    assert (out(plain, x) - got).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["gemma4_text", "lfm3"])
 def test_pi_is_saved_as_the_proportional_factor_and_reloads_in_plain_transformers(family, tmp_path):
     model = BUILD[family]()
     rope = model.model.rotary_emb

@@ -32,8 +32,8 @@ def native_rope_parameters(cfg: PosEncConfig, geom: R.RopeGeometry, base_rp: dic
     common = {"rope_theta": geom.base}
     common.update({k: base_rp[k] for k in LAYOUT_KEYS + ATTENTION_KEYS if k in base_rp})
     out = {**common, **native(cfg.factor, cfg.original_max_position_embeddings, cfg.params, geom)}
-    if geom.turning is not None and out.get("rope_type") == "linear":  # transformers' proportional takes a PI factor
-        out["rope_type"] = "proportional"
+    if geom.turning is not None and out.get("rope_type") in ("linear", "default"):
+        out["rope_type"] = "proportional"  # transformers' proportional RoPE takes a PI factor and any rope_theta (NTK)
     return out
 
 
