@@ -59,6 +59,11 @@ FAMILIES = {
         rope_parameters={
             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": THETA},
             "sliding_attention": {"rope_type": "default", "rope_theta": 7_000.0}})),
+    "qwen3_next": ("qwen3_next", dict(  # gated DeltaNet layers (no positions) beside partial-rotary full attention
+        head_dim=16, layer_types=["linear_attention", "full_attention"], linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=2, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA, "partial_rotary_factor": 0.5})),
     "smollm3": ("smollm3", dict(no_rope_layers=[1, 0], rope_parameters={"rope_type": "default", "rope_theta": THETA})),
     "deepseek_v3": ("deepseek_v3", dict(
         num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, kv_lora_rank=16, q_lora_rank=None,

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from .layout import attention_modules
+from .layout import layer_modules
 
 
 class HeldChecks:
@@ -19,10 +19,10 @@ class HeldChecks:
         self._held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def hold(self, model: nn.Module, key: Any, value: Any) -> None:
-        self._held[model] = (key, attention_modules(model), value)
+        self._held[model] = (key, layer_modules(model), value)
 
     def take(self, model: nn.Module, key: Any, compute: Callable[[], Any]) -> Any:
         held = self._held.pop(model, None)
-        if held is not None and held[0] == key and held[1] == attention_modules(model):  # (modules by identity)
+        if held is not None and held[0] == key and held[1] == layer_modules(model):  # (modules by identity)
             return held[2]
         return compute()

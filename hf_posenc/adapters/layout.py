@@ -43,6 +43,16 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
     return [attention_module(layer) for layer in decoder_layers(model)]
 
 
+def layer_modules(model: nn.Module) -> list[nn.Module | None]:
+    """Per decoder layer, its self-attention module, None where it has none (Qwen3-Next's and OLMo Hybrid's
+    linear-attention layers, LFM3's convolutions)."""
+    out = []
+    for layer in decoder_layers(model):
+        attn = getattr(layer, "self_attn", None)
+        out.append(attn if isinstance(attn, nn.Module) else None)
+    return out
+
+
 def nope_layers(config: Any, n: int) -> list[int]:
     """The indices of the layers without RoPE, from the config alone (``no_rope_layers``: 1 rotates, 0 does not)."""
     flags = getattr(config, "no_rope_layers", None)

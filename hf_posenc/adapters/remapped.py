@@ -64,7 +64,7 @@ def resolve_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, L: int) -
     plan = layer_plan(model, lay.config, lay.slots, name)
     tables = rotation_tables(plan, lay.config, REMAPPED[name].scheme(params, L), name)  # checks each layer's rotation
     _PLANS.hold(model, (name, L, params), (plan, tables))
-    kept = [m for m, s in zip(plan.modules, plan.slots) if s is None]
+    kept = [m for m, s in zip(plan.modules, plan.slots) if s is None and m is not None]
     if kept and impl == "eager" and eager_function(kept[0]) is None:
         raise ValueError(f"{name} leaves the sliding-window and NoPE layers to the model's eager attention, but the "
                          f"modeling file of {type(kept[0]).__name__} has no eager_attention_forward; load it with "
@@ -82,8 +82,9 @@ def apply_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, record: Pat
     record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
     record.add_hook(body(model).register_forward_hook(state.body_done, with_kwargs=True, always_call=True))
     for attn, table in zip(plan.modules, tables):
-        record.set_attr(attn, TABLES_ATTR, table)
-    select(model, record, state, plan.modules, register(), STATE_ATTR)
+        if attn is not None:
+            record.set_attr(attn, TABLES_ATTR, table)
+    select(model, record, state, plan.attention(), register(), STATE_ATTR)
     record.set_config("max_position_embeddings", method.context(cfg.params, L))
 
 

@@ -22,12 +22,14 @@ from torch import nn
 
 from .attention_probe import check_turns
 from .base import text_config
-from .layout import RotarySlot, attention_modules, decoder_layers, nope_layers
+from .layout import RotarySlot, decoder_layers, layer_modules, nope_layers
 from .remapped_attention import TABLES_ATTR
 from .remapped_keys import RotationTables
 from .rotary_layout import HALF, first_rotated, key_layout, rotates, twin_flags
 
 FULL, SLIDING = "full_attention", "sliding_attention"
+# layer types that read no RoPE position (a recurrent state, a convolution): left to the model, as NoPE layers are
+POSITION_FREE = ("linear_attention", "conv")
 LENGTH_DEPENDENT_TYPES = ("dynamic", "longrope")  # rope types whose frequencies follow the input's length
 
 
@@ -35,7 +37,7 @@ LENGTH_DEPENDENT_TYPES = ("dynamic", "longrope")  # rope types whose frequencies
 class LayerPlan:
     """Per attention module (in layer order), the RoPE slot the method computes it with (None: left alone)."""
 
-    modules: list[nn.Module]
+    modules: list[nn.Module | None]  # None: a layer without attention (POSITION_FREE)
     slots: list[RotarySlot | None]
 
     def computed(self) -> frozenset[int]:
@@ -44,6 +46,10 @@ class LayerPlan:
 
     def used_slots(self) -> list[RotarySlot]:
         return list(dict.fromkeys(s for s in self.slots if s is not None))
+
+    def attention(self) -> list[nn.Module]:
+        """The attention modules (the method's function serves them: computed, or delegated to the model's own)."""
+        return [m for m in self.modules if m is not None]
 
 
 def layer_types(config: Any, n: int) -> list[str]:
@@ -78,26 +84,31 @@ def probed_computed(config: Any) -> tuple[list[str], list[bool]]:
 def computed_layers(model: nn.Module) -> tuple[list[str], list[bool]]:
     """On a model an attention-level method patched: each layer's attention type, and whether the method computes
     it (its attention module holds the method's rotation tables)."""
-    modules = attention_modules(model)
-    computed = [m.__dict__.get(TABLES_ATTR) is not None for m in modules]
+    modules = layer_modules(model)
+    computed = [m is not None and m.__dict__.get(TABLES_ATTR) is not None for m in modules]
     return layer_types(text_config(model.config)[0], len(modules)), computed
 
 
 def layer_plan(model: nn.Module, config: Any, slots: list[RotarySlot], name: str) -> LayerPlan:
     """The plan of ``name`` on ``model``; a ValueError naming what it cannot serve."""
     types = layer_types(config, len(decoder_layers(model)))
-    other = sorted(set(types) - {FULL, SLIDING})
+    other = sorted(set(types) - {FULL, SLIDING} - set(POSITION_FREE))
     if other:  # before the attention modules: a linear-attention layer has none
-        raise ValueError(f"{name} computes full-attention layers and leaves sliding-window ones alone; "
-                         f"model_type={config.model_type!r} has layers of type {other}, which it does not serve.")
-    modules = attention_modules(model)
+        raise ValueError(f"{name} computes full-attention layers and leaves sliding-window and position-free "
+                         f"({', '.join(POSITION_FREE)}) ones alone; model_type={config.model_type!r} has layers of "
+                         f"type {other}, which it does not serve.")
+    modules = [m if t in (FULL, SLIDING) else None for m, t in zip(layer_modules(model), types)]
+    missing = [i for i, (m, t) in enumerate(zip(modules, types)) if m is None and t in (FULL, SLIDING)]
+    if missing:
+        raise ValueError(f"{name}: model_type={config.model_type!r} has no self_attn module in its attention layers "
+                         f"{missing}; this model is not supported.")
     if FULL not in types:
         window = getattr(config, "sliding_window", None)
         raise ValueError(f"{name} replaces full attention; model_type={config.model_type!r} uses sliding-window "
                          f"attention (sliding_window={window!r}) on every layer, where it has nothing to extend. "
                          "Load it with sliding_window=None.")
     plan = [slot_of(slots, config, t, name) if t == FULL else None for t in types]
-    plan = [s if s is not None and rotates(m, s, config) else None for m, s in zip(modules, plan)]
+    plan = [s if s is not None and m is not None and rotates(m, s, config) else None for m, s in zip(modules, plan)]
     if all(s is None for s in plan):
         full, declared = [i for i, t in enumerate(types) if t == FULL], getattr(config, "no_rope_layers", None)
         why = f"NoPE: no_rope_layers={declared!r}" if declared else "global NoPE beside its sliding layers"
@@ -178,8 +189,9 @@ def layers_note(types: list[str], computed: list[bool]) -> str | None:
         return None
     left = {"sliding-window": [i for i, t in enumerate(types) if t == SLIDING and not computed[i]],
             "NoPE (no RoPE)": [i for i, t in enumerate(types) if t == FULL and not computed[i]],
-            "other-type": [i for i, t in enumerate(types) if t not in (FULL, SLIDING)]}
-    other = sorted(set(types) - {FULL, SLIDING})
+            "position-free (linear-attention, convolution)": [i for i, t in enumerate(types) if t in POSITION_FREE],
+            "other-type": [i for i, t in enumerate(types) if t not in (FULL, SLIDING, *POSITION_FREE)]}
+    other = sorted(set(types) - {FULL, SLIDING} - set(POSITION_FREE))
     if other:  # what layer_plan refuses: the full-attention layers it would have computed are named too
         left["full-attention"] = [i for i, t in enumerate(types) if t == FULL and computed[i]]
     parts = [f"{len(v)} {what} layer{'s' * (len(v) > 1)} ({', '.join(map(str, v))})" for what, v in left.items() if v]
