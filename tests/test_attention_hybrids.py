@@ -290,17 +290,28 @@ def test_global_nope_beside_sliding_layers_is_found_by_running_the_layers_and_re
 
 
 @pytest.mark.parametrize("method", [*KNOBS, "alibi"])
-def test_a_model_with_linear_attention_layers_is_refused_by_its_layer_types(method):
-    """OLMo Hybrid's gated-DeltaNet layers have no self_attn: the refusal (of the ALiBi swap too) names their type
-    (it used to name the missing module of the first such layer), before any layer is touched."""
+def test_linear_attention_layers_are_left_to_the_model_and_an_unknown_layer_type_is_refused(method):
+    """OLMo Hybrid's gated-DeltaNet layers have no self_attn and read no RoPE position: an attention-level method
+    computes its full-attention layer only (equal inside its window, the DeltaNet layer's weights untouched). A layer
+    type the methods do not know (Llama 4's chunked attention) is refused by its name before any layer is touched,
+    as is the ALiBi swap, which needs a self-attention in every layer."""
     cfg = AutoConfig.for_model("olmo_hybrid", **{**SMALL, "layer_types": ["linear_attention", "full_attention"],
                                                  "linear_key_head_dim": 16, "linear_value_head_dim": 16,
                                                  "linear_num_key_heads": 2, "linear_num_value_heads": 2})
+    torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    said = (f"{method} computes full-attention layers and leaves sliding-window ones alone; model_type='olmo_hybrid' "
-            r"has layers of type \['linear_attention'\], which it does not serve")
-    if method == "alibi":  # the swap to ALiBi, on the same model
+    if method != "alibi":
+        short = text(INSIDE[method])
+        before = logits(model, short)
+        hf_posenc.patch(model, method, **{**KNOBS[method], **INSIDE_KNOBS.get(method, {})})
+        assert (logits(model, short) - before).abs().max().item() <= EXACT
+        hf_posenc.unpatch(model)
+        model.config.layer_types = ["chunked_attention", "full_attention"]
+        said = (f"{method} computes full-attention layers and leaves sliding-window and position-free "
+                r"\(linear_attention, conv\) ones alone; model_type='olmo_hybrid' has layers of type "
+                r"\['chunked_attention'\], which it does not serve")
+    else:  # the swap to ALiBi, on the same model
         said = (r"'alibi' swaps RoPE for ALiBi in each layer's self-attention; layers \[0\] of "
                 r"model_type='olmo_hybrid' have none \(layer types \['linear_attention'\]")
     with pytest.raises(ValueError, match=said):

@@ -382,7 +382,9 @@ def test_explain_on_configs_whose_twin_cannot_be_narrowed_falls_back_to_the_conf
     assert probed_computed(config) == declared_computed(config)
     if family == "blt":
         assert narrow_twin(config) is None
-    if family == "kimi_linear":  # its linear-attention layers: what hf_posenc.patch refuses, said so
-        assert layers_note(*probed_computed(config)).endswith(
-            "and 6 full-attention layers (4, 8, 12, 16, 20, 24)): hf_posenc.patch refuses it on this model, whose "
-            "layers of type ['linear_attention'] it does not serve")  # its full layers named too
+    if family == "kimi_linear":  # its full (MLA) layers state no RoPE: what hf_posenc.patch refuses, said so
+        assert layers_note(*probed_computed(config)) == (
+            "it would compute none of the 27 layers (6 NoPE (no RoPE) layers (4, 8, 12, 16, 20, 24) and 21 "
+            "position-free (linear-attention, convolution) layers (0, 1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, "
+            "19, 21, 22, 23, 25, 26)): hf_posenc.patch refuses it on this model, which has no full-attention layer "
+            "with RoPE")

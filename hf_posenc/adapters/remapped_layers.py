@@ -63,11 +63,13 @@ def layer_types(config: Any, n: int) -> list[str]:
 
 def declared_computed(config: Any, n: int | None = None) -> tuple[list[str], list[bool]]:
     """From the config alone (``explain``): each layer's attention type, and whether an attention-level method
-    computes it (full attention, not declared NoPE in ``no_rope_layers``; EXAONE 4's and Cohere 2's global NoPE
-    layers are found only on the model, by :func:`layer_plan`)."""
+    computes it (full attention, not declared NoPE in ``no_rope_layers``, in a config that states a RoPE at all --
+    Kimi Linear's MLA layers have none; EXAONE 4's and Cohere 2's global NoPE layers are found only on the model, by
+    :func:`layer_plan`)."""
     n = n or int(getattr(config, "num_hidden_layers", 0) or 0)
     types, nope = layer_types(config, n), set(nope_layers(config, n))
-    return types, [t == FULL and i not in nope for i, t in enumerate(types)]
+    rope = getattr(config, "rope_parameters", None) is not None or getattr(config, "rope_theta", None) is not None
+    return types, [rope and t == FULL and i not in nope for i, t in enumerate(types)]
 
 
 def probed_computed(config: Any) -> tuple[list[str], list[bool]]:
