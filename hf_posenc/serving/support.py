@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..adapters.base import text_config
-from ..adapters.layout import default_layer_types, per_layer_type
+from ..adapters.layout import default_layer_types, per_layer_type, scaled_by
 from ..engines.registry import display_name, support_names
 from ..methods import resolve_method
 from ..methods.rope import SCALINGS
@@ -87,7 +87,7 @@ PROPORTIONAL = ("transformers' proportional RoPE (Gemma 4's and LFM3's full-atte
 def scaled_proportional(rope: dict[str, Any]) -> bool:
     """Whether ``rope`` (one RoPE's ``rope_parameters``) is a proportional RoPE with a factor other than 1, which
     engines read as the unscaled one (:data:`PROPORTIONAL`)."""
-    return rope.get("rope_type") == "proportional" and float(rope.get("factor") or 1.0) != 1.0
+    return scaled_by(rope) == "proportional"
 
 
 def proportional_refusal(config: Any, method: str, layer_types: list[str] | None = None) -> str | None:
