@@ -256,3 +256,17 @@ def test_llama4s_complex_rotary_takes_dynamic_ntk_and_refuses_what_it_cannot_re_
             hf_posenc.patch(build(plain), "dynamic_ntk", factor=2.0, cache=mode)
     with pytest.raises(ValueError, match="model_type='llama4_text' has layers of type \\['chunked_attention'\\]"):
         hf_posenc.patch(build(plain), "self_extend", group_size=4, window=16)
+
+
+def test_longrope_rows_past_the_original_context_share_one_set_of_frequencies_and_dynamic_ntk_rows_do_not():
+    """LongRoPE switches once (every length past L has its long factors: one key), dynamic NTK grows with each
+    length (a key per length): what decides which cached keys are re-rotated and when generate re-encodes."""
+    from hf_posenc.adapters.rope_scaling import LengthAwareRope
+
+    def hook(method):
+        model = hf_posenc.patch(tiny_model("llama"), method, factor=2.0)
+        return next(h for m in model.modules() for h in m._forward_hooks.values() if isinstance(h, LengthAwareRope))
+
+    longrope, ntk = hook("longrope"), hook("dynamic_ntk")
+    assert longrope.key(60) is None and longrope.key(100) == longrope.key(120) == 65
+    assert ntk.key(100) == 100 and ntk.key(120) == 120

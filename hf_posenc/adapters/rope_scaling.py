@@ -62,7 +62,7 @@ class LengthAwareRope:
     def __init__(self, scaling: RopeScaling, geom: R.RopeGeometry, cfg: PosEncConfig, slot: RotarySlot,
                  watcher: CacheWatcher | None = None, layers: dict | None = None, regenerates: bool = False,
                  record: PatchRecord | None = None):
-        self.fn, self.grow = scaling.frequencies, scaling.dynamic  # (a module function: the hook pickles) == "grow"
+        self.fn, self.grow = scaling.frequencies, scaling.dynamic == "grow"  # (fn: a module function, it pickles)
         self.geom, self.cfg, self.slot, self.watcher, self.layers = geom, cfg, slot, watcher, layers
         self.regenerates, self.record = regenerates, record
 
