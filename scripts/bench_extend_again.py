@@ -123,7 +123,8 @@ def rows(args) -> tuple[list[list[str]], dict | None]:
                       *_needles(needles, label, args.length, depths)])
     if base and base.get("past_original"):
         edge = 1 - CONTEXT / args.length
-        table.append(["the checkpoint as it is, truncated to its 16,384 tokens", "–",
+        table.append(["the checkpoint as it is, truncated to its 16,384 tokens (needle columns: can it see the "
+                      "needle?)", "–",
                       f"{base['past_original']['ppl']:.2f}", "1",
                       *["✓" if d >= edge else "✗" for d in depths], ""])
     return table, ppl

@@ -250,7 +250,8 @@ def rows(args) -> list[list[str]]:
         table.append([name, f"{past:.2f}" if past else "–", gain, own, *_needles(needles, label, n, depths)])
     table += measured_rows(args, base_truncated, depths)
     if base_truncated:
-        table.append(["original model, truncated to L", f"{base_truncated['ppl']:.2f}", "1", "",
+        table.append(["original model, truncated to L (needle columns: can it see the needle?)",
+                      f"{base_truncated['ppl']:.2f}", "1", "",
                       *["✓" if d >= 1 - args.original_context / n else "✗" for d in depths], ""])
     return table
 

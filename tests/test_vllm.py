@@ -382,3 +382,20 @@ def test_a_config_serve_config_cannot_read_is_left_to_the_engine_not_a_traceback
     assert _engine_cannot(str(folder), "vllm", plain, block) is None
     with pytest.raises(ValueError, match="/nowhere/python. is not an executable file"):
         serve_check(str(folder), EngineSettings(python="/nowhere/python"), CheckSettings([100]))
+
+
+def test_the_cpu_kv_cache_counts_each_layer_at_its_own_width(tmp_path):
+    """Gemma 4's full-attention layers are twice as wide as its sliding ones (``per_layer_config``): the KV cache the
+    CPU engine is given counts them at their own width, not the top-level ``head_dim``."""
+    from transformers import AutoConfig
+
+    from hf_posenc.engines.vllm_worker import _cpu_kv_bytes
+
+    cfg = AutoConfig.for_model("gemma4_text", hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=32, global_head_dim=64, num_global_key_value_heads=2,
+                               attention_k_eq_v=True, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                               max_position_embeddings=4096)
+    cfg.save_pretrained(tmp_path)
+    per_token = 2 * (3 * 1 * 32 + 1 * 2 * 64)  # keys and values of three sliding layers and one full one
+    length = 1 << 20  # long enough that the 256 MiB floor does not hide the count
+    assert _cpu_kv_bytes(str(tmp_path), length, "float32") == 2 * per_token * 4 * length + (64 << 20)

@@ -71,15 +71,27 @@ def _in_process(kwargs):
     kwargs["distributed_executor_backend"] = "uni"
 
 
+def _layer_widths(text):
+    """(key/value heads, head width) of each layer: the config's own, or its ``per_layer_config`` override (Gemma 4's
+    full-attention layers: ``global_head_dim`` and their own head count)."""
+    heads = text["num_attention_heads"]
+    base = (text.get("num_key_value_heads") or heads, text.get("head_dim") or text["hidden_size"] // heads)
+    per_layer = text.get("per_layer_config") or {}
+    widths = []
+    for i in range(text["num_hidden_layers"]):
+        own = per_layer.get(str(i)) or per_layer.get(i) or {}
+        widths.append((own.get("num_key_value_heads") or base[0], own.get("head_dim") or base[1]))
+    return widths
+
+
 def _cpu_kv_bytes(folder, max_model_len, dtype):
     """Twice the KV cache of one sequence of the longest length the engine takes (without ``max_model_len``: the
-    positions the config states times its RoPE factor, as vLLM derives it for linear scaling), at least 256 MiB."""
+    positions the config states times its RoPE factor, as vLLM derives it for linear scaling), at least 256 MiB;
+    each layer counted at its own width."""
     with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     text = config.get("text_config", config)
-    heads = text["num_attention_heads"]
-    head_dim = text.get("head_dim") or text["hidden_size"] // heads
-    per_token = 2 * text["num_hidden_layers"] * text.get("num_key_value_heads", heads) * head_dim
+    per_token = 2 * sum(kv * width for kv, width in _layer_widths(text))
     factor = max(1.0, float((text.get("rope_parameters") or text.get("rope_scaling") or {}).get("factor") or 1.0))
     tokens = max_model_len or int((text.get("max_position_embeddings") or 32768) * factor)
     width = 4 if dtype in ("float32", "auto") else 2
