@@ -64,6 +64,9 @@ FAMILIES = {
         linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=2, num_experts=4,
         num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
         rope_parameters={"rope_type": "default", "rope_theta": THETA, "partial_rotary_factor": 0.5})),
+    "falcon_h1": ("falcon_h1", dict(  # each layer a Mamba-2 mixer beside full attention ('hybrid' layers)
+        head_dim=16, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_chunk_size=16,
+        key_multiplier=0.7, rope_parameters={"rope_type": "default", "rope_theta": THETA})),
     "smollm3": ("smollm3", dict(no_rope_layers=[1, 0], rope_parameters={"rope_type": "default", "rope_theta": THETA})),
     "deepseek_v3": ("deepseek_v3", dict(
         num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, kv_lora_rank=16, q_lora_rank=None,
@@ -157,7 +160,8 @@ def reference_attention(module, query, key, value, attention_mask, dropout=0.0, 
     method = module.config.hf_posenc_test_method
     groups = query.shape[1] // key.shape[1]
     q, k, v = query.double(), key.double().repeat_interleave(groups, 1), value.double().repeat_interleave(groups, 1)
-    full = layer_type(module.config, module.layer_idx) == "full_attention" and getattr(module, "use_rope", True)
+    full = layer_type(module.config, module.layer_idx) in ("full_attention", "hybrid") and getattr(module, "use_rope",
+                                                                                                  True)
     s = (full_scores(module, q, k, method) if full else q @ k.transpose(-1, -2)) * scaling
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
@@ -254,8 +258,9 @@ def test_a_model_whose_every_layer_slides_is_refused_by_name(method):
     cfg = AutoConfig.for_model("mistral", **{**SMALL, "sliding_window": 24})
     cfg._attn_implementation = "eager"
     model = AutoModelForCausalLM.from_config(cfg).eval()
-    with pytest.raises(ValueError, match=f"{method} replaces full attention; model_type='mistral' uses sliding-window "
-                                         "attention \\(sliding_window=24\\) on every layer"):
+    with pytest.raises(ValueError, match=f"{method} replaces full attention; model_type='mistral' has none \\(its "
+                                         "layers: \\['sliding_attention'\\]; sliding_window=24\\), so it has "
+                                         "nothing to extend"):
         hf_posenc.patch(model, method, **KNOBS[method])
     assert not hf_posenc.is_patched(model)
 
@@ -267,7 +272,7 @@ def test_a_model_whose_every_full_layer_is_nope_is_refused_by_name(method):
     model = build("smollm3", no_rope_layers=[0, 0])
     with pytest.raises(ValueError, match=f"{method} remaps the RoPE positions of full-attention layers; every "
                                          "full-attention layer of model_type='smollm3' \\(layers \\[0, 1\\]\\) "
-                                         "rotates nothing \\(NoPE: no_rope_layers=\\[0, 0\\]\\), so it has "
+                                         "rotates nothing \\(NoPE: no_rope_layers is 0 there\\), so it has "
                                          "nothing to extend"):
         hf_posenc.patch(model, method, **KNOBS[method])
     assert not hf_posenc.is_patched(model)
@@ -284,7 +289,8 @@ def test_global_nope_beside_sliding_layers_is_found_by_running_the_layers_and_re
     model = AutoModelForCausalLM.from_config(cfg).eval()
     with pytest.raises(ValueError, match=f"{method} remaps the RoPE positions of full-attention layers; every "
                                          "full-attention layer of model_type='exaone4' \\(layers \\[1\\]\\) "
-                                         "rotates nothing \\(global NoPE"):
+                                         "rotates nothing \\(NoPE: a probe of each one found its queries "
+                                         "and keys turned by no position\\)"):
         hf_posenc.patch(model, method, **KNOBS[method])
     assert not hf_posenc.is_patched(model)
 
@@ -293,8 +299,8 @@ def test_global_nope_beside_sliding_layers_is_found_by_running_the_layers_and_re
 def test_linear_attention_layers_are_left_to_the_model_and_an_unknown_layer_type_is_refused(method):
     """OLMo Hybrid's gated-DeltaNet layers have no self_attn and read no RoPE position: an attention-level method
     computes its full-attention layer only (equal inside its window, the DeltaNet layer's weights untouched). A layer
-    type the methods do not know (Llama 4's chunked attention) is refused by its name before any layer is touched,
-    as is the ALiBi swap, which needs a self-attention in every layer."""
+    type the methods do not know (DeepSeek-V3.2's indexed attention) is refused by its name before any layer is
+    touched, as is the ALiBi swap, which needs a self-attention in every layer."""
     cfg = AutoConfig.for_model("olmo_hybrid", **{**SMALL, "layer_types": ["linear_attention", "full_attention"],
                                                  "linear_key_head_dim": 16, "linear_value_head_dim": 16,
                                                  "linear_num_key_heads": 2, "linear_num_value_heads": 2})
@@ -307,10 +313,11 @@ def test_linear_attention_layers_are_left_to_the_model_and_an_unknown_layer_type
         hf_posenc.patch(model, method, **{**KNOBS[method], **INSIDE_KNOBS.get(method, {})})
         assert (logits(model, short) - before).abs().max().item() <= EXACT
         hf_posenc.unpatch(model)
-        model.config.layer_types = ["chunked_attention", "full_attention"]
-        said = (f"{method} computes full-attention layers and leaves sliding-window and position-free "
-                r"\(linear_attention, conv\) ones alone; model_type='olmo_hybrid' has layers of type "
-                r"\['chunked_attention'\], which it does not serve")
+        model.config.layer_types = ["indexed_attention", "full_attention"]
+        said = (rf"{method} computes full-attention layers \(full_attention, hybrid\) and leaves windowed "
+                r"\(sliding_attention, chunked_attention, hybrid_sliding\) and position-free \(linear_attention, "
+                r"conv\) ones alone; model_type='olmo_hybrid' has layers of type \['indexed_attention'\], which it "
+                "does not serve")
     else:  # the swap to ALiBi, on the same model
         said = (r"'alibi' swaps RoPE for ALiBi in each layer's self-attention; layers \[0\] of "
                 r"model_type='olmo_hybrid' have none \(layer types \['linear_attention'\]")
@@ -571,3 +578,20 @@ def test_kv_shared_layers_under_logits_to_keep_read_this_calls_keys_after_a_cach
         cache.crop(-20) if reuse == "crop" else cache.reset()  # (back to x[:, :10])
         got = model(y, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
     assert (got - want).abs().max().item() <= EXACT
+
+
+@pytest.mark.parametrize("method", ["self_extend", "dca"])
+def test_llama4s_chunked_rope_layers_and_nope_global_layers_are_refused_saying_why(method):
+    """Llama 4: its RoPE layers attend within chunks (never a distance past attention_chunk_size), its global layers
+    are NoPE: nothing to remap, said with both reasons, nothing changed."""
+    cfg = AutoConfig.for_model("llama4_text", **{**SMALL, "num_hidden_layers": 4, "head_dim": 16,
+                                                 "intermediate_size_mlp": 96, "num_local_experts": 2,
+                                                 "attention_chunk_size": 16, "no_rope_layers": [1, 1, 1, 0],
+                                                 "layer_types": ["chunked_attention"] * 3 + ["full_attention"]})
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with pytest.raises(ValueError, match=r"every full-attention layer of model_type='llama4_text' \(layers \[3\]\) "
+                                         r"rotates nothing \(NoPE: no_rope_layers is 0 there\), so it has nothing to "
+                                         r"extend; its chunked_attention layers never see a distance past their "
+                                         r"window \(attention_chunk_size=16\)"):
+        hf_posenc.patch(model, method, **KNOBS[method])
+    assert not hf_posenc.is_patched(model)

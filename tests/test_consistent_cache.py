@@ -173,6 +173,21 @@ def test_consistent_cache_on_a_hybrid_and_an_moe_stays_far_closer_than_stale(fam
     assert errors["consistent"] * 3 < errors["stale"], errors
 
 
+def test_consistent_cache_re_rotates_the_keys_of_hybrid_layers():
+    """Falcon-H1's 'hybrid' layers keep a Mamba-2 state and keys in one cache layer (a linear-attention layer that
+    holds keys too): their keys are re-rotated like a full-attention layer's. One layer, so consistent is exact."""
+    model = hf_posenc.patch(tiny_model("falcon_h1", num_hidden_layers=1, head_dim=16, mamba_d_ssm=32,
+                                       mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_chunk_size=16,
+                                       eos_token_id=None),  # (no token min_new_tokens would hold back)
+                            "dynamic_ntk", factor=2.0, cache="consistent")
+    prompt = ids(56)
+    mask = torch.ones_like(prompt)
+    seq, scores = greedy(model, prompt, 24, mask)  # 56 + 24 crosses the original 64
+    ref_seq, ref_scores = recomputed_greedy(model, prompt, mask, 24)
+    assert torch.equal(seq, ref_seq)
+    assert (scores - ref_scores).abs().max().item() <= 1e-4
+
+
 def test_consistent_cache_survives_save_load_copy_and_unpatch(tmp_path):
     import copy
 
@@ -231,7 +246,7 @@ def test_llama4s_complex_rotary_takes_dynamic_ntk_and_refuses_what_it_cannot_re_
     ``language_model`` while holding it as ``model``, and its layers are chunked: dynamic NTK with stale keys equals
     transformers' own past L (it crashed: "not enough values to unpack"); re-rotating keys needs a rotate-half or
     interleaved apply_rotary_pos_emb it does not have, so consistent/exact are refused naming cache='stale'; an
-    attention-level method is refused by the chunked layers' type, not by a missing layer list."""
+    attention-level method is refused naming its NoPE global layers and its chunks, not by a missing layer list."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     def build(rope_parameters):
@@ -254,7 +269,8 @@ def test_llama4s_complex_rotary_takes_dynamic_ntk_and_refuses_what_it_cannot_re_
         with pytest.raises(ValueError, match=f"cache='{mode}' .*Llama4TextAttention has no apply_rotary_pos_emb.* "
                                              "Patch with cache='stale'"):
             hf_posenc.patch(build(plain), "dynamic_ntk", factor=2.0, cache=mode)
-    with pytest.raises(ValueError, match="model_type='llama4_text' has layers of type \\['chunked_attention'\\]"):
+    with pytest.raises(ValueError, match="rotates nothing .*; its chunked_attention layers never see a distance "
+                                         "past their window \\(attention_chunk_size=32\\)"):
         hf_posenc.patch(build(plain), "self_extend", group_size=4, window=16)
 
 

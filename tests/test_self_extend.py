@@ -71,7 +71,7 @@ def test_self_extend_errors_are_clear():
     with pytest.raises(ValueError, match=f"window=64 must be shorter than the original context \\({ORIGINAL}\\)"):
         hf_posenc.patch(tiny_model("llama"), "self_extend", group_size=4, window=64)
     sliding = tiny_model("mistral", sliding_window=32)  # every layer slides: nothing to extend
-    with pytest.raises(ValueError, match="self_extend replaces full attention; model_type='mistral' uses "
-                                         "sliding-window attention \\(sliding_window=32\\) on every layer"):
+    with pytest.raises(ValueError, match="self_extend replaces full attention; model_type='mistral' has none "
+                                         "\\(its layers: \\['sliding_attention'\\]; sliding_window=32\\)"):
         hf_posenc.patch(sliding, "self_extend")
     assert not hf_posenc.is_patched(sliding)

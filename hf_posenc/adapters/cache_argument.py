@@ -21,8 +21,9 @@ KEYLESS = tuple(t for t in (getattr(cache_utils, name, None) for name in ("Dummy
 
 
 def holds_no_keys(layer: Any) -> bool:
-    """Whether a cache layer is one of :data:`KEYLESS`."""
-    return isinstance(layer, KEYLESS)
+    """Whether a cache layer is one of :data:`KEYLESS` and holds no keys beside (a hybrid layer's
+    ``LinearAttentionAndFullAttentionLayer`` is a linear-attention layer that holds keys too)."""
+    return isinstance(layer, KEYLESS) and not isinstance(layer, (cache_utils.DynamicLayer, cache_utils.StaticLayer))
 
 
 def forward_names(module: nn.Module) -> list[str]:

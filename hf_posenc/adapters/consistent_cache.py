@@ -118,10 +118,17 @@ def _layout(attn: nn.Module, slot, text_config: Any, inv_freq: torch.Tensor, mod
                          "behaviour).") from None
 
 
-def _check_layer(cache: Any, layer: Any) -> None:
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
+# transformers' cache layers that hold their keys in order in ``.keys`` (a hybrid layer's beside its linear-attention
+# state: Falcon-H1's), where the release has them
+IN_PLACE = ("DynamicLayer", "DynamicSlidingWindowLayer", "StaticLayer", "StaticSlidingWindowLayer",
+            "LinearAttentionAndFullAttentionLayer", "LinearAttentionAndSlidingWindowAttentionLayer",
+            "LinearAttentionAndStaticFullAttentionLayer", "LinearAttentionAndStaticSlidingWindowAttentionLayer")
 
-    if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer):
+
+def _check_layer(cache: Any, layer: Any) -> None:
+    from transformers import cache_utils
+
+    if type(layer) not in tuple(t for t in (getattr(cache_utils, name, None) for name in IN_PLACE) if t):
         raise ValueError(f"hf_posenc re-rotates the cached keys when the frequencies change, and this "
                          f"{type(cache).__name__} has a {type(layer).__name__} layer, whose keys cannot be re-rotated "
                          "in place. Use transformers' DynamicCache or StaticCache (offloaded and sliding-window forms "

@@ -1,10 +1,11 @@
 """Which attention layers an attention-level method computes, and with which RoPE: every full-attention layer,
 with the frequencies of its own rotary slot (a per-layer-type model's ``full_attention`` set, else the model's
 one set: scaled or not) on the dimensions that slot rotates (the first ``2 * len(inv_freq)`` of the head; the
-last ones under MLA, after the ``qk_nope_head_dim`` part that carries no position). Sliding-window layers are
-left to the model's own attention (a window never sees a position past its width), and so are layers without RoPE
-(SmolLM3's and Llama 4's NoPE layers, ``no_rope_layers``: the model rotates nothing there, so there is no position
-to remap).
+last ones under MLA, after the ``qk_nope_head_dim`` part that carries no position). A ``hybrid`` layer (Falcon-H1,
+ZAYA: a recurrent or convolution state beside full attention in one layer) is computed as a full-attention one, its
+state left to the model. Sliding-window and chunked layers are left to the model's own attention (a window or a
+chunk never sees a distance past its width), and so are layers without RoPE (SmolLM3's and Llama 4's NoPE layers,
+``no_rope_layers``: the model rotates nothing there, so there is no position to remap).
 
 Before anything is changed, each (attention class, rotary slot) pair is checked to compose as the method needs:
 the model's own rotation at ``p`` turned further by ``d`` equals its rotation at ``p + d`` (a rotary layout of
@@ -28,6 +29,11 @@ from .remapped_keys import RotationTables
 from .rotary_layout import HALF, first_rotated, key_layout, rotates, twin_flags
 
 FULL, SLIDING = "full_attention", "sliding_attention"
+# layer types whose attention is full and causal: a hybrid layer holds a linear-attention state beside it
+FULL_TYPES = (FULL, "hybrid")
+# layer types whose attention never sees a distance past a window (a chunk: Llama 4's chunked layers)
+WINDOWED = (SLIDING, "chunked_attention", "hybrid_sliding")
+ATTENDING = FULL_TYPES + WINDOWED
 # layer types that read no RoPE position (a recurrent state, a convolution): left to the model, as NoPE layers are
 POSITION_FREE = ("linear_attention", "conv")
 LENGTH_DEPENDENT_TYPES = ("dynamic", "longrope")  # rope types whose frequencies follow the input's length
@@ -69,7 +75,7 @@ def declared_computed(config: Any, n: int | None = None) -> tuple[list[str], lis
     n = n or int(getattr(config, "num_hidden_layers", 0) or 0)
     types, nope = layer_types(config, n), set(nope_layers(config, n))
     rope = getattr(config, "rope_parameters", None) is not None or getattr(config, "rope_theta", None) is not None
-    return types, [rope and t == FULL and i not in nope for i, t in enumerate(types)]
+    return types, [rope and t in FULL_TYPES and i not in nope for i, t in enumerate(types)]
 
 
 def probed_computed(config: Any) -> tuple[list[str], list[bool]]:
@@ -94,30 +100,41 @@ def computed_layers(model: nn.Module) -> tuple[list[str], list[bool]]:
 def layer_plan(model: nn.Module, config: Any, slots: list[RotarySlot], name: str) -> LayerPlan:
     """The plan of ``name`` on ``model``; a ValueError naming what it cannot serve."""
     types = layer_types(config, len(decoder_layers(model)))
-    other = sorted(set(types) - {FULL, SLIDING} - set(POSITION_FREE))
+    other = sorted(set(types) - set(ATTENDING) - set(POSITION_FREE))
     if other:  # before the attention modules: a linear-attention layer has none
-        raise ValueError(f"{name} computes full-attention layers and leaves sliding-window and position-free "
-                         f"({', '.join(POSITION_FREE)}) ones alone; model_type={config.model_type!r} has layers of "
-                         f"type {other}, which it does not serve.")
-    modules = [m if t in (FULL, SLIDING) else None for m, t in zip(layer_modules(model), types)]
-    missing = [i for i, (m, t) in enumerate(zip(modules, types)) if m is None and t in (FULL, SLIDING)]
+        raise ValueError(f"{name} computes full-attention layers ({', '.join(FULL_TYPES)}) and leaves windowed "
+                         f"({', '.join(WINDOWED)}) and position-free ({', '.join(POSITION_FREE)}) ones alone; "
+                         f"model_type={config.model_type!r} has layers of type {other}, which it does not serve.")
+    modules = [m if t in ATTENDING else None for m, t in zip(layer_modules(model), types)]
+    missing = [i for i, (m, t) in enumerate(zip(modules, types)) if m is None and t in ATTENDING]
     if missing:
         raise ValueError(f"{name}: model_type={config.model_type!r} has no self_attn module in its attention layers "
                          f"{missing}; this model is not supported.")
-    if FULL not in types:
-        window = getattr(config, "sliding_window", None)
-        raise ValueError(f"{name} replaces full attention; model_type={config.model_type!r} uses sliding-window "
-                         f"attention (sliding_window={window!r}) on every layer, where it has nothing to extend. "
-                         "Load it with sliding_window=None.")
-    plan = [slot_of(slots, config, t, name) if t == FULL else None for t in types]
+    if not any(t in FULL_TYPES for t in types):
+        raise ValueError(f"{name} replaces full attention; model_type={config.model_type!r} has none (its layers: "
+                         f"{sorted(set(types))}; {_windows(config)}), so it has nothing to extend: a window never "
+                         "sees a distance past its width. Load it with sliding_window=None to make them full.")
+    plan = [slot_of(slots, config, t, name) if t in FULL_TYPES else None for t in types]
     plan = [s if s is not None and m is not None and rotates(m, s, config) else None for m, s in zip(modules, plan)]
     if all(s is None for s in plan):
-        full, declared = [i for i, t in enumerate(types) if t == FULL], getattr(config, "no_rope_layers", None)
-        why = f"NoPE: no_rope_layers={declared!r}" if declared else "global NoPE beside its sliding layers"
+        full = [i for i, t in enumerate(types) if t in FULL_TYPES]
+        declared = getattr(config, "no_rope_layers", None)
+        why = ("NoPE: no_rope_layers is 0 there" if declared else
+               "NoPE: a probe of each one found its queries and keys turned by no position")
+        windowed = sorted(set(types) & set(WINDOWED))
+        rest = (f"; its {', '.join(windowed)} layers never see a distance past their window ({_windows(config)})"
+                if windowed else "")
         raise ValueError(f"{name} remaps the RoPE positions of full-attention layers; every full-attention layer of "
                          f"model_type={config.model_type!r} (layers {full}) rotates nothing ({why}), so it has "
-                         "nothing to extend.")
+                         f"nothing to extend{rest}.")
     return LayerPlan(modules, plan)
+
+
+def _windows(config: Any) -> str:
+    """The window widths the config states (``sliding_window``, ``attention_chunk_size``), as a phrase."""
+    said = [f"{k}={getattr(config, k)!r}" for k in ("sliding_window", "attention_chunk_size")
+            if getattr(config, k, None) is not None]
+    return ", ".join(said) or "no window stated"
 
 
 def slot_of(slots: list[RotarySlot], config: Any, layer_type: str, name: str) -> RotarySlot:
@@ -189,13 +206,14 @@ def layers_note(types: list[str], computed: list[bool]) -> str | None:
     n = len(types)
     if not n or all(computed):
         return None
-    left = {"sliding-window": [i for i, t in enumerate(types) if t == SLIDING and not computed[i]],
-            "NoPE (no RoPE)": [i for i, t in enumerate(types) if t == FULL and not computed[i]],
+    left = {"sliding-window": [i for i, t in enumerate(types) if t in (SLIDING, "hybrid_sliding")],
+            "chunked-attention": [i for i, t in enumerate(types) if t == "chunked_attention"],
+            "NoPE (no RoPE)": [i for i, t in enumerate(types) if t in FULL_TYPES and not computed[i]],
             "position-free (linear-attention, convolution)": [i for i, t in enumerate(types) if t in POSITION_FREE],
-            "other-type": [i for i, t in enumerate(types) if t not in (FULL, SLIDING, *POSITION_FREE)]}
-    other = sorted(set(types) - {FULL, SLIDING} - set(POSITION_FREE))
+            "other-type": [i for i, t in enumerate(types) if t not in (*ATTENDING, *POSITION_FREE)]}
+    other = sorted(set(types) - set(ATTENDING) - set(POSITION_FREE))
     if other:  # what layer_plan refuses: the full-attention layers it would have computed are named too
-        left["full-attention"] = [i for i, t in enumerate(types) if t == FULL and computed[i]]
+        left["full-attention"] = [i for i, t in enumerate(types) if t in FULL_TYPES and computed[i]]
     parts = [f"{len(v)} {what} layer{'s' * (len(v) > 1)} ({', '.join(map(str, v))})" for what, v in left.items() if v]
     if other:
         return (f"it would compute none of the {n} layers ({' and '.join(parts)}): hf_posenc.patch refuses it on this "
