@@ -191,8 +191,8 @@ def test_alibi_on_sliding_window_mistral_keeps_the_window(block):
 # -- refusals by name ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("method", ATTENTION_LEVEL)
 def test_attention_level_methods_refuse_a_sliding_window_mistral_by_name(method):
-    with pytest.raises(ValueError, match=f"{method} replaces full attention; model_type='mistral' uses sliding-window "
-                                         f"attention \\(sliding_window={WINDOW}\\)"):
+    with pytest.raises(ValueError, match=f"{method} replaces full attention; model_type='mistral' has none \\(its "
+                                         f"layers: \\['sliding_attention'\\]; sliding_window={WINDOW}\\)"):
         patched("mistral_sw", method)
 
 

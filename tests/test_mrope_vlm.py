@@ -1,12 +1,15 @@
 """Vision-language models with multimodal RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): each RoPE scaling patches the
 language model keeping its mrope_section and equals transformers' own computation of the same rope_parameters,
 on text and on image+text inputs (image tokens keep their 3-D positions); saved, reloaded, unpatched, cached.
-Methods that would remap the 3-D positions are refused by name before any compute."""
+The attention-level methods remap text positions: on text they equal the same method on the text decoder with the
+same weights (Qwen2 / Qwen3, whose 1-D RoPE MRoPE is when its three rows of positions are equal); a call with an
+image is refused before its vision encoder runs. Family swaps, which would replace the 3-D positions, are refused
+by name before any compute."""
 
 import pytest
 import torch
 from helpers import ORIGINAL, THETA, cached_last_logits
-from transformers import AutoConfig, AutoModelForImageTextToText
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 import hf_posenc
 from hf_posenc.adapters.rope_decoder import MROPE_FAMILIES, PROVEN_SCALINGS
@@ -139,9 +142,81 @@ def test_length_dependent_frequencies_per_row_of_3d_positions(model_type):
     assert (cos[0] - unhooked[0]).abs().max().item() > 1e-4  # row 0 (150) gets the frequencies of its own length
 
 
-@pytest.mark.parametrize("method", list(REMAPPED) + ["alibi", "nope"])
+TEXT_TWIN = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}  # the text decoder of the same layers
+KNOBS = {"self_extend": {"group_size": 4, "window": 16}, "dca": {"chunk_size": 48, "local_window": 4},
+         "rerope": {"window": 16}, "leaky_rerope": {"window": 16, "leak": 4.0},
+         "string": {"shifted_offset": 20, "local_window": 4}}
+
+
+def text_twin(model):
+    """The text decoder (Qwen2 for Qwen2-VL and Qwen2.5-VL, Qwen3 for Qwen3-VL) holding the language model's weights,
+    its RoPE the 1-D one of the same theta."""
+    text, kind = model.config.text_config.to_dict(), TEXT_TWIN[model.config.model_type]
+    shared = set(AutoConfig.for_model(kind).to_dict()) - {"model_type", "architectures", "dtype",
+                                                           "transformers_version"}
+    cfg = AutoConfig.for_model(kind, **{**{k: v for k, v in text.items() if k in shared},
+                                        "rope_parameters": {"rope_type": "default", "rope_theta": THETA}})
+    cfg._attn_implementation = "eager"
+    twin = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    weights = {k.replace("model.language_model.", "model."): v for k, v in model.state_dict().items()
+               if k.startswith(("model.language_model.", "lm_head."))}
+    twin.load_state_dict(weights)
+    return twin
+
+
+@pytest.mark.parametrize("method", list(REMAPPED))
 @pytest.mark.parametrize("model_type", MROPE_FAMILIES)
-def test_methods_that_remap_positions_are_refused_by_name(model_type, method):
+def test_attention_level_methods_on_text_equal_the_text_decoders(model_type, method):
+    model, text = build(model_type), text_input()
+    before = out(model, text)
+    reference = out(hf_posenc.patch(text_twin(model), method, **KNOBS[method]), text)
+    assert (out(text_twin(model), text) - before).abs().max().item() <= 1e-5  # the twin is the model on text
+    hf_posenc.patch(model, method, **KNOBS[method])
+    got = out(model, text)
+    assert (got - reference).abs().max().item() <= 1e-5
+    assert (got - before).abs().max().item() > 1e-4  # past the window the method changes them
+    x = text["input_ids"][:, :90]  # a prefill of 50, then a token at a time: the cache equals recomputing
+    assert (cached_last_logits(model, x, 50) - out(model, {"input_ids": x})[:, 49:-1]).abs().max().item() <= 1e-5
+    hf_posenc.unpatch(model)
+    assert torch.equal(out(model, text), before)
+
+
+@pytest.mark.parametrize("model_type", MROPE_FAMILIES)
+def test_an_attention_level_method_refuses_images_before_the_vision_encoder_runs(model_type):
+    model = build(model_type)
+    hf_posenc.patch(model, "dca", **KNOBS["dca"])
+    text = text_input()
+    want = out(model, text)
+    calls = []
+    model.model.visual.register_forward_pre_hook(lambda *a: calls.append(1))
+    model.model.language_model.register_forward_pre_hook(lambda *a: calls.append(2))
+    with pytest.raises(ValueError, match="dca \\(hf_posenc\\) computes causal attention over text positions; this "
+                                         "call has pixel_values \\(images, videos or audio"):
+        out(model, image_input())
+    assert not calls and hf_posenc.is_patched(model)
+    assert torch.equal(out(model, text), want)  # nothing changed by the refused call
+    rows = torch.arange(150).view(1, 1, 150).repeat(3, 1, 1)
+    rows[1, 0, 20:24] += 1  # an image's height positions, given by a caller to the language model itself
+    with pytest.raises(ValueError, match="positions differ between temporal, height and width"):
+        model.model.language_model(inputs_embeds=torch.zeros(1, 150, 64), position_ids=rows)
+
+
+@pytest.mark.parametrize("model_type", MROPE_FAMILIES)
+def test_an_attention_level_method_is_saved_and_loaded_back(model_type, tmp_path):
+    model, text = build(model_type), text_input()
+    hf_posenc.patch(model, "self_extend", **KNOBS["self_extend"])
+    want = out(model, text)
+    model.save_pretrained(tmp_path)
+    again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32, attn_implementation="eager").eval()
+    assert hf_posenc.get_config(again) == hf_posenc.get_config(model)
+    assert (out(again, text) - want).abs().max().item() <= 1e-5
+    with pytest.raises(ValueError, match="this call has pixel_values"):
+        out(again, image_input())
+
+
+@pytest.mark.parametrize("method", ["alibi", "nope"])
+@pytest.mark.parametrize("model_type", MROPE_FAMILIES)
+def test_swaps_that_replace_positions_are_refused_by_name(model_type, method):
     model = build(model_type)
     calls = []
     model.register_forward_pre_hook(lambda *a: calls.append(1))
@@ -163,9 +238,9 @@ def test_length_dependent_scalings_take_the_stale_cache_only(method):
     assert not hf_posenc.is_patched(model)
 
 
-def test_listed_for_the_scalings_only():
+def test_listed_for_the_scalings_and_the_attention_level_methods():
     listed = hf_posenc.list_methods()
-    for method in PROVEN_SCALINGS:
+    for method in [*PROVEN_SCALINGS, *REMAPPED]:
         assert set(MROPE_FAMILIES) <= set(listed[method]["families"])
-    for method in [*REMAPPED, "alibi", "dynamic_yarn"]:
+    for method in ["alibi", "dynamic_yarn"]:
         assert not set(MROPE_FAMILIES) & set(listed[method]["families"])

@@ -227,8 +227,8 @@ def test_bad_knobs_are_refused_by_name(method, knobs, message):
 
 def test_models_it_cannot_serve_are_refused():
     mistral = tiny_model("mistral", sliding_window=32)
-    with pytest.raises(ValueError, match="dca replaces full attention; model_type='mistral' uses sliding-window "
-                                         "attention \\(sliding_window=32\\)"):
+    with pytest.raises(ValueError, match="dca replaces full attention; model_type='mistral' has none \\(its layers: "
+                                         "\\['sliding_attention'\\]; sliding_window=32\\)"):
         hf_posenc.patch(mistral, "dca")
     model = tiny_model("llama")
     model.config._attn_implementation = "flash_attention_2"

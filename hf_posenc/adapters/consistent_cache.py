@@ -39,7 +39,7 @@ from torch import nn
 from ..encodings import rope as R
 from .attention_probe import check_turns
 from .cache_argument import cache_keyword, holds_no_keys, passed_cache
-from .layout import attention_modules
+from .layout import layer_modules
 from .rotary_layout import INTERLEAVED, KeyLayout, first_rotated, key_layout, rotates
 
 
@@ -90,15 +90,22 @@ def rotated_layers(model: nn.Module, text_config: Any, slot, inv_freq: torch.Ten
     """The decoder layers whose cached keys a rotary slot's change of frequencies turns, each with where its rotated
     dimensions sit: those of the slot's layer type (per-layer-type RoPE), else all, never a layer whose attention
     rotates nothing (a NoPE layer: its keys carry no rotation to redo). None: every layer, from dimension 0 in
-    the rotate-half layout (a model whose attention modules cannot be listed)."""
+    the rotate-half layout (a model whose attention modules cannot be listed, with one RoPE for every layer; with
+    one per layer type, which layers are whose is unknown: refused)."""
     try:
-        modules = attention_modules(model)
-    except ValueError:
+        modules = layer_modules(model)  # None for a layer without attention (LFM3's convolutions)
+    except ValueError as err:
+        if slot.layer_type is not None:
+            raise ValueError(f"cache={mode!r} re-rotates the cached keys of the {slot.layer_type} layers, and {err} "
+                             "Patch with cache='stale' (cached keys kept as stored, transformers' own "
+                             "behaviour).") from None
         return None
     types = getattr(text_config, "layer_types", None) or [None] * len(modules)
     layouts: dict[tuple, KeyLayout] = {}  # one check per attention class and rotated part
     out = {}
     for i, attn in enumerate(modules):
+        if attn is None:
+            continue
         if (slot.layer_type is None or types[i] == slot.layer_type) and rotates(attn, slot, text_config):
             key = (type(attn), first_rotated(attn))
             if key not in layouts:

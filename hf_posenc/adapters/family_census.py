@@ -31,13 +31,14 @@ ROPE = (
 # the families one attention-level method or more takes
 ATTENTION = (
     "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "bitnet", "cwm", "deepseek_v3", "diffllama", "doge",
-    "emu3", "exaone", "falcon_h1", "flex_olmo", "gemma", "gemma2", "gemma3_text", "gemma3n_text", "gemma4_text",
-    "gemma4_unified_text", "glm4_moe", "glm4_moe_lite", "gpt_oss", "granite", "granitemoe", "granitemoeshared", "hy_v3",
-    "hyperclovax", "internlm3", "iquestcoder", "jais2", "laguna", "lara_mini", "lfm2", "lfm3", "llama", "mellum",
-    "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2", "ministral3", "mixtral", "nemotron", "olmo", "olmo2", "olmo3",
+    "emu3", "exaone", "falcon_h1", "flex_olmo", "fuyu", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma3n_text",
+    "gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text", "glm4_moe", "glm4_moe_lite", "got_ocr2",
+    "gpt_oss", "granite", "granitemoe", "granitemoeshared", "hy_v3", "hyperclovax", "internlm3", "iquestcoder",
+    "jais2", "laguna", "lara_mini", "lfm2", "lfm3", "llama", "mellum", "mimo_v2_flash", "minicpm3", "minimax",
+    "minimax_m2", "ministral3", "mixtral", "moss_transcribe_diarize", "nemotron", "olmo", "olmo2", "olmo3",
     "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal", "phimoe", "qwen2", "qwen2_moe", "qwen3",
-    "qwen3_moe", "qwen3_next", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm",
-    "starcoder2", "vaultgemma", "youtu", "zaya"
+    "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "sarvam_mla",
+    "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma", "youtu", "zaya"
 )
 
 # the families nope takes (the rotary frequencies set to zero; the encoders' nope is their own adapter's)

@@ -16,11 +16,12 @@ from .base import text_config
 
 def body(model: nn.Module) -> nn.Module:
     """The decoder body: ``base_model``, or ``model.model`` where ``base_model_prefix`` names another attribute
-    (Llama 4's causal LM says ``language_model`` and holds its body as ``model``)."""
+    (Llama 4's causal LM says ``language_model`` and holds its body as ``model``), or the base model's
+    ``language_model`` (a vision-language model's: Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's)."""
     base = getattr(model, "base_model", model)
-    inner = getattr(model, "model", None)
-    if not hasattr(base, "layers") and isinstance(inner, nn.Module) and hasattr(inner, "layers"):
-        return inner
+    for found in (base, getattr(model, "model", None), getattr(base, "language_model", None)):
+        if isinstance(found, nn.Module) and hasattr(found, "layers"):
+            return found
     return base
 
 

@@ -17,6 +17,8 @@ from .attention import check_attention, select
 from .base import PatchRecord
 from .held_checks import HeldChecks
 from .layout import Layout, RotarySlot, body, head_dim, rope_geometry
+from .mrope import is_mrope
+from .multimodal_inputs import takes_media
 from .remapped_attention import STATE_ATTR, TABLES_ATTR, RemapState, eager_function, register
 from .remapped_layers import layer_plan, pin_frequencies, rotation_tables
 from .rope_native import softmax_rescalers
@@ -77,10 +79,12 @@ def apply_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, record: Pat
     plan, tables = _PLANS.take(model, (cfg.method, L, cfg.params), lambda: _planned(model, cfg, lay))
     delegate = check_attention(model, cfg.method)
     layers = None if all(t is not None for t in tables) else plan.computed()
-    state = RemapState(method.scheme(cfg.params, L), layers=layers, delegate=delegate)
+    state = RemapState(method.scheme(cfg.params, L), layers=layers, delegate=delegate, multimodal=is_mrope(lay))
     pin_frequencies(plan, lay.config, record)
     record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
     record.add_hook(body(model).register_forward_hook(state.body_done, with_kwargs=True, always_call=True))
+    if takes_media(model):
+        record.add_hook(model.register_forward_pre_hook(state.inputs_hook, with_kwargs=True))
     for attn, table in zip(plan.modules, tables):
         if attn is not None:
             record.set_attr(attn, TABLES_ATTR, table)

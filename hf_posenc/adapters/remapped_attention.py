@@ -39,8 +39,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..encodings.remap import Piece, Scheme
 from .attention import CacheOffset, fold_groups, register_attention, repeat_heads, unfold_groups
-from .cache_argument import passed_cache
+from .cache_argument import forward_names, passed_cache
 from .cuda_kernels import FLASH_DTYPES, band_piece, flash_piece, flash_usable
+from .mrope import check_text_positions
+from .multimodal_inputs import check_text_call
 from .remapped_keys import KeyViews, RotationTables
 
 NAME = "hf_posenc_remapped"
@@ -61,10 +63,14 @@ class RemapState(CacheOffset):
         self.__dict__.update(state)
         register()
 
+    multimodal = False  # whether the model's RoPE is multimodal: each call's positions are checked to be text's
+    # (class default: a state pickled by a release without it)
+
     def __init__(self, scheme: Scheme, block: int | None = None, layers: frozenset[int] | None = None,
-                 delegate: str = "sdpa"):
+                 delegate: str = "sdpa", multimodal: bool = False):
         super().__init__()
         self.scheme, self.block, self.layers, self.delegate = scheme, block, layers, delegate
+        self.multimodal = multimodal
         self._starts: dict[tuple, list[int] | None] | None = None  # this forward call's row starts, by mask shape
         self._cache = None  # this forward call's KV cache
 
@@ -79,7 +85,13 @@ class RemapState(CacheOffset):
         fused_gpu = query.is_cuda and query.dtype in FLASH_DTYPES and not grad
         return DEFAULT_BLOCK["fused_gpu" if fused_gpu else "eager"]
 
+    def inputs_hook(self, module, args, kwargs) -> None:
+        """A pre-hook on a multimodal model: a call with images, videos or audio is refused before anything runs."""
+        check_text_call(module, args, kwargs, self.method)
+
     def body_hook(self, module, args, kwargs) -> None:
+        if self.multimodal:
+            check_text_positions(_position_ids(module, args, kwargs), self.method)
         super().body_hook(module, args, kwargs)
         self._starts = {}  # a new forward call: its layers share its mask, and nothing of an earlier call is kept
         self._cache = passed_cache(module, args, kwargs)
@@ -117,6 +129,14 @@ class RemapState(CacheOffset):
         if key not in self._starts:
             self._starts[key] = padding_starts(attention_mask, k_total)
         return self._starts[key]
+
+
+def _position_ids(module, args: tuple, kwargs: dict):
+    """The ``position_ids`` a call of the model body got (by keyword, or by position), or None."""
+    if kwargs.get("position_ids") is not None:
+        return kwargs["position_ids"]
+    names = forward_names(module)[: len(args)]
+    return args[names.index("position_ids")] if "position_ids" in names else None
 
 
 @dataclass(frozen=True)

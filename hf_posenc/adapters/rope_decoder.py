@@ -67,7 +67,7 @@ ALREADY_SCALED_FAMILIES = ("gpt_oss", "apertus")
 PROVEN_SCALINGS = ("yarn", "pi", "ntk", "dynamic_ntk", "llama3", "longrope")
 # Vision-language models with multimodal RoPE (adapters/mrope.py) on which each scaling of PROVEN_SCALINGS is proven
 # equal to transformers' own computation, on text and on image+text inputs (tests/test_mrope_vlm.py); the
-# length-dependent ones with cache="stale".
+# length-dependent ones with cache="stale". The attention-level methods too, on text inputs (images refused).
 MROPE_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 # Decoders beyond the tested list on which the attention-level methods marked any_rope (every built-in one) are proven
 # (tests/test_attention_hybrids.py): sliding/full hybrids with sinks or soft-capping, partial rotary, MLA, NoPE layers
@@ -104,7 +104,7 @@ class RopeDecoderAdapter(Adapter):
             found += [t for t in GENERIC_FAMILIES if composes or t not in ALREADY_SCALED_FAMILIES]
             found += list(MROPE_FAMILIES)
         if found and spec.kind == ATTENTION and REMAPPED[spec.name].any_rope:
-            found += list(ANY_ROPE_ATTENTION_FAMILIES)
+            found += list(ANY_ROPE_ATTENTION_FAMILIES) + list(MROPE_FAMILIES)
         census = _census_families(spec)
         return found + [t for t in census if t not in found] if found else found
 
