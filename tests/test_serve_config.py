@@ -18,7 +18,8 @@ from hf_posenc.engines.launch import llama_cpp as llama_cpp_launch
 from hf_posenc.serving.launch_settings import describe, serve_config
 
 METHODS = {"none": {}, "yarn": {"factor": 2.0}, "pi": {"factor": 2.0}, "ntk": {"factor": 2.0},
-           "llama3": {"factor": 2.0}, "dynamic_ntk": {"factor": 2.0}, "dca": {}}
+           "llama3": {"factor": 2.0}, "dynamic_ntk": {"factor": 2.0}, "dca": {},
+           "dynamic_yarn": {"factor": 2.0}}  # (a RoPE scaling the config cannot state: native false)
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +37,27 @@ def tiny(tmp_path_factory):
 
 EXPECTED = {  # engine -> method -> what it computes (the method records' engines, and each engine's reader)
     "vllm": {"none": "same", "yarn": "same", "pi": "same", "ntk": "same", "llama3": "same",
-             "dynamic_ntk": "within_original", "dca": "cannot"},
+             "dynamic_ntk": "within_original", "dca": "cannot", "dynamic_yarn": "cannot"},
     "llama.cpp": {"none": "same", "yarn": "same", "pi": "same", "ntk": "same", "llama3": "same",
-                  "dynamic_ntk": "within_original", "dca": "cannot"},
+                  "dynamic_ntk": "within_original", "dca": "cannot", "dynamic_yarn": "cannot"},
     "sglang": {"none": "not measured", "yarn": "not measured", "pi": "not measured", "ntk": "not measured",
-               "llama3": "not measured", "dynamic_ntk": "cannot", "dca": "cannot"},
+               "llama3": "not measured", "dynamic_ntk": "cannot", "dca": "cannot", "dynamic_yarn": "cannot"},
     "ollama": {"none": "not measured", "yarn": "not measured", "pi": "not measured", "ntk": "not measured",
-               "llama3": "not measured", "dynamic_ntk": "cannot", "dca": "cannot"},
+               "llama3": "not measured", "dynamic_ntk": "cannot", "dca": "cannot", "dynamic_yarn": "cannot"},
     # TGI reads rope_theta / rope_scaling as transformers 4 spelled them: the tiny models' base is not 10,000
     "tgi": {"none": "cannot", "yarn": "cannot", "pi": "cannot", "ntk": "cannot", "llama3": "cannot",
-            "dynamic_ntk": "cannot", "dca": "cannot"},
+            "dynamic_ntk": "cannot", "dca": "cannot", "dynamic_yarn": "cannot"},
 }
+
+
+def test_a_scaling_saved_in_a_form_no_engine_reads_is_said_so_not_that_no_engine_implements_it(tiny):
+    """dynamic_yarn is a RoPE scaling, saved with native: false (no rope_parameters rebuild it): each engine's reason
+    says the checkpoint does not store it in a form engines read; dca's says no engine implements the method."""
+    for launch in serve_config(tiny["dynamic_yarn"]):
+        assert (f"{launch.engine} cannot compute this checkpoint (its `dynamic_yarn` is not stored as rope_parameters "
+                "that rebuild its frequencies" in launch.reason), launch.reason
+    assert all("does not implement `dca` (no engine implements it" in launch.reason
+               for launch in serve_config(tiny["dca"]))
 
 
 def test_every_engine_says_what_it_computes_for_every_method(tiny):

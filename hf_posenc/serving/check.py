@@ -29,6 +29,7 @@ import torch
 
 from ..checkpoints import loading
 from ..checkpoints.runtime import load_tokenizer, torch_dtype
+from ..engines.launch.base import unserved
 from ..engines.registry import display_name, runnable
 from ..engines.registry import engine as engine_record
 from ..engines.scorer import EngineRefused
@@ -194,7 +195,7 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
                              "original_context": original, "rtol": rtol, "rtol_basis": basis, "dtype": dtype,
                              "command": recorded_command(command), "environment": environment()}
     reason = (None if confirm_refusal else _engine_cannot(folder, engine, plain, block) if native else
-              f"no engine implements `{method}` (the checkpoint's block says native: false)")
+              f"{unserved(method)} (the checkpoint's block says native: false)")
     if reason:
         lengths = lengths or default_lengths(original, 2 * original if not native else
                                              int(plain.get("max_position_embeddings") or original))

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..adapters.base import text_config
 from ..adapters.layout import default_layer_types, per_layer_type, scaled_by
+from ..engines.launch.base import unserved
 from ..engines.registry import display_name, support_names
 from ..methods import resolve_method
 from ..methods.rope import SCALINGS
@@ -33,7 +34,7 @@ def known_status(block: dict[str, Any], dual_chunk: dict[str, Any] | None = None
     if any(scaled_proportional(r) for r in ropes):
         return [{"engine": e, "status": "cannot", "basis": PROPORTIONAL} for e in engines]
     if not native:
-        basis = f"not computable: no engine implements `{method}`"
+        basis = f"not computable: {unserved(method)}"
         if resolve_method(method).kind == "swap":
             status = f"the original positional encoding around weights meant for `{method}`: not this model"
             return [{"engine": e, "status": status, "basis": basis} for e in engines]

@@ -9,6 +9,8 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ...methods import METHODS
+
 COMPUTES = ("same", "not measured", "within_original", "past_original", "cannot")
 SAME, NOT_MEASURED, WITHIN, PAST, CANNOT = COMPUTES
 
@@ -130,11 +132,30 @@ def fence_for(lines: list[str]) -> str:
 
 
 
+def stored_unread(method: str) -> bool:
+    """Whether a checkpoint of ``method`` whose hf_posenc record says native: false holds a RoPE scaling the engines
+    implement, stored in a form they do not read (not rope_parameters that rebuild its frequencies)."""
+    spec = METHODS.get(method)
+    return spec is not None and spec.kind == "rope"
+
+
+def unserved(method: str) -> str:
+    """Why no engine serves a checkpoint of ``method`` whose hf_posenc record says native: false."""
+    if stored_unread(method):
+        return (f"its `{method}` is not stored as rope_parameters that rebuild its frequencies; only "
+                "hf_posenc.from_pretrained re-applies it")
+    return f"no engine implements `{method}`"
+
+
 def not_native(served: Served, engine: str, what_it_does: str) -> Launch:
-    """The launch of a checkpoint whose method this engine does not implement: none, and what it does instead."""
-    who = ("only SGLang reads its dual_chunk_attention_config" if served.dual_chunk else "no engine implements it")
-    return Launch(engine, CANNOT, f"{engine} does not implement `{served.method}` ({who}; the checkpoint's hf_posenc "
-                                  f"record says native: false); {what_it_does}.")
+    """The launch of a checkpoint whose method this engine does not compute from its config: none, and what it
+    does instead."""
+    if stored_unread(served.method):
+        lead = f"{engine} cannot compute this checkpoint ({unserved(served.method)}"
+    else:
+        who = "only SGLang reads its dual_chunk_attention_config" if served.dual_chunk else "no engine implements it"
+        lead = f"{engine} does not implement `{served.method}` ({who}"
+    return Launch(engine, CANNOT, f"{lead}; the checkpoint's hf_posenc record says native: false); {what_it_does}.")
 
 
 class TooLong(ValueError):
