@@ -102,7 +102,7 @@ OLD_DICTS = {
     "none": '{"method": "none", "factor": 1.0, "original_max_position_embeddings": null, "params": {}}',
     "string:original_max_position_embeddings=64":
         '{"method": "string", "factor": 1.0, "original_max_position_embeddings": 64, "params": {"shifted_offset": '
-        'null, "local_window": 128, "attention_factor": 1.0693147180559945}}',
+        'null, "local_window": null, "attention_factor": 1.0693147180559945}}',
     "YaRN : factor = 4 , beta_slow = 2":
         '{"method": "yarn", "factor": 4.0, "original_max_position_embeddings": null, "params": {"beta_fast": 32.0, '
         '"beta_slow": 2, "attention_factor": null, "mscale": null, "mscale_all_dim": null, "truncate": true, '

@@ -165,9 +165,10 @@ def test_save_reload_defaults_and_unpatch(tmp_path):
         model = tiny_model("llama")
         x = ids(90)
         before = logits(model, x)
-        knobs = {"local_window": 4} if method == "string" else {}  # (its default local window, 128, exceeds L / 3)
-        hf_posenc.patch(model, method, **knobs)  # otherwise the defaults from the original context
+        hf_posenc.patch(model, method)  # the defaults, from the original context
         cfg = hf_posenc.get_config(model)
+        if method == "string":  # its local window below L / 16 and the offset: 4 here (128 from L = 2,048 on)
+            assert (cfg.params["shifted_offset"], cfg.params["local_window"]) == (ORIGINAL // 3, ORIGINAL // 16)
         full = logits(model, x)
         assert (full - before).abs().max().item() > 1e-3  # 90 tokens reach past every default window
         out = tmp_path / method

@@ -189,10 +189,10 @@ _add(MethodSpec(
 # -- STRING (An et al. 2024) -----------------------------------------------------------------------------------
 def _check_string(factor: float, p: dict[str, Any]) -> None:
     _integer("shifted_offset", p["shifted_offset"], 1)
-    _integer("local_window", p["local_window"], 0, allow_none=False)
+    _integer("local_window", p["local_window"], 0)
     positive_number("attention_factor", p["attention_factor"], most=MAX_ATTENTION_FACTOR,
                     meaning=" (every attention score is scaled by its square)")
-    if p["shifted_offset"] is not None and p["local_window"] >= p["shifted_offset"]:
+    if None not in (p["shifted_offset"], p["local_window"]) and p["local_window"] >= p["shifted_offset"]:
         raise ValueError(f"local_window ({p['local_window']}) must be smaller than shifted_offset "
                          f"({p['shifted_offset']}): the shift moves distant keys closer, never farther.")
 
@@ -208,6 +208,7 @@ def _string_grid(L: int, T: int, factors: list[float]) -> list[dict[str, Any]]:
 
 def _string_defaults(p, L):
     p = _filled(p, shifted_offset=L // 3)
+    p = _filled(p, local_window=max(0, min(128, L // 16, p["shifted_offset"] - 1)))
     _check_string(1.0, p)
     _below("shifted_offset", p["shifted_offset"], L)
     return p
@@ -215,11 +216,11 @@ def _string_defaults(p, L):
 
 _add(MethodSpec(
     "string", KIND,
-    "STRING (An et al. 2024): relative positions past shifted_offset moved back to local_window "
-    "(i - j - shifted_offset + local_window), so the well-trained small positions replace the rarely trained "
-    "large ones; scores scaled by attention_factor^2 as YaRN's.",
+    "STRING (An et al. 2024): relative positions past shifted_offset (default L/3) moved back to local_window "
+    "(default min(128, L/16, shifted_offset - 1)): i - j - shifted_offset + local_window, so the well-trained "
+    "small positions replace the rarely trained large ones; scores scaled by attention_factor^2 as YaRN's.",
     aliases=("shifted_rope",), uses_factor=False,
-    params={"shifted_offset": None, "local_window": 128, "attention_factor": 0.1 * math.log(2) + 1},
+    params={"shifted_offset": None, "local_window": None, "attention_factor": 0.1 * math.log(2) + 1},
     check=_check_string, tune_grid=_string_grid),
     _string_defaults, lambda p, L: M.String(p["shifted_offset"], p["local_window"], float(p["attention_factor"])),
     any_rope=True)
