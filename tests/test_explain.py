@@ -388,3 +388,20 @@ def test_explain_on_configs_whose_twin_cannot_be_narrowed_falls_back_to_the_conf
             "position-free (linear-attention, convolution) layers (0, 1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, "
             "19, 21, 22, 23, 25, 26)): hf_posenc.patch refuses it on this model, which has no full-attention layer "
             "with RoPE")
+
+
+def test_explain_on_a_multimodal_config_says_the_method_runs_on_text(tmp_path):
+    """Gemma 3 as a vision-language model: the sliding layers left alone, and that a call with images is refused
+    (patch computes causal attention over text positions only)."""
+    from transformers import AutoConfig
+
+    text = dict(vocab_size=96, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16, sliding_window=8, max_position_embeddings=64,
+                layer_types=["sliding_attention", "full_attention"], model_type="gemma3_text")
+    vision = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    AutoConfig.for_model("gemma3", text_config=text, vision_config=vision).save_pretrained(tmp_path / "vlm")
+    out = explain("dca", str(tmp_path / "e"), model=str(tmp_path / "vlm"))
+    assert out["data"]["layers"] == ("it computes 1 of the 2 layers (the full-attention layers with RoPE); the model's "
+                                     "own attention runs the others, as they are: 1 sliding-window layer (0); on text "
+                                     "inputs: a call with images, videos or audio is refused before its encoders run")

@@ -62,8 +62,8 @@ def native_mismatch(config: Any, changes: dict[str, Any], ours: dict[Any, tuple[
     try:
         with errors_only("transformers.modeling_rope_utils"):  # (keys only engines read: vLLM's short_mscale)
             rebuilt = type(config).from_dict(data)
-    except Exception as err:  # a config class that refuses the values: not native
-        return f"{type(config).__name__} does not accept them ({type(err).__name__}: {err})"
+    except Exception as err:  # a config class that refuses the values: not native (its error's first sentence)
+        return f"{type(config).__name__} does not accept them ({type(err).__name__}: {str(err).split('. ')[0]})"
     modules = {}
     for slot, (inv_freq, attention) in ours.items():
         cls = type(slot.module)

@@ -220,10 +220,17 @@ def _attention(cfg: PosEncConfig, geom: Geometry, length: int, output: str, reso
 
 def _layers_note(model: str | None) -> str | None:
     """Which layers an attention-level method computes on ``model``, where it leaves some: from its config (sliding
-    layers, declared NoPE ones) and a narrow twin built from it (global NoPE layers, found by running them)."""
+    layers, declared NoPE ones) and a narrow twin built from it (global NoPE layers, found by running them); on a
+    multimodal model (a sub-config beside its language model's), that it runs on text inputs."""
     if model is None:
         return None
-    return layers_note(*probed_computed(text_config(read_config(resolve_source(model)))[0]))
+    config = read_config(resolve_source(model))
+    lm, prefix = text_config(config)
+    note = layers_note(*probed_computed(lm))
+    if prefix and set(getattr(config, "sub_configs", None) or {}) - {prefix[:-1]}:  # images, videos or audio beside
+        media = "on text inputs: a call with images, videos or audio is refused before its encoders run"
+        note = f"{note}; {media}" if note else media
+    return note
 
 
 def _buckets(cfg: PosEncConfig, geom: Geometry, length: int, output: str) -> dict[str, Any]:
