@@ -404,4 +404,5 @@ def test_explain_on_a_multimodal_config_says_the_method_runs_on_text(tmp_path):
     out = explain("dca", str(tmp_path / "e"), model=str(tmp_path / "vlm"))
     assert out["data"]["layers"] == ("it computes 1 of the 2 layers (the full-attention layers with RoPE); the model's "
                                      "own attention runs the others, as they are: 1 sliding-window layer (0); on text "
-                                     "inputs: a call with images, videos or audio is refused before its encoders run")
+                                     "inputs: a call with images, videos or audio is refused before its language "
+                                     "model runs")

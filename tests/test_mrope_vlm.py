@@ -3,8 +3,8 @@ language model keeping its mrope_section and equals transformers' own computatio
 on text and on image+text inputs (image tokens keep their 3-D positions); saved, reloaded, unpatched, cached.
 The attention-level methods remap text positions: on text they equal the same method on the text decoder with the
 same weights (Qwen2 / Qwen3, whose 1-D RoPE MRoPE is when its three rows of positions are equal); a call with an
-image is refused before its vision encoder runs. Family swaps, which would replace the 3-D positions, are refused
-by name before any compute."""
+image is refused before its vision encoder runs (generate with text alone runs). Family swaps, which would replace
+the 3-D positions, are refused by name before any compute."""
 
 import pytest
 import torch
@@ -179,6 +179,24 @@ def test_attention_level_methods_on_text_equal_the_text_decoders(model_type, met
     assert (cached_last_logits(model, x, 50) - out(model, {"input_ids": x})[:, 49:-1]).abs().max().item() <= 1e-5
     hf_posenc.unpatch(model)
     assert torch.equal(out(model, text), before)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("model_type", MROPE_FAMILIES)
+def test_generate_on_text_equals_the_text_decoders(model_type, cache):
+    """generate passes an empty mm_encoder_outputs with text alone: not media. Greedy decoding past the window, on
+    a left-padded batch, gives the text decoder's tokens and logits."""
+    model = build(model_type)
+    twin = hf_posenc.patch(text_twin(model), "dca", **KNOBS["dca"])
+    hf_posenc.patch(model, "dca", **KNOBS["dca"])
+    x = text_input(56)["input_ids"].repeat(2, 1)
+    mask = torch.ones_like(x)
+    x[1, :6], mask[1, :6] = 0, 0  # the second row left-padded
+    runs = [m.generate(input_ids=x, attention_mask=mask, max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                       cache_implementation=cache, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+            for m in (model, twin)]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert (torch.stack(runs[0].logits) - torch.stack(runs[1].logits)).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("model_type", MROPE_FAMILIES)

@@ -79,7 +79,12 @@ def test_an_attention_level_method_on_text_equals_the_text_model_and_refuses_ima
     wrapped.model.vision_tower.register_forward_pre_hook(lambda *a: calls.append(1))
     ids = x.clone()
     ids[0, 10:14] = IMAGE
-    with pytest.raises(ValueError, match=f"{method} \\(hf_posenc\\) computes causal attention over text positions; "
-                                         "this call has pixel_values"):
-        wrapped(input_ids=ids, pixel_values=torch.randn(1, 3, 28, 28))
+    for called in (wrapped, wrapped.model):  # the base model called alone too (Gemma3Model)
+        with pytest.raises(ValueError, match=f"{method} \\(hf_posenc\\) computes causal attention over text "
+                                             "positions; this call has pixel_values"):
+            called(input_ids=ids, pixel_values=torch.randn(1, 3, 28, 28))
     assert not calls
+    with torch.no_grad():  # text alone through generate (it passes an empty mm_encoder_outputs)
+        runs = [m.generate(input_ids=x[:, :56], max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                           pad_token_id=0) for m in (wrapped, text)]
+    assert torch.equal(runs[0], runs[1])

@@ -7,7 +7,7 @@ transformers computes from the same ``rope_parameters`` (``mrope_section`` kept 
 
 An attention-level method remaps text positions: where a call's three rows of positions are equal (text), MRoPE is
 the 1-D RoPE of that position, which is the token's index, and the method computes exactly what it computes on a
-text-only decoder. A call with images or videos is refused before its vision encoder runs
+text-only decoder. A call with images or videos is refused before the language model runs
 (``multimodal_inputs.py``), and one whose positions differ between rows (given by the caller) before the language
 model's layers run (:func:`check_text_positions`).
 

@@ -18,7 +18,7 @@ from .base import PatchRecord
 from .held_checks import HeldChecks
 from .layout import Layout, RotarySlot, body, head_dim, rope_geometry
 from .mrope import is_mrope
-from .multimodal_inputs import takes_media
+from .multimodal_inputs import media_takers
 from .remapped_attention import STATE_ATTR, TABLES_ATTR, RemapState, eager_function, register
 from .remapped_layers import layer_plan, pin_frequencies, rotation_tables
 from .rope_native import softmax_rescalers
@@ -83,8 +83,8 @@ def apply_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, record: Pat
     pin_frequencies(plan, lay.config, record)
     record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
     record.add_hook(body(model).register_forward_hook(state.body_done, with_kwargs=True, always_call=True))
-    if takes_media(model):
-        record.add_hook(model.register_forward_pre_hook(state.inputs_hook, with_kwargs=True))
+    for outer in media_takers(model, body(model)):  # the model, and its base model called alone (Gemma3Model)
+        record.add_hook(outer.register_forward_pre_hook(state.inputs_hook, with_kwargs=True))
     for attn, table in zip(plan.modules, tables):
         if attn is not None:
             record.set_attr(attn, TABLES_ATTR, table)

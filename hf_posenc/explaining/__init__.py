@@ -228,7 +228,7 @@ def _layers_note(model: str | None) -> str | None:
     lm, prefix = text_config(config)
     note = layers_note(*probed_computed(lm))
     if prefix and set(getattr(config, "sub_configs", None) or {}) - {prefix[:-1]}:  # images, videos or audio beside
-        media = "on text inputs: a call with images, videos or audio is refused before its encoders run"
+        media = "on text inputs: a call with images, videos or audio is refused before its language model runs"
         note = f"{note}; {media}" if note else media
     return note
 
