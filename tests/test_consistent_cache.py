@@ -29,16 +29,21 @@ def recomputed_greedy(model, prompt, mask, n):
     return seq, torch.stack(scores, 1)
 
 
+def assert_decodes_as_recomputed(model):
+    """Greedy generate from 56 tokens to 80 (crossing the original 64) equals recomputing the sequence each step."""
+    prompt = ids(56)
+    mask = torch.ones_like(prompt)
+    seq, scores = greedy(model, prompt, 24, mask)
+    ref_seq, ref_scores = recomputed_greedy(model, prompt, mask, 24)
+    assert torch.equal(seq, ref_seq)
+    assert (scores - ref_scores).abs().max().item() <= 1e-4
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("method", sorted(DYNAMIC))
 def test_consistent_cache_equals_recomputing_the_sequence(method, family):
     model = hf_posenc.patch(tiny_model(family), method, cache="consistent", **DYNAMIC[method])
-    prompt = ids(56)
-    mask = torch.ones_like(prompt)
-    seq, scores = greedy(model, prompt, 24, mask)  # 56 + 24 crosses the original 64
-    ref_seq, ref_scores = recomputed_greedy(model, prompt, mask, 24)
-    assert torch.equal(seq, ref_seq)
-    assert (scores - ref_scores).abs().max().item() <= 1e-4
+    assert_decodes_as_recomputed(model)
 
 
 def test_stale_cache_drifts_from_recomputing_and_consistent_is_the_default():
@@ -180,12 +185,7 @@ def test_consistent_cache_re_rotates_the_keys_of_hybrid_layers():
                                        mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_chunk_size=16,
                                        eos_token_id=None),  # (no token min_new_tokens would hold back)
                             "dynamic_ntk", factor=2.0, cache="consistent")
-    prompt = ids(56)
-    mask = torch.ones_like(prompt)
-    seq, scores = greedy(model, prompt, 24, mask)  # 56 + 24 crosses the original 64
-    ref_seq, ref_scores = recomputed_greedy(model, prompt, mask, 24)
-    assert torch.equal(seq, ref_seq)
-    assert (scores - ref_scores).abs().max().item() <= 1e-4
+    assert_decodes_as_recomputed(model)
 
 
 def test_consistent_cache_survives_save_load_copy_and_unpatch(tmp_path):
