@@ -34,17 +34,23 @@ def forward_names(module: nn.Module) -> list[str]:
         return []
 
 
-def passed_cache(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-    """The KV cache ``module``'s forward was called with (by keyword under either name, or by position), or None."""
-    for name in CACHE_NAMES:
+def passed_argument(module: nn.Module, args: tuple, kwargs: dict, names: tuple[str, ...]) -> Any:
+    """The argument ``module``'s forward was called with under one of ``names`` (by keyword, or by position), or
+    None."""
+    for name in names:
         if kwargs.get(name) is not None:
             return kwargs[name]
     if len(args) > 1:
-        names = forward_names(module)[: len(args)]
-        for name in CACHE_NAMES:
-            if name in names:
-                return args[names.index(name)]
+        given = forward_names(module)[: len(args)]
+        for name in names:
+            if name in given:
+                return args[given.index(name)]
     return None
+
+
+def passed_cache(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    """The KV cache ``module``'s forward was called with (by keyword under either name, or by position), or None."""
+    return passed_argument(module, args, kwargs, CACHE_NAMES)
 
 
 def _slides_over(layer: Any, window: int) -> bool:

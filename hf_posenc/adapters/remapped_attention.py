@@ -39,7 +39,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..encodings.remap import Piece, Scheme
 from .attention import CacheOffset, fold_groups, register_attention, repeat_heads, unfold_groups
-from .cache_argument import forward_names, passed_cache
+from .cache_argument import passed_argument, passed_cache
 from .cuda_kernels import FLASH_DTYPES, band_piece, flash_piece, flash_usable
 from .mrope import check_text_positions
 from .multimodal_inputs import check_text_call
@@ -91,7 +91,7 @@ class RemapState(CacheOffset):
 
     def body_hook(self, module, args, kwargs) -> None:
         if self.multimodal:
-            check_text_positions(_position_ids(module, args, kwargs), self.method)
+            check_text_positions(passed_argument(module, args, kwargs, ("position_ids",)), self.method)
         super().body_hook(module, args, kwargs)
         self._starts = {}  # a new forward call: its layers share its mask, and nothing of an earlier call is kept
         self._cache = passed_cache(module, args, kwargs)
@@ -129,14 +129,6 @@ class RemapState(CacheOffset):
         if key not in self._starts:
             self._starts[key] = padding_starts(attention_mask, k_total)
         return self._starts[key]
-
-
-def _position_ids(module, args: tuple, kwargs: dict):
-    """The ``position_ids`` a call of the model body got (by keyword, or by position), or None."""
-    if kwargs.get("position_ids") is not None:
-        return kwargs["position_ids"]
-    names = forward_names(module)[: len(args)]
-    return args[names.index("position_ids")] if "position_ids" in names else None
 
 
 @dataclass(frozen=True)
