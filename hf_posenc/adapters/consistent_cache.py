@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import cache_utils
 
 from ..encodings import rope as R
 from .attention_probe import check_turns
@@ -127,15 +128,14 @@ def _layout(attn: nn.Module, slot, text_config: Any, inv_freq: torch.Tensor, mod
 
 # transformers' cache layers that hold their keys in order in ``.keys`` (a hybrid layer's beside its linear-attention
 # state: Falcon-H1's), where the release has them
-IN_PLACE = ("DynamicLayer", "DynamicSlidingWindowLayer", "StaticLayer", "StaticSlidingWindowLayer",
-            "LinearAttentionAndFullAttentionLayer", "LinearAttentionAndSlidingWindowAttentionLayer",
-            "LinearAttentionAndStaticFullAttentionLayer", "LinearAttentionAndStaticSlidingWindowAttentionLayer")
+IN_PLACE = tuple(t for t in (getattr(cache_utils, name, None) for name in (
+    "DynamicLayer", "DynamicSlidingWindowLayer", "StaticLayer", "StaticSlidingWindowLayer",
+    "LinearAttentionAndFullAttentionLayer", "LinearAttentionAndSlidingWindowAttentionLayer",
+    "LinearAttentionAndStaticFullAttentionLayer", "LinearAttentionAndStaticSlidingWindowAttentionLayer")) if t)
 
 
 def _check_layer(cache: Any, layer: Any) -> None:
-    from transformers import cache_utils
-
-    if type(layer) not in tuple(t for t in (getattr(cache_utils, name, None) for name in IN_PLACE) if t):
+    if type(layer) not in IN_PLACE:
         raise ValueError(f"hf_posenc re-rotates the cached keys when the frequencies change, and this "
                          f"{type(cache).__name__} has a {type(layer).__name__} layer, whose keys cannot be re-rotated "
                          "in place. Use transformers' DynamicCache or StaticCache (offloaded and sliding-window forms "

@@ -79,11 +79,12 @@ def apply_remapped(model: nn.Module, cfg: PosEncConfig, lay: Layout, record: Pat
     plan, tables = _PLANS.take(model, (cfg.method, L, cfg.params), lambda: _planned(model, cfg, lay))
     delegate = check_attention(model, cfg.method)
     layers = None if all(t is not None for t in tables) else plan.computed()
-    state = RemapState(method.scheme(cfg.params, L), layers=layers, delegate=delegate, multimodal=is_mrope(lay))
+    state = RemapState(method.scheme(cfg.params, L), layers=layers, delegate=delegate, mrope=is_mrope(lay))
     pin_frequencies(plan, lay.config, record)
-    record.add_hook(body(model).register_forward_pre_hook(state.body_hook, with_kwargs=True))
-    record.add_hook(body(model).register_forward_hook(state.body_done, with_kwargs=True, always_call=True))
-    for outer in media_takers(model, body(model)):  # the model, and its base model called alone (Gemma3Model)
+    inner = body(model)
+    record.add_hook(inner.register_forward_pre_hook(state.body_hook, with_kwargs=True))
+    record.add_hook(inner.register_forward_hook(state.body_done, with_kwargs=True, always_call=True))
+    for outer in media_takers(model, inner):  # the model, and its base model called alone (Gemma3Model)
         record.add_hook(outer.register_forward_pre_hook(state.inputs_hook, with_kwargs=True))
     for attn, table in zip(plan.modules, tables):
         if attn is not None:

@@ -63,14 +63,14 @@ class RemapState(CacheOffset):
         self.__dict__.update(state)
         register()
 
-    multimodal = False  # whether the model's RoPE is multimodal: each call's positions are checked to be text's
+    mrope = False  # whether the model's RoPE is multimodal: each call's positions are checked to be text's
     # (class default: a state pickled by a release without it)
 
     def __init__(self, scheme: Scheme, block: int | None = None, layers: frozenset[int] | None = None,
-                 delegate: str = "sdpa", multimodal: bool = False):
+                 delegate: str = "sdpa", mrope: bool = False):
         super().__init__()
         self.scheme, self.block, self.layers, self.delegate = scheme, block, layers, delegate
-        self.multimodal = multimodal
+        self.mrope = mrope
         self._starts: dict[tuple, list[int] | None] | None = None  # this forward call's row starts, by mask shape
         self._cache = None  # this forward call's KV cache
 
@@ -90,7 +90,7 @@ class RemapState(CacheOffset):
         check_text_call(module, args, kwargs, self.method)
 
     def body_hook(self, module, args, kwargs) -> None:
-        if self.multimodal:
+        if self.mrope:
             check_text_positions(passed_argument(module, args, kwargs, ("position_ids",)), self.method)
         super().body_hook(module, args, kwargs)
         self._starts = {}  # a new forward call: its layers share its mask, and nothing of an earlier call is kept
