@@ -120,6 +120,21 @@ def test_card_rows_from_a_serve_check():
     assert measured_rows(known_status(block), check)[0]["status"] == "128: same; 512: differs"
 
 
+@pytest.mark.parametrize("method,native", [("yarn", True), ("dca", False), ("longrope", True)])
+def test_ollamas_card_row_is_llama_cpps_it_runs(method, native):
+    block = {"method": method, "native": native, "family": "rope_decoder"}
+    rows = {r["engine"]: r for r in known_status(block)}
+    assert rows["Ollama"]["status"] == rows["llama.cpp"]["status"]
+    assert rows["Ollama"]["basis"].startswith("Ollama runs GGUFs with llama.cpp's llama-server")
+    assert rows["Ollama"]["basis"].endswith("llama.cpp's: " + rows["llama.cpp"]["basis"])
+    check = {"setup": {"engine": "llama.cpp", "engine_version": "0.3.36", "rtol": 1e-3, "engine_started": True},
+             "results": {"128": {"verdict": "differs", "relative_diff": 0.2}}}
+    measured = {r["engine"]: r for r in measured_rows(known_status(block), check)}
+    assert measured["llama.cpp"]["status"] == measured["Ollama"]["status"] == "128: differs"  # a measurement reaches
+    # the engine that runs it; the others keep their rows
+    assert measured["vLLM"] == rows["vLLM"] and measured["TGI"] == rows["TGI"]
+
+
 def test_compare_verdicts():
     from hf_posenc.serving.check import compare
 

@@ -47,6 +47,9 @@ class Engine:
         launch: ``launch(served, length) -> Launch``: serve-config's settings for a checkpoint.
         runner: how hf_posenc runs it here (None: not run here, its settings only written).
         support_row: the card's table of what engines compute has a row for it.
+        runs_on: the registered engine (its name) whose computation this one runs (Ollama: llama.cpp's
+            ``llama-server``); its row in the card's table is that engine's, with ``runs_on_why`` saying so.
+        runs_on_why: how it runs the other engine, as the row's basis begins.
     """
 
     key: str
@@ -54,6 +57,8 @@ class Engine:
     launch: Callable[..., Any] | None = None
     runner: Runner | None = None
     support_row: bool = True
+    runs_on: str | None = None
+    runs_on_why: str = ""
 
 
 ENGINES: dict[str, Engine] = {}  # by key, in the order they registered
@@ -88,6 +93,11 @@ def runnable() -> tuple[str, ...]:
 def support_names() -> tuple[str, ...]:
     """The engines of the card's table of known support, as records name them."""
     return tuple(e.name for e in ENGINES.values() if e.support_row)
+
+
+def followers() -> dict[str, Engine]:
+    """The engines of the card's table that run another one's computation (:attr:`Engine.runs_on`), by name."""
+    return {e.name: e for e in ENGINES.values() if e.support_row and e.runs_on}
 
 
 class _Launchers(Mapping):

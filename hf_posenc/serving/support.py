@@ -15,7 +15,7 @@ from typing import Any
 from ..adapters.base import text_config
 from ..adapters.layout import default_layer_types, per_layer_type, scaled_by
 from ..engines.launch.base import unserved
-from ..engines.registry import display_name, support_names
+from ..engines.registry import display_name, followers, support_names
 from ..methods import resolve_method
 from ..methods.rope import SCALINGS
 
@@ -27,7 +27,27 @@ def known_status(block: dict[str, Any], dual_chunk: dict[str, Any] | None = None
                  rope: dict[str, Any] | None = None) -> list[dict[str, str]]:
     """``[{engine, status, basis}]`` for the checkpoint whose ``hf_posenc`` block is ``block``; ``dual_chunk``: its
     config's ``dual_chunk_attention_config`` (``patch --dual-chunk-config``), which SGLang reads; ``rope``: its
-    language model's ``rope_parameters`` (a scaled proportional RoPE in them: no engine computes it)."""
+    language model's ``rope_parameters`` (a scaled proportional RoPE in them: no engine computes it). An engine
+    that runs another's computation (Ollama: llama.cpp's) has that engine's row (:func:`followed`)."""
+    return followed(_own_status(block, dual_chunk, rope))
+
+
+def followed(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """``rows`` with the row of each engine that runs another's computation (``Engine.runs_on``) set to that
+    engine's status, its basis saying so."""
+    by_name = {r["engine"]: r for r in rows}
+    out = []
+    for row in rows:
+        engine = followers().get(row["engine"])
+        base = by_name.get(engine.runs_on) if engine else None
+        out.append(row if base is None else {"engine": row["engine"], "status": base["status"],
+                                             "basis": f"{engine.runs_on_why}; {base['engine']}'s: {base['basis']}"})
+    return out
+
+
+def _own_status(block: dict[str, Any], dual_chunk: dict[str, Any] | None,
+                rope: dict[str, Any] | None) -> list[dict[str, str]]:
+    """:func:`known_status` before an engine that runs another's takes that one's row."""
     method, native = block.get("method"), bool(block.get("native"))
     engines = support_names()  # the rows, as the method records' ``engines`` name them
     ropes = list(rope.values()) if per_layer_type(rope) else [rope or {}]
@@ -120,7 +140,8 @@ def measured_rows(rows: list[dict[str, str]], check: dict[str, Any] | None) -> l
              else "hf-posenc serve-check: " + next(iter(results.values())).get("reason", ""))
 
     name = display_name(s["engine"])
-    return [{"engine": r["engine"], "status": status, "basis": basis} if r["engine"] == name else r for r in rows]
+    return followed([{"engine": r["engine"], "status": status, "basis": basis} if r["engine"] == name else r
+                     for r in rows])
 
 
 def vllm_positions(config) -> int | None:

@@ -74,4 +74,7 @@ def launch(served: Served, length: int | None) -> Launch:
                   command=["ollama", "run", name], max_length=n, checked=CHECKED, notes=notes)
 
 
-register_engine(Engine("ollama", ENGINE, launch=launch, support_row=False))
+register_engine(Engine("ollama", ENGINE, launch=launch, runs_on="llama.cpp",
+                       runs_on_why="Ollama runs GGUFs with llama.cpp's llama-server (since ollama PR #16031, "
+                                   "2026-05-29), which reads the RoPE from the GGUF's metadata; not run in Ollama "
+                                   "here"))
