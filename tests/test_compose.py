@@ -406,3 +406,38 @@ def test_on_mla_serve_config_says_what_the_engines_do_with_the_kept_softmax_scal
     launches = {launch.engine: launch for launch in serve_config(str(tmp_path), ["vllm", "sglang"])}
     assert launches["vLLM"].computes == "cannot"
     assert any("carries mscale_all_dim" in n for n in launches["SGLang"].notes)
+
+
+@pytest.mark.parametrize("max_position", [PRETRAINED, PRETRAINED + 16])  # Qwen2.5's 32,768; Qwen3's 40,960
+def test_a_qwen_style_yarn_left_at_the_pretraining_max_position_extends_from_what_its_yarn_serves(max_position):
+    """Qwen's recipe adds YaRN x4 over the pretraining context and leaves max_position_embeddings there: the
+    checkpoint serves 4 x 64 = 256 tokens (transformers computes those frequencies at every length), so x2 on top
+    gives 512, a replacement from 64 must reach 256, and an attention-level method extends from 256."""
+    yarn4 = {"rope_type": "yarn", "rope_theta": THETA, "factor": 4.0, "original_max_position_embeddings": PRETRAINED}
+    served = 4 * PRETRAINED
+    model = scaled_llama(yarn4, max_position)
+    own, inside = model.model.rotary_emb.inv_freq.clone(), logits(model, served)
+    hf_posenc.patch(model, "yarn", factor=2.0, attention_factor=1.0)
+    cfg = hf_posenc.get_config(model)
+    assert cfg.original_max_position_embeddings == served and model.config.max_position_embeddings == 2 * served
+    assert long_frequencies(cfg)[-1].item() == pytest.approx(own[-1].item() / 2, rel=1e-6)
+    assert (logits(model, served) - inside).abs().max().item() <= 1e-5  # up to 256: the checkpoint's
+    hf_posenc.unpatch(model)
+    with pytest.raises(ValueError, match=rf"would advertise 128 tokens, fewer than the {served} it advertises now"):
+        hf_posenc.patch(model, "yarn", factor=2.0, original_max_position_embeddings=PRETRAINED)
+    hf_posenc.patch(model, "dca", chunk_size=96, local_window=32)
+    assert hf_posenc.get_config(model).original_max_position_embeddings == served
+
+
+def test_a_longrope_on_top_keeps_the_cache_asked_and_refuses_short_factors_it_would_not_use():
+    model = llama31()
+    with pytest.raises(ValueError, match=r"already scaled \(rope_type='llama3'\): 'longrope' on top of it keeps the "
+                                         r"checkpoint's own frequencies for inputs up to its context of 512, so its "
+                                         r"short factors are the checkpoint's and short_factor cannot be given"):
+        hf_posenc.patch(model, "longrope", factor=2.0, short_factor=[3.0] * 8, long_factor=[2.0] * 8)
+    assert not hf_posenc.is_patched(model)
+    hf_posenc.patch(model, "longrope", factor=2.0, long_factor=[2.0] * 8, cache="stale")
+    assert hf_posenc.get_config(model).params["cache"] == "stale"
+    hf_posenc.unpatch(model)
+    hf_posenc.patch(model, "yarn", factor=2.0)  # (yarn takes no cache: the length-dependent scalings' default)
+    assert hf_posenc.get_config(model).params["cache"] == "consistent"

@@ -262,3 +262,35 @@ def test_listed_for_the_scalings_and_the_attention_level_methods():
         assert set(MROPE_FAMILIES) <= set(listed[method]["families"])
     for method in ["alibi", "dynamic_yarn"]:
         assert not set(MROPE_FAMILIES) & set(listed[method]["families"])
+
+
+def test_a_composition_on_a_yarn_vlm_switches_by_position_and_loads_back(tmp_path):
+    """Qwen2.5-VL with YaRN x4, then yarn x2 on top: the composed longrope takes cache='stale' (re-encoding follows
+    1-D token counts; MRoPE switches by position, as transformers does), so generate with an image crossing the
+    checkpoint's context in tokens but not in positions equals recomputing each step; the folder loads back."""
+    yarn4 = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}
+    model = build("qwen2_5_vl", rope=yarn4, max_position_embeddings=4 * ORIGINAL)
+    hf_posenc.patch(model, "yarn", factor=2.0)
+    cfg = hf_posenc.get_config(model)
+    assert cfg.method == "longrope" and cfg.params["cache"] == "stale" and cfg.original_max_position_embeddings == 256
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(3, 89, (1, 250), generator=g)
+    ids[0, 10], ids[0, 11:75], ids[0, 75] = START, IMAGE, END  # an 8 x 8 image: 64 tokens over 8 positions
+    kinds = torch.zeros_like(ids)
+    kinds[0, 11:75] = 1
+    image = {"pixel_values": torch.randn(64, 3 * 2 * 14 * 14, generator=g), "image_grid_thw": torch.tensor([[1, 8, 8]])}
+    assert int(rope_index(model, {"input_ids": ids, "mm_token_type_ids": kinds, **image}).max()) + 1 < 200
+    with torch.no_grad():
+        done = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=kinds, **image,
+                              max_new_tokens=12, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                              pad_token_id=0)
+        for step, got in enumerate(done.logits):  # tokens 250..261 cross 256; positions stay under 200
+            x = done.sequences[:, : 250 + step]
+            kinds_x = torch.cat([kinds, torch.zeros(1, step, dtype=kinds.dtype)], 1)
+            want = model(input_ids=x, mm_token_type_ids=kinds_x, **image, use_cache=False).logits[:, -1]
+            assert (got - want).abs().max().item() <= 1e-5, step
+    hf_posenc.save_pretrained(model, tmp_path)
+    again = hf_posenc.from_pretrained(str(tmp_path), dtype=torch.float32, attn_implementation="eager").eval()
+    assert hf_posenc.get_config(again) == cfg
+    inputs = {"input_ids": ids, "mm_token_type_ids": kinds, **image}
+    assert (out(again, inputs) - out(model, inputs)).abs().max().item() <= 1e-5

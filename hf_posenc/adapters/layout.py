@@ -174,6 +174,23 @@ def scaled_by(rp: dict[str, Any]) -> str | None:
     return kind
 
 
+def current_context(max_position: int | None, rp: dict[str, Any]) -> int | None:
+    """The context a checkpoint whose RoPE is ``rp`` serves now: its ``max_position``(_embeddings), or, for a YaRN
+    scaling, its factor times its original context where that is more. Qwen2.5's and Qwen3's long-context recipe adds
+    YaRN x4 over 32,768 tokens and leaves max_position_embeddings at the pretraining length (32,768; Qwen3: 40,960):
+    transformers computes the x4 frequencies, made for 131,072 tokens, at every length. None: neither is stated."""
+    factor, original = rp.get("factor"), rp.get("original_max_position_embeddings")
+    if rp.get("rope_type") != "yarn" or not factor or not original:
+        return max_position
+    return max(max_position or 0, int(round(float(factor) * int(original))))
+
+
+def checkpoint_context(lay: Layout) -> int | None:
+    """:func:`current_context` of the first rotary slot ``lay`` changes."""
+    return current_context(getattr(lay.config, "max_position_embeddings", None),
+                           lay.selected[0].rope_parameters(lay.config))
+
+
 def rope_geometry(hf_config: Any, original: int, rp: dict[str, Any] | None = None,
                   layer_type: str | None = None) -> R.RopeGeometry:
     """The geometry of the RoPE described by ``rp`` (default: the config's flat ``rope_parameters``), of the

@@ -32,8 +32,9 @@ from torch import nn
 
 from ..config import PosEncConfig, SavedBlock
 from ..encodings import rope as R
-from ..methods.rope import SCALINGS
-from .layout import Layout, per_layer_type, rope_geometry, scaled_by
+from ..methods.rope import DEFAULT_CACHE, SCALINGS
+from .layout import Layout, checkpoint_context, current_context, per_layer_type, rope_geometry, scaled_by
+from .mrope import is_mrope
 from .rope_native import softmax_rescalers
 
 logger = logging.getLogger(__name__)
@@ -108,11 +109,21 @@ def composed_config(cfg: PosEncConfig, lay: Layout) -> PosEncConfig:
     """``cfg`` (a RoPE scaling, no original context given) on the checkpoint of ``lay``, whose RoPE is scaled: the
     LongRoPE configuration that computes it (module doc); refused by name where it cannot be composed."""
     own_type = scaled_type(lay)
-    context = getattr(lay.config, "max_position_embeddings", None)
+    context = checkpoint_context(lay)
     _check_composable(cfg, lay, own_type, context)
     composed = compose(cfg, own_rope(lay), int(context))
+    composed = composed.replace(params={**composed.params, "cache": composed_cache(cfg, lay)})
     composed.asked = cfg
     return composed
+
+
+def composed_cache(cfg: PosEncConfig, lay: Layout) -> str:
+    """What the composed longrope does to the KV cache at its switch: the ``cache`` asked (longrope's), else
+    ``stale`` on multimodal RoPE (re-encoding or re-rotating follows 1-D positions: :mod:`.mrope`), else the
+    length-dependent scalings' default."""
+    if "cache" in cfg.params:
+        return cfg.params["cache"]
+    return "stale" if is_mrope(lay) else DEFAULT_CACHE
 
 
 def kept_softmax_scale(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> dict[str, float]:
@@ -123,7 +134,7 @@ def kept_softmax_scale(model: nn.Module, cfg: PosEncConfig, lay: Layout) -> dict
     the plain one). The method's temperature rides on its attention_factor, as on any model."""
     rescalers = softmax_rescalers(model)
     own = lay.selected[0].rope_parameters(lay.config)
-    over = (getattr(lay.config, "max_position_embeddings", None),  # a composition over the current context, or
+    over = (checkpoint_context(lay),  # a composition over the current context, or
             own.get("original_max_position_embeddings") if own.get("rope_type") in ON_LENGTH_DEPENDENT else None)
     composed = scaled_type(lay) is not None and cfg.original_max_position_embeddings in over  # (^ over its switch)
     if not rescalers or not composed or not SCALINGS[cfg.method].per_dimension:
@@ -157,9 +168,9 @@ def compose(cfg: PosEncConfig, own: OwnRope, context: int) -> PosEncConfig:
         "attention_factor": own.attention * float(added), **_layer_types(own)})
     logger.warning("the checkpoint's RoPE is already scaled (rope_type=%r, context %d): hf_posenc extends it from "
                    "there -- %s on top gives %d tokens, computed as longrope (inputs up to %d keep the checkpoint's "
-                   "frequencies). To replace its scaling instead, give original_max_position_embeddings=%s.",
+                   "frequencies%s). To replace its scaling instead, give original_max_position_embeddings=%s.",
                    own_type, context, cfg.to_text(), scaling.max_position(cfg.factor, context), context,
-                   replacing_original(own))
+                   _temperature_note(float(added)), replacing_original(own))
     return composed
 
 
@@ -186,10 +197,18 @@ def _on_longrope(cfg: PosEncConfig, own: OwnRope, context: int) -> PosEncConfig:
         "short_factor": [float(f) for f in rp["short_factor"]], "long_factor": (base / new.double()).tolist(),
         "attention_factor": own.attention * float(added), **_layer_types(own)})
     logger.warning("the checkpoint's RoPE is LongRoPE (context %d, short factors up to %d tokens): hf_posenc extends "
-                   "it from there -- %s on its long factors gives %d tokens (inputs up to %d keep its short factors). "
-                   "To replace its scaling instead, give original_max_position_embeddings=%d.",
-                   context, original, cfg.to_text(), target, original, original)
+                   "it from there -- %s on its long factors gives %d tokens (inputs up to %d keep its short "
+                   "factors%s). To replace its scaling instead, give original_max_position_embeddings=%d.",
+                   context, original, cfg.to_text(), target, original, _temperature_note(float(added)), original)
     return composed
+
+
+def _temperature_note(added: float) -> str:
+    """What a composition's added temperature does to the inputs keeping the checkpoint's frequencies ('': none)."""
+    if math.isclose(added, 1.0, rel_tol=1e-12):
+        return ""
+    return (f"; the method's attention factor x{added:.4g} applies at every length, so their logits move too: "
+            "attention_factor=1.0 keeps them exactly")
 
 
 def _layer_types(own: OwnRope) -> dict[str, Any]:
@@ -239,7 +258,7 @@ def own_scaling(block: dict[str, Any], prefix: str, original: int | None) -> dic
         return None
     pretrained = own.get("original_max_position_embeddings")  # (a linear scaling states none)
     return {"rope_type": own["rope_type"], "pretrained_context": pretrained,
-            "context": before.get(prefix + "max_position_embeddings"),
+            "context": current_context(before.get(prefix + "max_position_embeddings"), own),
             "replaced": pretrained is not None and pretrained == original}
 
 
@@ -250,7 +269,7 @@ def restates_checkpoint(cfg: PosEncConfig, lay: Layout) -> bool:
     short = cfg.params.get("short_factor")
     if scaling is None or not scaling.per_dimension or short is None or not _uniform(lay):
         return False
-    if cfg.original_max_position_embeddings != getattr(lay.config, "max_position_embeddings", None):
+    if cfg.original_max_position_embeddings != checkpoint_context(lay):
         return False
     base, own = _base_and_own(lay, cfg.original_max_position_embeddings)
     return len(short) == own.shape[-1] and bool(torch.allclose(base / torch.tensor(short, dtype=torch.float64), own,
@@ -291,6 +310,11 @@ def _check_composable(cfg: PosEncConfig, lay: Layout, own_type: str, context) ->
                "from) to replace its scaling instead")
     what = f"the checkpoint's RoPE is already scaled (rope_type={own_type!r})"
     check_rule(cfg, own_type, replace)
+    if cfg.params.get("short_factor") is not None:  # (the composition's short factors give the checkpoint's RoPE)
+        raise ValueError(f"{what}: {cfg.method!r} on top of it keeps the checkpoint's own frequencies for inputs up to "
+                         f"its context of {context}, so its short factors are the checkpoint's and short_factor cannot "
+                         f"be given; drop short_factor (long_factor then acts on the checkpoint's frequencies), or "
+                         f"{replace}.")
     beta = lay.selected[0].rope_parameters(lay.config).get("llama_4_scaling_beta")
     if beta is not None:  # the composed longrope's original context is the current one: the temperature would move
         raise ValueError(f"{what}, and model_type={lay.config.model_type!r} scales its queries by position from it "

@@ -28,7 +28,7 @@ from ..methods.rope import SCALINGS
 from .base import Adapter, PatchRecord, text_config
 from .decoder_swaps import SWAPS, TABLE_NAME, Swapped
 from .family_census import takes
-from .layout import Layout, RotarySlot, default_layer_types, rotary_slots, scaled_by
+from .layout import Layout, RotarySlot, checkpoint_context, default_layer_types, rotary_slots, scaled_by
 from .mrope import check_mrope
 from .remapped import Remapped
 from .rope_compose import LENGTH_DEPENDENT_TYPES, restates_checkpoint
@@ -212,7 +212,7 @@ class RopeDecoderAdapter(Adapter):
         """The context a statically scaled checkpoint advertises now, where an attention-level method that keeps its
         RoPE (``any_rope``) may take it as L (the scaled frequencies are those of every length up to it); else None."""
         own = {scaled_by(s.rope_parameters(lay.config)) for s in lay.selected}
-        current = getattr(lay.config, "max_position_embeddings", None)
+        current = checkpoint_context(lay)
         if cfg.spec.kind != ATTENTION or not REMAPPED[cfg.method].any_rope or not isinstance(current, int):
             return None
         return current if own - {None} and not own & set(LENGTH_DEPENDENT_TYPES) else None

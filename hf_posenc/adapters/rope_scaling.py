@@ -39,7 +39,7 @@ from ..encodings import rope as R
 from ..methods.rope import SCALINGS, RopeScaling
 from .base import PatchRecord
 from .consistent_cache import CacheWatcher, RecomputeOnChange, rerotate_cache, rotated_layers, watch
-from .layout import Layout, RotarySlot, rope_geometry, scaled_by
+from .layout import Layout, RotarySlot, checkpoint_context, rope_geometry, scaled_by
 from .rope_compose import composed_config, kept_softmax_scale, restates_checkpoint, scaled_type
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
 from .rotary_probe import check_reads_frequencies
@@ -337,7 +337,7 @@ class Scaled:
 
 def _refuse_shrink(cfg: PosEncConfig, lay: Layout) -> None:
     """A scaling that replaces the checkpoint's own must not advertise less than the checkpoint does now."""
-    now, own = getattr(lay.config, "max_position_embeddings", None), scaled_type(lay)
+    now, own = checkpoint_context(lay), scaled_type(lay)
     if own is None or not isinstance(now, int):
         return
     spec = SCALINGS[cfg.method]
@@ -355,7 +355,7 @@ def _refuse_shrink(cfg: PosEncConfig, lay: Layout) -> None:
 def _advertised_less(cfg: PosEncConfig, lay: Layout) -> str:
     """What a replacing scaling that keeps its original context as the advertised one (dynamic NTK) gives up, said
     beside the replacement: '' when it advertises no fewer tokens than the checkpoint does now."""
-    now = getattr(lay.config, "max_position_embeddings", None)
+    now = checkpoint_context(lay)
     after = SCALINGS[cfg.method].max_position(cfg.factor, cfg.original_max_position_embeddings)
     if not isinstance(now, int) or after >= now:
         return ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..adapters.base import text_config
+from ..adapters.layout import current_context
 from ..adapters.learned_absolute import table_positions
 from ..patching import get_config
 
@@ -19,9 +20,12 @@ def context_length(model) -> int | None:
 
 def original_context(model) -> int | None:
     """The context length the model was trained for (before any hf_posenc patch: a checkpoint saved with a RoPE
-    scaling, its pretraining context, which evaluations measure past); None when the family has no fixed one (T5's
-    relative buckets)."""
+    scaling, its pretraining context, which evaluations measure past; an unpatched one whose RoPE is scaled, the
+    context that scaling serves: ``adapters.layout.current_context``, which a patch extends from); None when the
+    family has no fixed one (T5's relative buckets)."""
     cfg = get_config(model)
     if cfg is not None and cfg.original_max_position_embeddings:
         return cfg.original_max_position_embeddings
-    return getattr(text_config(model.config)[0], "max_position_embeddings", None)
+    lm = text_config(model.config)[0]
+    rope = getattr(lm, "rope_parameters", None)
+    return current_context(getattr(lm, "max_position_embeddings", None), rope if isinstance(rope, dict) else {})

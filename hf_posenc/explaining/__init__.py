@@ -23,7 +23,7 @@ import torch
 
 from ..adapters import rope_compose as C
 from ..adapters.base import text_config
-from ..adapters.layout import default_layer_types, per_layer_type, rope_geometry, scaled_by
+from ..adapters.layout import current_context, default_layer_types, per_layer_type, rope_geometry, scaled_by
 from ..adapters.remapped_layers import layers_note, probed_computed
 from ..checkpoints.loading import refuse_lora_folder
 from ..checkpoints.models import DEFAULT_MODEL, read_config, resolve_source
@@ -122,7 +122,7 @@ def _checkpoint_rope(cfg: PosEncConfig, geom: Geometry) -> tuple[Any, int, PosEn
         return None  # a patched checkpoint: drawn from its stored original geometry (a kept scaling: its saved one)
     rp = layer_rope(lm, cfg.params.get("layer_types"))
     own_type = scaled_by(rp)
-    context = getattr(lm, "max_position_embeddings", None)
+    context = current_context(getattr(lm, "max_position_embeddings", None), rp)
     if own_type is None or not isinstance(context, int):
         return None
     layered = rp is not getattr(lm, "rope_parameters", None)
