@@ -275,22 +275,33 @@ def is_patched(model: nn.Module) -> bool:
 
 @contextmanager
 def trying(model: nn.Module, configs: list[PosEncConfig]):
-    """``with trying(model, configs):`` -- each config is applied once on entry, so that one that does not fit
-    ``model`` fails before any work; inside, patch freely; on exit ``model`` is as it was (its own patch, if it
-    had one, applied again)."""
+    """``with trying(model, configs) as apply:`` -- each config is applied once on entry, so that one that does not
+    fit ``model`` fails before any work; inside, ``apply(cfg)`` patches ``model`` with ``cfg`` from the state it had
+    on entry (after "none", which takes a checkpoint's own scaling off too, the next config starts from that scaling
+    again, as it would alone); on exit ``model`` is as it was (its own patch, if it had one, applied again)."""
     chain, rec = [], _record(model)  # the records on the model now, the checkpoint's own scaling first
     while rec is not None:
         chain.insert(0, rec)
         rec = rec.below
+
+    def apply(cfg: PosEncConfig) -> nn.Module:
+        _restore(model, chain)
+        return patch(model, cfg)
+
     try:
         for cfg in configs:
-            patch(model, cfg)
-        yield model
+            apply(cfg)
+        yield apply
     finally:
-        while _record(model) is not None and _record(model) not in chain:
-            unpatch(model)  # the patch tried last
-        kept = chain.index(_record(model)) + 1 if _record(model) is not None else 0
-        for rec in chain[kept:]:  # what a tried patch took off ("none": the checkpoint's scaling too), again
-            reapply(model, rec.config)
-            if rec.checkpoint:
-                keep_as_checkpoint(model)
+        _restore(model, chain)
+
+
+def _restore(model: nn.Module, chain: list) -> None:
+    """``model`` back to the patch records of ``chain`` (bottom first): those a later patch took off applied again."""
+    while _record(model) is not None and _record(model) not in chain:
+        unpatch(model)  # the patch tried last
+    kept = chain.index(_record(model)) + 1 if _record(model) is not None else 0
+    for rec in chain[kept:]:  # what a tried patch took off ("none": the checkpoint's scaling too), again
+        reapply(model, rec.config)
+        if rec.checkpoint:
+            keep_as_checkpoint(model)

@@ -122,12 +122,15 @@ def full_frequencies(cfg):
 
 def query_scale(module, method, t):
     """ReRoPE's log-n scaling of the query at each position, max(1, ln(i + 1) / ln L), L the context the patch
-    extends (the context the checkpoint advertises); STRING's attention_factor^2 on every score; else 1."""
+    extends (the context the checkpoint serves: a YaRN's factor x its original where that is more than
+    max_position_embeddings, as DeepSeek's here); STRING's attention_factor^2 on every score; else 1."""
     pos = torch.arange(t, dtype=torch.float64)
     if method in ("rerope", "leaky_rerope"):
         rp = module.config.rope_parameters.get("full_attention", module.config.rope_parameters)
         length_dependent = rp.get("rope_type") in ("longrope", "dynamic")  # then L is its original context
         L = rp["original_max_position_embeddings"] if length_dependent else module.config.max_position_embeddings
+        if rp.get("rope_type") == "yarn":
+            L = max(L, int(rp["factor"] * rp["original_max_position_embeddings"]))
         return (torch.log(pos + 1) / math.log(L)).clamp(min=1)[:, None]
     if method == "string":
         return torch.full((t, 1), (0.1 * math.log(2) + 1) ** 2, dtype=torch.float64)

@@ -441,3 +441,14 @@ def test_a_longrope_on_top_keeps_the_cache_asked_and_refuses_short_factors_it_wo
     hf_posenc.unpatch(model)
     hf_posenc.patch(model, "yarn", factor=2.0)  # (yarn takes no cache: the length-dependent scalings' default)
     assert hf_posenc.get_config(model).params["cache"] == "consistent"
+
+
+def test_a_model_cast_to_bfloat16_composes_from_its_fp32_frequencies():
+    """``model.to(torch.bfloat16)`` casts the rotary buffer; the composition's saved factors stay those of the fp32
+    frequencies its config gives (not 4e-3 off, as factors read from the cast buffer were)."""
+    want = hf_posenc.get_config(hf_posenc.patch(llama31(), "yarn", factor=2.0))
+    cast = llama31().to(torch.bfloat16)
+    assert cast.model.rotary_emb.inv_freq.dtype == torch.bfloat16
+    got = hf_posenc.get_config(hf_posenc.patch(cast, "yarn", factor=2.0))
+    assert got.params["short_factor"] == want.params["short_factor"]
+    assert got.params["long_factor"] == want.params["long_factor"]

@@ -130,6 +130,28 @@ def test_trying_variants_leaves_the_checkpoint_and_its_patch_as_they_were(tmp_pa
     assert hf_posenc.get_config(model).method == "yarn" and checkpoint_config(model) is not None
 
 
+def test_a_variant_tried_after_none_starts_from_the_checkpoints_scaling_as_it_would_alone(tmp_path):
+    """"none" takes the stored scaling off; the variants an evaluation tries after it start from that scaling again,
+    so a method's numbers do not depend on whether "none" came first (nor does what is refused there)."""
+    from hf_posenc.eval.variants import Variant, applied
+
+    folder, x, yarn = saved(tmp_path), ids(LONG), hf_posenc.PosEncConfig("yarn", 1.5)
+    alone = hf_posenc.patch(loaded(folder), yarn)
+    model = loaded(folder)
+    with trying(model, [hf_posenc.PosEncConfig("none"), yarn]) as apply:
+        apply(hf_posenc.PosEncConfig("none"))
+        apply(yarn)
+        assert hf_posenc.get_config(model) == hf_posenc.get_config(alone)
+        assert torch.equal(logits(model, x), logits(alone, x))
+    with pytest.raises(ValueError, match="already scaled .*'dynamic_ntk' follows the sequence length"):
+        with trying(model, [hf_posenc.PosEncConfig("none"), hf_posenc.PosEncConfig("dynamic_ntk", 2.0)]):
+            pass
+    both = applied(model, [Variant("none", hf_posenc.PosEncConfig("none")), Variant("yarn", yarn)])
+    assert both["yarn"] == applied(model, [Variant("yarn", yarn)])["yarn"]
+    assert both["yarn"]["config"]["method"] == "longrope" and not both["yarn"]["own_scaling"]["replaced"]
+    assert checkpoint_config(model) is not None and model.config.max_position_embeddings == CONTEXT
+
+
 def test_a_saved_composition_extended_again_grows_from_its_context_as_on_the_plain_loaded_folder(tmp_path):
     """A checkpoint that ships llama3 x8 (512 tokens), given yarn x2 by hf_posenc (a longrope over 512, 1,024 tokens)
     and saved: loaded by hf_posenc and given yarn x2 again, it advertises 2,048 (it stayed at 1,024 when the saved

@@ -306,3 +306,32 @@ def test_transformers4_computes_gemma3_saved_by_hf_posenc_alike(tmp_path):
     for name, (folder, ref, n) in _gemma_cases(tmp_path).items():
         diffs = _v4_diffs({folder: ref}, tmp_path, length=n)
         assert diffs[folder] <= 1e-5, (name, diffs)
+
+
+def _phi3(rope: dict, context: int):
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("phi3", vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+                               original_max_position_embeddings=ORIGINAL, rope_parameters=rope, pad_token_id=0)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def test_phi3s_rope_scaling_is_written_with_the_three_keys_its_transformers4_config_takes(tmp_path):
+    """transformers 4.57's Phi3Config refuses a rope_scaling of other keys than type, short_factor and long_factor, and
+    derives the attention factor from max_position_embeddings / original_max_position_embeddings: a longrope whose
+    factor is that ratio is written so; a composition whose attention factor is another is refused by name."""
+    plain = hf_posenc.patch(_phi3({"rope_type": "default", "rope_theta": 1e4}, ORIGINAL), "longrope", factor=2.0)
+    hf_posenc.save_pretrained(plain, tmp_path / "longrope")
+    config = json.loads((tmp_path / "longrope" / "config.json").read_text())
+    assert sorted(config["rope_scaling"]) == ["long_factor", "short_factor", "type"]
+    assert config["rope_scaling"]["type"] == "longrope" and config["original_max_position_embeddings"] == ORIGINAL
+    factors = [1.0 + 0.1 * i for i in range(8)]
+    own = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8, "long_factor": factors}
+    composed = hf_posenc.patch(_phi3(own, 4 * ORIGINAL), "yarn", factor=2.0)  # its temperature x (0.1 ln 2 + 1)
+    found = legacy_keys(json.loads(composed.config.to_json_string()))
+    assert found.reason is not None and not found.keys
+    assert "takes a rope_scaling of type, short_factor, long_factor alone and derives the attention factor" in \
+        found.reason
+    if transformers4_python() is not None:
+        want = logits(plain, ids(LONG))
+        assert _v4_diffs({str(tmp_path / "longrope"): want}, tmp_path)[str(tmp_path / "longrope")] <= 1e-5

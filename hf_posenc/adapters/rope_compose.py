@@ -83,8 +83,24 @@ class OwnRope:
 def own_rope(lay: Layout) -> OwnRope:
     """The RoPE of the first rotary slot ``lay`` changes (a composition requires them alike: :func:`_uniform`)."""
     slot = lay.selected[0]
-    return OwnRope(lay.config, slot.rope_parameters(lay.config), slot.get("inv_freq").detach().double().cpu(),
+    return OwnRope(lay.config, slot.rope_parameters(lay.config), _held_frequencies(slot, lay.config),
                    float(slot.get("attention_scaling")), lay.chosen_types() if lay.layered else None)
+
+
+def _held_frequencies(slot, config: Any) -> torch.Tensor:
+    """The frequencies the slot's rotary module holds (float64), which a composition writes its factors from: where
+    the module was cast to a half-precision dtype (``model.to(torch.bfloat16)``), those transformers' initialisation
+    computes from the config, checked against the held ones to their precision (the saved factors stay fp32's)."""
+    held = slot.get("inv_freq").detach()
+    if held.dtype in (torch.float32, torch.float64):
+        return held.double().cpu()
+    computed = own_rope_of_config(config, slot.layer_type).inv_freq
+    if computed.shape != held.shape or not torch.allclose(computed, held.double().cpu(), rtol=2 ** -7, atol=0):
+        raise ValueError(f"the rotary module holds its frequencies in {held.dtype}, and they are not the ones its "
+                         "config gives: hf_posenc cannot tell the checkpoint's own frequencies to fp32 to compose on "
+                         "them; load the model with its rotary buffers in float32 (from_pretrained with dtype=... "
+                         "keeps them so) and patch it before casting it.")
+    return computed
 
 
 def own_rope_of_config(config: Any, layer_type: str | None = None) -> OwnRope:
@@ -242,15 +258,16 @@ def replacing_original(own: OwnRope) -> int | None:
     return int(recorded) if recorded else None
 
 
-def own_scaling(block: dict[str, Any], prefix: str, original: int | None) -> dict[str, Any] | None:
+def own_scaling(block: dict[str, Any], prefix: str, rope: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The scaling a patched checkpoint had before its patch, read from its hf_posenc ``block`` (``prefix``: the
-    language model's sub-config path): None when its RoPE was not scaled (per-layer-type RoPE: the one layer type
-    the patch changed was not), else its ``rope_type``, the ``pretrained_context`` it records (None: it states
-    none), the ``context`` it advertised, and whether the patch
-    ``replaced`` it (scaled from ``original``, the patch's original context, equal to the pretraining one) rather
-    than extended it from that context (a composed longrope)."""
+    language model's sub-config path), else from ``rope``, its language model's ``rope_parameters`` now (a patch not
+    saved as native rope_parameters leaves the checkpoint's there and records none). None when its RoPE was not
+    scaled (per-layer-type RoPE: the one layer type the patch changed was not), else its ``rope_type``, the
+    ``pretrained_context`` it records (None: it states none), the ``context`` it served (:func:`current_context`),
+    and whether the patch ``replaced`` it (scaled from the original context given) rather than extended it from that
+    context (a composition, whose block records what was ``asked``)."""
     before = block.get("original") or {}
-    own = before.get(prefix + "rope_parameters") or {}
+    own = before.get(prefix + "rope_parameters") or rope or {}
     if per_layer_type(own):
         chosen = (block.get("params") or {}).get("layer_types") or []
         own = own.get(chosen[0], {}) if len(chosen) == 1 else {}  # the one type the patch changed
@@ -259,7 +276,7 @@ def own_scaling(block: dict[str, Any], prefix: str, original: int | None) -> dic
     pretrained = own.get("original_max_position_embeddings")  # (a linear scaling states none)
     return {"rope_type": own["rope_type"], "pretrained_context": pretrained,
             "context": current_context(before.get(prefix + "max_position_embeddings"), own),
-            "replaced": pretrained is not None and pretrained == original}
+            "replaced": block.get("asked") is None}  # (a composition records what was asked on top)
 
 
 def restates_checkpoint(cfg: PosEncConfig, lay: Layout) -> bool:

@@ -31,7 +31,7 @@ from ..io.digests import comparable_identity
 from ..io.files import atomic_write_text
 from ..io.reports import NOT_RECORDED
 from ..methods.rope import DYNAMIC
-from ..patching import patch, trying
+from ..patching import trying
 from .processes import Processes
 from .variants import Variant
 
@@ -314,15 +314,15 @@ def run_cells(model, variants: list[Variant], keys: dict[str, list[list]], compu
         print(f"resumed {resumed} of {total} cells from {store.path}", file=sys.stderr)
     mine = processes.share(pending)
     computed = []
-    with trying(model, [v.config for v in variants]):  # a variant that does not fit costs nothing
+    with trying(model, [v.config for v in variants]) as apply:  # a variant that does not fit costs nothing
         bar = tqdm(total=len(mine), desc=desc, disable=not progress, leave=False)
         for v in variants:
             todo = [k for w, k in mine if w is v]
             if todo:
-                patch(model, v.config)
+                apply(v.config)
             for k in todo:
                 if v.config.method in DYNAMIC:
-                    patch(model, v.config)  # the state of the lengths seen so far starts afresh
+                    apply(v.config)  # the state of the lengths seen so far starts afresh
                 bar.set_postfix_str(v.label)
                 start = time.perf_counter()
                 result = store.add(v, k, compute(v, k), time.perf_counter() - start)

@@ -19,7 +19,7 @@ from ..checkpoints.context import context_length
 from ..config import CONFIG_KEY, PosEncConfig
 from ..config_syntax import FORM
 from ..methods import resolve_method
-from ..patching import get_config, patch, trying
+from ..patching import get_config, trying
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
@@ -107,9 +107,9 @@ def grouped_by_config(variants: list[Variant]) -> list[Variant]:
 def applied(model, variants: list[Variant]) -> dict[str, dict[str, Any]]:
     """What each variant is on ``model`` (see :func:`applied_now`), by label; ``model`` is left as it was."""
     out = {}
-    with trying(model, []):
+    with trying(model, []) as apply:
         for v in variants:
-            patch(model, v.config)
+            apply(v.config)
             out[v.label] = applied_now(model)
     return out
 
@@ -123,4 +123,4 @@ def applied_now(model) -> dict[str, Any]:
     _, prefix = text_config(model.config)
     block = getattr(model.config, CONFIG_KEY, None) or {}
     return {"config": cfg.to_dict(), "context": context_length(model),
-            "own_scaling": own_scaling(block, prefix, cfg.original_max_position_embeddings)}
+            "own_scaling": own_scaling(block, prefix, getattr(text_config(model.config)[0], "rope_parameters", None))}

@@ -155,14 +155,15 @@ def holds_patch(block: dict[str, Any]) -> bool:
     return adapter is not None and not adapter.restores(block)
 
 
-def _own_scaling(block: dict[str, Any], prefix: str, original: int | None) -> dict[str, Any]:
+def _own_scaling(block: dict[str, Any], prefix: str, rope: dict[str, Any] | None) -> dict[str, Any]:
     """The scaling the checkpoint had before the patch, for the card (:func:`rope_compose.own_scaling`): its
-    rope_type and pretraining context when its RoPE was already scaled, and whether the patch replaced it."""
-    own = own_scaling(block, prefix, original)
+    rope_type, pretraining context and the context it served when its RoPE was already scaled, and whether the patch
+    replaced it."""
+    own = own_scaling(block, prefix, rope)
     if own is None:
-        return {"own_scaling": None, "pretrained_context": None, "replaced": False}
+        return {"own_scaling": None, "pretrained_context": None, "own_context": None, "replaced": False}
     return {"own_scaling": own["rope_type"], "pretrained_context": own["pretrained_context"],
-            "replaced": own["replaced"]}
+            "own_context": own["context"], "replaced": own["replaced"]}
 
 
 def _as_saved(plain: dict[str, Any], legacy: LegacyKeys | None, prefix: str) -> dict[str, Any]:
@@ -215,7 +216,7 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         asked=cfg.asked.to_text() if cfg.asked is not None else None, config_text=cfg.to_text(),
         params={k: v for k, v in cfg.params.items() if v is not None},
         original_context=original, new_context=getattr(lm_config, "max_position_embeddings", None),
-        **_own_scaling(block, prefix, original),
+        **_own_scaling(block, prefix, getattr(lm_config, "rope_parameters", None)),
         family=block.get("family"), native=bool(block.get("native")),
         layers=layers_note(*computed_layers(model)) if cfg.spec.kind == "attention" else None,
         rope_parameters=getattr(lm_config, "rope_parameters", None),

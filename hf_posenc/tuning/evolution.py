@@ -150,7 +150,9 @@ class Evolution:
 
     # -- candidates as configurations -------------------------------------------------------------------------
     def config(self, c: Candidate) -> PosEncConfig:
-        params: dict[str, Any] = {"short_factor": [1.0] * len(c.factors), "long_factor": list(c.factors)}
+        """``c`` as a longrope; on top of a scaled checkpoint its short factors are the checkpoint's own."""
+        short = None if self.freqs.scaled else [1.0] * len(c.factors)
+        params: dict[str, Any] = {"short_factor": short, "long_factor": list(c.factors)}
         if c.attention is not None:
             params["attention_factor"] = c.attention
         return PosEncConfig("longrope", self.factor, self.freqs.pinned, params)
