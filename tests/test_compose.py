@@ -249,6 +249,29 @@ def test_the_model_card_says_the_checkpoint_was_scaled_and_whether_it_was_extend
             "context of 64 tokens, and its configuration now allows 1024.") in str(build_model_card(model))
 
 
+def test_the_cards_serving_table_says_cannot_where_its_launch_settings_do():
+    """A composition is a longrope of two lists, which a GGUF cannot hold: the table of what engines compute (from
+    the method's record) says so for llama.cpp and Ollama, as the launch settings of the same card do."""
+    from hf_posenc.publishing.card import build_model_card
+
+    card = str(build_model_card(hf_posenc.patch(llama31(), "yarn", factor=2.0)))
+    for engine in ("llama.cpp", "Ollama"):
+        assert f"**{engine}: cannot.**" in card
+        row = next(line for line in card.splitlines() if line.startswith(f"| {engine} |"))
+        assert row.startswith(f"| {engine} | cannot compute it |") and "a GGUF holds one set" in row
+    vllm = next(line for line in card.splitlines() if line.startswith("| vLLM |"))
+    assert "cannot" not in vllm.split("|")[2]  # an engine whose launch computes it keeps its record's row
+
+
+def test_a_composition_on_a_longrope_checkpoint_is_carded_as_extending_it_from_the_context_it_served():
+    from hf_posenc.publishing.card import build_model_card
+
+    model = hf_posenc.patch(phi3(), "yarn", factor=2.0)
+    assert ("Its RoPE was already scaled (longrope, pretrained for 64 tokens) to a context of 256 tokens; the patch "
+            "(yarn:factor=2) extends it from there, and its configuration now allows 512.") \
+        in str(build_model_card(model))
+
+
 # -- on a LongRoPE checkpoint (Phi-3's 128k: short factors up to its original context, long ones past it) ------------
 LONGROPE = {"rope_type": "longrope", "rope_theta": THETA, "original_max_position_embeddings": PRETRAINED,
             "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 3.5], "long_factor": [1.0, 1.5, 2, 3, 4, 5, 6, 8]}

@@ -109,6 +109,23 @@ def test_the_same_weights_by_another_path_resume_and_other_weights_there_do_not(
     assert "holds the cells of another setup (model.files: 'sha256:" in err
 
 
+def test_a_tokenizer_from_another_folder_changed_in_place_is_not_resumed(own_checkpoint, bert_tokenizer, tmp_path,
+                                                                          capsys):
+    """--tokenizer from elsewhere: its path and vocabulary size stay when its files change, how it tokenizes does
+    not (a passkey cell's prompt is its tokens)."""
+    elsewhere = tmp_path / "tokenizer"
+    bert_tokenizer.save_pretrained(elsewhere)
+    args = ["eval", "passkey", "--model", str(own_checkpoint), "--tokenizer", str(elsewhere), "--methods", "none",
+            "--lengths", "64", "--depths", "0.5", "--trials", "1", "--output", str(tmp_path / "passkey"),
+            "--no-plots", "--no-progress"]
+    assert main(args) == 0 and main(args) == 0  # the same tokenizer: resumed
+    vocab = json.loads((elsewhere / "tokenizer.json").read_text())
+    words = vocab["model"]["vocab"]
+    words["zzunused"] = words.pop("the")  # the same size, another tokenization
+    (elsewhere / "tokenizer.json").write_text(json.dumps(vocab))
+    assert "holds the cells of another setup (settings.tokenizer_content: 'sha256:" in refused(args, capsys)
+
+
 def test_the_digest_cache_is_used_while_size_and_mtime_stay(tmp_path, monkeypatch):
     from hf_posenc.io import digests
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import os
 import time
 from typing import Any
@@ -50,6 +51,14 @@ def model_identity(model: str, lm, src) -> dict[str, Any]:
             digest.update(f"{name}:{os.path.getsize(path)}:{content}\n".encode())
         identity["files"] = "sha256:" + digest.hexdigest()[:32]
     return identity
+
+
+def tokenizer_digest(tok) -> str:
+    """A digest of what makes ``tok`` tokenize as it does: a fast tokenizer's whole serialized pipeline (vocabulary,
+    merges, normalizer, pre-tokenizer, added tokens), else its vocabulary, with its class either way."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(tok.get_vocab(), sort_keys=True)
+    return "sha256:" + hashlib.sha256(f"{type(tok).__name__}\n{text}".encode()).hexdigest()[:32]
 
 
 def check_original_context(value) -> None:
@@ -153,6 +162,17 @@ class Run:
                                                    max_memory=self.max_memory)
         self.started = time.time()
         return self.loaded
+
+    def tokenizer_settings(self, tok) -> dict[str, Any]:
+        """What names the tokenizer in a task's settings: its name or path and vocabulary, and where it does not come
+        from the model's own source (whose identity covers it), a digest of how it tokenizes (``content``), so that
+        a tokenizer changed in place is not taken for the one the cells were computed with."""
+        name = getattr(tok, "name_or_path", None)
+        out = {"tokenizer": name, "vocabulary": len(tok)}
+        sources = {os.path.abspath(str(p)) for p in (self.model, self.load()[2].path)}  # (an alias, its folder)
+        if not isinstance(name, str) or os.path.abspath(name) not in sources:
+            out["tokenizer_content"] = tokenizer_digest(tok)
+        return out
 
     def original(self, lm) -> int | None:
         """The context L this run measures past and truncates to: ``original_context`` where given, else the

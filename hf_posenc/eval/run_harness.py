@@ -61,7 +61,7 @@ def harness_run(settings: RunSettings, params: HarnessParams) -> dict[str, Any]:
     with Run(settings) as job:
         _, tok, _ = job.load()
         settings = {"tasks": tasks, "limit": limit, "max_gen_tokens": max_gen_tokens, "lm_eval": version,
-                    "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
+                    **job.tokenizer_settings(tok)}
         keys = [[t, n] for n in lengths for t in tasks]
         with tempfile.TemporaryDirectory() as folder:
             where = saved_tokenizer(tok, folder)

@@ -76,7 +76,7 @@ def passkey_run(settings: RunSettings, params: PasskeyParams) -> dict[str, Any]:
         lm, tok, _ = job.load()
         require_answering_lm(lm)
         settings = {"trials": trials, "digits": digits, "scoring": scoring, "filler": filler, "needle": needle,
-                    "tokenizer": getattr(tok, "name_or_path", None), "vocabulary": len(tok)}
+                    **job.tokenizer_settings(tok)}
         if p.haystack == "text":
             builder = text_haystack(tok, docs, needles, settings)
         else:

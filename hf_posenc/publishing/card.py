@@ -25,7 +25,7 @@ from ..io.provenance import environment, recorded_command, scrub
 from ..methods import resolve_method
 from ..patching import get_config
 from ..serving.launch_settings import card_launches
-from ..serving.support import known_status, measured_rows
+from ..serving.support import known_status, measured_rows, with_launches
 from .legacy_folder import card_line
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hf_posenc/
@@ -208,6 +208,9 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
                 or block.get("original", {}).get(prefix + "max_position_embeddings"))
     repo_id = repo_id or f"path/to/{name}"
     checkpoint = f"{repo_id}-merged" if adapter else repo_id  # what engines and the hf-posenc commands take
+    launches = card_launches(_as_saved(lm_config.to_dict(), transformers4, prefix), block, checkpoint)
+    known = known_status(block, getattr(lm_config, "dual_chunk_attention_config", None),
+                         getattr(lm_config, "rope_parameters", None))
     card = ModelCard.from_template(
         data, template_path=template_path(),
         model_name=name, repo_id=repo_id, base_model=base.repo_id, adapter=adapter, checkpoint=checkpoint,
@@ -223,10 +226,8 @@ def build_model_card(model, *, repo_id: str | None = None, base: BaseModel | Non
         changes_weights=holds_patch(block), trained=trained, auto_class=auto_class,
         command=recorded_command(command), environment=environment(), eval_sections=_eval_sections(reports),
         in_model_index=bool(results),
-        serving=measured_rows(known_status(block, getattr(lm_config, "dual_chunk_attention_config", None),
-                                           getattr(lm_config, "rope_parameters", None)), serve_check),
-        transformers4=card_line(transformers4),
-        launches=card_launches(_as_saved(lm_config.to_dict(), transformers4, prefix), block, checkpoint),
+        serving=measured_rows(with_launches(known, block, launches), serve_check),
+        transformers4=card_line(transformers4), launches=launches,
     )
     card.content = scrub(card.content)  # the commands it quotes (the card's own and its reports') carry no secret
     return card

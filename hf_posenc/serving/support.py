@@ -14,7 +14,7 @@ from typing import Any
 
 from ..adapters.base import text_config
 from ..adapters.layout import default_layer_types, per_layer_type, scaled_by
-from ..engines.launch.base import unserved
+from ..engines.launch.base import CANNOT, unserved
 from ..engines.registry import display_name, followers, support_names
 from ..methods import resolve_method
 from ..methods.rope import SCALINGS
@@ -84,6 +84,19 @@ def _own_status(block: dict[str, Any], dual_chunk: dict[str, Any] | None,
             rows.append({"engine": engine, "status": "reads the `rope_parameters` transformers reads",
                          "basis": "not measured"})
     return rows
+
+
+def with_launches(rows: list[dict[str, str]], block: dict[str, Any],
+                  launches: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """``rows`` (:func:`known_status`, of what the method's record says) of a checkpoint saved natively, each engine
+    whose launch settings for this very checkpoint (``launches``: ``launch_settings.card_launches``) say it cannot
+    compute it given that verdict and its reason, so that the card's two sections agree (a composed longrope of two
+    lists: llama.cpp's GGUF holds one set of factors)."""
+    if not block.get("native"):
+        return rows
+    cannot = {launch["engine"]: launch["reason"] for launch in launches if launch["computes"] == CANNOT}
+    return followed([{"engine": r["engine"], "status": "cannot compute it", "basis": cannot[r["engine"]]}
+                     if r["engine"] in cannot else r for r in rows])
 
 
 def vllm_refusal(method: str) -> str | None:
