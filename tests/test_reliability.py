@@ -126,6 +126,23 @@ def test_a_tokenizer_from_another_folder_changed_in_place_is_not_resumed(own_che
     assert "holds the cells of another setup (settings.tokenizer_content: 'sha256:" in refused(args, capsys)
 
 
+def test_a_rerun_leaves_no_figure_of_the_earlier_report_and_no_other_tasks(tiny_checkpoint, tmp_path):
+    out = tmp_path / "ppl"
+
+    def ppl(lengths, *extra):
+        return ["eval", "ppl", "--model", tiny_checkpoint, "--methods", "none", "--lengths", lengths, "--max-windows",
+                "1", "--corpus", "python-docs", "--output", str(out), "--no-progress", *extra]
+
+    assert main(ppl("32,48")) == 0
+    assert {"loss_by_position_32.png", "loss_by_position_48.png", "ppl_vs_length.png"} <= set(os.listdir(out))
+    (out / "passkey_heatmap_none.png").write_bytes(b"another task's figure")
+    assert main(ppl("32")) == 0  # 48 no longer asked: its figure goes, another task's stays
+    assert "loss_by_position_48.png" not in os.listdir(out) and "loss_by_position_32.png" in os.listdir(out)
+    assert main(ppl("32", "--no-plots")) == 0  # figures of a report they no longer show
+    assert not [n for n in os.listdir(out) if n.startswith(("loss_by_position", "ppl_vs"))]
+    assert (out / "passkey_heatmap_none.png").read_bytes() == b"another task's figure"
+
+
 def test_the_digest_cache_is_used_while_size_and_mtime_stay(tmp_path, monkeypatch):
     from hf_posenc.io import digests
 

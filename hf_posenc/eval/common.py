@@ -70,12 +70,15 @@ def check_original_context(value) -> None:
 
 REPORTS = ("perplexity", "passkey", "retrieval", "harness", "tune")  # the tasks whose <task>.json / .md a Run writes
 BEST = "best.json"  # (tune's winner)
-REMOVED = ("tune_generations.png", "tune_factors.png")  # what a later run on the folder may remove (an earlier
-# evolutionary search's plots, once a grid search replaces its report)
+REMOVED = ("tune_generations.png", "tune_factors.png")  # an evolutionary search's own plots (a grid search's report
+# in the same folder removes them: remove_stale_plots)
 
 
-PLOTS = ("ppl_vs_length.png", "loss_by_position_*.png", "passkey_vs_length.png", "passkey_heatmap_*.png",
-         "retrieval_vs_length.png", "harness_vs_length.png", "tune_loss_by_position.png", *REMOVED)  # a Run's figures
+# each report's figures (name patterns), in its output folder
+TASK_PLOTS = {"perplexity": ("ppl_vs_length.png", "loss_by_position_*.png"),
+              "passkey": ("passkey_vs_length.png", "passkey_heatmap_*.png"), "retrieval": ("retrieval_vs_length.png",),
+              "harness": ("harness_vs_length.png",), "tune": ("tune_loss_by_position.png", *REMOVED)}
+PLOTS = tuple(p for patterns in TASK_PLOTS.values() for p in patterns)  # a Run's figures
 
 
 _REPORT_NAMES = frozenset({f"{task}.{ext}" for task in REPORTS for ext in ("json", "md")} | {BEST})
@@ -84,6 +87,16 @@ _REPORT_NAMES = frozenset({f"{task}.{ext}" for task in REPORTS for ext in ("json
 def written_by_a_run(name: str) -> bool:
     """Whether a Run writes (or replaces) a file of this name in its output folder: a report, best.json, a plot."""
     return name in _REPORT_NAMES or any(fnmatch.fnmatchcase(name, plot) for plot in PLOTS)
+
+
+def remove_stale_plots(output: str, task: str, written: list[str]) -> None:
+    """The figures of ``task``'s report in ``output`` that this run did not write (``written``: their paths) go: an
+    earlier run's (a length no longer asked, a method dropped, --no-plots after a run with plots) would stand beside
+    a report they do not show. Only names a Run writes, in a folder a run holds."""
+    kept = {os.path.basename(p) for p in written}
+    for name in sorted(os.listdir(output)):
+        if name not in kept and any(fnmatch.fnmatchcase(name, p) for p in TASK_PLOTS.get(task, ())):
+            os.unlink(os.path.join(output, name))
 
 
 def check_reports_are_ours(output: str) -> None:
@@ -243,4 +256,7 @@ class Run:
             setup["compute"] = self._stores[task].compute()
         if not self.processes.is_main:  # the main process writes and prints the report
             return {"task": task, "setup": setup, "results": results, "table": "", "written_by_another_process": True}
-        return finish_report(task, setup, results, table, self.output, plots if self.plots else None)
+        report = finish_report(task, setup, results, table, self.output, plots if self.plots else None)
+        if self.output:
+            remove_stale_plots(self.output, task, report.get("plots") or [])
+        return report

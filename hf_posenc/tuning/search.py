@@ -23,7 +23,7 @@ from typing import Any
 from ..checkpoints.context import original_context
 from ..checkpoints.models import ModelSource
 from ..config import PosEncConfig
-from ..eval.common import REMOVED, Run
+from ..eval.common import Run
 from ..eval.perplexity import doc_digest
 from ..eval.scoring import require_causal_lm
 from ..eval.settings import KEYWORDS, RunSettings
@@ -304,17 +304,7 @@ def search(settings: TuneSettings, docs, run: RunSettings) -> dict[str, Any]:
                                 tune_plots)
         if job.output and job.processes.is_main:
             write_best(report, job.output)
-            if plan.search != "evolution":
-                _remove_evolution_plots(job.output)
         return report
-
-
-def _remove_evolution_plots(output: str) -> None:
-    """An earlier evolutionary search's own plots in this tune output (run again as a grid search with --overwrite):
-    they would sit beside a report that is not theirs."""
-    for name in REMOVED:
-        if os.path.isfile(os.path.join(output, name)):
-            os.unlink(os.path.join(output, name))
 
 
 def _evolve(job: Run, plan: TuneSettings, token_docs, docs, recorded: dict[str, Any], original: int,
