@@ -259,6 +259,9 @@ def test_ppl_past_the_original_context_has_the_truncated_baseline_and_the_contex
     assert inside and all(b["nll"] == pytest.approx(c["nll"], abs=1e-5) for b, c in inside)
     table = (out / "perplexity.md").read_text()
     assert "| 128: past L |" in table and f"(x{res['yarn']['128']['context_gain']:.3f})" in table
+    rows = {line.split("|")[1].strip(): line.split("|")[3] for line in table.splitlines() if line.startswith("| ")}
+    assert f"{res['none']['128']['ppl']:.2f}†" in rows["none"]  # past the 64 tokens it advertises
+    assert "†" not in rows["yarn"] and "†: windows longer than the context the variant advertises" in table
     assert (out / "loss_by_position_128.png").exists()
     cells = (out / "cells.jsonl").read_text()
     capsys.readouterr()

@@ -304,13 +304,14 @@ def ppl_table(report: dict[str, Any]) -> str:
     lengths, L = setup["lengths"], setup["original_context"]
     longer = [n for n in lengths if L is not None and n > L]
     keyed = setup.get("key_tokens")
-    rows = []
+    rows, advertised = [], _advertised(setup)
     for method, per_len in report["results"].items():
         row: list[Any] = [method]
         for n in lengths:
             r = per_len.get(str(n))
             ci = r["ci95"] if r else None
-            row.append("-" if r is None else f"{r['ppl']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
+            past = PAST_ADVERTISED if r is not None and n > advertised.get(method, n) else ""
+            row.append("-" if r is None else f"{r['ppl']:.2f}{past}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
         row += [_past(per_len.get(str(n))) for n in longer]
         row += [key_tokens_text(per_len.get(str(n))) for n in longer if keyed]
         rows.append(row)
@@ -332,6 +333,10 @@ def ppl_table(report: dict[str, Any]) -> str:
                     f"{base['context']} tokens before it (forwards of {base['context']} tokens moved by "
                     f"{base['stride']})."
                     if base else "."))
+    if any(n > advertised.get(m, n) for m, per_len in report["results"].items() for n in lengths
+           if per_len.get(str(n))):
+        note += (f" {PAST_ADVERTISED}: windows longer than the context the variant advertises (its "
+                 "max_position_embeddings once patched, setup.applied): measured there all the same.")
     if keyed:
         note += (f" Key tokens (LongPPL, Fang et al. 2024): tokens whose log-probability with the whole window exceeds "
                  f"that with at most {keyed['short_context']} tokens before them by more than {keyed['alpha']:g} and "
@@ -342,6 +347,15 @@ def ppl_table(report: dict[str, Any]) -> str:
     header = (["method"] + [f"{n} tokens" for n in lengths] + [f"{n}: past L" for n in longer]
               + [f"{n}: key-token ppl (count)" for n in longer if keyed])
     return note + "\n\n" + markdown_table(header, rows)
+
+
+PAST_ADVERTISED = "†"  # a cell longer than its variant's advertised context
+
+
+def _advertised(setup: dict[str, Any]) -> dict[str, int]:
+    """Each variant's advertised context (``setup.applied``: its max_position_embeddings once patched), by label."""
+    applied = setup.get("applied") or {}
+    return {label: now["context"] for label, now in applied.items() if isinstance(now.get("context"), int)}
 
 
 def ppl_plots(report: dict[str, Any], output: str) -> list[str]:
