@@ -475,3 +475,19 @@ def test_a_model_cast_to_bfloat16_composes_from_its_fp32_frequencies():
     got = hf_posenc.get_config(hf_posenc.patch(cast, "yarn", factor=2.0))
     assert got.params["short_factor"] == want.params["short_factor"]
     assert got.params["long_factor"] == want.params["long_factor"]
+
+
+@pytest.mark.parametrize("method, knobs", [("none", {}), ("self_extend", {"group_size": 4, "window": 32})])
+def test_a_patch_that_keeps_the_checkpoints_scaling_is_not_carded_as_replacing_it(method, knobs):
+    from hf_posenc.eval.variants import applied_now
+    from hf_posenc.publishing.card import build_model_card
+
+    model = hf_posenc.patch(llama31(), method, **knobs)
+    assert "replaced that scaling" not in str(build_model_card(model))
+    assert applied_now(model)["own_scaling"] is None
+
+
+def test_a_longrope_checkpoint_cast_to_bfloat16_still_composes():
+    want = hf_posenc.get_config(hf_posenc.patch(phi3(), "pi", factor=2.0))
+    got = hf_posenc.get_config(hf_posenc.patch(phi3().to(torch.bfloat16), "pi", factor=2.0))
+    assert got.params["long_factor"] == want.params["long_factor"]

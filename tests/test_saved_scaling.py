@@ -272,6 +272,33 @@ def test_eval_ppl_on_a_saved_scaled_checkpoint_measures_past_its_context_and_com
     assert first["fingerprint"]["checkpoint_scaling"]["method"] == "yarn"
 
 
+def test_cells_an_earlier_release_computed_after_none_on_such_a_checkpoint_are_refused(tmp_path, bert_tokenizer,
+                                                                                       capsys):
+    """Before 0.2.1 a variant computed after "none" on a checkpoint saved with a RoPE scaling started from the model
+    without it: a cells file of such a release with that order is refused, naming why; one without "none" resumes."""
+    from hf_posenc.cli import main
+
+    model = hf_posenc.patch(tiny_model("llama", vocab_size=bert_tokenizer.vocab_size), "yarn", factor=2.0)
+    model.save_pretrained(tmp_path / "ckpt")
+    bert_tokenizer.save_pretrained(tmp_path / "ckpt")
+
+    def run(methods, out):
+        return main(["eval", "ppl", "--model", str(tmp_path / "ckpt"), "--methods", methods, "--lengths", "32",
+                     "--corpus", "python-docs", "--limit", "1", "--max-windows", "1", "--no-progress", "--no-plots",
+                     "--output", str(out)])
+
+    for methods, out in (("none,pi", tmp_path / "after-none"), ("pi,none", tmp_path / "pi-first")):
+        assert run(methods, out) == 0
+        lines = (out / "cells.jsonl").read_text().splitlines()
+        setup = json.loads(lines[0])
+        setup["fingerprint"]["versions"]["hf_posenc"] = "0.2.0"  # as that release wrote it
+        (out / "cells.jsonl").write_text("\n".join([json.dumps(setup), *lines[1:]]) + "\n")
+    assert run("none,pi", tmp_path / "after-none") != 0
+    assert ("holds cells of 'pi' computed after 'none' by hf_posenc 0.2.0, on a checkpoint saved with a RoPE "
+            "scaling: before 0.2.1") in capsys.readouterr().err
+    assert run("pi,none", tmp_path / "pi-first") == 0  # computed in an order that did not matter: resumed
+
+
 def test_get_config_and_the_saved_block_say_what_was_asked_on_top_of_the_checkpoint(tmp_path):
     folder = saved(tmp_path)
     model = hf_posenc.patch(loaded(folder), "yarn", factor=1.5)

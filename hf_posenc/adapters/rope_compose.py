@@ -32,6 +32,7 @@ from torch import nn
 
 from ..config import PosEncConfig, SavedBlock
 from ..encodings import rope as R
+from ..methods import METHODS
 from ..methods.rope import DEFAULT_CACHE, SCALINGS
 from .layout import Layout, checkpoint_context, current_context, per_layer_type, rope_geometry, scaled_by
 from .mrope import is_mrope
@@ -92,8 +93,9 @@ def _held_frequencies(slot, config: Any) -> torch.Tensor:
     the module was cast to a half-precision dtype (``model.to(torch.bfloat16)``), those transformers' initialisation
     computes from the config, checked against the held ones to their precision (the saved factors stay fp32's)."""
     held = slot.get("inv_freq").detach()
-    if held.dtype in (torch.float32, torch.float64):
-        return held.double().cpu()
+    if held.dtype in (torch.float32, torch.float64) or \
+            slot.rope_parameters(config).get("rope_type") in LENGTH_DEPENDENT_TYPES:  # (a longrope's long factors
+        return held.double().cpu()  # are read from its config: _on_longrope)
     computed = own_rope_of_config(config, slot.layer_type).inv_freq
     if computed.shape != held.shape or not torch.allclose(computed, held.double().cpu(), rtol=2 ** -7, atol=0):
         raise ValueError(f"the rotary module holds its frequencies in {held.dtype}, and they are not the ones its "
@@ -267,7 +269,9 @@ def own_scaling(block: dict[str, Any], prefix: str, rope: dict[str, Any] | None 
     and whether the patch ``replaced`` it (scaled from the original context given) rather than extended it from that
     context (a composition, whose block records what was ``asked``)."""
     before = block.get("original") or {}
-    own = before.get(prefix + "rope_parameters") or rope or {}
+    spec = METHODS.get(block.get("method"))
+    scaling = spec is not None and spec.kind == "rope"  # (none and the attention-level methods keep the checkpoint's)
+    own = before.get(prefix + "rope_parameters") or (rope if scaling else None) or {}
     if per_layer_type(own):
         chosen = (block.get("params") or {}).get("layer_types") or []
         own = own.get(chosen[0], {}) if len(chosen) == 1 else {}  # the one type the patch changed

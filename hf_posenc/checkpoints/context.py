@@ -14,7 +14,9 @@ def context_length(model) -> int | None:
     n = table_positions(model)
     if n is not None:
         return n
-    n = getattr(text_config(model.config)[0], "max_position_embeddings", None)
+    lm = text_config(model.config)[0]
+    rope = getattr(lm, "rope_parameters", None)
+    n = current_context(getattr(lm, "max_position_embeddings", None), rope if isinstance(rope, dict) else {})
     return int(n) if n else None
 
 

@@ -72,6 +72,11 @@ def _tokenizer_by_files(fingerprint: dict[str, Any]) -> Any:
 CELLS_SINCE = "0.1.0"
 
 
+# before this release, a variant computed after "none" on a checkpoint saved with a RoPE scaling started from the model
+# without that scaling ("none" took it off): such cells are refused (:func:`_after_none`)
+FROM_CHECKPOINT_SINCE = "0.2.1"
+
+
 def _release(version: Any) -> tuple[int, ...] | None:
     try:
         return tuple(int(part) for part in str(version).split("+", 1)[0].split("."))
@@ -157,6 +162,30 @@ def _recorded_seconds(item: dict[str, Any]) -> float | None:
     return item.get("seconds")
 
 
+def _after_none(path: str, stored: dict[str, Any]) -> tuple[str, str] | None:
+    """(a variant, the release) of the first cell a release before :data:`FROM_CHECKPOINT_SINCE` computed after a cell
+    of "none" on a checkpoint saved with a RoPE scaling (the stored fingerprint names its ``checkpoint_scaling``),
+    in the file's order, the order they were computed in; None when there is none."""
+    version = (stored.get("versions") or {}).get("hf_posenc")
+    release = _release(version)
+    if "checkpoint_scaling" not in stored or release is None or release >= _release(FROM_CHECKPOINT_SINCE):
+        return None
+    seen = False
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            if not _is_cell(item):
+                continue
+            if item["config"].get("method") == "none":
+                seen = True
+            elif seen:
+                return item["variant"], version
+    return None
+
+
 class CellStore:
     """The finished cells of one run folder (or, without a folder, of this run only)."""
 
@@ -199,6 +228,12 @@ class CellStore:
         if changed:
             raise ValueError(f"{self.path} holds the cells of another setup ({'; '.join(changed)}); use another "
                              "--output, or --overwrite to discard them")
+        wrong = _after_none(self.path, stored)
+        if wrong:
+            raise ValueError(f"{self.path} holds cells of {wrong[0]!r} computed after 'none' by hf_posenc "
+                             f"{wrong[1]}, on a checkpoint saved with a RoPE scaling: before {FROM_CHECKPOINT_SINCE} "
+                             "those started from the model without its scaling, which 'none' had taken off, not from "
+                             "the checkpoint; use --overwrite to compute them again, or another --output")
         with open(self.path, "rb+") as f:  # a line cut short by a kill is closed, so the next cell starts afresh
             f.seek(-1, os.SEEK_END)
             if f.read(1) != b"\n":

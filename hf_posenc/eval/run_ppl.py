@@ -10,6 +10,7 @@ from typing import Any
 
 from ..io import documents as D
 from ..io.reports import markdown_table, plot_lines
+from ..methods.rope import SCALINGS
 from ..patching import checkpoint_config
 from .common import Run
 from .key_tokens import (
@@ -354,8 +355,11 @@ PAST_ADVERTISED = "†"  # a cell longer than its variant's advertised context
 
 def _advertised(setup: dict[str, Any]) -> dict[str, int]:
     """Each variant's advertised context (``setup.applied``: its max_position_embeddings once patched), by label."""
-    applied = setup.get("applied") or {}
-    return {label: now["context"] for label, now in applied.items() if isinstance(now.get("context"), int)}
+    applied, variants = setup.get("applied") or {}, setup.get("variants") or {}
+    grows = {label for label, v in variants.items()  # (dynamic NTK: it keeps the original there, and takes any length)
+             if v.get("method") in SCALINGS and SCALINGS[v["method"]].keeps_max_position}
+    return {label: now["context"] for label, now in applied.items()
+            if isinstance(now.get("context"), int) and label not in grows}
 
 
 def ppl_plots(report: dict[str, Any], output: str) -> list[str]:

@@ -32,6 +32,7 @@ from collections import Counter, OrderedDict
 from typing import Any
 
 from ..adapters.base import text_config
+from ..adapters.layout import current_context
 from ..adapters.rope_compose import kept_scaling
 from ..checkpoints.models import read_config, resolve_source
 from ..config import CONFIG_KEY, PosEncConfig, as_config
@@ -539,7 +540,9 @@ def trained_context(hf_config, source) -> int | None:
     """The context a model (``hf_config``, loaded from ``source``) was trained for, from its config alone: a patched
     checkpoint's stored original (its config advertises the extended one; a scaling the checkpoint is, its
     advertised context: :func:`rope_compose.kept_scaling`), a GGUF written by :func:`patch_gguf`'s
-    record (``hf_config`` gets the original values back), else ``max_position_embeddings``; None if none is stated."""
+    record (``hf_config`` gets the original values back), else the context its RoPE serves now
+    (``max_position_embeddings``, or a YaRN's factor x original where more: ``adapters.layout.current_context``);
+    None if none is stated."""
     block = getattr(hf_config, CONFIG_KEY, None)
     if isinstance(block, dict) and block.get("original_max_position_embeddings") and kept_scaling(block) is None:
         return int(block["original_max_position_embeddings"])  # (a kept scaling: the context the checkpoint has)
@@ -547,7 +550,9 @@ def trained_context(hf_config, source) -> int | None:
         stored = stored_patch(os.path.join(source.path, source.kwargs["gguf_file"]), hf_config)
         if stored is not None:
             return stored.original_max_position_embeddings
-    n = getattr(text_config(hf_config)[0], "max_position_embeddings", None)
+    lm = text_config(hf_config)[0]
+    rope = getattr(lm, "rope_parameters", None)
+    n = current_context(getattr(lm, "max_position_embeddings", None), rope if isinstance(rope, dict) else {})
     return int(n) if n else None
 
 

@@ -95,8 +95,8 @@ def with_launches(rows: list[dict[str, str]], block: dict[str, Any],
     if not block.get("native"):
         return rows
     cannot = {launch["engine"]: launch["reason"] for launch in launches if launch["computes"] == CANNOT}
-    return followed([{"engine": r["engine"], "status": "cannot compute it", "basis": cannot[r["engine"]]}
-                     if r["engine"] in cannot else r for r in rows])
+    return [{"engine": r["engine"], "status": "cannot compute it", "basis": cannot[r["engine"]]}
+            if r["engine"] in cannot else r for r in followed(rows)]
 
 
 def vllm_refusal(method: str) -> str | None:

@@ -40,7 +40,7 @@ from ..eval.scoring import require_causal_lm
 from ..io.documents import corpus_stream, tokenize_documents
 from ..io.reports import markdown_table
 from ..methods.rope import DYNAMIC
-from ..patching import get_config, patch, unpatch
+from ..patching import get_config, trying
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 BUCKETS = 32  # eval ppl's default --buckets: the loss curve's position buckets (past L is counted exactly)
@@ -170,10 +170,10 @@ class LongEval:
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), trying(base, []) as apply:  # (left as it was: a saved scaling under a patch too)
                 def fresh():  # as eval's run_cells: a dynamic method's state starts afresh before each cell
                     if own is not None and own.method in DYNAMIC:
-                        kept.repatch(own)
+                        kept.repatch(apply, own)
 
                 cells = []
                 for w in self.windows:
@@ -186,7 +186,7 @@ class LongEval:
                     found.append((length, depth, passkey_cell(base, self.tok, self.haystack, length, depth, key_seed,
                                                               s.needle_trials, DIGITS)))
                     bar.update(1)
-                kept.repatch(PosEncConfig("none"))
+                kept.repatch(apply, PosEncConfig("none"))
                 truncated = []
                 for w in self.windows:
                     truncated.append(truncated_window_cell(base, self.tokens[w.doc], w, BUCKETS, self.original,
@@ -194,7 +194,7 @@ class LongEval:
                     bar.update(1)
         finally:
             bar.close()
-            kept.repatch(own)
+            kept.restore()
             model.train(was_training)
         mine = aggregate_length(n, self.windows, cells, self.names, BUCKETS, self.original)
         base_ppl = aggregate_length(n, self.windows, truncated, self.names, BUCKETS, self.original)
@@ -225,13 +225,15 @@ class _Weights:
         self.tensors = dict(model.state_dict(keep_vars=True))
         self.grad = {name: p.requires_grad for name, p in model.named_parameters()}
 
-    def repatch(self, config) -> None:
-        """``model`` patched with ``config`` (None: unpatched); a weight the patch re-created gets its kept values
-        and ``requires_grad`` (a tensor the patch left in place is the kept one itself)."""
-        if config is None:
-            unpatch(self.model)
-        else:
-            patch(self.model, config)
+    def repatch(self, apply, config) -> None:
+        """``model`` patched with ``config`` by ``apply`` (``patching.trying``'s: from the state on entry), then
+        :meth:`restore`."""
+        apply(config)
+        self.restore()
+
+    def restore(self) -> None:
+        """A weight a patch re-created gets its kept values and ``requires_grad`` (a tensor the patch left in place is
+        the kept one itself)."""
         now = self.model.state_dict(keep_vars=True)
         with torch.no_grad():
             for name, kept in self.tensors.items():
