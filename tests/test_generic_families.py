@@ -21,6 +21,10 @@ EXTRA = {
                         q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                         first_k_dense_replace=1, n_group=1, topk_group=1),
 }
+# gpt-oss's YaRN x32 over 4,096 serves the 131,072 tokens it advertises; narrowed to 64 tokens, its YaRN is made to
+# serve those 64 (x2 over 32), so that 150 tokens are past the context a scaling on top extends
+EXTRA["gpt_oss"] = dict(rope_parameters={**AutoConfig.for_model("gpt_oss").rope_parameters, "factor": 2.0,
+                                         "original_max_position_embeddings": ORIGINAL // 2})
 GENERIC = list(GENERIC_FAMILIES)  # the families hf-posenc methods lists for the scalings these tests prove
 
 

@@ -316,8 +316,10 @@ def test_the_card_says_what_serving_engines_compute(method, kwargs, vllm):
     serving = card[card.index("## Serving"):]
     assert vllm in serving
     assert all(f"| {engine} |" in serving for engine in ("SGLang", "TGI", "llama.cpp"))
-    if method in ("yarn", "dynamic_ntk"):
+    if method == "yarn":
         assert "| SGLang | reads the `rope_parameters` transformers reads | not measured |" in serving
+    if method == "dynamic_ntk":  # as its launch settings say (one base for every length)
+        assert "| SGLang | cannot compute it | SGLang does not compute `dynamic_ntk` as hf_posenc does" in serving
 
 
 # -- the Hub misbehaving -------------------------------------------------------------------------
