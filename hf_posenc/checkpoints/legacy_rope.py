@@ -36,9 +36,9 @@ REQUIRED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
             "longrope": ("short_factor", "long_factor")}
 SUB_CONFIGS = ("text_config",)  # composite models: transformers 4 reads the language model's RoPE there
 TRANSFORMERS4 = "transformers 4.57"
-# model types whose transformers-4.57 config class takes a rope_scaling of exactly these keys, of type longrope
+# model types whose transformers-4.57 config class takes a rope_scaling of exactly these keys, of that type alone
 # (Phi3Config._rope_scaling_validation); the attention factor is then derived from the context ratio
-_PHI3_KEYS = ("type", "short_factor", "long_factor")
+_PHI3_KEYS = ("longrope", ("type", "short_factor", "long_factor"))
 THREE_KEYS = {"phi3": _PHI3_KEYS, "phi4_multimodal": _PHI3_KEYS}
 # per-layer-type RoPE transformers 4.57 reads: model_type -> (scaled type, plain type, the plain type's base key)
 LAYERED = {"gemma3_text": ("full_attention", "sliding_attention", "rope_local_base_freq")}
@@ -101,10 +101,10 @@ def _three_keys(config: dict[str, Any], rope: dict[str, Any], kind: str, keys: d
     """The ``rope_scaling`` of a model whose transformers-4.57 config class takes exactly :data:`THREE_KEYS` (Phi-3):
     a longrope whose attention factor is the one transformers 4.57 derives from the context ratio; a ValueError
     otherwise."""
-    names = THREE_KEYS[config["model_type"]]
+    taken, names = THREE_KEYS[config["model_type"]]
     cls = f"{TRANSFORMERS4}'s config of model_type={config['model_type']!r}"
-    if kind != "longrope":
-        raise ValueError(f"rope_type {kind!r}: {cls} takes a rope_scaling of type longrope only")
+    if kind != taken:
+        raise ValueError(f"rope_type {kind!r}: {cls} takes a rope_scaling of type {taken} only")
     context = config.get("max_position_embeddings")
     original = keys.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings") or context
     ratio = context / original
@@ -114,7 +114,7 @@ def _three_keys(config: dict[str, Any], rope: dict[str, Any], kind: str, keys: d
         raise ValueError(f"longrope with attention_factor {float(own):.6g}: {cls} takes a rope_scaling of "
                          f"{', '.join(names)} alone and derives the attention factor from max_position_embeddings / "
                          f"original_max_position_embeddings = {context} / {original}, giving {derived:.6g}")
-    return {"type": "longrope", "short_factor": rope["short_factor"], "long_factor": rope["long_factor"]}
+    return {"type": taken, "short_factor": rope["short_factor"], "long_factor": rope["long_factor"]}
 
 
 def _layered_keys(config: dict[str, Any], rope: dict[str, Any], nested: list[str]) -> dict[str, Any]:
