@@ -185,6 +185,14 @@ def current_context(max_position: int | None, rp: dict[str, Any]) -> int | None:
     return max(max_position or 0, int(round(float(factor) * int(original))))
 
 
+def served_context(hf_config: Any) -> int | None:
+    """:func:`current_context` of a model's language model, from its config (per-layer-type RoPE: its
+    ``max_position_embeddings``)."""
+    lm = text_config(hf_config)[0]
+    rope = getattr(lm, "rope_parameters", None)
+    return current_context(getattr(lm, "max_position_embeddings", None), rope if isinstance(rope, dict) else {})
+
+
 def checkpoint_context(lay: Layout) -> int | None:
     """:func:`current_context` of the first rotary slot ``lay`` changes."""
     return current_context(getattr(lay.config, "max_position_embeddings", None),

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ..adapters.base import text_config
-from ..adapters.layout import current_context
+from ..adapters.layout import served_context
 from ..adapters.learned_absolute import table_positions
 from ..patching import get_config
 
@@ -14,9 +13,7 @@ def context_length(model) -> int | None:
     n = table_positions(model)
     if n is not None:
         return n
-    lm = text_config(model.config)[0]
-    rope = getattr(lm, "rope_parameters", None)
-    n = current_context(getattr(lm, "max_position_embeddings", None), rope if isinstance(rope, dict) else {})
+    n = served_context(model.config)
     return int(n) if n else None
 
 
@@ -28,6 +25,4 @@ def original_context(model) -> int | None:
     cfg = get_config(model)
     if cfg is not None and cfg.original_max_position_embeddings:
         return cfg.original_max_position_embeddings
-    lm = text_config(model.config)[0]
-    rope = getattr(lm, "rope_parameters", None)
-    return current_context(getattr(lm, "max_position_embeddings", None), rope if isinstance(rope, dict) else {})
+    return served_context(model.config)

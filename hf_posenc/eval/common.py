@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ..adapters.base import text_config
-from ..adapters.layout import current_context
+from ..adapters.layout import served_context
 from ..checkpoints.context import original_context
 from ..checkpoints.runtime import load_model_and_tokenizer, seed_everything
 from ..io.digests import file_digests
@@ -210,10 +210,8 @@ class Run:
         own = checkpoint_config(lm)
         if own is not None:  # a checkpoint saved with a RoPE scaling: its variants (not "none") start from it
             kept["checkpoint_scaling"] = own.to_dict()
-        text = text_config(lm.config)[0]
-        rope, advertised = getattr(text, "rope_parameters", None), getattr(text, "max_position_embeddings", None)
-        served = current_context(advertised, rope) if isinstance(rope, dict) else advertised
-        if served != advertised:
+        served = served_context(lm.config)
+        if served != getattr(text_config(lm.config)[0], "max_position_embeddings", None):
             kept["served_context"] = served  # (a YaRN left at its pretraining max_position_embeddings, which releases
             # before 0.2.1 extended from: their cells are refused)
         return kept

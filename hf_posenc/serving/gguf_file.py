@@ -31,8 +31,7 @@ import tempfile
 from collections import Counter, OrderedDict
 from typing import Any
 
-from ..adapters.base import text_config
-from ..adapters.layout import current_context
+from ..adapters.layout import served_context
 from ..adapters.rope_compose import kept_scaling
 from ..checkpoints.models import read_config, resolve_source
 from ..config import CONFIG_KEY, PosEncConfig, as_config
@@ -550,9 +549,7 @@ def trained_context(hf_config, source) -> int | None:
         stored = stored_patch(os.path.join(source.path, source.kwargs["gguf_file"]), hf_config)
         if stored is not None:
             return stored.original_max_position_embeddings
-    lm = text_config(hf_config)[0]
-    rope = getattr(lm, "rope_parameters", None)
-    n = current_context(getattr(lm, "max_position_embeddings", None), rope if isinstance(rope, dict) else {})
+    n = served_context(hf_config)
     return int(n) if n else None
 
 
