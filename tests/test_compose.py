@@ -192,6 +192,35 @@ def test_a_longrope_over_the_current_context_that_does_not_restate_the_checkpoin
     assert hf_posenc.get_config(model) == composed and model.config.max_position_embeddings == 2 * CONTEXT
 
 
+def test_a_saved_composition_is_replaced_from_the_context_its_own_scaling_is_computed_from(tmp_path, caplog):
+    """A folder saved after yarn x2 on llama3 x8 holds a longrope over 512 (the context it extended); plain RoPE
+    never served 512, so a replacement starts from the 64 the llama3 under it is computed from: the same model as
+    that replacement on the checkpoint before the composition, loaded by transformers or by hf_posenc."""
+    base = llama31()
+    hf_posenc.patch(base, "yarn", factor=2.0)
+    base.save_pretrained(tmp_path / "composed")
+    hf_posenc.unpatch(base)
+    hf_posenc.patch(base, "yarn", factor=16.0, original_max_position_embeddings=PRETRAINED)
+    expected = logits(base, 96)
+    for load in (AutoModelForCausalLM.from_pretrained, hf_posenc.from_pretrained):
+        model = load(str(tmp_path / "composed")).eval()
+        with caplog.at_level("WARNING", logger="hf_posenc"):
+            hf_posenc.patch(model, "yarn", factor=2.0)  # on top: the hint names the context to replace from
+        assert "To replace its scaling instead, give original_max_position_embeddings=64." in caplog.text
+        caplog.clear()
+        with pytest.raises(ValueError, match=r"original_max_position_embeddings=512 does not fit this checkpoint: its "
+                                             r"longrope is hf_posenc's composition of yarn:factor=2 on its own "
+                                             r"'llama3' scaling, computed from 64 tokens; pass "
+                                             r"original_max_position_embeddings=64"):
+            hf_posenc.patch(model, "yarn", factor=16.0, original_max_position_embeddings=CONTEXT)
+        hf_posenc.patch(model, "yarn", factor=16.0, original_max_position_embeddings=PRETRAINED)
+        assert model.config.max_position_embeddings == 1024
+        assert (logits(model, 96) - expected).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="fewer than the 1,024 it advertises now: give a factor of at least 16"):
+        hf_posenc.patch(AutoModelForCausalLM.from_pretrained(str(tmp_path / "composed")), "yarn", factor=2.0,
+                        original_max_position_embeddings=PRETRAINED)
+
+
 def deepseek_v3() -> torch.nn.Module:
     """A tiny DeepSeek-V3 (MLA) as it ships: YaRN x40 over 16, advertising 640, its softmax scale (0.1 ln 40 + 1)^2
     times qk_head_dim^-0.5 (mscale_all_dim 1)."""

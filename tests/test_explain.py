@@ -261,6 +261,34 @@ def test_on_an_already_scaled_checkpoint_explain_draws_what_the_patch_computes(b
     assert not (tmp_path / "x").exists()
 
 
+def test_explain_replacing_a_checkpoints_scaling_checks_the_original_context_as_the_patch_does(tmp_path, capsys):
+    """--original-max-position on a scaled checkpoint draws a replacement only from the context its scaling is
+    computed from (the patch refuses any other), with the checkpoint's own RoPE as "before"."""
+    import test_compose as C
+
+    import hf_posenc
+
+    model = C.llama31()
+    model.save_pretrained(tmp_path / "ckpt")
+    own = model.model.rotary_emb.inv_freq.double().clone()
+    for wrong in (100, C.CONTEXT):
+        assert (f"--original-max-position {wrong} conflicts with {tmp_path / 'ckpt'}, whose RoPE is already scaled "
+                "(rope_type='llama3', computed from 64 tokens): give 64") in refused(
+            ["explain", "yarn", "--factor", "16", "--model", str(tmp_path / "ckpt"), "--original-max-position",
+             str(wrong), "--output", str(tmp_path / "x")], capsys)
+        with pytest.raises(ValueError, match="conflicts with the checkpoint"):
+            hf_posenc.patch(model, "yarn", factor=16.0, original_max_position_embeddings=wrong)
+    assert not (tmp_path / "x").exists()
+    out = explain("yarn:factor=16", str(tmp_path / "e"), model=str(tmp_path / "ckpt"), original=C.PRETRAINED)
+    assert torch.allclose(torch.tensor(out["data"]["wavelength_before"], dtype=torch.float64), 2 * math.pi / own,
+                          rtol=1e-6)
+    hf_posenc.patch(model, "yarn", factor=16.0, original_max_position_embeddings=C.PRETRAINED)
+    after = model.model.rotary_emb.inv_freq.double()
+    assert torch.allclose(torch.tensor(out["data"]["wavelength_after"], dtype=torch.float64), 2 * math.pi / after,
+                          rtol=1e-6)
+    assert out["data"]["replaced"] and "replaces that scaling" in out["text"]
+
+
 def test_on_a_longrope_checkpoint_explain_starts_from_its_long_frequencies(tmp_path):
     """Phi-3-style: a method on top acts on its long factors (past its switch), so they are the "before"."""
     import test_compose as C

@@ -217,12 +217,14 @@ def rope_geometry(hf_config: Any, original: int, rp: dict[str, Any] | None = Non
 @dataclass(frozen=True)
 class Layout:
     """Where one model keeps its RoPE, as a method sees it: every rotary slot, those the method changes,
-    the language-model config and its path prefix in the model config."""
+    the language-model config and its path prefix in the model config, and the hf_posenc block of the model
+    config (what a patch saved into the checkpoint recorded; None: none)."""
 
     slots: list[RotarySlot]
     selected: list[RotarySlot]
     config: Any
     prefix: str
+    block: Any = None
 
     @property
     def layered(self) -> bool:

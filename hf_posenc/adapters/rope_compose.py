@@ -79,13 +79,15 @@ class OwnRope:
     inv_freq: torch.Tensor
     attention: float
     layer_types: list[str] | None = None
+    pretrained: int | None = None
 
 
 def own_rope(lay: Layout) -> OwnRope:
     """The RoPE of the first rotary slot ``lay`` changes (a composition requires them alike: :func:`_uniform`)."""
     slot = lay.selected[0]
-    return OwnRope(lay.config, slot.rope_parameters(lay.config), _held_frequencies(slot, lay.config),
-                   float(slot.get("attention_scaling")), lay.chosen_types() if lay.layered else None)
+    rp = slot.rope_parameters(lay.config)
+    return OwnRope(lay.config, rp, _held_frequencies(slot, lay.config), float(slot.get("attention_scaling")),
+                   lay.chosen_types() if lay.layered else None, composed_over(lay.block, lay.prefix, rp))
 
 
 def _held_frequencies(slot, config: Any) -> torch.Tensor:
@@ -105,9 +107,10 @@ def _held_frequencies(slot, config: Any) -> torch.Tensor:
     return computed
 
 
-def own_rope_of_config(config: Any, layer_type: str | None = None) -> OwnRope:
+def own_rope_of_config(config: Any, layer_type: str | None = None, block: Any = None, prefix: str = "") -> OwnRope:
     """The RoPE a checkpoint's ``config`` describes (its ``layer_type``'s, per-layer-type RoPE), computed by
-    transformers' own initialisation, as its rotary module computes it at load: no weights needed."""
+    transformers' own initialisation, as its rotary module computes it at load: no weights needed (``block``,
+    ``prefix``: the model config's hf_posenc block and the language model's path in it, :func:`composed_over`)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     rp = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
@@ -120,7 +123,8 @@ def own_rope_of_config(config: Any, layer_type: str | None = None) -> OwnRope:
         past = int(getattr(config, "max_position_embeddings", 0)) + 1
         long = {"seq_len": past} if rp.get("rope_type") in ON_LENGTH_DEPENDENT else {}
         inv, attention = init(config, "cpu", **kwargs, **long)
-    return OwnRope(config, rp, inv.double(), float(attention), [layer_type] if layer_type else None)
+    return OwnRope(config, rp, inv.double(), float(attention), [layer_type] if layer_type else None,
+                   composed_over(block, prefix, rp))
 
 
 def composed_config(cfg: PosEncConfig, lay: Layout) -> PosEncConfig:
@@ -217,7 +221,8 @@ def _on_longrope(cfg: PosEncConfig, own: OwnRope, context: int) -> PosEncConfig:
     logger.warning("the checkpoint's RoPE is LongRoPE (context %d, short factors up to %d tokens): hf_posenc extends "
                    "it from there -- %s on its long factors gives %d tokens (inputs up to %d keep its short "
                    "factors%s). To replace its scaling instead, give original_max_position_embeddings=%d.",
-                   context, original, cfg.to_text(), target, original, _temperature_note(float(added)), original)
+                   context, original, cfg.to_text(), target, original, _temperature_note(float(added)),
+                   replacing_original(own))
     return composed
 
 
@@ -253,8 +258,11 @@ def recorded_original(lay: Layout) -> int | None:
 
 
 def replacing_original(own: OwnRope) -> int | None:
-    """The original context a scaled checkpoint records (its rope_parameters', else max_position_embeddings): the
+    """The original context a scaled checkpoint records (its rope_parameters', else max_position_embeddings; under
+    a composition hf_posenc saved, the one its own scaling records: :func:`composed_over`): the
     original_max_position_embeddings a replacement of its scaling is given."""
+    if own.pretrained is not None:
+        return own.pretrained
     rp, context = own.rope, getattr(own.config, "max_position_embeddings", None)
     recorded = rp.get("original_max_position_embeddings") or context  # (a linear scaling records none: its context)
     return int(recorded) if recorded else None
@@ -281,6 +289,42 @@ def own_scaling(block: dict[str, Any], prefix: str, rope: dict[str, Any] | None 
     return {"rope_type": own["rope_type"], "pretrained_context": pretrained,
             "context": current_context(before.get(prefix + "max_position_embeddings"), own),
             "replaced": block.get("asked") is None}  # (a composition records what was asked on top)
+
+
+def composed_over(block: Any, prefix: str, rp: dict[str, Any]) -> int | None:
+    """Where ``rp`` (a rotary slot's rope_parameters) is a composition hf_posenc saved into the checkpoint (its
+    ``block`` records what was asked and the longrope computed, ``prefix``: the language model's path), the context
+    the checkpoint's own scaling under it is computed from (Llama 3.1's 8,192 under a yarn x2 on its llama3): what a
+    replacement of the scaling starts from, the composed longrope's original context being the one it extended.
+    None elsewhere."""
+    if not isinstance(block, dict) or block.get("asked") is None or block.get("method") != "longrope":
+        return None
+    if rp.get("rope_type") != "longrope" or rp.get("long_factor") != (block.get("params") or {}).get("long_factor"):
+        return None
+    own = own_scaling(block, prefix)
+    return None if own is None else own["pretrained_context"] or own["context"]
+
+
+def check_replacing_composition(cfg: PosEncConfig, lay: Layout) -> bool:
+    """Whether ``cfg`` (its original context given) replaces a composition hf_posenc saved into the checkpoint,
+    from the context the checkpoint's own scaling under it is computed from (:func:`composed_over`): a RoPE
+    scaling computed from the plain frequencies, as on the checkpoint before the composition. Any other original
+    context for such a scaling is refused by name (the composed longrope's own original context is no pretraining
+    context: plain RoPE never served it); False where no composition is there or ``cfg`` states its factors."""
+    rp = lay.selected[0].rope_parameters(lay.config)
+    pretrained = composed_over(lay.block, lay.prefix, rp)
+    scaling = SCALINGS.get(cfg.method)
+    if pretrained is None or cfg.spec.kind != "rope" or scaling is None or scaling.per_dimension:
+        return False
+    L = cfg.original_max_position_embeddings
+    if L == pretrained:
+        return True
+    own = own_scaling(lay.block, lay.prefix) or {}
+    raise ValueError(
+        f"original_max_position_embeddings={L} does not fit this checkpoint: its longrope is hf_posenc's "
+        f"composition of {lay.block['asked']} on its own {own.get('rope_type')!r} scaling, computed from "
+        f"{pretrained} tokens; pass original_max_position_embeddings={pretrained} to replace its scaling from there "
+        f"(the plain RoPE frequencies), or omit it to extend from its current context ({checkpoint_context(lay)}).")
 
 
 def restates_checkpoint(cfg: PosEncConfig, lay: Layout) -> bool:

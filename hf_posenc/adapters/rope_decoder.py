@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from ..config import PosEncConfig
+from ..config import CONFIG_KEY, PosEncConfig
 from ..methods.remapped import KIND as ATTENTION
 from ..methods.remapped import REMAPPED
 from ..methods.rope import SCALINGS
@@ -31,7 +31,7 @@ from .family_census import takes
 from .layout import Layout, RotarySlot, checkpoint_context, default_layer_types, rotary_slots, scaled_by
 from .mrope import check_mrope
 from .remapped import Remapped
-from .rope_compose import LENGTH_DEPENDENT_TYPES, restates_checkpoint
+from .rope_compose import LENGTH_DEPENDENT_TYPES, check_replacing_composition, restates_checkpoint
 from .rope_scaling import Scaled
 
 
@@ -169,7 +169,7 @@ class RopeDecoderAdapter(Adapter):
         slots = self._check_layout(model)
         config, prefix = text_config(model.config)
         selected = self._selected(model, slots, cfg) if HANDLERS[cfg.spec.kind].per_type(cfg.spec) else slots
-        return Layout(slots, selected, config, prefix)
+        return Layout(slots, selected, config, prefix, getattr(model.config, CONFIG_KEY, None))
 
     def _original(self, cfg: PosEncConfig, lay: Layout) -> int:
         """The original context: the one given (checked against the checkpoint), else the checkpoint's -- for an
@@ -192,6 +192,8 @@ class RopeDecoderAdapter(Adapter):
         if restates_checkpoint(cfg, lay):
             return L  # a composed configuration of this checkpoint, over its current context
         if self._within_scaled_context(cfg, lay, recorded, L):
+            return L
+        if check_replacing_composition(cfg, lay):
             return L
         if recorded is not None and scaled_by(rp0) is not None and L != recorded:
             raise ValueError(

@@ -17,7 +17,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -109,14 +109,56 @@ def layer_rope(lm, layer_types: list[str] | None = None) -> dict[str, Any]:
     return rp[chosen[0]]
 
 
-def _checkpoint_rope(cfg: PosEncConfig, geom: Geometry) -> tuple[Any, int, PosEncConfig] | None:
+class OnCheckpoint(NamedTuple):
+    """A RoPE scaling on a checkpoint whose RoPE is already scaled: its ``own`` RoPE (``rope_compose.OwnRope``),
+    the ``context`` it advertises, and the ``composed`` configuration extending it (None: the scaling replaces it)."""
+
+    own: Any
+    context: int
+    composed: PosEncConfig | None
+
+
+def _checkpoint_rope(cfg: PosEncConfig, geom: Geometry) -> OnCheckpoint | None:
     """On a checkpoint whose RoPE is already scaled (read from ``geom.model``'s config; not one hf_posenc patched),
     what a RoPE scaling given no original context does there, as the patch does it (:mod:`..adapters.rope_compose`):
     (the checkpoint's own RoPE, the context it advertises, the composed configuration); else None."""
-    if cfg.spec.kind != "rope" or cfg.original_max_position_embeddings is not None or geom.model is None:
+    if cfg.original_max_position_embeddings is not None:
+        return None
+    found = _own_rope(cfg, geom)
+    if found is None:
+        return None
+    own, context, own_type = found
+    C.check_rule(cfg, own_type, f"give --original-max-position {C.replacing_original(own)} to draw it replacing "
+                 "its scaling instead")
+    return OnCheckpoint(own, context, C.compose(cfg, own, context))
+
+
+def _replaced_rope(cfg: PosEncConfig, geom: Geometry, original: int) -> OnCheckpoint | None:
+    """On a checkpoint whose RoPE is already scaled, a RoPE scaling given its ``original`` context replaces that
+    scaling, as the patch does: that context checked against the one the checkpoint's scaling is computed from
+    (a ValueError naming it), and (the checkpoint's own RoPE, the context it advertises), drawn as "before"; else
+    None."""
+    found = _own_rope(cfg, geom)
+    if found is None:
+        return None
+    own, context, own_type = found
+    recorded = C.replacing_original(own)
+    if recorded is not None and original != recorded:
+        raise ValueError(f"--original-max-position {original} conflicts with {geom.model}, whose RoPE is already "
+                         f"scaled (rope_type={own_type!r}, computed from {recorded} tokens): give {recorded} to draw "
+                         f"{cfg.method} replacing its scaling, or omit it to draw {cfg.method} extending it from its "
+                         f"current context ({context:,}).")
+    return OnCheckpoint(own, context, None)
+
+
+def _own_rope(cfg: PosEncConfig, geom: Geometry) -> tuple[Any, int, str] | None:
+    """The scaled RoPE of ``geom.model``'s checkpoint a RoPE scaling ``cfg`` meets (its own RoPE, the context it
+    advertises, its rope_type), else None (no model, not a RoPE scaling, plain RoPE, or a patched checkpoint drawn
+    from its stored original geometry)."""
+    if cfg.spec.kind != "rope" or geom.model is None:
         return None
     hf_config = read_config(resolve_source(geom.model))
-    lm = text_config(hf_config)[0]
+    lm, prefix = text_config(hf_config)
     block = getattr(hf_config, CONFIG_KEY, None)
     if block and C.kept_scaling(block) is None:
         return None  # a patched checkpoint: drawn from its stored original geometry (a kept scaling: its saved one)
@@ -126,10 +168,9 @@ def _checkpoint_rope(cfg: PosEncConfig, geom: Geometry) -> tuple[Any, int, PosEn
     if own_type is None or not isinstance(context, int):
         return None
     layered = rp is not getattr(lm, "rope_parameters", None)
-    own = C.own_rope_of_config(lm, next(t for t, v in lm.rope_parameters.items() if v is rp) if layered else None)
-    C.check_rule(cfg, own_type, f"give --original-max-position {C.replacing_original(own)} to draw it replacing "
-                 "its scaling instead")
-    return own, context, C.compose(cfg, own, context)
+    own = C.own_rope_of_config(lm, next(t for t, v in lm.rope_parameters.items() if v is rp) if layered else None,
+                               block, prefix)
+    return own, context, own_type
 
 
 def _original_theta(hf_config) -> float | None:
@@ -158,12 +199,16 @@ def _target(cfg: PosEncConfig, geom: Geometry, length: int | None) -> int:
 
 def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str,
           on: tuple[Any, int, PosEncConfig] | None = None) -> dict[str, Any]:
-    if on is None:
+    if on is None or on.composed is None:  # plain RoPE, or a scaling replacing the checkpoint's: "before" its RoPE
         w = A.rope_wavelengths(cfg, RopeGeometry(geom.rope_theta, geom.head_dim, geom.original, geom.turning),
-                               length)
-        lead = ""
+                               length, before=on.own.inv_freq if on else None)
+        lead = "" if on is None else (
+            f"The checkpoint's RoPE is already scaled ({on.own.rope['rope_type']}, a context of {on.context:,}): "
+            f"{cfg.to_text()} from the original context {geom.original:,} replaces that scaling, computed from the "
+            f"plain frequencies; \"before\" is the checkpoint's own RoPE, attention temperature "
+            f"{on.own.attention:.4f} before. ")
     else:  # composed on the checkpoint's own scaling: "before" is its own RoPE
-        own, context, composed = on
+        own, context, composed = on.own, on.context, on.composed
         rg = RopeGeometry(geom.rope_theta, geom.head_dim, composed.original_max_position_embeddings, geom.turning)
         w = A.rope_wavelengths(composed, rg, length, before=own.inv_freq, context=context, factor=cfg.factor)
         lead = (f"The checkpoint's RoPE is already scaled ({own.rope['rope_type']}, a context of {context:,}): "
@@ -196,7 +241,9 @@ def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str,
             "wavelength_after": w["wavelength_after"].tolist(), "attention": w["attention"],
             "rotating_before": w["rotating_before"], "rotating_after": w["rotating_after"],
             "decay_binned": {k: [v.tolist() for v in A.binned_mean(b)] for k, b in zip(("before", "after"), full)},
-            **({"composed": on[2].to_dict(), "own_rope": on[0].rope, "context": on[1]} if on else {})}
+            **({"own_rope": on.own.rope, "context": on.context} if on else {}),
+            **({"composed": on.composed.to_dict()} if on and on.composed else {}),
+            **({"replaced": True} if on and on.composed is None else {})}
     return {"pictures": pictures, "text": text, "data": data}
 
 
@@ -318,10 +365,11 @@ def explain(config: Any, output: str, *, model: str | None = None, head_dim: int
     geom = geometry_of(model, head_dim, rope_theta, original, cfg.params.get("layer_types"))
     on = _checkpoint_rope(cfg, geom) if original is None else None
     if on is not None:
-        geom = replace(geom, original=on[1])
+        geom = replace(geom, original=on.context)
+    replaced = _replaced_rope(cfg, geom, original) if original is not None else None
     n = _target(cfg, geom, length)
     with ReplacedOutput(output, "explain") as folder, folder.staged() as tmp:  # in place when complete
-        done = _draw(cfg, kind, geom, n, tmp, on, resolution)
+        done = _draw(cfg, kind, geom, n, tmp, on or replaced, resolution)
         done["pictures"] = [os.path.join(output, os.path.basename(p)) for p in done["pictures"]]
         out = {"method": cfg.method, "kind": kind, "config": cfg.to_dict(), "length": n,
                "geometry": geom.__dict__, **done}
