@@ -427,10 +427,15 @@ def test_on_gemma3_serve_config_reads_the_changed_layer_types_rope(tmp_path):
     assert "rope_type 'longrope'" in launches["SGLang"].reason  # the global layers', not the flat lookup's 'default'
     assert any("one RoPE per layer type (full_attention, sliding_attention" in n for n in launches["SGLang"].notes)
     assert launches["TGI"].computes == "cannot" and "rope_type 'longrope'), but its longrope" in launches["TGI"].reason
-    # llama.cpp: as a llama GGUF it could not hold it (one RoPE for every layer); how its converter writes a Gemma 3
-    # hf_posenc does not know, so it is not measured (serve-check measures it) rather than refused
-    assert launches["llama.cpp"].computes == "not measured", launches["llama.cpp"].reason
-    assert "one RoPE for every layer" in launches["llama.cpp"].reason and "gemma3_text" in launches["llama.cpp"].reason
+    # llama.cpp: a composition's two factor lists, switched by the length of each input, fit no GGUF of any
+    # architecture (one set of rope_freqs; Phi-3's two tensors are picked once, by the context size): refused, not
+    # left "not measured" for want of knowing how llama.cpp's converter writes a Gemma 3
+    assert launches["llama.cpp"].computes == "cannot", launches["llama.cpp"].reason
+    assert "longrope switches from its short to its long factors" in launches["llama.cpp"].reason
+    hf_posenc.patch(model, "yarn", factor=2.0, layer_types=["sliding_attention"], original_max_position_embeddings=64)
+    hf_posenc.save_pretrained(model, tmp_path / "plain_layers")  # one list (a yarn): only the architecture is unknown
+    launch = serve_config(str(tmp_path / "plain_layers"), ["llama.cpp"])[0]
+    assert launch.computes == "not measured" and "gemma3_text" in launch.reason, launch.reason
 
 
 def test_on_mla_extended_twice_the_softmax_scale_stays_the_checkpoints(tmp_path):

@@ -117,7 +117,8 @@ class RopeScaling:
     from (short key names: type, factor, original, base, attn_factor) and the per-dimension frequency divisors of
     a ``rope_freqs`` tensor (float64, or None; ``gguf_freqs``: it writes one); None where a GGUF cannot hold it,
     ``gguf_refusal`` saying why (``{name}`` and ``{architectures}`` filled in);
-    ``gguf_check(params, arch) -> reason | None``: knob values llama.cpp computes otherwise."""
+    ``gguf_check(params, arch) -> reason | None``: knob values llama.cpp computes otherwise for ``arch``;
+    ``gguf_any_check(params) -> reason | None``: knob values no GGUF holds, whatever its architecture."""
 
     frequencies: Callable[..., tuple[Any, float]]
     native: Callable[..., dict[str, Any]] | None = None
@@ -134,6 +135,7 @@ class RopeScaling:
     gguf_freqs: bool = False
     gguf_refusal: str = ""
     gguf_check: Callable[[dict[str, Any], str], str | None] | None = None
+    gguf_any_check: Callable[[dict[str, Any]], str | None] | None = None
 
     def max_position(self, factor: float, original: int) -> int:
         return original if self.keeps_max_position else int(math.ceil(factor * original))
@@ -292,8 +294,8 @@ def _gguf_longrope(s: float, L: int, p: dict[str, Any], geom) -> tuple[dict[str,
     return meta, torch.tensor(p["long_factor"], dtype=torch.float64)
 
 
-def _gguf_check_longrope(p: dict[str, Any], arch: str) -> str | None:
-    short, long = p["short_factor"], p["long_factor"]
+def _gguf_check_longrope(p: dict[str, Any]) -> str | None:
+    short, long = p.get("short_factor"), p.get("long_factor")
     if short is None or long is None or list(short) != list(long):  # unset lists default to 1s and the factor
         return ("longrope switches from its short to its long factors by the length of each input, and a GGUF holds "
                 "one set (rope_freqs): freeze it with --freeze-at N (the set of inputs of N tokens)")
@@ -396,4 +398,4 @@ register_scaling(MethodSpec("longrope", "rope", "LongRoPE per-dimension rescale 
                  compose=R.compose_longrope, per_dimension=True,
                  follows_length="it picks its short or long factors by the length of the sequence seen",
                  freeze=_freeze_longrope, freezes_to="longrope",
-                 gguf=_gguf_longrope, gguf_check=_gguf_check_longrope, gguf_freqs=True))
+                 gguf=_gguf_longrope, gguf_any_check=_gguf_check_longrope, gguf_freqs=True))

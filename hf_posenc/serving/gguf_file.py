@@ -244,7 +244,8 @@ def _rotary_dim(reader, keys: dict[str, str], path: str) -> int:
 
 
 def method_refusal(cfg: PosEncConfig) -> str | None:
-    """Why no GGUF, of any architecture, holds ``cfg``'s method (None: a GGUF's RoPE metadata can express it)."""
+    """Why no GGUF, of any architecture, holds ``cfg`` -- its method, or its knobs' values (None: a GGUF's RoPE
+    metadata can express it)."""
     name = cfg.method
     scaling = _scaling(cfg)
     if scaling is not None and scaling.gguf is None and scaling.gguf_refusal:
@@ -253,7 +254,7 @@ def method_refusal(cfg: PosEncConfig) -> str | None:
         return (f"llama.cpp cannot compute {name} (a{'n' if cfg.spec.kind[0] in 'aeiou' else ''} {cfg.spec.kind} "
                 "method); a GGUF's RoPE metadata expresses only none, pi (linear), ntk (freq_base), yarn and llama3 "
                 "(rope_freqs)")
-    return None
+    return scaling.gguf_any_check(cfg.params) if scaling.gguf_any_check else None
 
 
 def refusal(cfg: PosEncConfig, arch: str) -> str | None:
