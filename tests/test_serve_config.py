@@ -304,3 +304,21 @@ def test_llama_cpp_is_not_measured_where_hf_posenc_does_not_know_how_it_reads_th
     (geometry / "config.json").write_text(json.dumps(cfg))
     (unknown,) = serve_config(str(geometry), ["llama.cpp"])
     assert unknown.computes == "not measured" and "no hidden_size" in unknown.reason
+
+
+@pytest.mark.parametrize("rope, mpe, table", [
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, 64, 256),  # Qwen-style: mpe left
+    ({"rope_type": "yarn", "factor": 1.5, "original_max_position_embeddings": 63}, 95, 95),  # ceil(94.5) positions
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64, "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0}, 512, 512),
+    ({"rope_type": "default"}, 64, None),
+])
+def test_vllms_rotary_table_is_counted_as_vllm_builds_it(rope, mpe, table):
+    """vLLM's YaRN table holds factor x original positions (torch.arange of their product), not
+    max_position_embeddings: a Qwen-style YaRN x4 left at its pretraining length serves 4x that on vLLM."""
+    from hf_posenc.serving.support import vllm_positions
+
+    config = tiny_config("llama", max_position_embeddings=mpe, rope_parameters={"rope_theta": THETA, **rope})
+    assert vllm_positions(config) == table
+    if rope["rope_type"] == "yarn":
+        assert len(torch.arange(rope["original_max_position_embeddings"] * rope["factor"])) == table

@@ -10,6 +10,8 @@ documentation; ``hf-posenc patch --serve-check`` replaces the rows of the engine
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from ..adapters.base import text_config
@@ -162,9 +164,14 @@ def vllm_positions(config) -> int | None:
     from the saved ``config.json``; a position past it reads outside the table (NaN or garbage, no error, when
     ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` lets the engine take it). None: plain RoPE (``rope_type: default``), whose
     table follows ``max_position_embeddings``, which its math does not depend on -- an evaluation may raise it
-    (:class:`engines.vllm_engine.EnginePool`). Scaled types (linear, yarn, llama3) hold the context they advertise."""
+    (:class:`engines.vllm_engine.EnginePool`). YaRN's holds its factor times its original context, whatever
+    ``max_position_embeddings`` says (a Qwen-style YaRN x4 left at 32,768 holds 131,072: vLLM's
+    ``YaRNScalingRotaryEmbedding``); other scaled types (linear, llama3) hold the context they advertise."""
     lm = text_config(config)[0]
     rope = getattr(lm, "rope_parameters", None) or {}
     if isinstance(rope, dict) and rope.get("rope_type", "default") == "default":
         return None
+    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
+    if rope.get("rope_type") == "yarn" and factor and original:  # torch.arange(original x factor) positions
+        return math.ceil(int(original) * float(factor))
     return getattr(lm, "max_position_embeddings", None)
