@@ -11,7 +11,6 @@ documentation; ``hf-posenc patch --serve-check`` replaces the rows of the engine
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 from ..adapters.base import text_config
