@@ -322,3 +322,26 @@ def test_vllms_rotary_table_is_counted_as_vllm_builds_it(rope, mpe, table):
     assert vllm_positions(config) == table
     if rope["rope_type"] == "yarn":
         assert len(torch.arange(rope["original_max_position_embeddings"] * rope["factor"])) == table
+
+
+def test_a_qwen_style_yarn_is_launched_for_the_context_its_yarn_serves_on_every_engine(tmp_path):
+    """Qwen's long-context recipe: YaRN x4 over the pretraining length, max_position_embeddings left there. vLLM
+    derives 4x from the scaling; llama.cpp's converter writes 1x as the GGUF's context_length, SGLang derives 1x:
+    each launch reaches 4x, with the override each engine needs, never the 1x that would shrink the model."""
+    rope = {"rope_type": "yarn", "rope_theta": THETA, "factor": 4.0, "original_max_position_embeddings": ORIGINAL}
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_config("qwen2", rope_parameters=rope)).save_pretrained(tmp_path)
+    served = describe(str(tmp_path))
+    assert (served.context, served.stated_context, served.original) == (4 * ORIGINAL, ORIGINAL, 4 * ORIGINAL)
+    launches = {launch.engine: launch for launch in serve_config(str(tmp_path))}
+    assert launches["vLLM"].command[-2:] == ["--max-model-len", str(4 * ORIGINAL)]
+    assert launches["llama.cpp"].python["kv_overrides"] == {"qwen2.context_length": 4 * ORIGINAL}
+    assert launches["SGLang"].env == {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+    assert launches["SGLang"].command[-1] == str(4 * ORIGINAL)
+    ollama = launches["Ollama"]
+    assert ["gguf-set-metadata", f"{tmp_path}-f32.gguf", "qwen2.context_length", str(4 * ORIGINAL), "--force"] \
+        in ollama.steps and f"PARAMETER num_ctx {4 * ORIGINAL}" in ollama.files["Modelfile"]
+    # within what config.json states, no override is asked for
+    short = {launch.engine: launch for launch in serve_config(str(tmp_path), max_length=ORIGINAL)}
+    assert "kv_overrides" not in short["llama.cpp"].python and not short["SGLang"].env
+    assert not any(step[0] == "gguf-set-metadata" for step in short["Ollama"].steps)

@@ -40,7 +40,7 @@ from ..io.files import check_output_folder
 from ..io.provenance import environment, recorded_command
 from ..io.reports import finish_report, markdown_table
 from ..methods import resolve_method
-from .checkpoint_facts import original_of, read_block
+from .checkpoint_facts import context_of, original_of, read_block
 from .gguf_file import is_gguf
 from .launch_settings import engine_launch, served_of
 
@@ -198,13 +198,13 @@ def serve_check(folder: str, engine: str | EngineSettings = "vllm", check: Check
               f"{unserved(method)} (the checkpoint's block says native: false)")
     if reason:
         lengths = lengths or default_lengths(original, 2 * original if not native else
-                                             int(plain.get("max_position_embeddings") or original))
+                                             int(context_of(plain) or original))
         results = {str(n): {"verdict": NOT_COMPUTABLE, "reason": reason} for n in lengths}
         setup.update(lengths=lengths, engine_started=False, seconds=round(time.time() - started, 1))
         return finish_report("serve_check", setup, results, serve_table, output)
     setup["engine_version"] = engine_ready(engine, engine_python)  # before the slow work: a missing engine is said
     tokens, setup["text"] = check_text(folder, tokenizer, docs, lengths, original, plain)
-    lengths = lengths or default_lengths(original, int(plain.get("max_position_embeddings") or original))
+    lengths = lengths or default_lengths(original, int(context_of(plain) or original))
     if len(tokens) < max(lengths):
         raise ValueError(f"the text has {len(tokens)} tokens, fewer than the longest length {max(lengths)}: give more "
                          "text (--text-file, --text-dir, --dataset) or shorter --lengths")

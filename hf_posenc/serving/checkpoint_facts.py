@@ -7,6 +7,7 @@ import json
 import os
 from typing import Any
 
+from ..adapters.layout import current_context
 from ..checkpoints import loading
 from ..config import CONFIG_KEY, SavedBlock
 from .gguf_file import is_gguf, served_facts
@@ -47,8 +48,16 @@ def gguf_block(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return plain, block
 
 
+def context_of(plain: dict[str, Any]) -> int | None:
+    """The context the checkpoint whose (text) config is ``plain`` serves now (``layout.current_context``: a
+    Qwen-style YaRN x4 left at its pretraining max_position_embeddings serves 4x that, as vLLM derives it too)."""
+    rp = plain.get("rope_parameters")
+    return current_context(plain.get("max_position_embeddings"), rp if isinstance(rp, dict) else {})
+
+
 def original_of(plain: dict[str, Any], block: dict[str, Any]) -> int:
-    L = block.get("original_max_position_embeddings") or plain.get("max_position_embeddings")
+    """The context a checkpoint is extended from: the one its hf_posenc record states, else the one it serves."""
+    L = block.get("original_max_position_embeddings") or context_of(plain)
     if not L:
         raise ValueError("the checkpoint states no context length (max_position_embeddings); pass --lengths")
     return int(L)

@@ -19,7 +19,7 @@ from ..engines.launch.base import CANNOT, TooLong, fence_for
 from ..engines.registry import display_name
 from ..methods import resolve_method
 from ..methods.remapped import REMAPPED
-from .checkpoint_facts import original_of, read_block
+from .checkpoint_facts import context_of, original_of, read_block
 from .gguf_file import ARCHITECTURES, is_gguf, llama_cpp_metadata, method_refusal, refusal
 from .support import PROPORTIONAL, scaled_proportional
 
@@ -98,13 +98,14 @@ def served_of(plain: dict[str, Any], block: dict[str, Any], path: str, gguf: boo
         cfg = PosEncConfig.from_dict(block) if block else PosEncConfig("none")
         meta, why, unjudged = _llama_cpp(cfg, plain, block, original, arch)
     return Served(path=path, gguf=gguf, method=method, native=native, family=block.get("family", "rope_decoder"),
-                  original=original, context=int(plain.get("max_position_embeddings") or original), model_type=arch,
+                  original=original, context=int(context_of(plain) or original), model_type=arch,
                   rope=_served_rope(plain, block), support=dict(resolve_method(method).engines),
                   llama_cpp=meta, llama_cpp_refusal=why, llama_cpp_unjudged=unjudged,
                   frozen_at=block.get("frozen_at"),
                   restored=_restored(method, block.get("params") or {}, original),
                   dual_chunk=plain.get("dual_chunk_attention_config"), legacy=None if gguf else stated(plain),
-                  rope_layer_types=_rope_layer_types(plain))
+                  rope_layer_types=_rope_layer_types(plain),
+                  stated=int(plain["max_position_embeddings"]) if plain.get("max_position_embeddings") else None)
 
 
 def serve_config(path: str, engines: list[str] | None = None, max_length: int | None = None) -> list[Launch]:

@@ -33,7 +33,10 @@ class Served:
     frozen at; restored: the context hf_posenc.from_pretrained restores for a method saved as the original model;
     dual_chunk: config.json's ``dual_chunk_attention_config`` (``patch --dual-chunk-config``); legacy: the
     transformers-4 keys (``rope_theta``, ``rope_scaling``, ...) config.json carries when they state the RoPE of its
-    ``rope_parameters`` (:func:`hf_posenc.checkpoints.legacy_rope.stated`), else None."""
+    ``rope_parameters`` (:func:`hf_posenc.checkpoints.legacy_rope.stated`), else None; stated: the context
+    config.json's ``max_position_embeddings`` states (None: ``context``), below ``context`` where a YaRN left at its
+    pretraining length serves more (Qwen's recipe): llama.cpp's converter writes it as the GGUF's context_length,
+    and SGLang derives its context from it."""
 
     path: str
     gguf: bool
@@ -53,6 +56,12 @@ class Served:
     dual_chunk: dict[str, Any] | None = None
     legacy: dict[str, Any] | None = None
     rope_layer_types: tuple[str, ...] | None = None
+    stated: int | None = None
+
+    @property
+    def stated_context(self) -> int:
+        """config.json's ``max_position_embeddings`` (a GGUF's context_length), else the advertised context."""
+        return self.stated or self.context
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ def launch(served: Served, length: int | None) -> Launch:
                       steps=steps, command=["llama-server", "-m", gguf, "--ctx-size", str(n)],
                       python={"model_path": gguf, "n_ctx": n}, max_length=n, checked=CHECKED, notes=notes)
     n = length_for(served, length, ENGINE, most=MOST)
-    over_cli, over_kw = context_override(served, n, served.context)
+    over_cli, over_kw = context_override(served, n, served.stated_context)  # the GGUF's context_length
     if n > served.context:
         notes.append(f"past the {served.context} tokens the checkpoint advertises: llama.cpp and hf_posenc compute "
                      "the same formula there, but the method was set for the advertised context")

@@ -27,8 +27,8 @@ COMPUTED = ("default", "linear", "yarn", "llama3", "longrope")
 
 
 def derived_context(served: Served) -> int:
-    """The context SGLang derives from config.json (``get_context_length``)."""
-    rope, n = served.rope, served.context
+    """The context SGLang derives from config.json (``get_context_length``: from its max_position_embeddings)."""
+    rope, n = served.rope, served.stated_context
     if rope.get("rope_type", "default") == "llama3" or "original_max_position_embeddings" in rope:
         return n
     return int(n * float(rope.get("factor", 1.0) or 1.0))
