@@ -345,3 +345,38 @@ def test_a_qwen_style_yarn_is_launched_for_the_context_its_yarn_serves_on_every_
     short = {launch.engine: launch for launch in serve_config(str(tmp_path), max_length=ORIGINAL)}
     assert "kv_overrides" not in short["llama.cpp"].python and not short["SGLang"].env
     assert not any(step[0] == "gguf-set-metadata" for step in short["Ollama"].steps)
+
+
+def test_vllms_rotary_table_of_per_layer_type_rope_is_the_scaled_layer_types():
+    """Gemma 3 with YaRN x4 on its global layers over 64: vLLM's global table holds 256 positions, whatever
+    max_position_embeddings says; the sliding layers' plain table follows max_position_embeddings. An evaluation
+    must neither go past 256 on vLLM nor raise max_position_embeddings as for plain RoPE (cover_positions)."""
+    from transformers import AutoConfig
+
+    from hf_posenc.serving.support import vllm_positions
+
+    yarn = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64}
+    config = AutoConfig.for_model("gemma3_text", max_position_embeddings=512, rope_parameters={
+        "full_attention": yarn, "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    assert vllm_positions(config) == 256
+    plain = AutoConfig.for_model("gemma3_text", max_position_embeddings=512, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    assert vllm_positions(plain) is None
+
+
+def test_cover_positions_raises_the_context_of_plain_rope_only(tmp_path):
+    from hf_posenc.engines.vllm_engine import cover_positions
+
+    for name, rope, raised in [
+        ("flat", {"rope_type": "default", "rope_theta": 1e4}, True),
+        ("layered_plain", {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "default"}},
+         True),
+        ("layered_yarn", {"full_attention": {"rope_type": "yarn", "factor": 4.0,
+                                             "original_max_position_embeddings": 64},
+                          "sliding_attention": {"rope_type": "default"}}, False)]:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 64, "rope_parameters": rope}))
+        cover_positions(str(folder), 1000)
+        assert (json.loads((folder / "config.json").read_text())["max_position_embeddings"] == 1000) is raised, name

@@ -266,7 +266,9 @@ def cover_positions(folder: str, tokens: int) -> None:
         config = json.load(f)
     text = config.get("text_config", config)
     rope = text.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") == "default" and text.get("max_position_embeddings", tokens) < tokens:
+    ropes = list(rope.values()) if rope and all(isinstance(v, dict) for v in rope.values()) else [rope]  # per type
+    plain = all(rp.get("rope_type", "default") == "default" for rp in ropes)
+    if plain and text.get("max_position_embeddings", tokens) < tokens:
         text["max_position_embeddings"] = tokens
         with open(path, "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2)

@@ -165,12 +165,22 @@ def vllm_positions(config) -> int | None:
     table follows ``max_position_embeddings``, which its math does not depend on -- an evaluation may raise it
     (:class:`engines.vllm_engine.EnginePool`). YaRN's holds its factor times its original context, whatever
     ``max_position_embeddings`` says (a Qwen-style YaRN x4 left at 32,768 holds 131,072: vLLM's
-    ``YaRNScalingRotaryEmbedding``); other scaled types (linear, llama3) hold the context they advertise."""
+    ``YaRNScalingRotaryEmbedding``); other scaled types (linear, llama3) hold the context they advertise. On
+    per-layer-type RoPE (Gemma 3) each layer type has its table: the fewest positions of the scaled ones."""
     lm = text_config(config)[0]
     rope = getattr(lm, "rope_parameters", None) or {}
-    if isinstance(rope, dict) and rope.get("rope_type", "default") == "default":
+    ropes = list(rope.values()) if per_layer_type(rope) else [rope]
+    tables = [t for t in (_vllm_table(rp, getattr(lm, "max_position_embeddings", None)) for rp in ropes)
+              if t is not None]
+    return min(tables) if tables else None
+
+
+def _vllm_table(rope: dict[str, Any], max_position: int | None) -> int | None:
+    """The positions vLLM's rotary table of one RoPE holds (:func:`vllm_positions`); None: plain RoPE's, which
+    follows max_position_embeddings."""
+    if rope.get("rope_type", "default") == "default":
         return None
     factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
     if rope.get("rope_type") == "yarn" and factor and original:  # torch.arange(original x factor) positions
         return math.ceil(int(original) * float(factor))
-    return getattr(lm, "max_position_embeddings", None)
+    return max_position
