@@ -202,6 +202,9 @@ def test_a_saved_composition_is_replaced_from_the_context_its_own_scaling_is_com
     hf_posenc.unpatch(base)
     hf_posenc.patch(base, "yarn", factor=16.0, original_max_position_embeddings=PRETRAINED)
     expected = logits(base, 96)
+    lists = {"short_factor": [1.0] * (DIM // 2), "long_factor": [float(2 * i + 1) for i in range(DIM // 2)]}
+    hf_posenc.patch(base, "longrope", factor=16.0, original_max_position_embeddings=PRETRAINED, **lists)
+    stated = logits(base, 96)
     for load in (AutoModelForCausalLM.from_pretrained, hf_posenc.from_pretrained):
         model = load(str(tmp_path / "composed")).eval()
         with caplog.at_level("WARNING", logger="hf_posenc"):
@@ -216,6 +219,8 @@ def test_a_saved_composition_is_replaced_from_the_context_its_own_scaling_is_com
         hf_posenc.patch(model, "yarn", factor=16.0, original_max_position_embeddings=PRETRAINED)
         assert model.config.max_position_embeddings == 1024
         assert (logits(model, 96) - expected).abs().max() <= 1e-5
+        hf_posenc.patch(model, "longrope", factor=16.0, original_max_position_embeddings=PRETRAINED, **lists)
+        assert (logits(model, 96) - stated).abs().max() <= 1e-5  # factors stated over the pretraining context too
     with pytest.raises(ValueError, match="fewer than the 1,024 it advertises now: give a factor of at least 16"):
         hf_posenc.patch(AutoModelForCausalLM.from_pretrained(str(tmp_path / "composed")), "yarn", factor=2.0,
                         original_max_position_embeddings=PRETRAINED)

@@ -278,6 +278,12 @@ def test_explain_replacing_a_checkpoints_scaling_checks_the_original_context_as_
              str(wrong), "--output", str(tmp_path / "x")], capsys)
         with pytest.raises(ValueError, match="conflicts with the checkpoint"):
             hf_posenc.patch(model, "yarn", factor=16.0, original_max_position_embeddings=wrong)
+    with pytest.raises(ValueError, match="would advertise 256 tokens, fewer than the 512 it advertises now: give a "
+                                         "factor of at least 8"):
+        explain("yarn:factor=4", str(tmp_path / "x"), model=str(tmp_path / "ckpt"), original=C.PRETRAINED)
+    with pytest.raises(ValueError, match="would advertise 256 tokens, fewer than the 512 it advertises now: give a "
+                                         "factor of at least 8"):
+        hf_posenc.patch(model, "yarn", factor=4.0, original_max_position_embeddings=C.PRETRAINED)
     assert not (tmp_path / "x").exists()
     out = explain("yarn:factor=16", str(tmp_path / "e"), model=str(tmp_path / "ckpt"), original=C.PRETRAINED)
     assert torch.allclose(torch.tensor(out["data"]["wavelength_before"], dtype=torch.float64), 2 * math.pi / own,

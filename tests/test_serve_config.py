@@ -380,3 +380,14 @@ def test_cover_positions_raises_the_context_of_plain_rope_only(tmp_path):
         (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 64, "rope_parameters": rope}))
         cover_positions(str(folder), 1000)
         assert (json.loads((folder / "config.json").read_text())["max_position_embeddings"] == 1000) is raised, name
+
+
+def test_an_unpatched_longrope_checkpoint_with_two_lists_is_refused_for_llama_cpp(tmp_path):
+    """Phi-3's own longrope (no hf_posenc patch) switches per input; a GGUF computes one set for every input."""
+    import test_compose as C
+
+    C.phi3().save_pretrained(tmp_path)
+    launches = {launch.engine: launch for launch in serve_config(str(tmp_path), ["llama.cpp", "ollama"])}
+    for engine in ("llama.cpp", "Ollama"):
+        assert launches[engine].computes == "cannot", launches[engine].reason
+        assert "the checkpoint's own longrope switches from its short to its long factors" in launches[engine].reason

@@ -310,15 +310,18 @@ def check_replacing_composition(cfg: PosEncConfig, lay: Layout) -> bool:
     from the context the checkpoint's own scaling under it is computed from (:func:`composed_over`): a RoPE
     scaling computed from the plain frequencies, as on the checkpoint before the composition. Any other original
     context for such a scaling is refused by name (the composed longrope's own original context is no pretraining
-    context: plain RoPE never served it); False where no composition is there or ``cfg`` states its factors."""
+    context: plain RoPE never served it); False where no composition is there, or for a configuration stating its
+    per-dimension factors (a longrope) over another context (the composition restated over its switch)."""
     rp = lay.selected[0].rope_parameters(lay.config)
     pretrained = composed_over(lay.block, lay.prefix, rp)
     scaling = SCALINGS.get(cfg.method)
-    if pretrained is None or cfg.spec.kind != "rope" or scaling is None or scaling.per_dimension:
+    if pretrained is None or cfg.spec.kind != "rope" or scaling is None:
         return False
     L = cfg.original_max_position_embeddings
     if L == pretrained:
         return True
+    if scaling.per_dimension:
+        return False
     own = own_scaling(lay.block, lay.prefix) or {}
     raise ValueError(
         f"original_max_position_embeddings={L} does not fit this checkpoint: its longrope is hf_posenc's "

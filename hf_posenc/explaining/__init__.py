@@ -31,6 +31,7 @@ from ..config import CONFIG_KEY, PosEncConfig, as_config
 from ..encodings.rope import RopeGeometry
 from ..io.files import atomic_write_text
 from ..io.output_folder import ReplacedOutput, check_replaced_output
+from ..methods.rope import SCALINGS
 from ..serving.gguf_file import trained_context
 from . import arrays as A
 from . import pictures as P
@@ -148,6 +149,14 @@ def _replaced_rope(cfg: PosEncConfig, geom: Geometry, original: int) -> OnCheckp
                          f"scaled (rope_type={own_type!r}, computed from {recorded} tokens): give {recorded} to draw "
                          f"{cfg.method} replacing its scaling, or omit it to draw {cfg.method} extending it from its "
                          f"current context ({context:,}).")
+    scaling = SCALINGS[cfg.method]
+    after = scaling.max_position(cfg.factor, original)
+    if after < context and not scaling.keeps_max_position:  # as the patch refuses it
+        raise ValueError(f"{cfg.method} x{cfg.factor:g} from the original context {original} replaces the "
+                         f"checkpoint's own scaling (rope_type={own_type!r}) and would advertise {after:,} tokens, "
+                         f"fewer than the {context:,} it advertises now: give a factor of at least "
+                         f"{context / original:g} to draw it replacing that scaling, or omit --original-max-position "
+                         "to draw it extending from its current context.")
     return OnCheckpoint(own, context, None)
 
 

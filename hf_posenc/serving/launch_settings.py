@@ -19,6 +19,7 @@ from ..engines.launch.base import CANNOT, TooLong, fence_for
 from ..engines.registry import display_name
 from ..methods import resolve_method
 from ..methods.remapped import REMAPPED
+from ..methods.rope import SCALINGS
 from .checkpoint_facts import context_of, original_of, read_block
 from .gguf_file import ARCHITECTURES, is_gguf, llama_cpp_metadata, method_refusal, refusal
 from .support import PROPORTIONAL, scaled_proportional
@@ -47,13 +48,23 @@ def _llama_cpp(cfg: PosEncConfig, plain: dict[str, Any], block: dict[str, Any], 
     """llama.cpp's RoPE metadata for the checkpoint, or None with why it cannot compute it -- and, where that
     depends on what hf_posenc does not know of the checkpoint (another architecture, no attention geometry), what
     it does not know: then only the engine can tell (serve-check measures it)."""
-    why = method_refusal(cfg)
+    why = method_refusal(cfg) or (_own_refusal(_served_rope(plain, block)) if cfg.method == "none" else None)
     if why:
         return None, why, None
     why = refusal(cfg, arch if arch in ARCHITECTURES else "llama")
     if why or not plain.get("hidden_size"):
         return None, why, _unjudged(plain, arch)
     return llama_cpp_metadata(cfg, _geometry(plain, block, original)), None, None
+
+
+def _own_refusal(rope: dict[str, Any]) -> str | None:
+    """Why no GGUF computes the checkpoint's own scaling (``rope``, left as it is) as transformers does, whatever
+    the architecture; None where one may."""
+    if rope.get("rope_type") != "longrope" or SCALINGS["longrope"].gguf_any_check(rope) is None:
+        return None  # (one list: what a GGUF's rope_freqs hold)
+    return ("the checkpoint's own longrope switches from its short to its long factors by the length of each input, "
+            "and a GGUF computes one set for every input (llama.cpp's Phi-3 GGUFs hold both and pick one by the "
+            "context size: the short ones only when --ctx-size is at most the original context)")
 
 
 def _restored(method: str, params: dict[str, Any], original: int) -> int | None:
