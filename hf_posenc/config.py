@@ -9,8 +9,11 @@ changed as they were (``original``), and which hf_posenc wrote it (``version``, 
 
 Schema 1: hf_posenc 0.1.0 (no ``schema`` key). Schema 2: the same fields plus ``schema``. Schema 3 (written only
 where it is used): plus ``asked``, the configuration asked for when what was applied is a composition over the
-checkpoint's own scaling (``yarn:factor=2`` on Llama 3.1, applied as a longrope). A reader takes every schema up to
-its own and refuses a newer one, naming it.
+checkpoint's own scaling (``yarn:factor=2`` on Llama 3.1, applied as a longrope). Schema 4 (written only where it is
+used): plus ``pretrained_context``, for a patch applied over a composition hf_posenc saved (another composition, or
+an attention-level method keeping it): the context the checkpoint's own scaling under it is computed from, which
+the block's ``original`` (the composition) no longer states. A reader takes every schema up to its own and refuses
+a newer one, naming it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from .methods import MIN_ORIGINAL_CONTEXT, check_factor, resolve_method, resolve
 
 CONFIG_KEY = "hf_posenc"  # the key of the block in config.json
 BLOCK_FIELDS = {"version", "native", "original", "family", "schema"}  # what a stored block adds to a PosEncConfig
-SCHEMA = 3  # the newest schema this hf_posenc reads (and writes, where a block has ``asked``)
+SCHEMA = 4  # the newest schema this hf_posenc reads (and writes, where a block has ``pretrained_context``)
+ASKED_SCHEMA = 3  # what a block with ``asked`` and no ``pretrained_context`` is written with
 PLAIN_SCHEMA = 2  # what a block without ``asked`` is written with: earlier releases read it
 CONFIG_FIELDS = ("method", "factor", "original_max_position_embeddings", "params")
 # the family adapters' names: hf_posenc.adapters registers them when imported (it imports this)
@@ -50,6 +54,10 @@ class PosEncConfig:
     # what was asked, when this configuration is the composition computed from it on a checkpoint whose RoPE is
     # already scaled (``yarn:factor=2`` on Llama 3.1, applied as a longrope); not part of the configuration's value
     asked: PosEncConfig | None = field(default=None, compare=False, repr=False)
+    # applied over a composition hf_posenc saved (another composition on it, or a method keeping it): the context
+    # the checkpoint's own scaling under that composition is computed from (SavedBlock: schema 4); not part of the
+    # configuration's value either
+    pretrained_context: int | None = field(default=None, compare=False, repr=False)
 
     def __repr__(self) -> str:
         own = (f"PosEncConfig(method={self.method!r}, factor={self.factor!r}, original_max_position_embeddings="
@@ -175,13 +183,15 @@ class SavedBlock:
     native: bool = False
     original: dict[str, Any] = field(default_factory=dict)
     version: str = __version__
-    schema: int | None = None  # None: the one its content needs (PLAIN_SCHEMA, or SCHEMA with ``asked``)
+    schema: int | None = None  # None: the one its content needs (PLAIN_SCHEMA, ASKED_SCHEMA or SCHEMA)
 
     def to_dict(self) -> dict[str, Any]:
-        asked = self.config.asked
-        schema = self.schema or (SCHEMA if asked is not None else PLAIN_SCHEMA)
+        asked, pretrained = self.config.asked, self.config.pretrained_context
+        schema = self.schema or (SCHEMA if pretrained is not None else ASKED_SCHEMA if asked is not None
+                                 else PLAIN_SCHEMA)
         return {**self.config.to_dict(), "family": self.family, "native": self.native, "original": dict(self.original),
-                **({"asked": asked.to_text()} if asked is not None else {}), "version": self.version,
+                **({"asked": asked.to_text()} if asked is not None else {}),
+                **({"pretrained_context": pretrained} if pretrained is not None else {}), "version": self.version,
                 "schema": schema}
 
     @classmethod
@@ -202,9 +212,16 @@ class SavedBlock:
             if not isinstance(data.get(key), kind):
                 raise ValueError(f"{where} has {key}={data.get(key)!r}; expected a {kind.__name__}. The file was "
                                  "edited or corrupted: save the checkpoint again from its base model.")
-        unknown = sorted(set(data) - set(CONFIG_FIELDS) - set(checks) - {"schema", "transformers4", "asked"})
+        unknown = sorted(set(data) - set(CONFIG_FIELDS) - set(checks)
+                         - {"schema", "transformers4", "asked", "pretrained_context"})
         if unknown:
             raise ValueError(f"{where} has unknown field(s) {unknown}.")
+        pretrained = data.get("pretrained_context")
+        if pretrained is not None and (isinstance(pretrained, bool) or not isinstance(pretrained, int)
+                                       or pretrained < MIN_ORIGINAL_CONTEXT):
+            raise ValueError(f"{where} has pretrained_context={pretrained!r}; expected an integer >= "
+                             f"{MIN_ORIGINAL_CONTEXT}. The file was edited or corrupted: save the checkpoint again "
+                             "from its base model.")
         if data["family"] not in FAMILIES:
             raise ValueError(f"{where} names the family adapter {data['family']!r}, which this hf_posenc "
                              f"({__version__}; adapters: {FAMILIES}) does not have; upgrade hf_posenc, or save the "
@@ -217,4 +234,5 @@ class SavedBlock:
                 config.asked = PosEncConfig.parse(data["asked"])
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
+        config.pretrained_context = pretrained
         return cls(config, data["family"], data["native"], dict(data["original"]), data["version"], schema)

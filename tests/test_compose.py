@@ -226,6 +226,33 @@ def test_a_saved_composition_is_replaced_from_the_context_its_own_scaling_is_com
                         original_max_position_embeddings=PRETRAINED)
 
 
+@pytest.mark.parametrize("on_top", ["yarn", "self_extend"])
+def test_a_patch_saved_over_a_saved_composition_keeps_the_context_a_replacement_starts_from(on_top, tmp_path):
+    """yarn x2 saved, loaded, then yarn x2 again (a composition on the composition) or Self-Extend (which keeps it)
+    and saved: the block's original is the first composition, so the block records the 64 under it (schema 4); a
+    replacement still starts from 64, equal to that replacement on the checkpoint itself, and the card says so."""
+    base = llama31()
+    hf_posenc.patch(base, "yarn", factor=2.0)
+    base.save_pretrained(tmp_path / "c1")
+    hf_posenc.unpatch(base)
+    knobs = {"factor": 2.0} if on_top == "yarn" else {"group_size": 4, "window": 32}
+    model = hf_posenc.from_pretrained(str(tmp_path / "c1"))
+    hf_posenc.patch(model, on_top, **knobs)
+    hf_posenc.save_pretrained(model, tmp_path / "c2")
+    block = json.loads((tmp_path / "c2" / "config.json").read_text())["hf_posenc"]
+    assert block["pretrained_context"] == PRETRAINED and block["schema"] == 4
+    if on_top == "yarn":
+        assert "pretrained for 64 tokens" in (tmp_path / "c2" / "README.md").read_text()
+    hf_posenc.patch(base, "yarn", factor=32.0, original_max_position_embeddings=PRETRAINED)
+    expected = logits(base, 96)
+    for load in (AutoModelForCausalLM.from_pretrained, hf_posenc.from_pretrained):
+        again = load(str(tmp_path / "c2")).eval()
+        with pytest.raises(ValueError, match="computed from 64 tokens; pass original_max_position_embeddings=64"):
+            hf_posenc.patch(again, "yarn", factor=32.0, original_max_position_embeddings=CONTEXT)
+        hf_posenc.patch(again, "yarn", factor=32.0, original_max_position_embeddings=PRETRAINED)
+        assert (logits(again, 96) - expected).abs().max() <= 1e-5
+
+
 def deepseek_v3() -> torch.nn.Module:
     """A tiny DeepSeek-V3 (MLA) as it ships: YaRN x40 over 16, advertising 640, its softmax scale (0.1 ln 40 + 1)^2
     times qk_head_dim^-0.5 (mscale_all_dim 1)."""

@@ -33,8 +33,9 @@ def test_the_block_round_trips_with_its_schema():
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"schema": 99}, "has schema 99 \\(written by hf_posenc '0.1.0'\\); this hf_posenc \\(.*\\) reads schemas up to 3"),
-    ({"schema": "2"}, "has schema='2'; expected an integer from 1 to 3"),
+    ({"schema": 99}, "has schema 99 \\(written by hf_posenc '0.1.0'\\); this hf_posenc \\(.*\\) reads schemas up to 4"),
+    ({"schema": "2"}, "has schema='2'; expected an integer from 1 to 4"),
+    ({"pretrained_context": "64"}, "has pretrained_context='64'; expected an integer >= "),
     ({"version": 3}, "has version=3; expected a str"),
     ({"original": [1, 2]}, "has original=\\[1, 2\\]; expected a dict"),
     ({"family": "t5_relative"}, "names the family 't5_relative', which does not fit this model \\(LlamaForCausalLM\\)"),

@@ -285,7 +285,7 @@ def own_scaling(block: dict[str, Any], prefix: str, rope: dict[str, Any] | None 
         own = own.get(chosen[0], {}) if len(chosen) == 1 else {}  # the one type the patch changed
     if not isinstance(own, dict) or scaled_by(own) is None:
         return None
-    pretrained = own.get("original_max_position_embeddings")  # (a linear scaling states none)
+    pretrained = block.get("pretrained_context") or own.get("original_max_position_embeddings")  # (linear: none)
     return {"rope_type": own["rope_type"], "pretrained_context": pretrained,
             "context": current_context(before.get(prefix + "max_position_embeddings"), own),
             "replaced": block.get("asked") is None}  # (a composition records what was asked on top)
@@ -296,13 +296,35 @@ def composed_over(block: Any, prefix: str, rp: dict[str, Any]) -> int | None:
     ``block`` records what was asked and the longrope computed, ``prefix``: the language model's path), the context
     the checkpoint's own scaling under it is computed from (Llama 3.1's 8,192 under a yarn x2 on its llama3): what a
     replacement of the scaling starts from, the composed longrope's original context being the one it extended.
-    None elsewhere."""
-    if not isinstance(block, dict) or block.get("asked") is None or block.get("method") != "longrope":
+    A block written over such a composition (a composition on it, or an attention-level method keeping it) records
+    that context itself (``pretrained_context``, :func:`kept_composition`). None elsewhere."""
+    if not isinstance(block, dict) or rp.get("rope_type") != "longrope":
         return None
-    if rp.get("rope_type") != "longrope" or rp.get("long_factor") != (block.get("params") or {}).get("long_factor"):
+    if isinstance(block.get("pretrained_context"), int):
+        return block["pretrained_context"]
+    if block.get("asked") is None or block.get("method") != "longrope" or \
+            rp.get("long_factor") != (block.get("params") or {}).get("long_factor"):
         return None
     own = own_scaling(block, prefix)
     return None if own is None else own["pretrained_context"] or own["context"]
+
+
+def kept_composition(cfg: PosEncConfig, lay: Layout) -> int | None:
+    """What a patch ``cfg`` (resolved) about to be applied on ``lay``'s model records as ``pretrained_context`` in
+    its saved block: :func:`under_composition`, where ``cfg`` keeps that composition under it (a composition on top
+    of it, a method that leaves the RoPE as it is); None elsewhere (a replacement of it)."""
+    if cfg.spec.kind == "rope" and cfg.asked is None:
+        return None
+    return under_composition(cfg, lay)
+
+
+def under_composition(cfg: PosEncConfig, lay: Layout) -> int | None:
+    """:func:`composed_over` of ``lay``'s model as it is, else the one ``cfg`` carries (a patch replacing one that
+    :func:`hf_posenc.from_pretrained` re-applied over a saved composition, whose record the loaded config no longer
+    holds: ``patching._patch`` passes it on) where the RoPE is still a longrope."""
+    rp = lay.selected[0].rope_parameters(lay.config) if lay.selected else {}
+    found = composed_over(lay.block, lay.prefix, rp)
+    return found if found is not None or rp.get("rope_type") != "longrope" else cfg.pretrained_context
 
 
 def check_replacing_composition(cfg: PosEncConfig, lay: Layout) -> bool:
@@ -312,8 +334,7 @@ def check_replacing_composition(cfg: PosEncConfig, lay: Layout) -> bool:
     context for such a scaling is refused by name (the composed longrope's own original context is no pretraining
     context: plain RoPE never served it); False where no composition is there, or for a configuration stating its
     per-dimension factors (a longrope) over another context (the composition restated over its switch)."""
-    rp = lay.selected[0].rope_parameters(lay.config)
-    pretrained = composed_over(lay.block, lay.prefix, rp)
+    pretrained = under_composition(cfg, lay)
     scaling = SCALINGS.get(cfg.method)
     if pretrained is None or cfg.spec.kind != "rope" or scaling is None:
         return False
@@ -322,12 +343,15 @@ def check_replacing_composition(cfg: PosEncConfig, lay: Layout) -> bool:
         return True
     if scaling.per_dimension:
         return False
-    own = own_scaling(lay.block, lay.prefix) or {}
+    block = lay.block if isinstance(lay.block, dict) else {}
+    own = own_scaling(block, lay.prefix) or {}
+    what = (f"composition of {block['asked']} on its own {own.get('rope_type')!r} scaling"
+            if block.get("asked") else "composition on its own scaling")  # (kept under another method)
     raise ValueError(
-        f"original_max_position_embeddings={L} does not fit this checkpoint: its longrope is hf_posenc's "
-        f"composition of {lay.block['asked']} on its own {own.get('rope_type')!r} scaling, computed from "
-        f"{pretrained} tokens; pass original_max_position_embeddings={pretrained} to replace its scaling from there "
-        f"(the plain RoPE frequencies), or omit it to extend from its current context ({checkpoint_context(lay)}).")
+        f"original_max_position_embeddings={L} does not fit this checkpoint: its longrope is hf_posenc's {what}, "
+        f"computed from {pretrained} tokens; pass original_max_position_embeddings={pretrained} to replace its "
+        f"scaling from there (the plain RoPE frequencies), or omit it to extend from its current context "
+        f"({checkpoint_context(lay)}).")
 
 
 def restates_checkpoint(cfg: PosEncConfig, lay: Layout) -> bool:

@@ -31,7 +31,8 @@ from .family_census import takes
 from .layout import Layout, RotarySlot, checkpoint_context, default_layer_types, rotary_slots, scaled_by
 from .mrope import check_mrope
 from .remapped import Remapped
-from .rope_compose import LENGTH_DEPENDENT_TYPES, check_replacing_composition, restates_checkpoint
+from .rope_compose import (LENGTH_DEPENDENT_TYPES, check_replacing_composition, kept_composition,
+                           restates_checkpoint)
 from .rope_scaling import Scaled
 
 
@@ -231,7 +232,11 @@ class RopeDecoderAdapter(Adapter):
         lay = self._layout(model, cfg)
         check_mrope(model, cfg, lay)
         _check_frequencies_loaded(lay, cfg.method)
-        return HANDLERS[cfg.spec.kind].resolve(model, cfg, lay, self._original(cfg, lay))
+        resolved = HANDLERS[cfg.spec.kind].resolve(model, cfg, lay, self._original(cfg, lay))
+        resolved.pretrained_context = cfg.pretrained_context or kept_composition(resolved, lay)  # (given: re-applied)
+        if resolved.spec.kind == "rope" and resolved.asked is None and cfg.asked is None:
+            resolved.pretrained_context = None  # a replacement: no composition stays under it
+        return resolved
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> bool:
         return HANDLERS[cfg.spec.kind].apply(model, cfg, self._layout(model, cfg), record)
