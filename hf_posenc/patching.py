@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-
 import sys
 from contextlib import contextmanager
 from typing import Any

@@ -31,8 +31,7 @@ from .family_census import takes
 from .layout import Layout, RotarySlot, checkpoint_context, default_layer_types, rotary_slots, scaled_by
 from .mrope import check_mrope
 from .remapped import Remapped
-from .rope_compose import (LENGTH_DEPENDENT_TYPES, check_replacing_composition, kept_composition,
-                           restates_checkpoint)
+from .rope_compose import LENGTH_DEPENDENT_TYPES, check_replacing_composition, kept_composition, restates_checkpoint
 from .rope_scaling import Scaled
 
 
