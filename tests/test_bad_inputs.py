@@ -181,9 +181,10 @@ def test_a_method_that_does_not_fit_is_refused_before_any_method_runs(tiny_check
     assert "hierarchical" in err and ran == []  # none and yarn were not evaluated and thrown away
 
 
-def test_a_checkpoint_without_a_tokenizer_patches_and_saves(tmp_path, bert_tokenizer, capsys):
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # (transformers 5 would build an empty Qwen2 tokenizer)
+def test_a_checkpoint_without_a_tokenizer_patches_and_saves(family, tmp_path, bert_tokenizer, capsys):
     bare = tmp_path / "bare"
-    tiny_model("llama", vocab_size=bert_tokenizer.vocab_size).save_pretrained(bare)
+    tiny_model(family, vocab_size=bert_tokenizer.vocab_size).save_pretrained(bare)
     out = tmp_path / "out"
     assert main(["patch", "--model", str(bare), "--method", "yarn", "--factor", "2", "--output", str(out),
                  "--no-progress"]) == 0

@@ -87,6 +87,15 @@ def _holds(folder: str) -> str:
     return f"it holds {first_names(names, 8)}" if names else "it is empty"
 
 
+# the files a tokenizer is read from (one is enough); an adapter-only or weights-only folder holds none
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "merges.txt", "spiece.model", "sentencepiece.bpe.model", "special_tokens_map.json")
+
+
+def _tokenizer_files(folder: str) -> list[str]:
+    return [name for name in TOKENIZER_FILES if os.path.isfile(os.path.join(folder, name))]
+
+
 def check_model_folder(path: str, model: str) -> None:
     """A local model folder has a config.json that is a JSON object; else an error naming what is wrong."""
     if not os.path.isdir(path):
@@ -118,6 +127,9 @@ def load_tokenizer(model: str, tokenizer: str | None = None, required: bool = Tr
 
     src = resolve_source(tokenizer or model)
     try:
+        if os.path.isdir(src.path) and "gguf_file" not in src.kwargs and not _tokenizer_files(src.path):
+            raise OSError("the folder holds no tokenizer file (tokenizer.json, tokenizer_config.json, a vocabulary "
+                          "or a sentencepiece model)")  # (transformers 5 would build an empty one from model_type)
         return AutoTokenizer.from_pretrained(src.path, **src.kwargs)
     except (OSError, ValueError, TypeError) as err:
         if tokenizer is None:
