@@ -227,7 +227,8 @@ def test_a_saved_composition_is_replaced_from_the_context_its_own_scaling_is_com
 
 
 @pytest.mark.parametrize("on_top", ["yarn", "self_extend"])
-def test_a_patch_saved_over_a_saved_composition_keeps_the_context_a_replacement_starts_from(on_top, tmp_path):
+def test_a_patch_saved_over_a_saved_composition_keeps_the_context_a_replacement_starts_from(on_top, tmp_path,
+                                                                                               caplog):
     """yarn x2 saved, loaded, then yarn x2 again (a composition on the composition) or Self-Extend (which keeps it)
     and saved: the block's original is the first composition, so the block records the 64 under it (schema 4); a
     replacement still starts from 64, equal to that replacement on the checkpoint itself, and the card says so."""
@@ -246,7 +247,10 @@ def test_a_patch_saved_over_a_saved_composition_keeps_the_context_a_replacement_
     hf_posenc.patch(base, "yarn", factor=32.0, original_max_position_embeddings=PRETRAINED)
     expected = logits(base, 96)
     for load in (AutoModelForCausalLM.from_pretrained, hf_posenc.from_pretrained):
-        again = load(str(tmp_path / "c2")).eval()
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hf_posenc"):
+            again = load(str(tmp_path / "c2")).eval()
+        assert "replaces it" not in caplog.text  # the composition re-applied is not announced as a replacement
         with pytest.raises(ValueError, match="computed from 64 tokens; pass original_max_position_embeddings=64"):
             hf_posenc.patch(again, "yarn", factor=32.0, original_max_position_embeddings=CONTEXT)
         hf_posenc.patch(again, "yarn", factor=32.0, original_max_position_embeddings=PRETRAINED)

@@ -249,7 +249,7 @@ class Scaled:
             if defaults is not None:
                 params = defaults(params, geom.dim // 2, cfg.factor)
             old = scaled_by(rp)
-            if old is not None and not restates_checkpoint(cfg, lay):
+            if old is not None and cfg.asked is None and not restates_checkpoint(cfg, lay):  # (asked: re-applied)
                 replaced.append((old, s.layer_type, geom.base))
         resolved = PosEncConfig(cfg.method, cfg.factor if cfg.spec.uses_factor else None, L, params)
         _refuse_shrink(resolved, lay)
