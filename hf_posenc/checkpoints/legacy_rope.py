@@ -78,33 +78,33 @@ def _flat_keys(config: dict[str, Any]) -> dict[str, Any]:
     nested = sorted(k for k, v in rope.items() if isinstance(v, dict))
     if nested:
         return _layered_keys(config, rope, nested)
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind not in V4_TYPES:
-        raise ValueError(f"rope_type {kind!r}: {TRANSFORMERS4} computes {', '.join(V4_TYPES)} only")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in V4_TYPES:
+        raise ValueError(f"rope_type {rope_type!r}: {TRANSFORMERS4} computes {', '.join(V4_TYPES)} only")
     if "rope_theta" not in rope:
         raise ValueError(f"rope_parameters without rope_theta: {TRANSFORMERS4} would use its class default")
-    missing = [k for k in REQUIRED.get(kind, ()) if rope.get(k) is None]
+    missing = [k for k in REQUIRED.get(rope_type, ()) if rope.get(k) is None]
     if missing:
-        raise ValueError(f"rope_type {kind!r} without {', '.join(missing)}, which {TRANSFORMERS4} requires")
+        raise ValueError(f"rope_type {rope_type!r} without {', '.join(missing)}, which {TRANSFORMERS4} requires")
     keys = {k: rope[k] for k in MOVED if k in rope}
     scaling = {k: v for k, v in rope.items() if k not in MOVED and k not in ("type", "rope_type")}
-    plain = kind == "default" and not scaling  # other keys of a plain RoPE (Qwen2-VL's mrope_section) are kept
-    keys["rope_scaling"] = None if plain else {**scaling, "rope_type": kind, "type": kind}
-    if kind == "longrope":
+    plain = rope_type == "default" and not scaling  # other keys of a plain RoPE (Qwen2-VL's mrope_section) are kept
+    keys["rope_scaling"] = None if plain else {**scaling, "rope_type": rope_type, "type": rope_type}
+    if rope_type == "longrope":
         keys.update(_longrope_context(config, rope))
     if config.get("model_type") in THREE_KEYS and keys["rope_scaling"] is not None:
-        keys["rope_scaling"] = _three_keys(config, rope, kind, keys)
+        keys["rope_scaling"] = _three_keys(config, rope, rope_type, keys)
     return keys
 
 
-def _three_keys(config: dict[str, Any], rope: dict[str, Any], kind: str, keys: dict[str, Any]) -> dict[str, Any]:
+def _three_keys(config: dict[str, Any], rope: dict[str, Any], rope_type: str, keys: dict[str, Any]) -> dict[str, Any]:
     """The ``rope_scaling`` of a model whose transformers-4.57 config class takes exactly :data:`THREE_KEYS` (Phi-3):
     a longrope whose attention factor is the one transformers 4.57 derives from the context ratio; a ValueError
     otherwise."""
     taken, names = THREE_KEYS[config["model_type"]]
     cls = f"{TRANSFORMERS4}'s config of model_type={config['model_type']!r}"
-    if kind != taken:
-        raise ValueError(f"rope_type {kind!r}: {cls} takes a rope_scaling of type {taken} only")
+    if rope_type != taken:
+        raise ValueError(f"rope_type {rope_type!r}: {cls} takes a rope_scaling of type {taken} only")
     context = config.get("max_position_embeddings")
     original = keys.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings") or context
     ratio = context / original

@@ -37,11 +37,11 @@ def flags(meta: dict) -> tuple[list[str], dict] | None:
     if meta.get("freqs") or meta.get("attn_factor") is not None:
         return None
     cli, kw = [], {}
-    kind = meta.get("type", "none")
-    if kind != "none":
-        cli += ["--rope-scaling", kind, "--rope-scale", f"{meta['factor']:g}"]
-        kw.update(rope_scaling_type=SCALING_TYPES[kind], rope_freq_scale=1.0 / meta["factor"])
-    if kind == "yarn":
+    scaling_type = meta.get("type", "none")
+    if scaling_type != "none":
+        cli += ["--rope-scaling", scaling_type, "--rope-scale", f"{meta['factor']:g}"]
+        kw.update(rope_scaling_type=SCALING_TYPES[scaling_type], rope_freq_scale=1.0 / meta["factor"])
+    if scaling_type == "yarn":
         cli += ["--yarn-orig-ctx", str(meta["original"])]
         kw["yarn_orig_ctx"] = int(meta["original"])
     if meta.get("base_changed"):

@@ -74,28 +74,28 @@ def launch(served: Served, length: int | None) -> Launch:
         return not_native(served, ENGINE, f"SGLang loads the folder as the unpatched model (config.json states the "
                                           f"original context, {served.original}) and refuses a longer "
                                           "--context-length")
-    kind = served.rope.get("rope_type", "default")
-    if kind not in COMPUTED:
+    rope_type = served.rope.get("rope_type", "default")
+    if rope_type not in COMPUTED:
         why = ("its dynamic scaling is one base fixed for max_position_embeddings x factor, at every length, not "
                "hf_posenc's base that follows each input's length; freeze it (hf-posenc patch --freeze-at N)"
-               if kind == "dynamic" else f"get_rope has no rope_type {kind!r}")
+               if rope_type == "dynamic" else f"get_rope has no rope_type {rope_type!r}")
         return Launch(ENGINE, CANNOT, f"SGLang does not compute `{served.method}` as hf_posenc does: {why}.",
                       checked=CHECKED)
-    n = length_for(served, length, ENGINE, None if kind == "default" else served.context, most=MOST)
+    n = length_for(served, length, ENGINE, None if rope_type == "default" else served.context, most=MOST)
     env = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"} if n > derived_context(served) else {}
     command = ["python", "-m", "sglang.launch_server", "--model-path", served.path, "--context-length", str(n)]
     if served.rope_layer_types:  # (no one-RoPE override to offer for transformers 4)
         notes = [f"config.json holds one RoPE per layer type ({', '.join(served.rope_layer_types)}; rope_type "
-                 f"{kind!r} is the changed layers'): that SGLang's {served.model_type} reads each type's is not "
+                 f"{rope_type!r} is the changed layers'): that SGLang's {served.model_type} reads each type's is not "
                  "checked here (vLLM's Gemma 3 does)"]
     else:
         notes = [f"an SGLang on transformers 4 does not read config.json's rope_parameters: add "
                  f"--json-model-override-args '{_legacy(served.rope)}'"]
-    if "mscale_all_dim" in served.rope and kind == "longrope":
+    if "mscale_all_dim" in served.rope and rope_type == "longrope":
         notes.append("this longrope carries mscale_all_dim (an MLA checkpoint's own softmax scale, which transformers "
                      "derives from it): that SGLang's model applies it to a longrope is not checked here (vLLM 0.32's "
                      "DeepSeek relabels any scaled rope_type as its own YaRN)")
-    return Launch(ENGINE, NOT_MEASURED, f"SGLang reads rope_type {kind!r} from config.json as transformers does; "
+    return Launch(ENGINE, NOT_MEASURED, f"SGLang reads rope_type {rope_type!r} from config.json as transformers does; "
                                         "not measured here.", command=command, env=env, max_length=n,
                   checked=CHECKED, notes=notes)
 

@@ -27,10 +27,10 @@ FLAGGED = {"dynamic": "dynamic"}  # rope types the launcher's flags express and 
 def _differs(rope: dict) -> str | None:
     """Why TGI's ``PositionRotaryEmbedding.static`` computes another RoPE from config.json's transformers-4 keys
     than transformers does from ``rope_parameters`` (None: the same formulas)."""
-    kind = rope.get("rope_type", "default")
-    if kind == "linear":
+    rope_type = rope.get("rope_type", "default")
+    if rope_type == "linear":
         return "its PositionRotaryEmbedding.static reads rope_type 'linear' and applies no factor"
-    if kind == "yarn":
+    if rope_type == "yarn":
         fixed = {"beta_fast": 32, "beta_slow": 1}
         other = [f"{k} {rope[k]:g}" for k, v in fixed.items() if rope.get(k) not in (None, v)]
         if rope.get("attention_factor") is not None:
@@ -43,30 +43,31 @@ def _differs(rope: dict) -> str | None:
         if other:
             return f"its YaRN fixes beta_fast 32, beta_slow 1, attn_factor 1 and truncation; this one has " \
                    f"{', '.join(other)}"
-    if kind == "longrope":
+    if rope_type == "longrope":
         return ("its longrope uses the short factors for the first original_max_position_embeddings positions and "
                 "the long ones past them within one input, where transformers uses the long factors for every "
                 "position of a longer input, and takes its attention factor from the context ratio alone")
-    if kind not in ("default", "dynamic", "yarn", "llama3"):
-        return f"it has no rope_type {kind!r}"
+    if rope_type not in ("default", "dynamic", "yarn", "llama3"):
+        return f"it has no rope_type {rope_type!r}"
     return None
 
 
 def _from_legacy(served: Served, length: int | None) -> Launch:
     """A folder whose config.json carries the transformers-4 keys TGI's server reads."""
     rope = served.rope
-    kind = rope.get("rope_type", "default")
+    rope_type = rope.get("rope_type", "default")
     why = _differs(rope)
     if why:
-        return Launch(ENGINE, CANNOT, f"TGI reads config.json's rope_theta and rope_scaling (rope_type {kind!r}), but "
-                                      f"{why}.", checked=CHECKED)
+        return Launch(ENGINE, CANNOT, f"TGI reads config.json's rope_theta and rope_scaling (rope_type "
+                                      f"{rope_type!r}), but {why}.", checked=CHECKED)
     n = length_for(served, length, ENGINE, served.context, most=MOST)
     command = ["text-generation-launcher", "--model-id", served.path, "--max-input-tokens", str(n - 1),
                "--max-total-tokens", str(n)]
     notes = ["TGI is in maintenance mode since December 2025 (its README points to vLLM, SGLang and llama.cpp)"]
-    if kind == "dynamic":
+    if rope_type == "dynamic":
         notes.append("TGI's dynamic NTK follows the longest input it has seen, not each input's length")
-    return Launch(ENGINE, NOT_MEASURED, f"TGI reads rope_type {kind!r} and rope_theta {float(rope['rope_theta']):g} "
+    return Launch(ENGINE, NOT_MEASURED, f"TGI reads rope_type {rope_type!r} and rope_theta "
+                                        f"{float(rope['rope_theta']):g} "
                                         "from config.json's rope_scaling and rope_theta, which state the same RoPE "
                                         "as its rope_parameters; not measured here.", command=command,
                   max_length=n, checked=CHECKED, notes=notes)
@@ -82,14 +83,14 @@ def launch(served: Served, length: int | None) -> Launch:
     if served.legacy is not None:
         return _from_legacy(served, length)
     rope = served.rope
-    kind = rope.get("rope_type", "default")
+    rope_type = rope.get("rope_type", "default")
     theta = float(rope.get("rope_theta", 10000.0))
-    if theta != 10000.0 or kind not in ("default", *FLAGGED):
+    if theta != 10000.0 or rope_type not in ("default", *FLAGGED):
         return Launch(ENGINE, CANNOT, "TGI's server reads config.rope_theta and config.rope_scaling; under "
                                       "transformers 4 (TGI's releases) this config.json, written by transformers 5 "
                                       "with both inside rope_parameters alone, gives base 10000 and no scaling, and "
                                       "its launcher's flags "
-                                      f"express only dynamic scaling: not this model (rope_type {kind!r}, "
+                                      f"express only dynamic scaling: not this model (rope_type {rope_type!r}, "
                                       f"rope_theta {theta:g}). 'hf-posenc upgrade-config FOLDER' adds the "
                                       "transformers-4 keys where they state the same RoPE.", checked=CHECKED)
     # TGI's max_total_tokens: at most max_position_embeddings
@@ -97,12 +98,12 @@ def launch(served: Served, length: int | None) -> Launch:
     command = ["text-generation-launcher", "--model-id", served.path, "--max-input-tokens", str(n - 1),
                "--max-total-tokens", str(n)]
     notes = ["TGI is in maintenance mode since December 2025 (its README points to vLLM, SGLang and llama.cpp)"]
-    if kind in FLAGGED:
-        command += ["--rope-scaling", FLAGGED[kind], "--rope-factor", f"{float(rope['factor']):g}"]
+    if rope_type in FLAGGED:
+        command += ["--rope-scaling", FLAGGED[rope_type], "--rope-factor", f"{float(rope['factor']):g}"]
         notes.append("--rope-scaling / --rope-factor repeat config.json's scaling, which TGI on transformers 4 would "
                      "not read from rope_parameters (they replace config.json's scaling)")
         notes.append("TGI's dynamic NTK follows the longest input it has seen, not each input's length")
-    return Launch(ENGINE, NOT_MEASURED, f"TGI reads rope_type {kind!r}; not measured here.", command=command,
+    return Launch(ENGINE, NOT_MEASURED, f"TGI reads rope_type {rope_type!r}; not measured here.", command=command,
                   max_length=n, checked=CHECKED, notes=notes)
 
 
