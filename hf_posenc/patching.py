@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import sys
 from contextlib import contextmanager
 from typing import Any
@@ -173,7 +172,6 @@ def _patch(model: nn.Module, cfg: PosEncConfig, asked: PosEncConfig | None = Non
     previous = top.config if top is not None and not top.checkpoint else None
     if previous is not None:
         unpatch(inner)
-        cfg = _passing_on(cfg, previous, inner)
     if cfg.method == "none":  # the baseline: the model without any hf_posenc patch (a checkpoint's scaling too)
         while _record(inner) is not None:
             unpatch(inner)
@@ -191,18 +189,6 @@ def _patch(model: nn.Module, cfg: PosEncConfig, asked: PosEncConfig | None = Non
             _apply(inner, previous, previous.asked)
         raise
     return model
-
-
-def _passing_on(cfg: PosEncConfig, previous: PosEncConfig, model: nn.Module) -> PosEncConfig:
-    """``cfg``, carrying the context under a saved composition that the patch it replaces (``previous``) recorded,
-    where ``model``'s config no longer records it (:func:`hf_posenc.from_pretrained` re-applied that patch on the
-    saved weights, the hf_posenc block taken off): a replacement of the RoPE then starts from there too."""
-    if previous.pretrained_context is None or cfg.pretrained_context is not None or \
-            getattr(model.config, CONFIG_KEY, None) is not None:
-        return cfg
-    carried = copy.copy(cfg)
-    carried.pretrained_context = previous.pretrained_context
-    return carried
 
 
 def keep_as_checkpoint(model: nn.Module) -> nn.Module:

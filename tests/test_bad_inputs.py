@@ -412,3 +412,21 @@ def test_a_lora_adapter_folder_is_refused_as_one_with_the_line_that_merges_it(ar
     assert f"required by hf-posenc {argv[0]}" in err and "serve-check" not in err.replace(f"hf-posenc {argv[0]}", "")
     assert f"hf_posenc.training.lora.save_lora(hf_posenc.from_pretrained('{adapter}'), 'merged', merged=True" in err
     assert not out.exists()
+
+
+def test_a_folder_holds_a_tokenizer_by_any_of_its_file_names(tmp_path):
+    """Names transformers and remote code read a vocabulary from; a weights-only folder has none."""
+    from hf_posenc.checkpoints.runtime import _tokenizer_files
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "spm.model", "sentencepiece.bpe.model",
+                 "tekken.json", "cl100k.tiktoken", "bpe.codes", "spiece.model"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        (folder / name).write_text("x")
+        assert _tokenizer_files(str(folder)) == [name]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        (bare / name).write_text("{}")
+    assert _tokenizer_files(str(bare)) == []

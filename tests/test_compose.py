@@ -255,6 +255,12 @@ def test_a_patch_saved_over_a_saved_composition_keeps_the_context_a_replacement_
             hf_posenc.patch(again, "yarn", factor=32.0, original_max_position_embeddings=CONTEXT)
         hf_posenc.patch(again, "yarn", factor=32.0, original_max_position_embeddings=PRETRAINED)
         assert (logits(again, 96) - expected).abs().max() <= 1e-5
+        # a patch replacing that one starts from the same model, loaded either way: still 64, never 512
+        with pytest.raises(ValueError, match="computed from 64 tokens; pass original_max_position_embeddings=64"):
+            hf_posenc.patch(again, "yarn", factor=4.0, original_max_position_embeddings=CONTEXT)
+        hf_posenc.unpatch(again)
+        hf_posenc.patch(again, "yarn", factor=32.0, original_max_position_embeddings=PRETRAINED)
+        assert (logits(again, 96) - expected).abs().max() <= 1e-5
 
 
 def deepseek_v3() -> torch.nn.Module:

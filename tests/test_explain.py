@@ -293,6 +293,20 @@ def test_explain_replacing_a_checkpoints_scaling_checks_the_original_context_as_
     assert torch.allclose(torch.tensor(out["data"]["wavelength_after"], dtype=torch.float64), 2 * math.pi / after,
                           rtol=1e-6)
     assert out["data"]["replaced"] and "replaces that scaling" in out["text"]
+    # on a saved composition (a longrope switching at 512, over llama3 x8 from 64), factors stated per dimension may
+    # switch at 512 too, as the patch takes them; a scaling from the plain frequencies only from 64
+    from transformers import AutoModelForCausalLM
+
+    composed = C.llama31()
+    hf_posenc.patch(composed, "yarn", factor=2.0)
+    composed.save_pretrained(tmp_path / "composed")
+    lists = {"short_factor": [1.0] * (C.DIM // 2), "long_factor": [2.0] * (C.DIM // 2)}
+    stated = {"method": "longrope", "factor": 2.0, "params": lists, "original_max_position_embeddings": C.CONTEXT}
+    hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tmp_path / "composed"), stated)
+    drawn = explain(stated, str(tmp_path / "l"), model=str(tmp_path / "composed"), original=C.CONTEXT)
+    assert drawn["data"]["replaced"]
+    with pytest.raises(ValueError, match="computed from 64 tokens"):
+        explain("yarn:factor=4", str(tmp_path / "y"), model=str(tmp_path / "composed"), original=C.CONTEXT)
 
 
 def test_on_a_longrope_checkpoint_explain_starts_from_its_long_frequencies(tmp_path):

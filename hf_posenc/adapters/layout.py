@@ -217,14 +217,16 @@ def rope_geometry(hf_config: Any, original: int, rp: dict[str, Any] | None = Non
 @dataclass(frozen=True)
 class Layout:
     """Where one model keeps its RoPE, as a method sees it: every rotary slot, those the method changes,
-    the language-model config and its path prefix in the model config, and the hf_posenc block of the model
-    config (what a patch saved into the checkpoint recorded; None: none)."""
+    the language-model config and its path prefix in the model config, the hf_posenc block of the model config
+    (what a patch saved into the checkpoint recorded; None: none) and the context under a saved composition that
+    hf_posenc.from_pretrained kept on the model (``rope_compose.under_composition``; None: none)."""
 
     slots: list[RotarySlot]
     selected: list[RotarySlot]
     config: Any
     prefix: str
     block: Any = None
+    under: int | None = None
 
     @property
     def layered(self) -> bool:

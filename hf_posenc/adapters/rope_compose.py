@@ -34,7 +34,16 @@ from ..config import PosEncConfig, SavedBlock
 from ..encodings import rope as R
 from ..methods import METHODS
 from ..methods.rope import DEFAULT_CACHE, SCALINGS
-from .layout import Layout, checkpoint_context, current_context, per_layer_type, rope_geometry, scaled_by
+from .base import text_config
+from .layout import (
+    Layout,
+    checkpoint_context,
+    current_context,
+    default_layer_types,
+    per_layer_type,
+    rope_geometry,
+    scaled_by,
+)
 from .mrope import is_mrope
 from .rope_native import softmax_rescalers
 
@@ -42,6 +51,9 @@ logger = logging.getLogger(__name__)
 
 # rope types whose frequencies transformers recomputes with the length: their "own frequencies" are not one set
 LENGTH_DEPENDENT_TYPES = ("dynamic", "longrope")
+# where hf_posenc.from_pretrained keeps, on the model it loads, the context under a saved composition (its block
+# comes off the config before the block is re-applied): composed_over_config, under_composition
+UNDER_KEY = "_hf_posenc_composed_over"
 
 
 def kept_scaling(block: Any) -> PosEncConfig | None:
@@ -85,9 +97,9 @@ class OwnRope:
 def own_rope(lay: Layout) -> OwnRope:
     """The RoPE of the first rotary slot ``lay`` changes (a composition requires them alike: :func:`_uniform`)."""
     slot = lay.selected[0]
-    rp = slot.rope_parameters(lay.config)
-    return OwnRope(lay.config, rp, _held_frequencies(slot, lay.config), float(slot.get("attention_scaling")),
-                   lay.chosen_types() if lay.layered else None, composed_over(lay.block, lay.prefix, rp))
+    return OwnRope(lay.config, slot.rope_parameters(lay.config), _held_frequencies(slot, lay.config),
+                   float(slot.get("attention_scaling")), lay.chosen_types() if lay.layered else None,
+                   under_composition(lay))
 
 
 def _held_frequencies(slot, config: Any) -> torch.Tensor:
@@ -297,7 +309,7 @@ def composed_over(block: Any, prefix: str, rp: dict[str, Any]) -> int | None:
     the checkpoint's own scaling under it is computed from (Llama 3.1's 8,192 under a yarn x2 on its llama3): what a
     replacement of the scaling starts from, the composed longrope's original context being the one it extended.
     A block written over such a composition (a composition on it, or an attention-level method keeping it) records
-    that context itself (``pretrained_context``, :func:`kept_composition`). None elsewhere."""
+    that context itself (``pretrained_context``: ``RopeDecoderAdapter.resolve``). None elsewhere."""
     if not isinstance(block, dict) or rp.get("rope_type") != "longrope":
         return None
     if isinstance(block.get("pretrained_context"), int):
@@ -309,22 +321,27 @@ def composed_over(block: Any, prefix: str, rp: dict[str, Any]) -> int | None:
     return None if own is None else own["pretrained_context"] or own["context"]
 
 
-def kept_composition(cfg: PosEncConfig, lay: Layout) -> int | None:
-    """What a patch ``cfg`` (resolved) about to be applied on ``lay``'s model records as ``pretrained_context`` in
-    its saved block: :func:`under_composition`, where ``cfg`` keeps that composition under it (a composition on top
-    of it, a method that leaves the RoPE as it is); None elsewhere (a replacement of it)."""
-    if cfg.spec.kind == "rope" and cfg.asked is None:
-        return None
-    return under_composition(cfg, lay)
-
-
-def under_composition(cfg: PosEncConfig, lay: Layout) -> int | None:
-    """:func:`composed_over` of ``lay``'s model as it is, else the one ``cfg`` carries (a patch replacing one that
-    :func:`hf_posenc.from_pretrained` re-applied over a saved composition, whose record the loaded config no longer
-    holds: ``patching._patch`` passes it on) where the RoPE is still a longrope."""
+def under_composition(lay: Layout) -> int | None:
+    """:func:`composed_over` of ``lay``'s model as it is: read from its config's hf_posenc block, else from what
+    :func:`hf_posenc.from_pretrained` kept of the block it loaded (``lay.under``: it takes the block off the config
+    before re-applying it), where the RoPE is still a longrope."""
     rp = lay.selected[0].rope_parameters(lay.config) if lay.selected else {}
     found = composed_over(lay.block, lay.prefix, rp)
-    return found if found is not None or rp.get("rope_type") != "longrope" else cfg.pretrained_context
+    return found if found is not None or rp.get("rope_type") != "longrope" else lay.under
+
+
+def composed_over_config(hf_config: Any, block: Any) -> int | None:
+    """:func:`composed_over` of a checkpoint's config (the layer type a patch changes, on per-layer-type RoPE) and
+    its hf_posenc ``block``: what :func:`hf_posenc.from_pretrained` keeps on the model it loads
+    (:data:`UNDER_KEY`)."""
+    if not isinstance(block, dict):
+        return None
+    lm, prefix = text_config(hf_config)
+    rope = getattr(lm, "rope_parameters", None) or {}
+    if per_layer_type(rope):
+        chosen = (block.get("params") or {}).get("layer_types") or default_layer_types(sorted(rope))
+        rope = rope.get(chosen[0]) or {}
+    return composed_over(block, prefix, rope)
 
 
 def check_replacing_composition(cfg: PosEncConfig, lay: Layout) -> bool:
@@ -334,7 +351,7 @@ def check_replacing_composition(cfg: PosEncConfig, lay: Layout) -> bool:
     context for such a scaling is refused by name (the composed longrope's own original context is no pretraining
     context: plain RoPE never served it); False where no composition is there, or for a configuration stating its
     per-dimension factors (a longrope) over another context (the composition restated over its switch)."""
-    pretrained = under_composition(cfg, lay)
+    pretrained = under_composition(lay)
     scaling = SCALINGS.get(cfg.method)
     if pretrained is None or cfg.spec.kind != "rope" or scaling is None:
         return False
@@ -352,6 +369,20 @@ def check_replacing_composition(cfg: PosEncConfig, lay: Layout) -> bool:
         f"computed from {pretrained} tokens; pass original_max_position_embeddings={pretrained} to replace its "
         f"scaling from there (the plain RoPE frequencies), or omit it to extend from its current context "
         f"({checkpoint_context(lay)}).")
+
+
+def shrink_refusal(cfg: PosEncConfig, now: int, own: str) -> str | None:
+    """Why ``cfg`` (a RoPE scaling from its original context) may not replace a checkpoint's own scaling (rope_type
+    ``own``) advertising ``now`` tokens: it would advertise fewer (the start of the sentence naming the least
+    factor that would not); None where it does not shrink it."""
+    scaling = SCALINGS[cfg.method]
+    L = cfg.original_max_position_embeddings
+    after = scaling.max_position(cfg.factor, L)
+    if after >= now or scaling.keeps_max_position:
+        return None
+    return (f"{cfg.method} x{cfg.factor:g} from the original context {L} replaces the checkpoint's own scaling "
+            f"(rope_type={own!r}) and would advertise {after:,} tokens, fewer than the {now:,} it advertises now: "
+            f"give a factor of at least {now / L:g}")
 
 
 def restates_checkpoint(cfg: PosEncConfig, lay: Layout) -> bool:

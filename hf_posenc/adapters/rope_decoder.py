@@ -31,7 +31,13 @@ from .family_census import takes
 from .layout import Layout, RotarySlot, checkpoint_context, default_layer_types, rotary_slots, scaled_by
 from .mrope import check_mrope
 from .remapped import Remapped
-from .rope_compose import LENGTH_DEPENDENT_TYPES, check_replacing_composition, kept_composition, restates_checkpoint
+from .rope_compose import (
+    LENGTH_DEPENDENT_TYPES,
+    UNDER_KEY,
+    check_replacing_composition,
+    restates_checkpoint,
+    under_composition,
+)
 from .rope_scaling import Scaled
 
 
@@ -169,7 +175,8 @@ class RopeDecoderAdapter(Adapter):
         slots = self._check_layout(model)
         config, prefix = text_config(model.config)
         selected = self._selected(model, slots, cfg) if HANDLERS[cfg.spec.kind].per_type(cfg.spec) else slots
-        return Layout(slots, selected, config, prefix, getattr(model.config, CONFIG_KEY, None))
+        return Layout(slots, selected, config, prefix, getattr(model.config, CONFIG_KEY, None),
+                      model.__dict__.get(UNDER_KEY))
 
     def _original(self, cfg: PosEncConfig, lay: Layout) -> int:
         """The original context: the one given (checked against the checkpoint), else the checkpoint's -- for an
@@ -232,9 +239,8 @@ class RopeDecoderAdapter(Adapter):
         check_mrope(model, cfg, lay)
         _check_frequencies_loaded(lay, cfg.method)
         resolved = HANDLERS[cfg.spec.kind].resolve(model, cfg, lay, self._original(cfg, lay))
-        resolved.pretrained_context = cfg.pretrained_context or kept_composition(resolved, lay)  # (given: re-applied)
-        if resolved.spec.kind == "rope" and resolved.asked is None and cfg.asked is None:
-            resolved.pretrained_context = None  # a replacement: no composition stays under it
+        replaces = resolved.spec.kind == "rope" and resolved.asked is None and cfg.asked is None  # (asked: composed)
+        resolved.pretrained_context = None if replaces else under_composition(lay)  # saved in its block (schema 4)
         return resolved
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> bool:

@@ -40,7 +40,7 @@ from ..methods.rope import SCALINGS, RopeScaling
 from .base import PatchRecord
 from .consistent_cache import CacheWatcher, RecomputeOnChange, rerotate_cache, rotated_layers, watch
 from .layout import Layout, RotarySlot, checkpoint_context, rope_geometry, scaled_by
-from .rope_compose import composed_config, kept_softmax_scale, restates_checkpoint, scaled_type
+from .rope_compose import composed_config, kept_softmax_scale, restates_checkpoint, scaled_type, shrink_refusal
 from .rope_native import native_mismatch, native_rope_parameters, softmax_rescalers
 from .rotary_probe import check_reads_frequencies
 
@@ -340,16 +340,11 @@ def _refuse_shrink(cfg: PosEncConfig, lay: Layout) -> None:
     now, own = checkpoint_context(lay), scaled_type(lay)
     if own is None or not isinstance(now, int):
         return
-    spec = SCALINGS[cfg.method]
-    after = spec.max_position(cfg.factor, cfg.original_max_position_embeddings)
-    if after < now and not spec.keeps_max_position:
-        least = now / cfg.original_max_position_embeddings
-        raise ValueError(f"{cfg.method} x{cfg.factor:g} from the original context "
-                         f"{cfg.original_max_position_embeddings} replaces the checkpoint's own scaling "
-                         f"(rope_type={own!r}) and would advertise {after:,} tokens, fewer than the {now:,} it "
-                         f"advertises now: give a factor of at least "
-                         f"{least:g} to replace it, or drop original_max_position_embeddings to extend from its "
-                         f"current context (x{cfg.factor:g} -> {spec.max_position(cfg.factor, now):,} tokens).")
+    why = shrink_refusal(cfg, now, own)
+    if why:
+        spec = SCALINGS[cfg.method]
+        raise ValueError(f"{why} to replace it, or drop original_max_position_embeddings to extend from its current "
+                         f"context (x{cfg.factor:g} -> {spec.max_position(cfg.factor, now):,} tokens).")
 
 
 def _advertised_less(cfg: PosEncConfig, lay: Layout) -> str:

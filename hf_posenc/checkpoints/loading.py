@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..adapters import ADAPTERS
-from ..adapters.rope_compose import kept_scaling
+from ..adapters.rope_compose import UNDER_KEY, composed_over_config, kept_scaling
 from ..config import CONFIG_KEY, PosEncConfig, SavedBlock, as_config
 from ..patching import adopt, keep_as_checkpoint, patch, reapply
 from ..serving.gguf_file import stored_patch
@@ -76,11 +76,12 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
         hf_config = read_config(source, **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
     auto_class = auto_class or model_class_for(hf_config)
     block = getattr(hf_config, CONFIG_KEY, None)
-    stored = adapter = None
+    stored = adapter = under = None
     if block is not None:
         saved = SavedBlock.from_dict(block, str(path_or_id))
         stored = saved.config
         adapter = next(a for a in ADAPTERS if a.name == saved.family)  # SavedBlock.from_dict refused any other family
+        under = composed_over_config(hf_config, block)  # (read before the config gets its original fields back)
         hf_config = adapter.prepare_load_config(hf_config, block)
         delattr(hf_config, CONFIG_KEY)
         if requested is not None:
@@ -97,6 +98,8 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
     with _ReportOwnKeysQuietly(block is not None and requested is None):
         model = _load_weights(auto_class, source.path, hf_config, kwargs)
     drop_gguf_quantizer(model)
+    if under is not None:  # the context under the saved composition, which the config no longer records
+        model.__dict__[UNDER_KEY] = under
     if adapter is not None and not adapter.matches(model):
         raise ValueError(f"{path_or_id}: its config.json's hf_posenc block names the family {adapter.name!r}, which "
                          f"does not fit this model ({type(model).__name__}); the file was edited or corrupted.")

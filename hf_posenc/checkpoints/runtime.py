@@ -87,13 +87,16 @@ def _holds(folder: str) -> str:
     return f"it holds {first_names(names, 8)}" if names else "it is empty"
 
 
-# the files a tokenizer is read from (one is enough); an adapter-only or weights-only folder holds none
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "merges.txt", "spiece.model", "sentencepiece.bpe.model", "special_tokens_map.json")
+# how the files a tokenizer is read from are named (one is enough: tokenizer.json, tokenizer_config.json, vocab.json
+# + merges.txt, spiece.model, spm.model, tekken.json, *.tiktoken, bpe.codes, ...); a weights-only folder holds none
+TOKENIZER_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens_map", "spiece", "spm", "sentencepiece", "tekken",
+                      "bpe")
+TOKENIZER_SUFFIXES = (".model", ".tiktoken")
 
 
 def _tokenizer_files(folder: str) -> list[str]:
-    return [name for name in TOKENIZER_FILES if os.path.isfile(os.path.join(folder, name))]
+    return [name for name in os.listdir(folder) if os.path.isfile(os.path.join(folder, name))
+            and (name.startswith(TOKENIZER_PREFIXES) or name.endswith(TOKENIZER_SUFFIXES))]
 
 
 def check_model_folder(path: str, model: str) -> None:

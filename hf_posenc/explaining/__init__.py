@@ -143,20 +143,18 @@ def _replaced_rope(cfg: PosEncConfig, geom: Geometry, original: int) -> OnCheckp
     if found is None:
         return None
     own, context, own_type = found
+    allowed = {C.replacing_original(own)} | ({own.rope.get("original_max_position_embeddings")}
+                                              if SCALINGS[cfg.method].per_dimension else set())  # (its switch)
     recorded = C.replacing_original(own)
-    if recorded is not None and original != recorded:
+    if recorded is not None and original not in allowed:
         raise ValueError(f"--original-max-position {original} conflicts with {geom.model}, whose RoPE is already "
                          f"scaled (rope_type={own_type!r}, computed from {recorded} tokens): give {recorded} to draw "
                          f"{cfg.method} replacing its scaling, or omit it to draw {cfg.method} extending it from its "
                          f"current context ({context:,}).")
-    scaling = SCALINGS[cfg.method]
-    after = scaling.max_position(cfg.factor, original)
-    if after < context and not scaling.keeps_max_position:  # as the patch refuses it
-        raise ValueError(f"{cfg.method} x{cfg.factor:g} from the original context {original} replaces the "
-                         f"checkpoint's own scaling (rope_type={own_type!r}) and would advertise {after:,} tokens, "
-                         f"fewer than the {context:,} it advertises now: give a factor of at least "
-                         f"{context / original:g} to draw it replacing that scaling, or omit --original-max-position "
-                         "to draw it extending from its current context.")
+    why = C.shrink_refusal(cfg.replace(original_max_position_embeddings=original), context, own_type)
+    if why:  # as the patch refuses it
+        raise ValueError(f"{why} to draw it replacing that scaling, or omit --original-max-position to draw it "
+                         "extending from its current context.")
     return OnCheckpoint(own, context, None)
 
 
@@ -207,7 +205,7 @@ def _target(cfg: PosEncConfig, geom: Geometry, length: int | None) -> int:
 
 
 def _rope(cfg: PosEncConfig, geom: Geometry, length: int, output: str,
-          on: tuple[Any, int, PosEncConfig] | None = None) -> dict[str, Any]:
+          on: OnCheckpoint | None = None) -> dict[str, Any]:
     if on is None or on.composed is None:  # plain RoPE, or a scaling replacing the checkpoint's: "before" its RoPE
         w = A.rope_wavelengths(cfg, RopeGeometry(geom.rope_theta, geom.head_dim, geom.original, geom.turning),
                                length, before=on.own.inv_freq if on else None)

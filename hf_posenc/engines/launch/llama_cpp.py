@@ -58,8 +58,13 @@ def context_override(served: Served, n: int, context: int) -> tuple[list[str], d
     ``context_length`` is ``context`` (none needed up to it)."""
     if n <= context:
         return [], {}
-    key = f"{GGUF_ARCH.get(served.model_type, served.model_type)}.context_length"
+    key = context_key(served)
     return ["--override-kv", f"{key}=int:{n}"], {"kv_overrides": {key: n}}
+
+
+def context_key(served: Served) -> str:
+    """The GGUF metadata key of the context length llama.cpp's converter writes for ``served``."""
+    return f"{GGUF_ARCH.get(served.model_type, served.model_type)}.context_length"
 
 
 def gguf_of(served: Served) -> tuple[str, list[list[str]]]:

@@ -16,7 +16,7 @@ import re
 
 from ..registry import Engine, register_engine
 from .base import CANNOT, INT32_MAX, NOT_MEASURED, Launch, Most, Served, length_for, not_native
-from .llama_cpp import GGUF_ARCH, gguf_of, unjudged_reason
+from .llama_cpp import context_key, gguf_of, unjudged_reason
 
 ENGINE = "Ollama"
 CHECKED = ("not launched here: read from Ollama's llm/llama_server.go (llama-server, no RoPE flags), llm/server.go "
@@ -65,12 +65,15 @@ def launch(served: Served, length: int | None) -> Launch:
     name = model_name(served.path)
     notes = ["Ollama releases before PR #16031 (2026-05-29) ran llama and qwen2 GGUFs in their own engine, which "
              "applies rope.scaling.factor as linear scaling whatever the type: a yarn GGUF is served as pi there"]
-    if n > served.stated_context and not served.gguf:  # (a GGUF hf-posenc patch wrote states its own context)
-        steps.append(["gguf-set-metadata", gguf, f"{GGUF_ARCH.get(served.model_type, served.model_type)}"
-                      ".context_length", str(n), "--force"])
+    if n > served.stated_context and not served.gguf:  # the converted file, this recipe's own
+        steps.append(["gguf-set-metadata", gguf, context_key(served), str(n), "--force"])
         notes.append(f"Ollama clamps num_ctx to the GGUF's context_length, which llama.cpp's converter writes from "
                      f"config.json's max_position_embeddings ({served.stated_context:,}, below the {served.context:,} "
                      "its scaling serves): gguf-set-metadata (gguf-py) raises it in the converted file first")
+    elif n > served.stated_context:  # the file given: changed only by its owner
+        notes.append(f"Ollama clamps num_ctx to the GGUF's context_length ({served.stated_context:,}), below the "
+                     f"{n:,} asked: raise it first (gguf-set-metadata {gguf} {context_key(served)} {n} --force, which "
+                     "changes the file in place; copy it first to keep it)")
     steps.append(["ollama", "create", name, "-f", "Modelfile"])
     reason = (unjudged_reason(served, "Ollama (llama.cpp's llama-server)") if served.llama_cpp is None else
               "Ollama runs the GGUF with llama.cpp's llama-server, which reads the method from its metadata (see "
