@@ -10,10 +10,10 @@ changed as they were (``original``), and which hf_posenc wrote it (``version``, 
 Schema 1: hf_posenc 0.1.0 (no ``schema`` key). Schema 2: the same fields plus ``schema``. Schema 3 (written only
 where it is used): plus ``asked``, the configuration asked for when what was applied is a composition over the
 checkpoint's own scaling (``yarn:factor=2`` on Llama 3.1, applied as a longrope). Schema 4 (written only where it is
-used): plus ``pretrained_context``, for a patch applied over a composition hf_posenc saved (another composition, or
-an attention-level method keeping it): the context the checkpoint's own scaling under it is computed from, which
-the block's ``original`` (the composition) no longer states. A reader takes every schema up to its own and refuses
-a newer one, naming it.
+used): plus ``pretrained_context``, for a patch applied over a composition hf_posenc saved (another composition on
+it, an attention-level method keeping it, a scaling replacing it): the context the checkpoint's own scaling under
+that composition is computed from, which the block's ``original`` (the composition) no longer states. A reader
+takes every schema up to its own and refuses a newer one, naming it.
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ class PosEncConfig:
     # what was asked, when this configuration is the composition computed from it on a checkpoint whose RoPE is
     # already scaled (``yarn:factor=2`` on Llama 3.1, applied as a longrope); not part of the configuration's value
     asked: PosEncConfig | None = field(default=None, compare=False, repr=False)
-    # applied over a composition hf_posenc saved (another composition on it, or a method keeping it): the context
-    # the checkpoint's own scaling under that composition is computed from (SavedBlock: schema 4); not part of the
-    # configuration's value either
+    # applied over a composition hf_posenc saved (a composition on it, a method keeping it, a scaling replacing it):
+    # the context the checkpoint's own scaling under that composition is computed from (SavedBlock: schema 4); not
+    # part of the configuration's value either
     pretrained_context: int | None = field(default=None, compare=False, repr=False)
 
     def __repr__(self) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -226,7 +227,7 @@ def test_a_saved_composition_is_replaced_from_the_context_its_own_scaling_is_com
                         original_max_position_embeddings=PRETRAINED)
 
 
-@pytest.mark.parametrize("on_top", ["yarn", "self_extend"])
+@pytest.mark.parametrize("on_top", ["yarn", "self_extend", "replacing"])
 def test_a_patch_saved_over_a_saved_composition_keeps_the_context_a_replacement_starts_from(on_top, tmp_path,
                                                                                                caplog):
     """yarn x2 saved, loaded, then yarn x2 again (a composition on the composition) or Self-Extend (which keeps it)
@@ -236,27 +237,30 @@ def test_a_patch_saved_over_a_saved_composition_keeps_the_context_a_replacement_
     hf_posenc.patch(base, "yarn", factor=2.0)
     base.save_pretrained(tmp_path / "c1")
     hf_posenc.unpatch(base)
-    knobs = {"factor": 2.0} if on_top == "yarn" else {"group_size": 4, "window": 32}
+    method, knobs = {"yarn": ("yarn", {"factor": 2.0}), "self_extend": ("self_extend", {"group_size": 4, "window": 32}),
+                     "replacing": ("yarn", {"factor": 16.0, "original_max_position_embeddings": PRETRAINED})}[on_top]
     model = hf_posenc.from_pretrained(str(tmp_path / "c1"))
-    hf_posenc.patch(model, on_top, **knobs)
+    hf_posenc.patch(model, method, **knobs)
     hf_posenc.save_pretrained(model, tmp_path / "c2")
     block = json.loads((tmp_path / "c2" / "config.json").read_text())["hf_posenc"]
     assert block["pretrained_context"] == PRETRAINED and block["schema"] == 4
-    if on_top == "yarn":
-        assert "pretrained for 64 tokens" in (tmp_path / "c2" / "README.md").read_text()
+    if on_top != "self_extend":
+        assert re.search("pretrained for 64 tokens|pretraining context of 64 tokens",
+                         (tmp_path / "c2" / "README.md").read_text())
     hf_posenc.patch(base, "yarn", factor=32.0, original_max_position_embeddings=PRETRAINED)
     expected = logits(base, 96)
     for load in (AutoModelForCausalLM.from_pretrained, hf_posenc.from_pretrained):
         caplog.clear()
         with caplog.at_level("WARNING", logger="hf_posenc"):
             again = load(str(tmp_path / "c2")).eval()
-        assert "replaces it" not in caplog.text  # the composition re-applied is not announced as a replacement
-        with pytest.raises(ValueError, match="computed from 64 tokens; pass original_max_position_embeddings=64"):
+        if on_top == "yarn":  # the composition re-applied is not announced as a replacement
+            assert "replaces it" not in caplog.text
+        with pytest.raises(ValueError, match="(computed from|records) 64 "):
             hf_posenc.patch(again, "yarn", factor=32.0, original_max_position_embeddings=CONTEXT)
         hf_posenc.patch(again, "yarn", factor=32.0, original_max_position_embeddings=PRETRAINED)
         assert (logits(again, 96) - expected).abs().max() <= 1e-5
         # a patch replacing that one starts from the same model, loaded either way: still 64, never 512
-        with pytest.raises(ValueError, match="computed from 64 tokens; pass original_max_position_embeddings=64"):
+        with pytest.raises(ValueError, match="(computed from|records) 64 "):
             hf_posenc.patch(again, "yarn", factor=4.0, original_max_position_embeddings=CONTEXT)
         hf_posenc.unpatch(again)
         hf_posenc.patch(again, "yarn", factor=32.0, original_max_position_embeddings=PRETRAINED)

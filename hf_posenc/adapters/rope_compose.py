@@ -308,8 +308,9 @@ def composed_over(block: Any, prefix: str, rp: dict[str, Any]) -> int | None:
     ``block`` records what was asked and the longrope computed, ``prefix``: the language model's path), the context
     the checkpoint's own scaling under it is computed from (Llama 3.1's 8,192 under a yarn x2 on its llama3): what a
     replacement of the scaling starts from, the composed longrope's original context being the one it extended.
-    A block written over such a composition (a composition on it, or an attention-level method keeping it) records
-    that context itself (``pretrained_context``: ``RopeDecoderAdapter.resolve``). None elsewhere."""
+    A block written over such a composition (a composition on it, an attention-level method keeping it, a scaling
+    replacing it) records that context itself (``pretrained_context``: ``RopeDecoderAdapter.resolve``), read where
+    ``rp`` is still a longrope. None elsewhere."""
     if not isinstance(block, dict) or rp.get("rope_type") != "longrope":
         return None
     if isinstance(block.get("pretrained_context"), int):
@@ -331,9 +332,9 @@ def under_composition(lay: Layout) -> int | None:
 
 
 def composed_over_config(hf_config: Any, block: Any) -> int | None:
-    """:func:`composed_over` of a checkpoint's config (the layer type a patch changes, on per-layer-type RoPE) and
-    its hf_posenc ``block``: what :func:`hf_posenc.from_pretrained` keeps on the model it loads
-    (:data:`UNDER_KEY`)."""
+    """:func:`composed_over` of a checkpoint's config given its original fields back (the model without its patch:
+    the layer type a patch changes, on per-layer-type RoPE) and its hf_posenc ``block``: what
+    :func:`hf_posenc.from_pretrained` keeps on the model it loads (:data:`UNDER_KEY`)."""
     if not isinstance(block, dict):
         return None
     lm, prefix = text_config(hf_config)

@@ -239,8 +239,7 @@ class RopeDecoderAdapter(Adapter):
         check_mrope(model, cfg, lay)
         _check_frequencies_loaded(lay, cfg.method)
         resolved = HANDLERS[cfg.spec.kind].resolve(model, cfg, lay, self._original(cfg, lay))
-        replaces = resolved.spec.kind == "rope" and resolved.asked is None and cfg.asked is None  # (asked: composed)
-        resolved.pretrained_context = None if replaces else under_composition(lay)  # saved in its block (schema 4)
+        resolved.pretrained_context = under_composition(lay)  # what it is applied on: saved in its block (schema 4)
         return resolved
 
     def apply(self, model: nn.Module, cfg: PosEncConfig, record: PatchRecord) -> bool:

@@ -81,8 +81,8 @@ def from_pretrained(path_or_id: str, posenc: Any = None, *, auto_class: Any = No
         saved = SavedBlock.from_dict(block, str(path_or_id))
         stored = saved.config
         adapter = next(a for a in ADAPTERS if a.name == saved.family)  # SavedBlock.from_dict refused any other family
-        under = composed_over_config(hf_config, block)  # (read before the config gets its original fields back)
         hf_config = adapter.prepare_load_config(hf_config, block)
+        under = composed_over_config(hf_config, block)  # (the model without the patch: what a later one starts from)
         delattr(hf_config, CONFIG_KEY)
         if requested is not None:
             logger.info("%s the stored patch %s", "on top of" if kept_scaling(block) else "replacing", stored.method)
