@@ -143,9 +143,9 @@ def _replaced_rope(cfg: PosEncConfig, geom: Geometry, original: int) -> OnCheckp
     if found is None:
         return None
     own, context, own_type = found
-    allowed = {C.replacing_original(own)} | ({own.rope.get("original_max_position_embeddings")}
-                                              if SCALINGS[cfg.method].per_dimension else set())  # (its switch)
     recorded = C.replacing_original(own)
+    allowed = {recorded} | ({own.rope.get("original_max_position_embeddings")}
+                            if SCALINGS[cfg.method].per_dimension else set())  # (factors stated: at its switch too)
     if recorded is not None and original not in allowed:
         raise ValueError(f"--original-max-position {original} conflicts with {geom.model}, whose RoPE is already "
                          f"scaled (rope_type={own_type!r}, computed from {recorded} tokens): give {recorded} to draw "
