@@ -372,6 +372,8 @@ def test_cover_positions_raises_the_context_of_plain_rope_only(tmp_path):
         ("flat", {"rope_type": "default", "rope_theta": 1e4}, True),
         ("layered_plain", {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "default"}},
          True),
+        ("gemma4_proportional", {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25},
+                                 "sliding_attention": {"rope_type": "default"}}, True),  # (no factor: unscaled)
         ("layered_yarn", {"full_attention": {"rope_type": "yarn", "factor": 4.0,
                                              "original_max_position_embeddings": 64},
                           "sliding_attention": {"rope_type": "default"}}, False)]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..adapters.layout import per_layer_type, scaled_by
 from ..checkpoints.models import drop_gguf_quantizer
 from ..io.provenance import scrub, secret_name
 from .registry import Runner
@@ -258,7 +259,7 @@ def save_on_this_process(model, folder: str) -> None:
 
 
 def cover_positions(folder: str, tokens: int) -> None:
-    """Raise the saved ``max_position_embeddings`` of a plain-RoPE checkpoint to ``tokens``: vLLM sizes its rotary
+    """Raise the saved ``max_position_embeddings`` of an unscaled-RoPE checkpoint to ``tokens``: vLLM sizes its rotary
     table by it, and reads garbage past it (:func:`serving.vllm_positions`), while the math does not depend on it.
     What an evaluation past the stated context needs; a deployment reads the checkpoint as saved."""
     path = os.path.join(folder, "config.json")
@@ -266,9 +267,8 @@ def cover_positions(folder: str, tokens: int) -> None:
         config = json.load(f)
     text = config.get("text_config", config)
     rope = text.get("rope_parameters") or {}
-    ropes = list(rope.values()) if rope and all(isinstance(v, dict) for v in rope.values()) else [rope]  # per type
-    plain = all(rp.get("rope_type", "default") == "default" for rp in ropes)
-    if plain and text.get("max_position_embeddings", tokens) < tokens:
+    unscaled = all(scaled_by(rp) is None for rp in (rope.values() if per_layer_type(rope) else [rope]))
+    if unscaled and text.get("max_position_embeddings", tokens) < tokens:
         text["max_position_embeddings"] = tokens
         with open(path, "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2)

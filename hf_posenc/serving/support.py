@@ -176,9 +176,9 @@ def vllm_positions(config) -> int | None:
 
 
 def _vllm_table(rope: dict[str, Any], max_position: int | None) -> int | None:
-    """The positions vLLM's rotary table of one RoPE holds (:func:`vllm_positions`); None: plain RoPE's, which
-    follows max_position_embeddings."""
-    if rope.get("rope_type", "default") == "default":
+    """The positions vLLM's rotary table of one RoPE holds (:func:`vllm_positions`); None: an unscaled RoPE's
+    (plain, or Gemma 4's proportional one without a factor), which follows max_position_embeddings."""
+    if scaled_by(rope) is None:
         return None
     factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
     if rope.get("rope_type") == "yarn" and factor and original:  # torch.arange(original x factor) positions
