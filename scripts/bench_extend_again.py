@@ -156,6 +156,24 @@ def reading(args, ppl: dict | None) -> list[str]:
             + (f"the others change it ({others})." if others else "") + " One window of one book.", ""]
 
 
+def needle_reading(args) -> list[str]:
+    """What the needles say, from the numbers: hits before the last 16,384 tokens (where the checkpoint truncated
+    there cannot see a needle) per variant, and the accuracy inside them; [] until every variant is measured."""
+    report = load_json(os.path.join(args.output, "needles", "passkey.json"))
+    results = (report or {}).get("results", {})
+    far = {label: (results.get(label) or {}).get("beyond_reach", {}).get(str(args.length)) for label in VARIANTS}
+    if any(not got or not got.get("trials") for got in far.values()):
+        return []
+    edge = 1 - CONTEXT / args.length
+    near = {label: [cell["accuracy"] for key, cell in results[label]["cells"].items()
+                    if key.startswith(f"{args.length}@") and float(key.split("@")[1]) >= edge] for label in VARIANTS}
+    hits = ", ".join(f"`{label}` {got['hits']}/{got['trials']}" for label, got in far.items())
+    inside = ", ".join(f"`{label}` {sum(a) / len(a):.2f}" for label, a in near.items() if a)
+    return [f"**Needles.** Before the last 16,384 tokens, which the checkpoint truncated there cannot see: {hits}. "
+            f"Inside them (which truncating sees), mean accuracy: {inside}. {args.trials} needles per depth, one "
+            "book: a difference of a hit or two is noise.", ""]
+
+
 def section(args, argv: list[str]) -> str:
     table, ppl = rows(args)
     pending = any("–" in row for row in table) or ppl is None
@@ -173,7 +191,7 @@ def section(args, argv: list[str]) -> str:
                      table), "",
              "Context gain: the checkpoint truncated to 16,384 tokens over the variant's perplexity of the same "
              "tokens (> 1: the context past 16,384 helped). –: not measured yet.", "",
-             *reading(args, ppl),
+             *reading(args, ppl), *needle_reading(args),
              *[f"`hf-posenc {shlex.join(c)}`  " for c in cmds.values()]]
     return "\n".join(lines).rstrip() + "\n"
 
