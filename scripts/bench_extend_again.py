@@ -176,7 +176,7 @@ def needle_reading(args) -> list[str]:
 
 def section(args, argv: list[str]) -> str:
     table, ppl = rows(args)
-    pending = any("–" in row for row in table) or ppl is None
+    pending = any("–" in row for row in table[:len(VARIANTS)]) or ppl is None  # (the truncated row has no ppl at L)
     said = (" (written with --no-run from the steps finished so far; the command resumes the rest)"
             if args.no_run and pending else "")
     cmds = commands(args)
